@@ -1,0 +1,239 @@
+"""Typed configuration trees: YAML from conf/ -> key.sub=value overrides -> typed dataclasses.
+
+This module owns the loading order and every config error a user can see. It knows nothing
+about what the keys mean; each job declares its tree as dataclasses (see shard_config.py and
+training/config.py) and validates its own values in ``__post_init__``.
+
+Order, always the same: read the YAML file, apply command-line overrides in the order given,
+reject unknown keys (suggesting the closest valid one), check types (naming the key and the
+expected type), then each dataclass validates itself once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from pipelines.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read one YAML mapping; every failure names the file (and line, for syntax errors)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"malformed YAML in {path}{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value); the value is parsed as YAML (1, true, [1,2])."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw  # an unparseable value is taken as the literal string
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    data = _deep_copy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                dotted = ".".join(path[: i + 1])
+                raise ConfigError(f"override {text!r}: {dotted} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+                defaults: dict | None = None) -> T:
+    """Build ``cls`` from (defaults, then) the YAML file, then overrides. Raises ConfigError."""
+    data = _deep_copy(defaults or {})
+    if path is not None:
+        data = deep_merge(data, read_yaml(path))
+    data = apply_overrides(data, overrides or [])
+    source = str(path) if path is not None else "<defaults>"
+    try:
+        return from_dict(cls, data)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def from_dict(cls: type[T], data: Any, prefix: str = "") -> T:
+    """Build the dataclass ``cls`` from plain data, checking keys and types recursively."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'} must be a mapping, got {_describe(data)}")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+        hint = f"; did you mean {_join(prefix, close[0])!r}?" if close else f"; valid keys: {', '.join(sorted(fields))}"
+        raise ConfigError(f"unknown key {_join(prefix, key)!r}{hint}")
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _coerce(hints[name], value, _join(prefix, name))
+    missing = [name for name, f in fields.items() if name not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"missing required key {_join(prefix, missing[0])!r}")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        # __post_init__ messages name the key relative to their own section.
+        msg = str(exc)
+        raise ConfigError(f"{prefix}.{msg}" if prefix and not msg.startswith(prefix) else msg) from None
+
+
+def to_dict(cfg: Any) -> Any:
+    """The resolved config as plain data (what gets saved beside every output)."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [to_dict(v) for v in cfg]
+    return cfg
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    out = _deep_copy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = _deep_copy(value)
+    return out
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(f"{key} must be {_type_name(tp)}, got {_describe(value)}")
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {_describe(value)}")
+        (item_tp, *_) = get_args(tp) or (Any,)
+        return [_coerce(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {_describe(value)}")
+        _, val_tp = get_args(tp) or (str, Any)
+        return {str(k): _coerce(val_tp, v, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # `app_name=2024` from a command line is still a name
+    else:
+        raise TypeError(f"unsupported config type {tp!r} for {key}")
+    raise ConfigError(f"{key} must be {_type_name(tp)}, got {_describe(value)}")
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp) if a is not type(None))
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, get_args(tp)))
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+def require(condition: bool, key: str, message: str) -> None:
+    """For ``__post_init__``: ``require(self.num_shards > 0, "num_shards", "must be >= 1")``."""
+    if not condition:
+        raise ConfigError(f"{key} {message}")
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+__all__ = [
+    "apply_overrides", "deep_merge", "dump_yaml", "from_dict", "load_config", "parse_override",
+    "read_yaml", "require", "to_dict",
+]

@@ -1,0 +1,217 @@
+"""The dataset manifest: the one contract between pipelines/ (producer) and training/ (consumer).
+
+``_manifest.json`` sits at the root of a published dataset, beside the ``_COMMITTED`` marker::
+
+    {
+      "format": "shardtrain.dataset", "format_version": 1,
+      "shardtrain_version": "0.1.0", "created_at": "2026-11-29T22:00:00Z",
+      "schema": [{"name": "x", "dtype": "float32", "shape": []}, ...],    # stored columns
+      "features": {
+        "numeric":     [{"name": "x", "mean": 0.1, "std": 1.2, "fill": 0.1}],
+        "categorical": [{"name": "city", "vocab": ["paris", ...], "num_embeddings": 12}],
+        "arrays":      [{"name": "image", "shape": [28, 28]}]
+      },
+      "label": {"name": "label", "task": "classification", "num_classes": 2,
+                "train_class_counts": [600, 400]}        # regression: "train_mean", "train_std"
+      "row_index_column": "_row",
+      "splits": {"train": {"rows": 1000, "files": [
+          {"path": "train/part-00000.parquet", "rows": 125, "row_groups": [100, 25],
+           "bytes": 5123, "sha256": "..."}]}, ...},
+      "quarantine": {"path": "_quarantine", "rows": 3, "by_reason": {"null_label": 3}},
+      "accounting": {"input_rows": 1003, "published_rows": 1000, "quarantined_rows": 3},
+      "sources": {"raw": {"path": "...", "format": "csv", "files": [{"path", "size", "mtime"}]}},
+      "config": {...},                                      # the resolved shard config
+      "fingerprint": "sha256 over the data checksums, feature and label spec"
+    }
+
+Stored encodings: numeric features are float32, already imputed and standardized; categorical
+features are int32 indices (0 = null, 1 = unseen, vocabulary from 2 in train-frequency order);
+arrays are float32 lists of length prod(shape); the label is int64 (classification) or float32
+(regression); ``_row`` is the row's position in the split (files in order, rows in order).
+
+``FeatureSpec.transform`` applies the same preprocessing to raw pandas rows: training's
+``load_model(...).predict`` uses it, so serving reproduces training exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipelines.errors import DatasetError, StorageError
+from pipelines.storage import Location, require_committed, resolve
+
+MANIFEST_NAME = "_manifest.json"
+FORMAT = "shardtrain.dataset"
+FORMAT_VERSION = 1
+ROW_INDEX = "_row"
+NULL_INDEX = 0
+UNSEEN_INDEX = 1
+RESERVED_INDICES = 2
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative to the dataset root
+    rows: int
+    row_groups: tuple[int, ...]
+    bytes: int
+    sha256: str
+
+
+class FeatureSpec:
+    """Fitted preprocessing: statistics and vocabularies, from the train split only."""
+
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.numeric = [f["name"] for f in spec.get("numeric", [])]
+        self.categorical = [f["name"] for f in spec.get("categorical", [])]
+        self.arrays = {f["name"]: tuple(f["shape"]) for f in spec.get("arrays", [])}
+        self._num = {f["name"]: f for f in spec.get("numeric", [])}
+        self._vocab = {f["name"]: {v: i + RESERVED_INDICES for i, v in enumerate(f["vocab"])}
+                       for f in spec.get("categorical", [])}
+
+    @property
+    def columns(self) -> list[str]:
+        return self.numeric + self.categorical + list(self.arrays)
+
+    def num_embeddings(self, name: str) -> int:
+        return len(self._vocab[name]) + RESERVED_INDICES
+
+    def transform(self, frame: Any) -> dict[str, np.ndarray]:
+        """Raw rows (pandas DataFrame or pyarrow Table) -> the arrays training saw.
+
+        Returns {"numeric": float32 [n, len(numeric)], "categorical": int64 [n, len(categorical)],
+        <array name>: float32 [n, *shape]}; a missing column raises DatasetError naming it.
+        """
+        if hasattr(frame, "to_pandas"):
+            frame = frame.to_pandas()
+        missing = [c for c in self.columns if c not in frame.columns]
+        if missing:
+            raise DatasetError(f"input is missing feature column(s) {missing}; it has {list(frame.columns)}")
+        n = len(frame)
+        out: dict[str, np.ndarray] = {}
+        num = np.zeros((n, len(self.numeric)), dtype=np.float32)
+        for j, name in enumerate(self.numeric):
+            stats = self._num[name]
+            col = np.asarray(frame[name], dtype=np.float64)
+            col = np.where(np.isfinite(col), col, stats["fill"])
+            num[:, j] = (col - stats["mean"]) / stats["std"]
+        out["numeric"] = num
+        cat = np.zeros((n, len(self.categorical)), dtype=np.int64)
+        for j, name in enumerate(self.categorical):
+            vocab = self._vocab[name]
+            cat[:, j] = [NULL_INDEX if _is_null(v) else _lookup(vocab, v)
+                         for v in frame[name]]
+        out["categorical"] = cat
+        for name, shape in self.arrays.items():
+            rows = [np.asarray(v, dtype=np.float32).reshape(shape) for v in frame[name]]
+            out[name] = np.stack(rows) if rows else np.zeros((0, *shape), dtype=np.float32)
+        return out
+
+
+def _is_null(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+def _lookup(vocab: dict[str, int], value: Any) -> int:
+    # Vocabularies hold strings (Spark casts the column to string). A pandas column of integers
+    # with nulls arrives as floats, so 3.0 must also find "3".
+    index = vocab.get(str(value))
+    if index is None and isinstance(value, (float, np.floating)) and float(value).is_integer():
+        index = vocab.get(str(int(value)))
+    return UNSEEN_INDEX if index is None else index
+
+
+class Manifest:
+    """A parsed, validated ``_manifest.json``; ``root`` is the dataset Location."""
+
+    def __init__(self, data: dict, root: Location):
+        self.data = data
+        self.root = root
+        self._validate()
+        self.features = FeatureSpec(data["features"])
+        self.label = data["label"]
+
+    def _validate(self) -> None:
+        where = f"{self.root.uri}/{MANIFEST_NAME}"
+        if self.data.get("format") != FORMAT:
+            raise DatasetError(f"{where}: field 'format' is {self.data.get('format')!r}, expected {FORMAT!r}")
+        version = self.data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise DatasetError(
+                f"{where}: field 'format_version' is {version!r}; this shardtrain reads version {FORMAT_VERSION}. "
+                "Re-shard the data with this version of shardtrain")
+        for key in ("schema", "features", "label", "splits", "fingerprint"):
+            if key not in self.data:
+                raise DatasetError(f"{where}: required field {key!r} is missing")
+        for split, info in self.data["splits"].items():
+            for key in ("rows", "files"):
+                if key not in info:
+                    raise DatasetError(f"{where}: field 'splits.{split}.{key}' is missing")
+
+    @property
+    def fingerprint(self) -> str:
+        return self.data["fingerprint"]
+
+    @property
+    def split_names(self) -> list[str]:
+        return list(self.data["splits"])
+
+    def rows(self, split: str) -> int:
+        return int(self._split(split)["rows"])
+
+    def files(self, split: str) -> list[FileEntry]:
+        return [FileEntry(path=f["path"], rows=int(f["rows"]), row_groups=tuple(f["row_groups"]),
+                          bytes=int(f["bytes"]), sha256=f["sha256"]) for f in self._split(split)["files"]]
+
+    def file_uris(self, split: str) -> list[str]:
+        return [self.root.join(f.path).uri for f in self.files(split)]
+
+    def num_shards(self, split: str) -> int:
+        return len(self._split(split)["files"])
+
+    def column(self, name: str) -> dict:
+        for col in self.data["schema"]:
+            if col["name"] == name:
+                return col
+        raise DatasetError(f"{self.root.uri}: column {name!r} is not in the dataset schema")
+
+    def _split(self, split: str) -> dict:
+        try:
+            return self.data["splits"][split]
+        except KeyError:
+            raise DatasetError(
+                f"{self.root.uri}: split {split!r} is not in the manifest (it has {self.split_names})") from None
+
+
+def read_manifest(uri: str | Location) -> Manifest:
+    """Read and validate a published dataset's manifest; refuses uncommitted datasets."""
+    loc = uri if isinstance(uri, Location) else resolve(uri)
+    try:
+        require_committed(loc, "dataset")
+    except StorageError as exc:
+        raise DatasetError(str(exc)) from None
+    try:
+        data = json.loads(loc.read_text(MANIFEST_NAME))
+    except FileNotFoundError:
+        raise DatasetError(f"{loc.uri}: committed but has no {MANIFEST_NAME}; it is not a shardtrain dataset") from None
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{loc.uri}/{MANIFEST_NAME}: not valid JSON ({exc})") from None
+    return Manifest(data, loc)
+
+
+def fingerprint(splits: dict, features: dict, label: dict) -> str:
+    """A content fingerprint: equal data and preprocessing give an equal fingerprint."""
+    h = hashlib.sha256()
+    payload = {
+        "splits": {s: [(f["path"], f["rows"], f["sha256"]) for f in info["files"]] for s, info in sorted(splits.items())},
+        "features": features,
+        "label": label,
+    }
+    h.update(json.dumps(payload, sort_keys=True).encode())
+    return h.hexdigest()

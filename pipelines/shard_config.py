@@ -1,0 +1,147 @@
+"""The shard job's config tree: one dataclass per section, each validating itself.
+
+Section and key names are a public contract (scheduled jobs and notebooks use them): add keys,
+never rename them. Load with ``load_shard_config(path, overrides)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pipelines.config import load_config, require
+
+
+@dataclass
+class SparkConfig:
+    master: str = "local[2]"
+    app_name: str = "shardtrain"
+    # Passed to SparkSession.builder.config(); ignored when a session already exists.
+    conf: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SourceConfig:
+    path: str
+    format: Literal["csv", "json", "parquet"] = "parquet"
+    options: dict[str, Any] = field(default_factory=dict)
+    # Spark DDL, e.g. "id BIGINT, x DOUBLE, city STRING". Strongly advised for CSV/JSON:
+    # with a schema, a value that does not parse makes its record malformed (quarantined).
+    schema: str | None = None
+
+    def __post_init__(self):
+        require(bool(self.path), "path", "must not be empty")
+
+
+@dataclass
+class FeaturesConfig:
+    numeric: list[str] = field(default_factory=list)
+    categorical: list[str] = field(default_factory=list)
+    # column -> fixed shape, e.g. {image: [28, 28]}; stored flattened as float32.
+    arrays: dict[str, list[int]] = field(default_factory=dict)
+    # numeric column -> value used for nulls instead of the train mean.
+    impute: dict[str, float] = field(default_factory=dict)
+    max_vocab: int = 100_000
+    min_count: int = 1
+
+    def __post_init__(self):
+        names = self.numeric + self.categorical + list(self.arrays)
+        dup = sorted({n for n in names if names.count(n) > 1})
+        require(not dup, "features", f"lists column(s) {dup} more than once")
+        for name, shape in self.arrays.items():
+            require(bool(shape) and all(isinstance(d, int) and d > 0 for d in shape),
+                    f"arrays.{name}", f"must be a list of positive integers, got {shape}")
+        for name in self.impute:
+            require(name in self.numeric, f"impute.{name}", "names a column that is not in features.numeric")
+        require(self.max_vocab >= 1, "max_vocab", "must be >= 1")
+        require(self.min_count >= 1, "min_count", "must be >= 1")
+
+    @property
+    def all_columns(self) -> list[str]:
+        return self.numeric + self.categorical + list(self.arrays)
+
+
+@dataclass
+class LabelConfig:
+    column: str | None = None
+    expr: str | None = None  # a Spark SQL expression, instead of column
+    task: Literal["classification", "regression"] = "classification"
+    num_classes: int | None = None
+
+    def __post_init__(self):
+        require((self.column is None) != (self.expr is None), "column", "or label.expr must be set (exactly one)")
+        if self.task == "classification":
+            require(self.num_classes is not None and self.num_classes >= 2, "num_classes",
+                    "must be set (>= 2) for task=classification")
+
+    @property
+    def sql(self) -> str:
+        return self.expr if self.expr is not None else f"`{self.column}`"
+
+
+@dataclass
+class SplitConfig:
+    key: str  # a column or a Spark SQL expression identifying a row (or a group, e.g. user_id)
+    fractions: dict[str, float] = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
+    seed: int = 0
+
+    def __post_init__(self):
+        require(bool(self.key), "key", "must name a column or expression")
+        require("train" in self.fractions, "fractions", "must include a train split")
+        for name, frac in self.fractions.items():
+            require(name.isidentifier(), f"fractions.{name}", "must be a simple name (letters, digits, _)")
+            require(0 < frac <= 1, f"fractions.{name}", f"must be in (0, 1], got {frac}")
+        total = sum(self.fractions.values())
+        require(math.isclose(total, 1.0, abs_tol=1e-6), "fractions", f"must add up to 1, got {total:g}")
+
+
+@dataclass
+class OutputConfig:
+    path: str
+    num_shards: int = 8
+    row_group_mb: float | None = None
+    rows_per_row_group: int | None = None
+    mode: Literal["error", "overwrite", "skip_if_exists"] = "error"
+
+    def __post_init__(self):
+        require(self.num_shards >= 1, "num_shards", f"must be >= 1, got {self.num_shards}")
+        require(self.row_group_mb is None or self.rows_per_row_group is None, "row_group_mb",
+                "and output.rows_per_row_group are alternatives; set one")
+        require(self.row_group_mb is None or self.row_group_mb > 0, "row_group_mb", "must be > 0")
+        require(self.rows_per_row_group is None or self.rows_per_row_group >= 1, "rows_per_row_group", "must be >= 1")
+
+
+@dataclass
+class QualityConfig:
+    max_bad_fraction: float = 0.01
+
+    def __post_init__(self):
+        require(0 <= self.max_bad_fraction <= 1, "max_bad_fraction", f"must be in [0, 1], got {self.max_bad_fraction}")
+
+
+@dataclass
+class ShardConfig:
+    sources: dict[str, SourceConfig]
+    label: LabelConfig
+    split: SplitConfig
+    output: OutputConfig
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    query: str | None = None
+    transform: str | None = None  # "module:function", DataFrame -> DataFrame
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    quality: QualityConfig = field(default_factory=QualityConfig)
+
+    def __post_init__(self):
+        require(bool(self.sources), "sources", "must name at least one source")
+        for name in self.sources:
+            require(name.isidentifier(), f"sources.{name}", "must be a valid SQL view name (letters, digits, _)")
+        require(self.query is not None or len(self.sources) == 1, "query",
+                "is required when there is more than one source")
+        require(self.transform is None or ":" in self.transform, "transform",
+                f"must be 'module:function', got {self.transform!r}")
+        require(bool(self.features.all_columns), "features", "must declare at least one feature column")
+
+
+def load_shard_config(path=None, overrides=None, defaults: dict | None = None) -> ShardConfig:
+    return load_config(ShardConfig, path, overrides, defaults)
