@@ -101,7 +101,7 @@ _FS_CACHE: dict[tuple, fsspec.AbstractFileSystem] = {}
 
 def _filesystem(scheme: str, uri: str) -> fsspec.AbstractFileSystem:
     if scheme == "file":
-        return fsspec.filesystem("file")
+        return fsspec.filesystem("file", auto_mkdir=True)
     if scheme == "s3":
         options = s3_options()
         key = ("s3", json.dumps(options, sort_keys=True), os.getpid())
@@ -220,7 +220,10 @@ def commit(staging: Location, final: Location, marker: dict) -> None:
         os.makedirs(os.path.dirname(final.path) or "/", exist_ok=True)
         os.replace(staging.path, final.path)  # atomic on one file system
     else:
-        fs.mv(staging.path, final.path, recursive=True)
+        # Object stores have no directory rename: copy each object, then drop the staging prefix.
+        # Readers still see nothing until the marker below lands.
+        for src in fs.find(staging.path):
+            fs.copy(src, final.path + src[len(staging.path):])
         _remove(fs, staging.path)
     record = {"committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **marker}
     final.write_text(MARKER, json.dumps(record, indent=2, sort_keys=True))

@@ -1,0 +1,124 @@
+"""A real Spark standalone cluster on 127.0.0.1: one master and N one-core workers, started from
+pip's pyspark with ``spark-class`` and stopped by pid. Used by the tests' ``standalone_cluster``
+fixture and by benchmarks; never by shardtrain itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spark_env() -> dict:
+    import pyspark
+
+    env = dict(os.environ)
+    env["SPARK_HOME"] = os.path.dirname(pyspark.__file__)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    return env
+
+
+@dataclass
+class StandaloneCluster:
+    master_url: str
+    web_url: str
+    work_dir: Path
+    master: subprocess.Popen
+    workers: list[subprocess.Popen] = field(default_factory=list)
+
+    def status(self) -> dict:
+        with urllib.request.urlopen(f"{self.web_url}/json/", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def alive_workers(self) -> int:
+        return sum(1 for w in self.status().get("workers", []) if w.get("state") == "ALIVE")
+
+    def executor_pids(self) -> list[int]:
+        """PIDs of executor JVMs (CoarseGrainedExecutorBackend) launched by this cluster's workers."""
+        worker_pids = {w.pid for w in self.workers}
+        out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+        pids = []
+        for line in out.splitlines()[1:]:
+            pid, ppid, args = line.strip().split(None, 2)
+            if int(ppid) in worker_pids and "CoarseGrainedExecutorBackend" in args:
+                pids.append(int(pid))
+        return pids
+
+    def stop(self) -> None:
+        for proc in [*self.workers, self.master]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 20
+        for proc in [*self.workers, self.master]:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def start_cluster(num_workers: int = 2, cores: int = 1, memory: str = "2g", timeout: float = 90) -> StandaloneCluster:
+    env = spark_env()
+    spark_class = os.path.join(env["SPARK_HOME"], "bin", "spark-class")
+    port, web_port = free_port(), free_port()
+    work_dir = Path(tempfile.mkdtemp(prefix="shardtrain-cluster-"))
+    logs = work_dir / "logs"
+    logs.mkdir()
+    master = subprocess.Popen(
+        [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+         "--webui-port", str(web_port)],
+        env=env, stdout=open(logs / "master.log", "wb"), stderr=subprocess.STDOUT)
+    cluster = StandaloneCluster(master_url=f"spark://127.0.0.1:{port}", web_url=f"http://127.0.0.1:{web_port}",
+                                work_dir=work_dir, master=master)
+    try:
+        _wait(lambda: _reachable(cluster), timeout, "Spark master", logs / "master.log")
+        for i in range(num_workers):
+            wdir = work_dir / f"worker{i}"
+            wdir.mkdir()
+            cluster.workers.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url, "--host", "127.0.0.1",
+                 "--cores", str(cores), "--memory", memory, "--work-dir", str(wdir), "--webui-port", "0"],
+                env=env, stdout=open(logs / f"worker{i}.log", "wb"), stderr=subprocess.STDOUT))
+        _wait(lambda: cluster.alive_workers() == num_workers, timeout, f"{num_workers} Spark workers", logs / "worker0.log")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _reachable(cluster: StandaloneCluster) -> bool:
+    try:
+        cluster.status()
+        return True
+    except OSError:
+        return False
+
+
+def _wait(predicate, timeout: float, what: str, log: Path) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    raise RuntimeError(f"{what} did not come up within {timeout:.0f}s; log tail:\n{tail}")
