@@ -30,6 +30,9 @@ def get_or_create_session(cfg: SparkConfig | None = None):
     # Executors must run the same interpreter as the driver (same torch, pyarrow, horovod).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if cfg.master.startswith("local"):
+        # Everything stays on this machine: bind to loopback, not whatever eth0 resolves to.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(cfg.app_name)
     if not _submitted_with_master():
         builder = builder.master(cfg.master)

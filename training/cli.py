@@ -1,0 +1,80 @@
+"""The ``shardtrain`` command. It lives in training/ because it reaches both stages (pipelines/
+never imports training/). Handlers are imported when their command runs, so ``shardtrain doctor``
+still works when, say, Horovod is broken.
+
+Exit status: 0 ok, 1 the run failed (may be retried), 2 bad usage/config/input (fix, then re-run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipelines import __version__
+from pipelines.cli import add_config_arguments, run_command, setup_logging
+
+
+def _train(args):
+    from training.api import handle_train
+
+    return handle_train(args)
+
+
+def _run(args):
+    from training.api import handle_run
+
+    return handle_run(args)
+
+
+def _demo(args):
+    from training.demo import handle_demo
+
+    return handle_demo(args)
+
+
+def _doctor(args):
+    from training.doctor import run_doctor
+
+    return run_doctor(as_json=args.json, skip_launch=args.no_launch)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pipelines.cli import register_commands
+
+    parser = argparse.ArgumentParser(
+        prog="shardtrain", description="Raw data on Spark -> balanced Parquet shards -> Horovod PyTorch training.")
+    parser.add_argument("--version", action="version", version=f"shardtrain {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    register_commands(sub)  # generate, shard, inspect
+
+    p = sub.add_parser("train", help="train a model from a published dataset (Horovod on Spark)")
+    add_config_arguments(p)
+    p.set_defaults(handler=_train)
+
+    p = sub.add_parser("run", help="shard, then train, in one Spark application")
+    add_config_arguments(p)
+    p.set_defaults(handler=_run)
+
+    p = sub.add_parser("demo", help="generate data, shard it on local Spark, train 2 ranks, print a summary")
+    p.add_argument("--workdir", default="artifacts", help="where data, shards and the model go (default: artifacts)")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override conf/demo.yaml values")
+    p.set_defaults(handler=_demo)
+
+    p = sub.add_parser("doctor", help="check Python, Java, Spark, pyarrow/petastorm, torch, Horovod")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-launch", action="store_true", help="skip the 2-rank Horovod-on-Spark allreduce")
+    p.set_defaults(handler=_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    return run_command(args.handler, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""``shardtrain doctor``: is this machine able to run shardtrain? One line per check, with the fix.
+
+Each check returns a Check(name, ok, detail, fix). The checks import what they test lazily, so a
+broken package fails its own line instead of the whole command. The last check launches two
+real Horovod ranks on local Spark and allreduces a tensor: if that completes, training can run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from pipelines.errors import EXIT_OK, EXIT_RUNTIME
+
+CONSTRAINTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".ci", "constraints.txt")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    ok = (3, 10) <= (v.major, v.minor) < (3, 13)
+    return Check("python", ok, f"{v.major}.{v.minor}.{v.micro} at {sys.executable}",
+                 "" if ok else "use Python 3.10-3.12 (the pinned torch/pyarrow wheels exist for those)")
+
+
+def check_java() -> Check:
+    java = shutil.which("java", path=(os.environ.get("JAVA_HOME", "") + "/bin:" + os.environ.get("PATH", "")))
+    fix = "apt-get update && apt-get install -y openjdk-17-jre-headless (or set JAVA_HOME)"
+    if not java:
+        return Check("java", False, "not found", fix)
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    major = int(match.group(1)) if match else 0
+    if major == 1 and match and match.group(2):
+        major = int(match.group(2))
+    ok = major in (11, 17)
+    return Check("java", ok, f"Java {major} at {java}", "" if ok else f"Spark 3.5 needs Java 17 or 11: {fix}")
+
+
+def check_pyspark() -> Check:
+    try:
+        import pyspark
+    except ImportError as exc:
+        return Check("pyspark", False, f"not importable ({exc})", "run .ci/bootstrap")
+    ok = _version_tuple(pyspark.__version__)[:2] == (3, 5)
+    return Check("pyspark", ok, pyspark.__version__, "" if ok else "pip install -c .ci/constraints.txt pyspark")
+
+
+def check_pyarrow_petastorm() -> Check:
+    """petastorm 0.12 uses pyarrow APIs removed in 15; prove it by reading a real Parquet file."""
+    fix = "pip install -c .ci/constraints.txt pyarrow petastorm  (pyarrow==14.0.2, petastorm==0.12.1)"
+    try:
+        import pyarrow
+    except ImportError as exc:
+        return Check("pyarrow+petastorm", False, f"pyarrow not importable ({exc})", fix)
+    if _version_tuple(pyarrow.__version__) >= (15,):
+        return Check("pyarrow+petastorm", False,
+                     f"pyarrow {pyarrow.__version__} is installed; petastorm needs pyarrow < 15", fix)
+    try:
+        import numpy as np
+        import pyarrow.parquet as pq
+        from petastorm import make_batch_reader
+
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # petastorm 0.12 uses deprecated pyarrow APIs, by design
+            pq.write_table(pyarrow.table({"x": np.arange(10, dtype=np.float32)}), os.path.join(tmp, "p.parquet"))
+            with make_batch_reader(f"file://{tmp}", reader_pool_type="dummy", num_epochs=1) as reader:
+                rows = sum(len(batch.x) for batch in reader)
+        import petastorm
+    except Exception as exc:  # noqa: BLE001 - any failure here is the finding
+        return Check("pyarrow+petastorm", False, f"reading Parquet through petastorm failed: {exc!r}", fix)
+    ok = rows == 10
+    return Check("pyarrow+petastorm", ok, f"pyarrow {pyarrow.__version__}, petastorm {petastorm.__version__}, "
+                 f"read {rows}/10 rows", "" if ok else fix)
+
+
+def check_torch() -> Check:
+    try:
+        import torch
+    except ImportError as exc:
+        return Check("torch", False, f"not importable ({exc})", "run .ci/bootstrap")
+    if torch.cuda.is_available():
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        detail = f"{torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s): {', '.join(names)}"
+    else:
+        detail = f"{torch.__version__}, no CUDA GPU (training runs on CPU)"
+    return Check("torch", True, detail)
+
+
+def check_horovod() -> Check:
+    fix = "run .ci/bootstrap (it builds Horovod 0.28.1 from source with Gloo)"
+    try:
+        import horovod
+        import horovod.torch as hvd
+    except Exception as exc:  # noqa: BLE001 - an ImportError or a broken native library
+        return Check("horovod", False, f"horovod.torch not importable ({exc})", fix)
+    built = {"gloo": hvd.gloo_built(), "nccl": bool(hvd.nccl_built()), "mpi": hvd.mpi_built()}
+    detail = f"{horovod.__version__}, " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in built.items())
+    try:
+        import torch
+
+        if torch.cuda.is_available() and not built["nccl"]:
+            return Check("horovod", False, detail + " (GPUs present but no NCCL)",
+                         "rebuild: rm -rf ~/.cache/shardtrain/horovod-* && .ci/bootstrap (needs a CUDA toolkit)")
+    except ImportError:
+        pass
+    return Check("horovod", built["gloo"], detail, "" if built["gloo"] else fix)
+
+
+def _allreduce_rank():
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    result = (hvd.rank(), hvd.size(), float(total.item()))
+    hvd.shutdown()
+    return result
+
+
+def check_horovod_on_spark(num_proc: int = 2) -> Check:
+    fix = "see README 'Troubleshooting'; run with -v for Spark and Horovod logs"
+    try:
+        import horovod.spark
+        from pyspark.sql import SparkSession
+    except Exception as exc:  # noqa: BLE001
+        return Check("horovod-on-spark", False, f"cannot import ({exc})", fix)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    created = SparkSession.getActiveSession() is None
+    spark = (SparkSession.builder.master(f"local[{num_proc}]").appName("shardtrain-doctor")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        results = horovod.spark.run(_allreduce_rank, num_proc=num_proc, start_timeout=120, verbose=0,
+                                    stdout=open(os.devnull, "w"), stderr=open(os.devnull, "w"))
+    except Exception as exc:  # noqa: BLE001
+        return Check("horovod-on-spark", False, f"{num_proc}-rank allreduce failed: {exc}", fix)
+    finally:
+        if created:
+            spark.stop()
+    expected = float(sum(range(1, num_proc + 1)))
+    ok = sorted(r[0] for r in results) == list(range(num_proc)) and all(r[2] == expected for r in results)
+    return Check("horovod-on-spark", ok, f"{num_proc} ranks on local Spark, allreduce sum = "
+                 f"{[r[2] for r in results]} (expected {expected:g})", "" if ok else fix)
+
+
+CHECKS: list[Callable[[], Check]] = [check_python, check_java, check_pyspark, check_pyarrow_petastorm,
+                                     check_torch, check_horovod, check_horovod_on_spark]
+
+
+def run_doctor(as_json: bool = False, skip_launch: bool = False) -> int:
+    checks = [c for c in CHECKS if not (skip_launch and c is check_horovod_on_spark)]
+    results = []
+    for check in checks:
+        try:
+            result = check()
+        except Exception as exc:  # noqa: BLE001 - a crashing check is a failed check, not a crash
+            result = Check(check.__name__.removeprefix("check_"), False, f"check crashed: {exc!r}")
+        results.append(result)
+        if not as_json:
+            line = f"{'OK  ' if result.ok else 'FAIL'} {result.name:<18} {result.detail}"
+            if not result.ok and result.fix:
+                line += f"\n     fix: {result.fix}"
+            print(line, flush=True)
+    ok = all(r.ok for r in results)
+    if as_json:
+        print(json.dumps({"ok": ok, "checks": [asdict(r) for r in results]}, indent=2))
+    return EXIT_OK if ok else EXIT_RUNTIME
