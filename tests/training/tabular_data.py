@@ -1,0 +1,117 @@
+"""Tiny published datasets for training tests, written directly with pyarrow (no Spark), with an
+exact file / row-group layout so uneven layouts can be asked for by name.
+
+They follow the manifest contract in pipelines/manifest.py: stored columns are what
+``FeatureSpec.transform`` makes of the raw rows, ``_row`` numbers rows in manifest order, and a
+``_COMMITTED`` marker is written last. ``raw`` keeps the raw frames, for ``predict`` round trips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.manifest import MANIFEST_NAME, FeatureSpec, fingerprint
+from pipelines.storage import MARKER
+
+CITIES = ["paris", "lyon", "nice", "lille", "nantes"]
+
+
+@dataclass
+class TestDataset:
+    uri: str
+    raw: dict[str, pd.DataFrame]  # split -> raw rows in `_row` order
+    manifest: dict
+
+
+def raw_frame(rows: int, seed: int, task: str = "classification", array_shape: tuple | None = None) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    x1 = rng.normal(0, 2, rows)
+    x2 = rng.normal(5, 1, rows)
+    city = rng.choice(CITIES, rows)
+    city_effect = np.array([CITIES.index(c) for c in city]) - 2.0
+    signal = 1.5 * x1 - 2.0 * (x2 - 5) + 0.8 * city_effect
+    frame = pd.DataFrame({"x1": x1, "x2": x2, "city": city})
+    if array_shape is not None:
+        width = int(np.prod(array_shape))
+        arr = rng.normal(0, 1, (rows, width)).astype(np.float32)
+        signal = signal + 1.0 * arr[:, :4].sum(axis=1)
+        frame["image"] = list(arr)
+    if task == "classification":
+        frame["label"] = (signal + rng.normal(0, 0.5, rows) > 0.6).astype(np.int64)
+    else:
+        frame["label"] = (signal + rng.normal(0, 0.3, rows)).astype(np.float32)
+    # A few nulls so imputation is exercised.
+    frame.loc[frame.index[::37], "x2"] = np.nan
+    frame.loc[frame.index[::53], "city"] = None
+    return frame
+
+
+def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "classification", seed: int = 0,
+                  array_shape: tuple | None = None, committed: bool = True) -> TestDataset:
+    """``layout``: split -> files -> row-group sizes, e.g. {"train": [[300, 77], [13]], "val": [[200]]}."""
+    os.makedirs(root, exist_ok=True)
+    raws = {split: raw_frame(sum(map(sum, files)), seed + i, task, array_shape)
+            for i, (split, files) in enumerate(layout.items())}
+    train = raws["train"]
+    numeric = []
+    for name in ("x1", "x2"):
+        col = train[name].astype(float)
+        mean, std = float(col.mean()), float(col.std()) or 1.0
+        numeric.append({"name": name, "mean": mean, "std": std, "fill": mean})
+    counts = train["city"].dropna().value_counts()
+    categorical = [{"name": "city", "vocab": list(counts.index), "num_embeddings": len(counts) + 2}]
+    features = {"numeric": numeric, "categorical": categorical,
+                "arrays": [{"name": "image", "shape": list(array_shape)}] if array_shape else []}
+    if task == "classification":
+        label = {"name": "label", "task": "classification", "num_classes": 2,
+                 "train_class_counts": np.bincount(train["label"], minlength=2).tolist()}
+    else:
+        label = {"name": "label", "task": "regression", "train_mean": float(train["label"].mean()),
+                 "train_std": float(train["label"].std())}
+    spec = FeatureSpec(features)
+    splits = {}
+    for split, files in layout.items():
+        raw = raws[split]
+        stored = spec.transform(raw)
+        columns = {name: stored["numeric"][:, j] for j, name in enumerate(spec.numeric)}
+        columns.update({name: stored["categorical"][:, j].astype(np.int32) for j, name in enumerate(spec.categorical)})
+        if array_shape:
+            flat = stored["image"].reshape(len(raw), -1)
+            columns["image"] = pa.ListArray.from_arrays(
+                pa.array(np.arange(0, flat.size + 1, flat.shape[1], dtype=np.int32)), pa.array(flat.ravel()))
+        columns["label"] = raw["label"].to_numpy()
+        columns["_row"] = np.arange(len(raw), dtype=np.int64)
+        table = pa.table(columns)
+        entries, start = [], 0
+        os.makedirs(os.path.join(root, split), exist_ok=True)
+        for i, groups in enumerate(files):
+            rel = f"{split}/part-{i:05d}.parquet"
+            path = os.path.join(root, rel)
+            with pq.ParquetWriter(path, table.schema) as writer:
+                for size in groups:
+                    writer.write_table(table.slice(start, size), row_group_size=max(size, 1))
+                    start += size
+            with open(path, "rb") as fh:
+                digest = hashlib.sha256(fh.read()).hexdigest()
+            entries.append({"path": rel, "rows": sum(groups), "row_groups": list(groups),
+                            "bytes": os.path.getsize(path), "sha256": digest})
+        splits[split] = {"rows": len(raw), "files": entries}
+    schema = [{"name": f.name, "dtype": str(f.type), "shape": []} for f in table.schema]
+    manifest = {"format": "shardtrain.dataset", "format_version": 1, "shardtrain_version": "0.1.0",
+                "created_at": "2026-11-29T22:00:00Z", "schema": schema, "features": features, "label": label,
+                "row_index_column": "_row", "splits": splits, "config": {},
+                "fingerprint": fingerprint(splits, features, label)}
+    with open(os.path.join(root, MANIFEST_NAME), "w") as fh:
+        json.dump(manifest, fh, indent=2)
+    if committed:
+        with open(os.path.join(root, MARKER), "w") as fh:
+            fh.write("{}")
+    return TestDataset(uri=root, raw=raws, manifest=manifest)

@@ -1,0 +1,185 @@
+"""The training job's config tree (``train``) and the shard-then-train tree (``run``).
+
+One dataclass per section, each validating itself in ``__post_init__`` with a message that names
+the key to change. Section and key names are a public contract (scheduled jobs and notebooks use
+them): add keys, never rename them. Load with ``load_train_config`` / ``load_run_config``.
+
+This module must stay free of torch and horovod: the driver imports it before anything launches.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pipelines.config import load_config, require
+from pipelines.shard_config import ShardConfig, SparkConfig
+
+
+@dataclass
+class DataConfig:
+    path: str | None = None  # dataset URI; in a run config it defaults to shard.output.path
+    train_split: str = "train"
+    val_split: str | None = "val"  # null: no validation
+    # Rows shuffled together in memory (per rank), on top of a per-epoch row-group order.
+    shuffle_buffer_rows: int = 65_536
+    # petastorm reader threads. 1 keeps the row order a pure function of the seed, which exact
+    # resume needs; more threads decode row groups in parallel but in arrival order.
+    reader_workers: int = 1
+    # Row groups decoded ahead of the training step (bounds the loader's memory).
+    prefetch_row_groups: int = 4
+
+    def __post_init__(self):
+        require(self.path is None or bool(self.path), "path", "must not be empty")
+        require(bool(self.train_split), "train_split", "must name a split")
+        require(self.shuffle_buffer_rows >= 1, "shuffle_buffer_rows", "must be >= 1")
+        require(self.reader_workers >= 1, "reader_workers", "must be >= 1")
+        require(self.prefetch_row_groups >= 1, "prefetch_row_groups", "must be >= 1")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"  # "mlp" or "package.module:factory"
+    hidden: list[int] = field(default_factory=lambda: [128, 64])
+    dropout: float = 0.0
+    embedding_dim: int | None = None  # null: min(16, (vocabulary size + 1) // 2)
+    # Extra keyword arguments for a "module:factory" model (or overrides for the MLP).
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        require(self.name == "mlp" or (":" in self.name and all(self.name.split(":", 1))), "name",
+                f"must be 'mlp' or 'module:factory', got {self.name!r}")
+        require(all(isinstance(h, int) and h > 0 for h in self.hidden), "hidden",
+                f"must be a list of positive integers, got {self.hidden}")
+        require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
+        require(self.embedding_dim is None or self.embedding_dim >= 1, "embedding_dim", "must be >= 1")
+
+
+@dataclass
+class TrainLoopConfig:
+    epochs: int = 5
+    batch_size: int = 256  # per rank, per micro-batch
+    lr: float = 1e-3
+    lr_scale: Literal["linear", "none"] = "linear"  # linear: lr x world size (x grad_accum is not applied)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    weight_decay: float = 0.0
+    momentum: float = 0.9  # sgd only
+    grad_accum: int = 1
+    clip_norm: float | None = None
+    seed: int = 0
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    log_every_steps: int = 50
+    # fp16 only: consecutive non-finite losses tolerated (the scaler skips those steps) before
+    # training stops, because the loss scale cannot recover from a diverged model.
+    max_skipped_steps: int = 20
+
+    def __post_init__(self):
+        require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
+        require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        require(self.grad_accum >= 1, "grad_accum", f"must be >= 1, got {self.grad_accum}")
+        require(self.clip_norm is None or self.clip_norm > 0, "clip_norm", "must be > 0 (or null for no clipping)")
+        require(self.log_every_steps >= 1, "log_every_steps", "must be >= 1")
+        require(self.max_skipped_steps >= 1, "max_skipped_steps", "must be >= 1")
+
+
+@dataclass
+class LaunchConfig:
+    num_proc: int = 2
+    # GPUs each rank needs from Spark (spark.task.resource.gpu.amount); 0 = use what Spark assigns.
+    gpus_per_proc: int = 0
+    mode: Literal["spark", "in_process"] = "spark"
+    start_timeout: int = 120  # seconds for all ranks to get a Spark task slot and register
+    verbose: int = 0  # horovod.spark.run verbosity (0-2)
+    # Environment variables for every rank (e.g. OMP_NUM_THREADS).
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        require(self.num_proc >= 1, "num_proc", f"must be >= 1, got {self.num_proc}")
+        require(self.gpus_per_proc >= 0, "gpus_per_proc", "must be >= 0")
+        require(self.start_timeout >= 1, "start_timeout", "must be >= 1")
+        require(self.mode == "spark" or self.num_proc == 1, "num_proc",
+                f"must be 1 with launch.mode=in_process (got {self.num_proc})")
+
+
+@dataclass
+class CheckpointConfig:
+    path: str | None = None  # null: <output.run_dir>/checkpoints
+    every_steps: int | None = None
+    every_epochs: int | None = 1
+    keep: int = 2
+    resume: Literal["auto", "never"] = "auto"
+
+    def __post_init__(self):
+        require(self.every_steps is None or self.every_steps >= 1, "every_steps", "must be >= 1 (or null)")
+        require(self.every_epochs is None or self.every_epochs >= 1, "every_epochs", "must be >= 1 (or null)")
+        require(self.keep >= 1, "keep", f"must be >= 1, got {self.keep}")
+
+
+@dataclass
+class TrainOutputConfig:
+    model_path: str = "artifacts/model"
+    mode: Literal["error", "overwrite"] = "error"
+    # Metrics (metrics.jsonl), the resolved config and checkpoints; null: <model_path>.run
+    run_dir: str | None = None
+
+    def __post_init__(self):
+        require(bool(self.model_path), "model_path", "must not be empty")
+
+    @property
+    def resolved_run_dir(self) -> str:
+        return self.run_dir or f"{self.model_path.rstrip('/')}.run"
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    output: TrainOutputConfig = field(default_factory=TrainOutputConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+
+    def __post_init__(self):
+        require(self.data.val_split != self.data.train_split, "data.val_split",
+                "must differ from data.train_split")
+
+    @property
+    def checkpoint_path(self) -> str:
+        return self.checkpoint.path or posixpath.join(self.output.resolved_run_dir, "checkpoints")
+
+
+@dataclass
+class RunConfig:
+    """Shard then train in one Spark application (the one session is built from shard.spark)."""
+
+    shard: ShardConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        if self.train.data.path is None:
+            self.train.data.path = self.shard.output.path
+        require(self.train.data.path == self.shard.output.path, "train.data.path",
+                f"must be the shard output ({self.shard.output.path}) or unset, got {self.train.data.path}")
+
+
+def load_train_config(path=None, overrides=None, defaults: dict | None = None) -> TrainConfig:
+    cfg = load_config(TrainConfig, path, overrides, defaults)
+    require(cfg.data.path is not None, "data.path", "is required: the URI of a dataset published by `shardtrain shard`")
+    return cfg
+
+
+def load_run_config(path=None, overrides=None, defaults: dict | None = None) -> RunConfig:
+    return load_config(RunConfig, path, overrides, defaults)
+
+
+__all__ = [
+    "CheckpointConfig", "DataConfig", "LaunchConfig", "ModelConfig", "RunConfig", "TrainConfig",
+    "TrainLoopConfig", "TrainOutputConfig", "load_run_config", "load_train_config",
+]

@@ -1,0 +1,323 @@
+"""Each rank's input pipeline: published shards -> petastorm -> shuffled torch batches, with the
+same number of batches on every rank.
+
+Why not petastorm's own sharding (``cur_shard=rank, shard_count=size``): it deals whole row
+groups round-robin, so ranks get as many rows as their row groups happen to hold. With unequal
+row groups one rank runs out first and the others wait in allreduce forever (the classic
+Horovod hang). Instead the split is cut by row index:
+
+* N = rows in the split, W = world size. Rank r owns the rows whose ``_row`` (the row's position
+  in the split: files in manifest order, rows in order) lies in ``[r*N//W, (r+1)*N//W)``.
+* ``steps_per_epoch = (N // W) // (batch_size * grad_accum)``, the same on every rank, computed
+  from the manifest before anything launches.
+* Each rank reads only the files that overlap its range, masks the rows outside it by ``_row``
+  (vectorized), shuffles within a buffer, and yields exactly ``steps_per_epoch * grad_accum``
+  full batches, then stops its reader.
+
+Rows skipped per epoch: ``N - W * steps_per_epoch * batch_size * grad_accum``, always fewer
+than ``W * batch_size * grad_accum`` (plus nothing else: no row is repeated). Which rows are
+skipped changes every epoch, because the order is reshuffled with a per-epoch seed.
+
+The order is a pure function of (seed, epoch, rank) when ``reader_workers == 1``, so a resume
+position is just (epoch, step). This module owns the data path and nothing else: no model, no
+Horovod, no Spark. Nothing here runs per row in Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from pipelines.errors import DatasetError
+from pipelines.manifest import ROW_INDEX, Manifest
+
+log = logging.getLogger("shardtrain.data")
+
+
+# --- the arithmetic every rank agrees on ---------------------------------------------------------
+
+def rank_row_range(total_rows: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The half-open ``_row`` range rank ``rank`` of ``world_size`` owns."""
+    return rank * total_rows // world_size, (rank + 1) * total_rows // world_size
+
+
+def steps_per_epoch(total_rows: int, world_size: int, batch_size: int, grad_accum: int = 1) -> int:
+    """Optimizer steps per epoch, identical on every rank (the smallest range decides)."""
+    return (total_rows // world_size) // (batch_size * grad_accum)
+
+
+def skipped_rows_per_epoch(total_rows: int, world_size: int, batch_size: int, grad_accum: int = 1) -> int:
+    """Rows no rank trains on in an epoch; always < world_size * batch_size * grad_accum."""
+    return total_rows - world_size * steps_per_epoch(total_rows, world_size, batch_size, grad_accum) * batch_size * grad_accum
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    # Distinct, reproducible streams per (seed, epoch, rank); fits petastorm's 32-bit RandomState.
+    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+
+
+# --- plain, picklable descriptions the driver builds from the manifest ------------------------
+
+@dataclass(frozen=True)
+class ShardFile:
+    uri: str
+    first_row: int  # the `_row` of its first row
+    rows: int
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    name: str
+    rows: int
+    files: tuple[ShardFile, ...]
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest, split: str) -> "SplitLayout":
+        files, first = [], 0
+        for entry, uri in zip(manifest.files(split), manifest.file_uris(split)):
+            files.append(ShardFile(uri=uri, first_row=first, rows=entry.rows))
+            first += entry.rows
+        rows = manifest.rows(split)
+        if first != rows:
+            raise DatasetError(f"{manifest.root.uri}: field 'splits.{split}.rows' is {rows} but its files hold "
+                               f"{first} rows; the manifest is inconsistent, re-shard the data")
+        return cls(name=split, rows=rows, files=tuple(files))
+
+    def files_overlapping(self, lo: int, hi: int) -> list[ShardFile]:
+        return [f for f in self.files if f.rows and f.first_row < hi and f.first_row + f.rows > lo]
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which stored columns make up a batch, and how (from the manifest's feature/label spec)."""
+
+    numeric: tuple[str, ...]
+    categorical: tuple[str, ...]
+    arrays: tuple[tuple[str, tuple[int, ...]], ...]
+    label: str
+    label_dtype: str  # "int64" (classification) or "float32" (regression)
+
+    @property
+    def stored(self) -> list[str]:
+        return [*self.numeric, *self.categorical, *(n for n, _ in self.arrays), self.label, ROW_INDEX]
+
+
+@dataclass
+class EpochStats:
+    """What one rank's loader delivered in one epoch (returned to the driver; tests assert on it)."""
+
+    epoch: int
+    batches: int = 0
+    rows: int = 0
+    duplicate_rows: int = 0
+    min_row: int = -1
+    max_row: int = -1
+    rows_read: int = 0  # rows decoded, including those masked out or left over
+
+
+# --- the loader -----------------------------------------------------------------------------------
+
+class _ArrowTables:
+    """petastorm results reader that hands over the worker's Arrow table as it is.
+
+    petastorm's own reader converts every column through pandas and stacks list columns with
+    ``np.vstack(column.tolist())`` (Python per row); we convert from Arrow buffers instead.
+    """
+
+    batched_output = True
+
+    def read_next(self, workers_pool, schema, ngram):
+        from petastorm.workers_pool import EmptyResultError
+
+        try:
+            return workers_pool.get_results()
+        except EmptyResultError:
+            raise StopIteration from None
+
+
+class RankLoader:
+    """One rank's batches for one epoch at a time: ``for batch in loader.epoch(e): ...``.
+
+    A batch is a dict of torch tensors: ``numeric`` float32 [B, n_numeric], ``categorical`` int64
+    [B, n_categorical], each array feature float32 [B, *shape], ``label`` (int64 or float32 [B])
+    and ``_row`` int64 [B].
+    """
+
+    def __init__(self, layout: SplitLayout, columns: Columns, rank: int, world_size: int, batch_size: int,
+                 grad_accum: int = 1, seed: int = 0, shuffle: bool = True, shuffle_buffer_rows: int = 65_536,
+                 reader_workers: int = 1, prefetch_row_groups: int = 4):
+        self.layout, self.columns = layout, columns
+        self.rank, self.world_size = rank, world_size
+        self.batch_size, self.grad_accum, self.seed, self.shuffle = batch_size, grad_accum, seed, shuffle
+        self.shuffle_buffer_rows = max(shuffle_buffer_rows, batch_size)
+        self.reader_workers, self.prefetch_row_groups = reader_workers, prefetch_row_groups
+        self.lo, self.hi = rank_row_range(layout.rows, rank, world_size)
+        self.steps_per_epoch = steps_per_epoch(layout.rows, world_size, batch_size, grad_accum)
+        self.batches_per_epoch = self.steps_per_epoch * grad_accum
+        self.files = layout.files_overlapping(self.lo, self.hi)
+        self.stats: list[EpochStats] = []
+
+    def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
+        """Exactly ``batches_per_epoch - skip_batches`` batches; the first ``skip_batches`` of the
+        epoch's order are read but not built (resume)."""
+        import torch
+
+        stats = EpochStats(epoch=epoch)
+        self.stats.append(stats)
+        seen = np.zeros(self.hi - self.lo, dtype=bool)
+        emitted = 0
+        batches = self._shuffled_batches(epoch, stats)
+        try:
+            for arrays in batches:
+                rows = arrays[ROW_INDEX]
+                local = rows - self.lo
+                stats.duplicate_rows += int(np.count_nonzero(seen[local]))
+                seen[local] = True
+                stats.batches += 1
+                stats.rows += len(rows)
+                emitted += 1
+                if emitted > skip_batches:
+                    yield {name: torch.from_numpy(value) for name, value in arrays.items()}
+                if emitted == self.batches_per_epoch:
+                    break
+        finally:
+            batches.close()  # stops the reader now, not when the generator is collected
+        if emitted < self.batches_per_epoch:
+            # Cannot happen when the manifest is right; if it does, every rank must hear about it
+            # rather than one rank silently running short and the others hanging in allreduce.
+            raise DatasetError(
+                f"rank {self.rank}: split {self.layout.name!r} delivered {stats.rows} rows in epoch {epoch}, "
+                f"fewer than the {self.batches_per_epoch * self.batch_size} the manifest promises for rows "
+                f"[{self.lo}, {self.hi}); the files changed after the manifest was written?")
+        if stats.rows:
+            in_range = np.flatnonzero(seen)
+            stats.min_row, stats.max_row = int(in_range[0]) + self.lo, int(in_range[-1]) + self.lo
+
+    # -- internals --
+
+    def _shuffled_batches(self, epoch: int, stats: EpochStats) -> Iterator[dict]:
+        """Full batches of numpy arrays in this epoch's order."""
+        rng = np.random.default_rng(epoch_seed(self.seed, epoch, self.rank))
+        pending: list[dict] = []
+        pending_rows = 0
+        reader = self._open_reader(epoch)
+        try:
+            for table in reader:
+                stats.rows_read += table.num_rows
+                chunk = self._convert(self._mask(table))
+                if chunk is None:
+                    continue
+                pending.append(chunk)
+                pending_rows += len(chunk[ROW_INDEX])
+                if pending_rows >= self.shuffle_buffer_rows:
+                    carry = yield from self._emit(pending, rng)
+                    pending, pending_rows = ([carry], len(carry[ROW_INDEX])) if carry else ([], 0)
+            if pending:
+                yield from self._emit(pending, rng)
+        finally:
+            reader.stop()
+            reader.join()
+
+    def _open_reader(self, epoch: int):
+        from petastorm import make_batch_reader
+
+        urls = [f.uri if "://" in f.uri else f"file://{f.uri}" for f in self.files]
+        # Anchored patterns: petastorm treats schema_fields as regular expressions.
+        fields = [re.escape(name) + "$" for name in self.columns.stored]
+        reader = make_batch_reader(urls, schema_fields=fields, reader_pool_type="thread",
+                                   workers_count=self.reader_workers, results_queue_size=self.prefetch_row_groups,
+                                   shuffle_row_groups=self.shuffle, seed=epoch_seed(self.seed, epoch, self.rank),
+                                   num_epochs=1)
+        if not hasattr(reader, "_results_queue_reader"):  # pinned petastorm 0.12; fail loudly if that changes
+            reader.stop()
+            raise RuntimeError("unsupported petastorm version: Reader has no _results_queue_reader")
+        reader._results_queue_reader = _ArrowTables()
+        return reader
+
+    def _mask(self, table):
+        rows = table.column(ROW_INDEX).to_numpy()
+        keep = (rows >= self.lo) & (rows < self.hi)
+        if keep.all():
+            return table
+        import pyarrow as pa
+
+        return table.filter(pa.array(keep))
+
+    def _convert(self, table) -> dict | None:
+        """Arrow table -> dict of numpy arrays, columns stacked as the model wants them."""
+        n = table.num_rows
+        if n == 0:
+            return None
+        cols = self.columns
+        out: dict[str, np.ndarray] = {}
+        numeric = np.empty((n, len(cols.numeric)), dtype=np.float32)
+        for j, name in enumerate(cols.numeric):
+            numeric[:, j] = _column(table, name, np.float32)
+        out["numeric"] = numeric
+        categorical = np.empty((n, len(cols.categorical)), dtype=np.int64)
+        for j, name in enumerate(cols.categorical):
+            categorical[:, j] = _column(table, name, np.int64)
+        out["categorical"] = categorical
+        for name, shape in cols.arrays:
+            out[name] = _list_column(table, name, shape)
+        out["label"] = _column(table, cols.label, np.dtype(cols.label_dtype))
+        out[ROW_INDEX] = _column(table, ROW_INDEX, np.int64)
+        return out
+
+    def _emit(self, pending: list[dict], rng: np.random.Generator):
+        """Shuffle the pending rows together and yield full batches; return the leftover rows."""
+        merged = {name: np.concatenate([c[name] for c in pending]) if len(pending) > 1 else pending[0][name]
+                  for name in pending[0]}
+        total = len(merged[ROW_INDEX])
+        order = rng.permutation(total) if self.shuffle else np.arange(total)
+        full = total // self.batch_size * self.batch_size
+        for start in range(0, full, self.batch_size):
+            index = order[start:start + self.batch_size]
+            yield {name: value[index] for name, value in merged.items()}
+        if full == total:
+            return None
+        rest = order[full:]
+        return {name: value[rest] for name, value in merged.items()}
+
+
+def _column(table, name: str, dtype) -> np.ndarray:
+    column = table.column(name)
+    if column.null_count:
+        raise DatasetError(f"column {name!r} has {column.null_count} null value(s) in a stored shard; "
+                           "the manifest contract says stored features are already imputed")
+    values = column.to_numpy()  # zero-copy for one chunk of a primitive type without nulls
+    return values if values.dtype == dtype else values.astype(dtype)
+
+
+def _list_column(table, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A list<float> column -> float32 [n, *shape] straight from the flat values buffer."""
+    width = int(np.prod(shape))
+    array = table.column(name).combine_chunks()
+    n = len(array)
+    if array.null_count:
+        raise DatasetError(f"array column {name!r} has {array.null_count} null row(s) in a stored shard")
+    flat = array.flatten()  # respects the array's offset after slicing/filtering
+    if hasattr(array, "offsets"):
+        offsets = array.offsets.to_numpy()
+        if not np.array_equal(np.diff(offsets), np.full(n, width)):
+            raise DatasetError(f"array column {name!r}: every row must hold {width} values (shape {list(shape)})")
+    values = flat.to_numpy(zero_copy_only=False)
+    if values.dtype != np.float32:
+        values = values.astype(np.float32)
+    return values.reshape((n, *shape))
+
+
+def columns_for(manifest: Manifest) -> Columns:
+    features, label = manifest.features, manifest.label
+    return Columns(numeric=tuple(features.numeric), categorical=tuple(features.categorical),
+                   arrays=tuple((name, tuple(shape)) for name, shape in features.arrays.items()),
+                   label=label["name"],
+                   label_dtype="int64" if label.get("task") == "classification" else "float32")
+
+
+__all__ = ["Columns", "EpochStats", "RankLoader", "ShardFile", "SplitLayout", "columns_for", "epoch_seed",
+           "rank_row_range", "skipped_rows_per_epoch", "steps_per_epoch"]
