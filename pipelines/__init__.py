@@ -1,6 +1,63 @@
 """shardtrain's first stage: raw data -> Spark preprocessing -> balanced Parquet shards + manifest.
 
 Nothing here imports ``training``: data flows one way, and so do imports.
+
+Notebook API (each runs on the active SparkSession, or builds one from the config's spark section)::
+
+    from pipelines import generate_dataset, shard_dataset, read_manifest, describe_dataset
+    data = generate_dataset("/tmp/raw", rows=200_000, array_shape=[8])
+    result = shard_dataset(data.shard_config("/tmp/shards"))   # or a YAML path, or a ShardConfig
+    print(describe_dataset(result.uri))
+
+Importing this package must stay cheap and Spark-free: executors and training ranks import
+``pipelines.storage`` and ``pipelines.manifest`` through it.
 """
 
 __version__ = "0.1.0"
+
+
+def shard_dataset(config, overrides=None, spark=None):
+    """Run the shard job. ``config``: a ShardConfig, a plain dict, or a YAML path; returns ShardResult."""
+    from pipelines.config import from_dict
+    from pipelines.shard_config import ShardConfig, load_shard_config
+    from pipelines.shard_job import run_shard_job
+    from pipelines.spark import get_or_create_session
+
+    if isinstance(config, ShardConfig):
+        if overrides:
+            from pipelines.config import apply_overrides, to_dict
+
+            config = from_dict(ShardConfig, apply_overrides(to_dict(config), list(overrides)))
+    elif isinstance(config, dict):
+        from pipelines.config import apply_overrides
+
+        config = from_dict(ShardConfig, apply_overrides(config, list(overrides or [])))
+    else:
+        config = load_shard_config(config, list(overrides or []))
+    spark = spark or get_or_create_session(config.spark)
+    return run_shard_job(spark, config)
+
+
+def generate_dataset(path, rows, spark=None, **options):
+    """Write a synthetic dataset (see pipelines.generate.generate_dataset for the options)."""
+    from pipelines.generate import generate_dataset as _generate
+    from pipelines.spark import get_or_create_session
+
+    return _generate(spark or get_or_create_session(), path, rows, **options)
+
+
+def read_manifest(uri):
+    """Read and validate a published dataset's manifest (refuses uncommitted datasets)."""
+    from pipelines.manifest import read_manifest as _read
+
+    return _read(uri)
+
+
+def describe_dataset(uri) -> str:
+    """A human-readable summary: splits, per-shard rows and balance, quarantine reasons."""
+    from pipelines.inspect import describe_dataset as _describe
+
+    return _describe(uri)
+
+
+__all__ = ["__version__", "describe_dataset", "generate_dataset", "read_manifest", "shard_dataset"]

@@ -89,3 +89,15 @@ def spark_errors(what: str) -> Iterator[None]:
         if name in ("Py4JJavaError", "PythonException", "AnalysisException", "SparkException"):
             raise SparkJobError(f"{what} failed: {explain_java_error(exc)}") from exc
         raise
+
+
+def to_spark_path(uri: str) -> str:
+    """A storage URI as Spark's Hadoop file systems spell it: file:///abs for local paths, s3a:// for S3."""
+    from pipelines.storage import resolve
+
+    loc = resolve(uri)
+    if loc.scheme == "file":
+        return "file://" + loc.path
+    if loc.scheme == "s3":
+        return "s3a://" + loc.path
+    return loc.uri

@@ -1,0 +1,236 @@
+"""Synthetic datasets for the demo, tests and benchmarks, written by Spark from a seed.
+
+Every value is a pure function of (seed, id): rows come from ``spark.range`` and SQL hash
+expressions, never from driver-side pandas or ``rand()``, so the same seed gives the same rows
+at any size and on any number of partitions, and the driver holds nothing per row.
+
+What gets written (``rows`` rows):
+  id (bigint), x0..x{n-1} (double, with nulls), c0..c{m-1} (string, with nulls), optionally an
+  array column ``image`` (array<float> of length prod(shape)), and ``label``: an int class in
+  [0, num_classes) or a double (regression) that depends on the features, so a model can learn it.
+
+``bad_rows`` injects exactly that many bad rows, cycling through the kinds the shard job must
+quarantine (null label, invalid label, +inf in x0, wrong array length, and for CSV/JSON a record
+that does not parse); ``GeneratedDataset.bad_by_reason`` says how many of each.
+
+Must not: collect rows, or depend on the partitioning for any value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipelines.errors import ConfigError
+
+ARRAY_COLUMN = "image"
+LABEL_COLUMN = "label"
+
+
+@dataclass(frozen=True)
+class GeneratedDataset:
+    """What a generator run wrote, with enough to build a shard config over it."""
+
+    path: str
+    format: str
+    rows: int
+    seed: int
+    numeric: list[str]
+    categorical: list[str]
+    arrays: dict[str, list[int]]
+    label: str
+    task: str
+    num_classes: int | None
+    schema_ddl: str  # how to read it back (required for CSV/JSON so bad records are detected)
+    bad_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def shard_config(self, output_path: str, **sections) -> dict:
+        """A shard config (plain dict, ready for ``from_dict(ShardConfig, ...)``) over this data.
+
+        Keyword arguments replace or extend whole sections: ``output={"num_shards": 2}`` is merged
+        into the output section, ``split={"seed": 3}`` into split, and so on.
+        """
+        from pipelines.config import deep_merge
+
+        source = {"path": self.path, "format": self.format}
+        if self.format != "parquet":
+            source["schema"] = self.schema_ddl
+        if self.format == "csv":
+            source["options"] = {"header": True}
+        label = {"column": self.label, "task": self.task}
+        if self.task == "classification":
+            label["num_classes"] = self.num_classes
+        cfg = {
+            "sources": {"raw": source},
+            "features": {"numeric": list(self.numeric), "categorical": list(self.categorical),
+                         "arrays": {k: list(v) for k, v in self.arrays.items()}},
+            "label": label,
+            "split": {"key": "id", "fractions": {"train": 0.8, "val": 0.1, "test": 0.1}, "seed": 0},
+            "output": {"path": output_path, "num_shards": 4},
+        }
+        return deep_merge(cfg, sections)
+
+
+def generate_dataset(spark, path: str, rows: int, *, seed: int = 0,
+                     format: Literal["parquet", "csv", "json"] = "parquet",
+                     numeric: int = 4, categorical: int = 2, vocab_size: int = 20,
+                     array_shape: list[int] | tuple[int, ...] | None = None,
+                     task: Literal["classification", "regression"] = "classification", num_classes: int = 2,
+                     null_fraction: float = 0.05, bad_rows: int = 0, partitions: int | None = None,
+                     mode: Literal["error", "overwrite"] = "error") -> GeneratedDataset:
+    """Write a synthetic dataset to ``path`` (any URI pipelines.storage accepts) with Spark."""
+    from pipelines.spark import spark_errors, to_spark_path
+
+    _check_args(rows, format, numeric, categorical, vocab_size, array_shape, task, num_classes,
+                null_fraction, bad_rows, mode)
+    partitions = partitions or max(2, math.ceil(rows / 1_000_000))
+    shape = [int(d) for d in array_shape] if array_shape else []
+    length = math.prod(shape) if shape else 0
+    num_names = [f"x{j}" for j in range(numeric)]
+    cat_names = [f"c{j}" for j in range(categorical)]
+    kinds = _bad_kinds(format, bool(shape))
+    every = rows // bad_rows if bad_rows else 0
+
+    df = spark.range(0, rows, 1, partitions).selectExpr(
+        "id", *[f"{_normal(seed, 10 + j)} AS _z{j}" for j in range(numeric)],
+        *[f"CAST(floor(pow({_uniform(seed, 50 + j)}, 2) * {vocab_size}) AS INT) AS _v{j}" for j in range(categorical)],
+        f"{_normal(seed, 99)} AS _noise",
+        (f"CAST(({_bad_condition(every, bad_rows)}) AS BOOLEAN) AS _bad" if bad_rows else "false AS _bad"),
+        (f"CAST(pmod(id DIV {every}, {len(kinds)}) AS INT) AS _kind" if bad_rows else "0 AS _kind"),
+    )
+    if shape:
+        # Element i is a normal draw from (seed, id, 1000 + i); the label sees the array's mean.
+        element = _normal(seed, "1000 + i")
+        df = df.selectExpr("*", f"transform(sequence(0, {length - 1}), i -> CAST({element} AS FLOAT)) AS _arr")
+        df = df.selectExpr("*", f"aggregate(_arr, 0D, (acc, v) -> acc + v) / {math.sqrt(length)} AS _arr_score")
+
+    # A score the features explain: linear in the numerics, a per-category effect, the array mean.
+    terms = [f"{(-1) ** j * (1.0 / (1 + j)):.6f} * _z{j}" for j in range(numeric)]
+    terms += [f"(pmod(_v{j}, 3) - 1) * 0.7" for j in range(categorical)]
+    if shape:
+        terms.append("0.8 * _arr_score")
+    variance = sum((1.0 / (1 + j)) ** 2 for j in range(numeric)) + 0.49 * (2 / 3) * categorical + (0.64 if shape else 0)
+    df = df.selectExpr("*", f"({' + '.join(terms) or '0'}) AS _score")
+    sd = math.sqrt(variance + 0.25)
+    if task == "classification":
+        # Logistic approximation of the normal CDF: classes come out roughly balanced.
+        prob = f"1 / (1 + exp(-1.702 * (_score + 0.5 * _noise) / {sd:.6f}))"
+        label = f"CAST(least(floor({prob} * {num_classes}), {num_classes - 1}) AS BIGINT)"
+    else:
+        label = "(_score + 0.5 * _noise)"
+
+    cols = ["id"]
+    for j, name in enumerate(num_names):
+        value = f"(_z{j} * {1 + j * 0.5} + {j * 2.0})"  # different scales, so standardizing matters
+        value = f"CASE WHEN {_uniform(seed, 20 + j)} < {null_fraction} THEN NULL ELSE {value} END"
+        if j == 0 and "non_finite:x0" in kinds:
+            value = f"CASE WHEN {_is_kind(kinds, 'non_finite:x0')} THEN double('Infinity') ELSE {value} END"
+        cols.append(f"{value} AS {name}")
+    for j, name in enumerate(cat_names):
+        cols.append(f"CASE WHEN {_uniform(seed, 30 + j)} < {null_fraction} THEN NULL "
+                    f"ELSE concat('v', _v{j}) END AS {name}")
+    if shape:
+        arr = "_arr"
+        bad_shape = f"bad_shape:{ARRAY_COLUMN}"
+        if bad_shape in kinds:
+            arr = f"CASE WHEN {_is_kind(kinds, bad_shape)} THEN concat(_arr, array(CAST(0 AS FLOAT))) ELSE _arr END"
+        cols.append(f"{arr} AS {ARRAY_COLUMN}")
+    if "null_label" in kinds:
+        label = f"CASE WHEN {_is_kind(kinds, 'null_label')} THEN NULL ELSE {label} END"
+    if "invalid_label" in kinds:
+        invalid = f"CAST({num_classes + 1} AS BIGINT)" if task == "classification" else "double('NaN')"
+        label = f"CASE WHEN {_is_kind(kinds, 'invalid_label')} THEN {invalid} ELSE {label} END"
+    cols.append(f"{label} AS {LABEL_COLUMN}")
+    cols.append("_bad AND _kind = " + str(kinds.index("malformed_record")) + " AS _malformed"
+                if "malformed_record" in kinds else "false AS _malformed")
+    table = df.selectExpr(*cols)
+
+    label_type = "BIGINT" if task == "classification" else "DOUBLE"
+    ddl = ", ".join(["id BIGINT", *[f"{n} DOUBLE" for n in num_names], *[f"{n} STRING" for n in cat_names],
+                     *([f"{ARRAY_COLUMN} ARRAY<FLOAT>"] if shape else []), f"{LABEL_COLUMN} {label_type}"])
+    target = to_spark_path(path)
+    with spark_errors(f"writing the generated dataset to {path}"):
+        _write(table, target, format, mode)
+
+    counts = {kind: 0 for kind in kinds}
+    for i in range(bad_rows):
+        counts[kinds[i % len(kinds)]] += 1
+    return GeneratedDataset(
+        path=path, format=format, rows=rows, seed=seed, numeric=num_names, categorical=cat_names,
+        arrays={ARRAY_COLUMN: shape} if shape else {}, label=LABEL_COLUMN, task=task,
+        num_classes=num_classes if task == "classification" else None, schema_ddl=ddl,
+        bad_by_reason={k: v for k, v in counts.items() if v})
+
+
+def _write(table, target: str, format: str, mode: str) -> None:
+    columns = [c for c in table.columns if c != "_malformed"]
+    if format == "parquet":
+        table.select(*columns).write.mode(mode).parquet(target)
+        return
+    if format == "csv":
+        # Every value goes out as text; a malformed record is one whose x0 does not parse as a number.
+        text = [f"CASE WHEN _malformed THEN 'oops' ELSE CAST({c} AS STRING) END AS {c}" if c == "x0"
+                else f"CAST({c} AS STRING) AS {c}" for c in columns]
+        table.selectExpr(*text).write.mode(mode).option("header", "true").csv(target)
+        return
+    # JSON lines; a malformed record is a truncated line.
+    line = (f"CASE WHEN _malformed THEN concat('{{\"id\": ', id, ', \"x0\": ') "
+            f"ELSE to_json(struct({', '.join(columns)})) END AS value")
+    table.selectExpr(line).write.mode(mode).text(target)
+
+
+def _uniform(seed: int, stream) -> str:
+    """A uniform draw in (0, 1) from 52 bits of xxhash64(seed, stream, id)."""
+    return f"((CAST(xxhash64({int(seed)}, {stream}, id) & 4503599627370495 AS DOUBLE) + 0.5) / 4503599627370496.0)"
+
+
+def _normal(seed: int, stream) -> str:
+    """A standard normal draw (Box-Muller over two uniform streams)."""
+    u1 = _uniform(seed, f"2 * ({stream})")
+    u2 = _uniform(seed, f"2 * ({stream}) + 1")
+    return f"(sqrt(-2 * ln({u1})) * cos(2 * pi() * {u2}))"
+
+
+def _bad_condition(every: int, bad_rows: int) -> str:
+    # Exactly bad_rows rows, spread evenly over the id range: ids every-1, 2*every-1, ...
+    return f"pmod(id, {every}) = {every - 1} AND id DIV {every} < {bad_rows}"
+
+
+def _bad_kinds(format: str, has_array: bool) -> list[str]:
+    kinds = ["null_label", "invalid_label", "non_finite:x0"]
+    if has_array:
+        kinds.append(f"bad_shape:{ARRAY_COLUMN}")
+    if format in ("csv", "json"):
+        kinds.append("malformed_record")
+    return kinds
+
+
+def _is_kind(kinds: list[str], kind: str) -> str:
+    return f"(_bad AND _kind = {kinds.index(kind)})"
+
+
+def _check_args(rows, format, numeric, categorical, vocab_size, array_shape, task, num_classes,
+                null_fraction, bad_rows, mode) -> None:
+    if rows < 1:
+        raise ConfigError(f"rows must be >= 1, got {rows}")
+    if format not in ("parquet", "csv", "json"):
+        raise ConfigError(f"format must be parquet, csv or json, got {format!r}")
+    if numeric < 1:
+        raise ConfigError("numeric must be >= 1 (x0 carries the injected non-finite values)")
+    if categorical < 0 or vocab_size < 1:
+        raise ConfigError("categorical must be >= 0 and vocab_size >= 1")
+    if array_shape and (format == "csv"):
+        raise ConfigError("CSV cannot hold array columns; use format=parquet or json for array_shape")
+    if array_shape and not all(int(d) > 0 for d in array_shape):
+        raise ConfigError(f"array_shape must be positive integers, got {array_shape}")
+    if task not in ("classification", "regression"):
+        raise ConfigError(f"task must be classification or regression, got {task!r}")
+    if task == "classification" and num_classes < 2:
+        raise ConfigError(f"num_classes must be >= 2, got {num_classes}")
+    if not 0 <= null_fraction < 1:
+        raise ConfigError(f"null_fraction must be in [0, 1), got {null_fraction}")
+    if not 0 <= bad_rows <= rows:
+        raise ConfigError(f"bad_rows must be in [0, rows], got {bad_rows}")
+    if mode not in ("error", "overwrite"):
+        raise ConfigError(f"mode must be error or overwrite, got {mode!r}")

@@ -1,0 +1,274 @@
+"""Row rules and fitted preprocessing, as Spark SQL expressions built on the driver.
+
+Three steps, each a function of the config (and, for the last, of fitted statistics):
+
+1. ``check_table``: every declared column exists and has a type we can cast; fails before any
+   data is read, naming the column, its config key and the source.
+2. ``row_columns``: per-row SQL for the split, the shuffle key, the typed values and the
+   quarantine ``_reason`` (the first rule a row breaks, in a fixed order).
+3. ``encoded_columns``: the stored encodings from the statistics ``fit`` computed on the train
+   split (aggregations only; the one collect is of vocabularies bounded by max_vocab).
+
+Reasons: ``null_label``, ``invalid_label``, ``bad_value:<col>`` (a string that is not a number),
+``non_finite:<col>`` (+/-inf in a numeric column; NaN/null/inf elements in an array column),
+``bad_shape:<col>`` (null array or wrong length), and ``malformed_record`` (sources.py).
+NaN in a numeric column counts as missing and is imputed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pipelines.balance import BUCKET_BITS, HASH_BITS, split_bounds
+from pipelines.errors import InputDataError
+from pipelines.manifest import NULL_INDEX, RESERVED_INDICES, ROW_INDEX, UNSEEN_INDEX
+from pipelines.shard_config import ShardConfig
+
+LABEL_NAME = "label"
+FLOAT_MAX = 3.4028234663852886e38
+RESERVED_NAMES = {LABEL_NAME, ROW_INDEX}
+
+
+def q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def num_col(name: str) -> str:
+    return f"_n_{name}"
+
+
+def cat_col(name: str) -> str:
+    return f"_c_{name}"
+
+
+def arr_col(name: str) -> str:
+    return f"_a_{name}"
+
+
+def check_table(table, cfg: ShardConfig, where: str) -> None:
+    """Missing columns and uncastable types fail here, before anything is read or written."""
+    from pyspark.sql import types as T
+
+    fields = {f.name: f.dataType for f in table.schema.fields}
+    feats = cfg.features
+    clash = sorted(RESERVED_NAMES & set(feats.all_columns))
+    if clash:
+        raise InputDataError(f"feature column(s) {clash} use a name the dataset reserves ({sorted(RESERVED_NAMES)}); "
+                             f"rename them in the query")
+    wanted = [(c, "features.numeric") for c in feats.numeric] + [(c, "features.categorical") for c in feats.categorical]
+    wanted += [(c, f"features.arrays.{c}") for c in feats.arrays]
+    if cfg.label.column is not None:
+        wanted.append((cfg.label.column, "label.column"))
+    for column, key in wanted:
+        if column not in fields:
+            raise InputDataError(f"column {column!r} ({key}) is not in {where}; it has columns {sorted(fields)}")
+
+    scalar = (T.NumericType, T.BooleanType, T.StringType)
+    for column in feats.numeric:
+        _require_type(isinstance(fields[column], scalar), column, "features.numeric", fields[column], "float", where)
+    for column in feats.categorical:
+        ok = isinstance(fields[column], T.AtomicType) and not isinstance(fields[column], T.BinaryType)
+        _require_type(ok, column, "features.categorical", fields[column], "a category (string)", where)
+    for column in feats.arrays:
+        dt = fields[column]
+        ok = isinstance(dt, T.ArrayType) and isinstance(dt.elementType, (T.NumericType, T.BooleanType))
+        _require_type(ok, column, f"features.arrays.{column}", dt, "array<float>", where)
+    if cfg.label.column is not None:
+        _require_type(isinstance(fields[cfg.label.column], scalar), cfg.label.column, "label.column",
+                      fields[cfg.label.column], "a number", where)
+
+    # Expressions (label.expr, split.key) must analyse against the table.
+    for key, expr in (("split.key", cfg.split.key), ("label.expr", cfg.label.expr)):
+        if expr is None:
+            continue
+        try:
+            dt = table.selectExpr(f"{sql_expr(expr, fields)} AS _probe").schema.fields[0].dataType
+        except Exception as exc:  # noqa: BLE001 - AnalysisException / ParseException
+            raise InputDataError(f"{key} {expr!r} is not a column or valid expression over {where}: "
+                                 f"{_first_line(exc)}") from None
+        if key == "label.expr" and not isinstance(dt, scalar):
+            raise InputDataError(f"label.expr {expr!r} has type {dt.simpleString()}, which cannot be cast to a number")
+
+
+def _require_type(ok: bool, column: str, key: str, dtype, want: str, where: str) -> None:
+    if not ok:
+        raise InputDataError(f"column {column!r} ({key}) in {where} has type {dtype.simpleString()}, "
+                             f"which cannot be cast to {want}; fix the source schema or convert it in the query")
+
+
+def sql_expr(text: str, fields) -> str:
+    """A config value that is either a column name or a SQL expression."""
+    return q(text) if text in fields else text
+
+
+def row_columns(table, cfg: ShardConfig) -> list[str]:
+    """SQL select list: the table's columns plus split, shuffle key, typed values and ``_reason``."""
+    from pyspark.sql import types as T
+
+    fields = {f.name: f.dataType for f in table.schema.fields}
+    feats, label, split = cfg.features, cfg.label, cfg.split
+    seed = int(split.seed)
+    cols = [q(c) for c in table.columns]
+    key = f"CAST({sql_expr(split.key, fields)} AS STRING)"
+    u = f"(CAST(xxhash64({seed}, {key}) & {(1 << HASH_BITS) - 1} AS DOUBLE) / {float(1 << HASH_BITS)!r})"
+    cases = " ".join(f"WHEN {u} < {upper!r} THEN {i}" for i, (_, upper) in enumerate(split_bounds(split.fractions)[:-1]))
+    last = len(split.fractions) - 1
+    cols.append(f"CAST({'CASE ' + cases + f' ELSE {last} END' if cases else last} AS INT) AS _split")
+    # The seeded shuffle key hashes the key and every used value, so rows of one group still shuffle.
+    used = [q(c) for c in feats.all_columns]
+    if label.column is not None:
+        used.append(q(label.column))
+    cols.append(f"xxhash64({seed + 1}, {key}, {', '.join(used)}) AS _shuffle")
+    cols.append(f"CAST(shiftrightunsigned(xxhash64({seed + 1}, {key}, {', '.join(used)}), {64 - BUCKET_BITS}) AS INT)"
+                " AS _bucket")
+
+    reasons = []
+    label_raw = sql_expr(label.column, fields) if label.column is not None else f"({label.expr})"
+    label_d = f"try_cast({label_raw} AS DOUBLE)"
+    reasons.append(f"WHEN {label_raw} IS NULL THEN 'null_label'")
+    if label.task == "classification":
+        invalid = (f"{label_d} IS NULL OR isnan({label_d}) OR abs({label_d}) = double('Infinity') "
+                   f"OR {label_d} <> floor({label_d}) OR {label_d} < 0 OR {label_d} >= {label.num_classes}")
+        cols.append(f"CAST({label_d} AS BIGINT) AS _label")
+    else:
+        invalid = f"{label_d} IS NULL OR isnan({label_d}) OR abs({label_d}) > {FLOAT_MAX!r}"
+        cols.append(f"CAST({label_d} AS FLOAT) AS _label")
+    reasons.append(f"WHEN {invalid} THEN 'invalid_label'")
+
+    for name in feats.numeric:
+        value = f"try_cast({q(name)} AS DOUBLE)"
+        if isinstance(fields[name], T.StringType):
+            reasons.append(f"WHEN {q(name)} IS NOT NULL AND {value} IS NULL THEN 'bad_value:{name}'")
+        reasons.append(f"WHEN abs({value}) = double('Infinity') THEN 'non_finite:{name}'")
+        cols.append(f"CASE WHEN isnan({value}) THEN NULL ELSE {value} END AS {num_col(name)}")
+    for name in feats.categorical:
+        cols.append(f"CAST({q(name)} AS STRING) AS {cat_col(name)}")
+    for name, shape in feats.arrays.items():
+        length = math.prod(shape)
+        reasons.append(f"WHEN {q(name)} IS NULL OR size({q(name)}) <> {length} THEN 'bad_shape:{name}'")
+        reasons.append(f"WHEN exists({q(name)}, v -> v IS NULL OR isnan(CAST(v AS DOUBLE)) "
+                       f"OR abs(CAST(v AS DOUBLE)) > {FLOAT_MAX!r}) THEN 'non_finite:{name}'")
+        cols.append(f"transform({q(name)}, v -> CAST(v AS FLOAT)) AS {arr_col(name)}")
+    cols.append(f"CASE {' '.join(reasons)} END AS _reason")
+    return cols
+
+
+@dataclass
+class FittedStats:
+    numeric: list[dict]       # manifest entries: name, mean, std, fill
+    categorical: list[dict]   # name, vocab, num_embeddings
+    label: dict               # manifest label spec
+
+
+def fit(clean_train, cfg: ShardConfig) -> FittedStats:
+    """Statistics and vocabularies from the train split's clean rows, by Spark aggregation."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import Window
+
+    feats, label = cfg.features, cfg.label
+    aggs = [F.count(F.lit(1)).alias("_rows")]
+    for name in feats.numeric:
+        aggs += [F.avg(num_col(name)).alias(f"mean_{name}"), F.stddev_pop(num_col(name)).alias(f"std_{name}")]
+    if label.task == "regression":
+        aggs += [F.avg("_label").alias("label_mean"), F.stddev_pop("_label").alias("label_std")]
+    stats = clean_train.agg(*aggs).collect()[0].asDict()
+
+    numeric = []
+    for name in feats.numeric:
+        mean = stats[f"mean_{name}"]
+        std = stats[f"std_{name}"]
+        mean = 0.0 if mean is None else float(mean)
+        # A constant (or all-null) column must not divide by zero: it standardizes to 0.
+        std = 1.0 if std is None or not std > 0 else float(std)
+        fill = float(feats.impute[name]) if name in feats.impute else mean
+        numeric.append({"name": name, "mean": mean, "std": std, "fill": fill})
+
+    # One pass for every vocabulary (and the class counts): (column, value) -> count, top-k per column.
+    stacked = []
+    for name in feats.categorical:
+        stacked.append(F.struct(F.lit(name).alias("column"), F.col(cat_col(name)).alias("value")))
+    if label.task == "classification":
+        stacked.append(F.struct(F.lit("\u0000label").alias("column"), F.col("_label").cast("string").alias("value")))
+    vocab: dict[str, list[tuple[str, int]]] = {name: [] for name in feats.categorical}
+    class_counts = [0] * (label.num_classes or 0)
+    if stacked:
+        counts = (clean_train.select(F.explode(F.array(*stacked)).alias("e")).select("e.column", "e.value")
+                  .where(F.col("value").isNotNull()).groupBy("column", "value").count())
+        rank = F.row_number().over(Window.partitionBy("column").orderBy(F.desc("count"), F.asc("value")))
+        top = (counts.where((F.col("count") >= feats.min_count) | (F.col("column") == "\u0000label"))
+               .withColumn("rank", rank)
+               .where((F.col("rank") <= feats.max_vocab) | (F.col("column") == "\u0000label")))
+        for row in top.collect():
+            if row["column"] == "\u0000label":
+                class_counts[int(row["value"])] = int(row["count"])
+            else:
+                vocab[row["column"]].append((int(row["rank"]), row["value"]))
+    categorical = []
+    for name in feats.categorical:
+        values = [v for _, v in sorted(vocab[name])]
+        categorical.append({"name": name, "vocab": values, "num_embeddings": len(values) + RESERVED_INDICES})
+
+    label_spec = {"name": LABEL_NAME, "task": label.task, "source": label.column or label.expr}
+    if label.task == "classification":
+        label_spec.update(num_classes=label.num_classes, train_class_counts=class_counts)
+    else:
+        mean, std = stats["label_mean"], stats["label_std"]
+        label_spec.update(train_mean=0.0 if mean is None else float(mean), train_std=0.0 if std is None else float(std))
+    return FittedStats(numeric=numeric, categorical=categorical, label=label_spec)
+
+
+def encode(clean, cfg: ShardConfig, stats: FittedStats):
+    """Clean rows -> (_split, _bucket, _shuffle, stored columns...) with the fitted transform."""
+    from pyspark.sql import functions as F
+
+    spark = clean.sparkSession
+    df = clean
+    select = ["_split", "_bucket", "_shuffle"]
+    for entry in stats.numeric:
+        n = entry["name"]
+        select.append(f"CAST((coalesce({num_col(n)}, {entry['fill']!r}) - {entry['mean']!r}) / {entry['std']!r} AS FLOAT)"
+                      f" AS {q(n)}")
+    for entry in stats.categorical:
+        n = entry["name"]
+        # The vocabulary is at most max_vocab rows: broadcast it and join, rather than a huge literal map.
+        lookup = spark.createDataFrame(
+            [(v, i + RESERVED_INDICES) for i, v in enumerate(entry["vocab"])],
+            f"`_v_{n}` STRING, `_i_{n}` INT")
+        df = df.join(F.broadcast(lookup), F.col(cat_col(n)) == F.col(f"_v_{n}"), "left")
+        select.append(f"CAST(CASE WHEN {cat_col(n)} IS NULL THEN {NULL_INDEX} "
+                      f"ELSE coalesce(`_i_{n}`, {UNSEEN_INDEX}) END AS INT) AS {q(n)}")
+    for n in cfg.features.arrays:
+        select.append(f"{arr_col(n)} AS {q(n)}")
+    select.append(f"_label AS {LABEL_NAME}")
+    return df.selectExpr(*select)
+
+
+def stored_schema(cfg: ShardConfig) -> list[dict]:
+    """The manifest's schema: stored columns in file order."""
+    cols = [{"name": n, "dtype": "float32", "shape": []} for n in cfg.features.numeric]
+    cols += [{"name": n, "dtype": "int32", "shape": []} for n in cfg.features.categorical]
+    cols += [{"name": n, "dtype": "float32", "shape": list(s)} for n, s in cfg.features.arrays.items()]
+    cols.append({"name": LABEL_NAME, "dtype": "int64" if cfg.label.task == "classification" else "float32", "shape": []})
+    cols.append({"name": ROW_INDEX, "dtype": "int64", "shape": []})
+    return cols
+
+
+def arrow_schema(columns: list[dict]):
+    import pyarrow as pa
+
+    types = {"float32": pa.float32(), "int32": pa.int32(), "int64": pa.int64()}
+    fields = []
+    for col in columns:
+        tp = types[col["dtype"]]
+        fields.append(pa.field(col["name"], pa.list_(tp) if col["shape"] else tp, nullable=False))
+    return pa.schema(fields)
+
+
+def row_bytes(columns: list[dict]) -> int:
+    size = {"float32": 4, "int32": 4, "int64": 8}
+    return sum(size[c["dtype"]] * (math.prod(c["shape"]) if c["shape"] else 1) for c in columns)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

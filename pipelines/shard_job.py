@@ -1,0 +1,361 @@
+"""The shard job: sources -> Spark SQL -> quarantine -> deterministic split -> balanced shards + manifest.
+
+``run_shard_job(spark, cfg)`` is the one entry point; ``shardtrain shard``, the spark-submit job
+file and the notebook API all call it. The order is fixed so that nothing is written until every
+check that can fail has passed:
+
+1. mode check (``error`` refuses, ``skip_if_exists`` compares the input fingerprint and returns);
+2. read sources, build the table (query, transform), check columns and types;
+3. count rows per split, bucket and quarantine reason (one aggregation): quality gate, and every
+   split must have at least num_shards rows;
+4. fit statistics and vocabularies on the train split;
+5. inside ``storage.publish``: rank each split's rows by a seeded shuffle key, place each output
+   file in its own Spark partition, write it with pyarrow on the executor (shard_writer.py),
+   write the quarantine, check input = published + quarantined, write the manifest and config.
+
+Ranking without a global sort or a driver collect: the shuffle key's top 12 bits form 4096
+buckets per split; the counts per (split, bucket) come from step 3, so each bucket's offset is
+known, and a row's rank is its bucket's offset plus its row_number within the bucket.
+
+Placement without hash collisions: ``repartition(n, k)`` sends key k to ``pmod(murmur3(k), n)``,
+so for each output file we find (with a small Spark query) a key that lands exactly in its own
+partition, rather than hoping hash buckets spread evenly (they do not).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import hashlib
+import importlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+
+from pipelines import __version__
+from pipelines.balance import check_split_rows, rows_per_row_group, shard_sizes
+from pipelines.config import dump_yaml, to_dict
+from pipelines.errors import ConfigError, InputDataError, OutputExistsError, QualityGateError, ShardtrainError
+from pipelines.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, ROW_INDEX, Manifest, fingerprint, read_manifest
+from pipelines.preprocess import (FittedStats, arrow_schema, check_table, encode, fit, q, row_bytes, row_columns,
+                                  stored_schema)
+from pipelines.shard_config import ShardConfig
+from pipelines.shard_writer import RESULT_DDL, TARGET_COLUMN, write_empty, write_partition
+from pipelines.sources import read_sources, source_fingerprint
+from pipelines.storage import is_committed, publish, resolve
+
+log = logging.getLogger("shardtrain.shard")
+
+QUARANTINE_DIR = "_quarantine"
+QUARANTINE_ROWS_PER_FILE = 1_000_000
+CONFIG_NAME = "config.yaml"
+
+
+class AccountingError(ShardtrainError):
+    """Input rows != published + quarantined rows: a bug or a non-deterministic input; nothing is published."""
+
+
+@dataclass
+class ShardResult:
+    uri: str
+    manifest: Manifest
+    skipped: bool = False
+
+
+def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
+    from pipelines.spark import spark_errors
+
+    out = resolve(cfg.output.path)
+    sources_fp = {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}
+    input_fp = input_fingerprint(cfg, sources_fp)
+    existing = _check_existing(out, cfg, input_fp)
+    if existing is not None:
+        log.info("%s already holds this dataset (input fingerprint %s); skipping", out.uri, input_fp[:12])
+        return ShardResult(uri=out.uri, manifest=existing, skipped=True)
+
+    frames = read_sources(spark, cfg)
+    table, where = _build_table(spark, cfg, frames)
+    check_table(table, cfg, where)
+    rows = table.selectExpr(*row_columns(table, cfg))
+    split_names = list(cfg.split.fractions)
+
+    with spark_errors("counting rows per split and quarantine reason"):
+        counts = _count(rows, frames)
+    _quality_gate(cfg, counts)
+    for i, name in enumerate(split_names):
+        check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
+
+    clean = rows.where("_reason IS NULL")
+    with spark_errors("fitting statistics and vocabularies on the train split"):
+        stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg)
+    encoded = encode(clean, cfg, stats)
+
+    columns = stored_schema(cfg)
+    rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
+    mode = "overwrite" if cfg.output.mode == "overwrite" else "error"
+    with publish(out.uri, mode=mode, marker={"kind": "shardtrain.dataset", "input_fingerprint": input_fp}) as staging:
+        with spark_errors("writing the balanced shards"):
+            files = _write_shards(spark, encoded, cfg, counts, columns, rpg, staging.uri)
+        with spark_errors("writing the quarantine"):
+            qfiles = _write_quarantine(spark, rows, table.columns, frames, counts, where, staging.uri)
+        splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
+        accounting = _check_accounting(counts, splits, qfiles)
+        features = {"numeric": stats.numeric, "categorical": stats.categorical,
+                    "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
+        manifest = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "shardtrain_version": __version__,
+            "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "schema": columns,
+            "features": features,
+            "label": stats.label,
+            "row_index_column": ROW_INDEX,
+            "num_shards": cfg.output.num_shards,
+            "rows_per_row_group": rpg,
+            "splits": splits,
+            "quarantine": {"path": QUARANTINE_DIR, "rows": counts.quarantined,
+                           "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
+            "accounting": accounting,
+            "sources": sources_fp,
+            "config": to_dict(cfg),
+            "input_fingerprint": input_fp,
+            "fingerprint": fingerprint(splits, features, stats.label),
+        }
+        staging.write_text(MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+        staging.write_text(CONFIG_NAME, dump_yaml(cfg))
+    log.info("published %s: %s", out.uri, ", ".join(f"{s}={v['rows']}" for s, v in splits.items()))
+    return ShardResult(uri=out.uri, manifest=read_manifest(out.uri), skipped=False)
+
+
+def input_fingerprint(cfg: ShardConfig, sources_fp: dict) -> str:
+    """What the output is a function of: the config (minus how it runs) and the input files."""
+    config = to_dict(cfg)
+    config.pop("spark", None)
+    config["output"].pop("mode", None)
+    payload = {"config": config, "sources": sources_fp, "shardtrain_version": __version__,
+               "format_version": FORMAT_VERSION}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _check_existing(out, cfg: ShardConfig, input_fp: str) -> Manifest | None:
+    if not out.exists():
+        return None
+    mode = cfg.output.mode
+    if mode == "error":
+        raise OutputExistsError(f"{out.uri} already exists; set output.mode=overwrite to replace it "
+                                "(or skip_if_exists to keep an identical one)")
+    if mode == "skip_if_exists":
+        if not is_committed(out):
+            raise OutputExistsError(f"{out.uri} exists but is not a committed dataset (a job died while publishing "
+                                    "it?); set output.mode=overwrite to replace it")
+        manifest = read_manifest(out)
+        if manifest.data.get("input_fingerprint") == input_fp:
+            return manifest
+        raise OutputExistsError(f"{out.uri} holds a different dataset (the config or the source files changed since "
+                                "it was written); set output.mode=overwrite to replace it")
+    return None
+
+
+def _build_table(spark, cfg: ShardConfig, frames):
+    from pipelines.spark import spark_errors
+
+    if cfg.query is not None:
+        where = "the table produced by `query`"
+        try:
+            table = spark.sql(cfg.query)
+        except Exception as exc:  # noqa: BLE001 - AnalysisException / ParseException
+            raise InputDataError(f"query failed to analyse over sources {sorted(frames)}: {_first_line(exc)}") from None
+    else:
+        (name, frame), = frames.items()
+        where = f"source {name!r} ({frame.config.path})"
+        table = frame.clean
+    if cfg.transform is not None:
+        module_name, _, func_name = cfg.transform.partition(":")
+        try:
+            func = getattr(importlib.import_module(module_name), func_name)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"transform {cfg.transform!r} cannot be loaded: {exc}") from None
+        with spark_errors(f"transform {cfg.transform}"):
+            table = func(table)
+        where = f"the table returned by transform {cfg.transform!r}"
+    return table, where
+
+
+@dataclass
+class RowCounts:
+    split_rows: dict[int, int]               # clean rows per split index
+    bucket_rows: dict[tuple[int, int], int]  # clean rows per (split index, bucket)
+    by_reason: dict[str, int]
+    table_rows: int
+    malformed: int
+
+    @property
+    def quarantined(self) -> int:
+        return sum(self.by_reason.values())
+
+    @property
+    def input_rows(self) -> int:
+        return self.table_rows + self.malformed
+
+
+def _count(rows, frames) -> RowCounts:
+    grouped = rows.selectExpr("CASE WHEN _reason IS NULL THEN _split END AS s",
+                              "CASE WHEN _reason IS NULL THEN _bucket END AS b", "_reason AS r").groupBy("s", "b", "r").count()
+    split_rows: dict[int, int] = {}
+    bucket_rows: dict[tuple[int, int], int] = {}
+    by_reason: dict[str, int] = {}
+    table_rows = 0
+    for row in grouped.collect():  # at most splits * 4096 + reasons rows
+        n = int(row["count"])
+        table_rows += n
+        if row["r"] is None:
+            split_rows[row["s"]] = split_rows.get(row["s"], 0) + n
+            bucket_rows[(row["s"], row["b"])] = n
+        else:
+            by_reason[row["r"]] = by_reason.get(row["r"], 0) + n
+    malformed = 0
+    for frame in frames.values():
+        if frame.malformed is not None:
+            malformed += frame.malformed.count()
+    if malformed:
+        by_reason["malformed_record"] = by_reason.get("malformed_record", 0) + malformed
+    return RowCounts(split_rows, bucket_rows, by_reason, table_rows, malformed)
+
+
+def _quality_gate(cfg: ShardConfig, counts: RowCounts) -> None:
+    total = counts.input_rows
+    if total == 0:
+        raise InputDataError(f"the input has no rows (sources: {', '.join(s.path for s in cfg.sources.values())})")
+    fraction = counts.quarantined / total
+    if fraction > cfg.quality.max_bad_fraction:
+        reasons = ", ".join(f"{r}={n}" for r, n in sorted(counts.by_reason.items(), key=lambda kv: (-kv[1], kv[0])))
+        raise QualityGateError(
+            f"{counts.quarantined} of {total} input rows ({fraction:.2%}) are bad, above "
+            f"quality.max_bad_fraction={cfg.quality.max_bad_fraction:g}: {reasons}. Nothing was written; fix the "
+            "input, or raise quality.max_bad_fraction to publish the good rows and quarantine the rest")
+
+
+def _partition_keys(spark, num_partitions: int) -> list[int]:
+    """For each partition p, a bigint k with pmod(murmur3(k), n) == p: repartition(n, k) puts k in p."""
+    from pyspark.sql import functions as F
+
+    span = 64 * num_partitions + 1024  # a key for each p appears within a few n; this is plenty
+    while True:
+        rows = (spark.range(span).select("id", F.expr(f"pmod(hash(id), {num_partitions})").alias("p"))
+                .groupBy("p").agg(F.min("id").alias("k")).collect())
+        keys = {int(r["p"]): int(r["k"]) for r in rows}
+        if len(keys) == num_partitions:
+            return [keys[p] for p in range(num_partitions)]
+        span *= 4
+
+
+def _write_shards(spark, encoded, cfg: ShardConfig, counts: RowCounts, columns: list[dict], rpg: int,
+                  staging_uri: str) -> list[dict]:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    n = cfg.output.num_shards
+    split_names = list(cfg.split.fractions)
+    # Offsets of each (split, bucket), and the per-split shard layout, as a small broadcast table.
+    layout = []
+    for s in range(len(split_names)):
+        total = counts.split_rows.get(s, 0)
+        offset = 0
+        for b in sorted(b for (si, b) in counts.bucket_rows if si == s):
+            layout.append((s, b, offset, total // n, total % n))
+            offset += counts.bucket_rows[(s, b)]
+    offsets = spark.createDataFrame(layout, "_split INT, _bucket INT, _offset BIGINT, _base BIGINT, _extra BIGINT")
+
+    data_cols = [c["name"] for c in columns if c["name"] != ROW_INDEX]
+    # Ties on _shuffle are broken by the stored values: rows equal in all of them are identical
+    # output rows, so any order among them writes the same bytes.
+    order = Window.partitionBy("_split", "_bucket").orderBy("_shuffle", *data_cols)
+    keys = _partition_keys(spark, len(split_names) * n)
+    key_array = "array(" + ", ".join(f"{k}L" for k in keys) + ")"
+    ranked = (encoded.withColumn("_rn", F.row_number().over(order))
+              .join(F.broadcast(offsets), ["_split", "_bucket"])
+              .selectExpr("*", "_offset + _rn - 1 AS _idx"))
+    placed = ranked.selectExpr(
+        *[q(c) for c in data_cols],
+        f"CAST(_split * {n} + pmod(_idx, {n}) AS INT) AS {TARGET_COLUMN}",
+        # _row: rows in earlier shards of the split + position within this shard.
+        f"pmod(_idx, {n}) * _base + least(pmod(_idx, {n}), _extra) + (_idx DIV {n}) AS {ROW_INDEX}",
+    ).selectExpr("*", f"element_at({key_array}, {TARGET_COLUMN} + 1) AS _pkey")
+    targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
+    writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets,
+                               schema=arrow_schema(columns), rows_per_row_group=rpg)
+    written = (placed.repartition(len(targets), "_pkey").sortWithinPartitions(ROW_INDEX)
+               .select(*[q(c) for c in data_cols], ROW_INDEX, TARGET_COLUMN)
+               .mapInArrow(writer, RESULT_DDL).collect())
+    files = [r.asDict(recursive=True) for r in written]
+    got = sorted(f["path"] for f in files)
+    if got != sorted(targets):
+        missing = sorted(set(targets) - set(got))
+        raise AccountingError(f"the shard write produced {len(got)} files for {len(targets)} shards "
+                              f"(missing {missing[:5]}); nothing was published")
+    return files
+
+
+def _write_quarantine(spark, rows, table_columns: list[str], frames, counts: RowCounts, where: str,
+                      staging_uri: str) -> list[dict]:
+    import pyarrow as pa
+
+    schema = pa.schema([("reason", pa.string()), ("source", pa.string()), ("raw", pa.string())])
+    if counts.quarantined == 0:
+        return [write_empty(staging_uri, f"{QUARANTINE_DIR}/part-00000.parquet", schema)]
+    source = where
+    if len(frames) == 1 and where.startswith("source "):
+        source = next(iter(frames))
+    bad = rows.where("_reason IS NOT NULL").selectExpr(
+        "_reason AS reason", f"{_sql_string(source)} AS source",
+        f"to_json(struct({', '.join(q(c) for c in table_columns)})) AS raw")
+    for frame in frames.values():
+        if frame.malformed is not None:
+            bad = bad.unionByName(frame.malformed)
+    num_files = max(1, math.ceil(counts.quarantined / QUARANTINE_ROWS_PER_FILE))
+    keys = _partition_keys(spark, num_files)
+    key_array = "array(" + ", ".join(f"{k}L" for k in keys) + ")"
+    targets = [f"{QUARANTINE_DIR}/part-{i:05d}.parquet" for i in range(num_files)]
+    writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets, schema=schema,
+                               rows_per_row_group=QUARANTINE_ROWS_PER_FILE)
+    placed = bad.selectExpr("reason", "source", "raw",
+                            f"CAST(pmod(xxhash64(reason, source, raw), {num_files}) AS INT) AS {TARGET_COLUMN}")
+    placed = placed.selectExpr("*", f"element_at({key_array}, {TARGET_COLUMN} + 1) AS _pkey")
+    written = (placed.repartition(num_files, "_pkey").sortWithinPartitions("reason", "source", "raw")
+               .select("reason", "source", "raw", TARGET_COLUMN).mapInArrow(writer, RESULT_DDL).collect())
+    return sorted((r.asDict(recursive=True) for r in written), key=lambda f: f["path"])
+
+
+def _split_entries(split_names: list[str], files: list[dict], counts: RowCounts, num_shards: int) -> dict:
+    by_path = {f["path"]: f for f in files}
+    splits = {}
+    for i, name in enumerate(split_names):
+        entries = [by_path[f"{name}/part-{s:05d}.parquet"] for s in range(num_shards)]
+        want = shard_sizes(counts.split_rows[i], num_shards)
+        got = [f["rows"] for f in entries]
+        if got != want:
+            raise AccountingError(f"split {name!r}: shard sizes {got} differ from the planned {want}; nothing was published")
+        splits[name] = {"rows": sum(got), "files": [
+            {"path": f["path"], "rows": f["rows"], "row_groups": list(f["row_groups"]), "bytes": f["bytes"],
+             "sha256": f["sha256"]} for f in entries]}
+    return splits
+
+
+def _check_accounting(counts: RowCounts, splits: dict, qfiles: list[dict]) -> dict:
+    published = sum(info["rows"] for info in splits.values())
+    quarantined = sum(f["rows"] for f in qfiles)
+    record = {"input_rows": counts.input_rows, "published_rows": published, "quarantined_rows": quarantined}
+    if published + quarantined != counts.input_rows or quarantined != counts.quarantined:
+        raise AccountingError(
+            f"row accounting does not balance: input {counts.input_rows} != published {published} + quarantined "
+            f"{quarantined} (counted {counts.quarantined} bad rows earlier). The input changed while the job ran, or "
+            "a transform is not deterministic; nothing was published")
+    return record
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

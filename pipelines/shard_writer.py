@@ -1,0 +1,122 @@
+"""Executor side of the shard job: write one Spark partition as one Parquet file, byte-identically.
+
+The driver arranges that each partition holds the rows of exactly one output file, sorted in file
+order, with an int ``_target`` column naming the file (an index into ``targets``). This module
+turns that stream of Arrow batches into a Parquet file with fixed-size row groups and reports
+what it wrote (path, rows, row-group sizes, bytes, sha256), one small record per file.
+
+Runs on executors: it imports only pyarrow and pipelines.storage (never Spark, never the
+session), and everything it needs arrives as plain picklable arguments. A retried or speculative
+task writes a private temporary file and renames it, so a killed attempt leaves no half file
+under the final name and a rerun writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.storage import resolve
+
+TARGET_COLUMN = "_target"
+
+# What each task reports back to the driver (a few bytes per file).
+RESULT_SCHEMA = pa.schema([
+    ("path", pa.string()),
+    ("rows", pa.int64()),
+    ("row_groups", pa.list_(pa.int64())),
+    ("bytes", pa.int64()),
+    ("sha256", pa.string()),
+])
+RESULT_DDL = "path STRING, rows BIGINT, row_groups ARRAY<BIGINT>, bytes BIGINT, sha256 STRING"
+
+# Fixed writer settings: the same rows always give the same bytes (pyarrow writes no timestamps).
+WRITER_OPTIONS = dict(compression="snappy", version="2.6", use_dictionary=True, write_statistics=True)
+
+
+def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets: list[str],
+                    schema: pa.Schema, rows_per_row_group: int) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: the partition's batches -> one file under ``root_uri``; yields its record."""
+    writer = None
+    target = None
+    pending: list[pa.Table] = []
+    pending_rows = 0
+    groups: list[int] = []
+    root = resolve(root_uri)
+    tmp_path = final_path = None
+    sink = None
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            table = pa.Table.from_batches([batch])
+            ids = table.column(TARGET_COLUMN)
+            first = ids[0].as_py()
+            if target is None:
+                target = first
+                final_path = root.join(targets[target]).path
+                tmp_path = f"{final_path}.tmp-{uuid.uuid4().hex}"
+                root.fs.makedirs(root.join(targets[target]).path.rsplit("/", 1)[0], exist_ok=True)
+                sink = root.fs.open(tmp_path, "wb")
+                writer = pq.ParquetWriter(sink, schema, **WRITER_OPTIONS)
+            if first != target or ids.to_pylist()[-1] != target:
+                raise RuntimeError(f"partition holds rows of more than one output file ({targets[target]!r} and "
+                                   "another); the driver's partition keys are wrong")
+            pending.append(table.drop([TARGET_COLUMN]).cast(schema))
+            pending_rows += table.num_rows
+            while pending_rows >= rows_per_row_group:
+                pending, pending_rows = _write_group(writer, pending, rows_per_row_group, groups)
+        if writer is None:
+            return  # an empty partition writes nothing; the driver checks every file arrived
+        if pending_rows:
+            _write_group(writer, pending, pending_rows, groups)
+        writer.close()
+        writer = None
+        sink.close()
+        sink = None
+        root.fs.mv(tmp_path, final_path)
+        tmp_path = None
+    finally:
+        if writer is not None:
+            writer.close()
+        if sink is not None:
+            sink.close()
+        if tmp_path is not None and root.fs.exists(tmp_path):
+            root.fs.rm(tmp_path)
+    size, digest = file_digest(root.fs, final_path)
+    yield pa.RecordBatch.from_pylist(
+        [{"path": targets[target], "rows": sum(groups), "row_groups": groups, "bytes": size, "sha256": digest}],
+        schema=RESULT_SCHEMA)
+
+
+def _write_group(writer: pq.ParquetWriter, pending: list[pa.Table], rows: int, groups: list[int]):
+    table = pa.concat_tables(pending)
+    writer.write_table(table.slice(0, rows), row_group_size=rows)
+    groups.append(rows)
+    rest = table.slice(rows)
+    return ([rest] if rest.num_rows else []), rest.num_rows
+
+
+def write_empty(root_uri: str, path: str, schema: pa.Schema) -> dict:
+    """An empty file with the schema (so an empty quarantine still reads as a dataset)."""
+    root = resolve(root_uri)
+    loc = root.join(path)
+    root.fs.makedirs(loc.path.rsplit("/", 1)[0], exist_ok=True)
+    with root.fs.open(loc.path, "wb") as sink:
+        pq.ParquetWriter(sink, schema, **WRITER_OPTIONS).close()
+    size, digest = file_digest(root.fs, loc.path)
+    return {"path": path, "rows": 0, "row_groups": [], "bytes": size, "sha256": digest}
+
+
+def file_digest(fs, path: str) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with fs.open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()

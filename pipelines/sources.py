@@ -1,0 +1,143 @@
+"""Reading the configured sources: one Spark view per source, malformed records split off.
+
+For CSV and JSON the reader runs in PERMISSIVE mode with a corrupt-record column (added to the
+declared schema, or to the inferred one), so a record that does not parse is kept with its raw
+text instead of failing the job or vanishing. Each source yields ``clean`` (the view the query
+sees) and ``malformed`` (reason/source/raw rows for the quarantine).
+
+Source fingerprints (file paths, sizes, modification times) are listed with the storage module,
+not Spark, so ``skip_if_exists`` can decide without starting any Spark work.
+
+Driver-only.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import posixpath
+from dataclasses import dataclass
+
+from pipelines.errors import ConfigError, InputDataError
+from pipelines.shard_config import ShardConfig, SourceConfig
+from pipelines.storage import resolve
+
+CORRUPT_COLUMN = "_corrupt_record"
+MALFORMED = "malformed_record"
+
+
+@dataclass
+class SourceFrames:
+    name: str
+    config: SourceConfig
+    clean: object  # DataFrame: the source's columns, malformed records removed
+    malformed: object | None  # DataFrame(reason, source, raw), or None for Parquet
+
+
+def source_fingerprint(name: str, cfg: SourceConfig) -> dict:
+    """Every data file of the source with its size and modification time, sorted by path."""
+    loc = resolve(cfg.path)
+    fs = loc.fs
+    paths = fs.glob(loc.path) if globlib.has_magic(loc.path) else ([loc.path] if fs.exists(loc.path) else [])
+    if not paths:
+        raise InputDataError(f"source {name!r}: path {cfg.path} does not exist (sources.{name}.path)")
+    files = []
+    for top in sorted(paths):
+        if fs.isdir(top):
+            for path in sorted(fs.find(top)):
+                rel = posixpath.relpath(path, top)
+                # Spark skips files and directories whose names start with _ or . (markers, staging).
+                if any(part.startswith(("_", ".")) for part in rel.split("/")):
+                    continue
+                files.append(path)
+        else:
+            files.append(top)
+    entries = []
+    for path in files:
+        info = fs.info(path)
+        mtime = info.get("mtime", info.get("LastModified", info.get("last_modified")))
+        entries.append({"path": path, "size": int(info.get("size") or 0),
+                        "mtime": mtime.isoformat() if hasattr(mtime, "isoformat") else mtime})
+    if not entries:
+        raise InputDataError(f"source {name!r}: {cfg.path} holds no data files (sources.{name}.path)")
+    return {"path": cfg.path, "format": cfg.format, "files": entries}
+
+
+def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
+    from pyspark.sql import functions as F
+
+    from pipelines.spark import spark_errors, to_spark_path
+
+    path = to_spark_path(cfg.path)
+    options = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in cfg.options.items()}
+    what = f"reading source {name!r} ({cfg.format} at {cfg.path})"
+    if cfg.format == "parquet":
+        with _input_errors(name, cfg), spark_errors(what):
+            reader = spark.read.options(**options)
+            if cfg.schema:
+                reader = reader.schema(cfg.schema)
+            df = reader.parquet(path)
+        return SourceFrames(name, cfg, df, None)
+
+    options = {**options, "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+    with _input_errors(name, cfg), spark_errors(what):
+        if cfg.schema:
+            schema = _parse_ddl(spark, name, cfg.schema)
+        else:
+            schema = spark.read.format(cfg.format).options(**options).load(path).schema  # infers (one pass)
+        if CORRUPT_COLUMN not in schema.fieldNames():
+            from pyspark.sql.types import StringType, StructField, StructType
+
+            schema = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType(), True)])
+        raw = spark.read.format(cfg.format).options(**options).schema(schema).load(path)
+    data_cols = [c for c in raw.columns if c != CORRUPT_COLUMN]
+    # Reference every column in both filters: Spark parses only the columns a query uses, so a
+    # bad value in a column nobody selects would otherwise be malformed in one plan and not in
+    # the other (and Spark refuses queries that use only the corrupt-record column). pmod(...) >= 0
+    # is always true, but the optimizer cannot prove it and so keeps every column.
+    every_column = F.expr(f"pmod(xxhash64({', '.join(_quote(c) for c in raw.columns)}), 2) >= 0")
+    is_bad = F.col(CORRUPT_COLUMN).isNotNull()
+    clean = raw.filter(~is_bad & every_column).select(*[F.col(_quote(c)) for c in data_cols])
+    malformed = raw.filter(is_bad & every_column).select(
+        F.lit(MALFORMED).alias("reason"), F.lit(name).alias("source"), F.col(CORRUPT_COLUMN).alias("raw"))
+    return SourceFrames(name, cfg, clean, malformed)
+
+
+def read_sources(spark, cfg: ShardConfig) -> dict[str, SourceFrames]:
+    frames = {}
+    for name, source in cfg.sources.items():
+        frames[name] = read_source(spark, name, source)
+        frames[name].clean.createOrReplaceTempView(name)
+    return frames
+
+
+def _parse_ddl(spark, name: str, ddl: str):
+    from pyspark.sql.types import StructType
+
+    try:
+        return StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], ddl).schema
+    except Exception as exc:  # noqa: BLE001 - a parse error in user text becomes a config error
+        raise ConfigError(f"sources.{name}.schema is not valid Spark DDL ({_first_line(exc)}): {ddl!r}") from None
+
+
+class _input_errors:
+    """Turn Spark's "path does not exist" into an InputDataError naming the source."""
+
+    def __init__(self, name: str, cfg: SourceConfig):
+        self.name, self.cfg = name, cfg
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and "PATH_NOT_FOUND" in str(exc) or (exc is not None and "Path does not exist" in str(exc)):
+            raise InputDataError(f"source {self.name!r}: path {self.cfg.path} does not exist "
+                                 f"(sources.{self.name}.path)") from None
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
