@@ -40,4 +40,81 @@ def setup_logging(verbose: bool = False) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-__all__ = ["EXIT_RUNTIME", "EXIT_USAGE", "add_config_arguments", "run_command", "setup_logging"]
+def register_commands(subparsers) -> None:
+    """Add ``generate``, ``shard`` and ``inspect``; each sets ``handler`` (args -> exit code)."""
+    p = subparsers.add_parser("generate", help="write a synthetic dataset with Spark (for demos, tests, benchmarks)")
+    p.add_argument("output", metavar="PATH", help="where to write it (local path, file://, s3://, hdfs://)")
+    p.add_argument("--rows", type=int, default=200_000, help="number of rows (default: 200000)")
+    p.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--numeric", type=int, default=4, help="numeric columns x0.. (default: 4)")
+    p.add_argument("--categorical", type=int, default=2, help="categorical columns c0.. (default: 2)")
+    p.add_argument("--vocab-size", type=int, default=20, help="distinct values per categorical column")
+    p.add_argument("--array-shape", default=None, metavar="DxD",
+                   help="add an array column 'image' of this shape, e.g. 8 or 4x4 (not for csv)")
+    p.add_argument("--task", choices=["classification", "regression"], default="classification")
+    p.add_argument("--num-classes", type=int, default=2)
+    p.add_argument("--null-fraction", type=float, default=0.05)
+    p.add_argument("--bad-rows", type=int, default=0, help="inject this many bad rows (for quarantine tests)")
+    p.add_argument("--partitions", type=int, default=None, help="output files (default: 1 per million rows, >= 2)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--master", default=None, help="Spark master when no session exists (default: local[2])")
+    p.set_defaults(handler=handle_generate)
+
+    p = subparsers.add_parser("shard", help="sources -> preprocessing -> balanced Parquet shards + manifest")
+    add_config_arguments(p)
+    p.set_defaults(handler=handle_shard)
+
+    p = subparsers.add_parser("inspect", help="print a dataset's manifest summary, shard balance and quarantine")
+    p.add_argument("dataset", metavar="DATASET", help="URI of a published dataset")
+    p.set_defaults(handler=handle_inspect)
+
+
+def handle_generate(args: argparse.Namespace) -> int:
+    from pipelines.errors import ConfigError
+    from pipelines.generate import generate_dataset
+    from pipelines.shard_config import SparkConfig
+    from pipelines.spark import get_or_create_session
+
+    shape = None
+    if args.array_shape:
+        try:
+            shape = [int(d) for d in str(args.array_shape).lower().replace(",", "x").split("x")]
+        except ValueError:
+            raise ConfigError(f"--array-shape must look like 8 or 4x4, got {args.array_shape!r}") from None
+    spark = get_or_create_session(SparkConfig(master=args.master) if args.master else None)
+    data = generate_dataset(
+        spark, args.output, args.rows, seed=args.seed, format=args.format, numeric=args.numeric,
+        categorical=args.categorical, vocab_size=args.vocab_size, array_shape=shape, task=args.task,
+        num_classes=args.num_classes, null_fraction=args.null_fraction, bad_rows=args.bad_rows,
+        partitions=args.partitions, mode="overwrite" if args.overwrite else "error")
+    print(f"wrote {data.rows:,} rows ({data.format}) to {data.path}; schema: {data.schema_ddl}")
+    if data.bad_by_reason:
+        print("injected bad rows: " + ", ".join(f"{k}={v}" for k, v in data.bad_by_reason.items()))
+    return 0
+
+
+def handle_shard(args: argparse.Namespace) -> int:
+    from pipelines.shard_config import load_shard_config
+    from pipelines.shard_job import run_shard_job
+    from pipelines.spark import get_or_create_session
+
+    cfg = load_shard_config(args.config, args.overrides)
+    result = run_shard_job(get_or_create_session(cfg.spark), cfg)
+    manifest = result.manifest
+    what = "unchanged, skipped" if result.skipped else "published"
+    splits = ", ".join(f"{s}={manifest.rows(s):,}" for s in manifest.split_names)
+    quarantined = (manifest.data.get("quarantine") or {}).get("rows", 0)
+    print(f"{what} {result.uri}: {splits}; quarantined {quarantined:,}; fingerprint {manifest.fingerprint[:12]}")
+    return 0
+
+
+def handle_inspect(args: argparse.Namespace) -> int:
+    from pipelines.inspect import describe_dataset
+
+    print(describe_dataset(args.dataset))
+    return 0
+
+
+__all__ = ["EXIT_RUNTIME", "EXIT_USAGE", "add_config_arguments", "register_commands", "run_command",
+           "setup_logging"]
