@@ -1,7 +1,25 @@
 """shardtrain's second stage: a published dataset (its manifest) -> Horovod-on-Spark PyTorch
 training -> a model in storage. Depends on ``pipelines`` for the dataset contract, never the reverse.
+
+The public API is re-exported lazily, so ``import training`` (the CLI, doctor) does not import
+torch or horovod until one of these names is used.
 """
 
 from pipelines import __version__
 
-__all__ = ["__version__"]
+_API = ("train", "run", "load_model", "TrainResult", "RunResult", "handle_train", "handle_run")
+_CONFIG = ("TrainConfig", "RunConfig", "load_train_config", "load_run_config")
+
+__all__ = ["__version__", *_API, *_CONFIG]
+
+
+def __getattr__(name):
+    if name in _API:
+        from training import api
+
+        return getattr(api, name)
+    if name in _CONFIG:
+        from training import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module 'training' has no attribute {name!r}")

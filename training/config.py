@@ -46,6 +46,10 @@ class ModelConfig:
     embedding_dim: int | None = None  # null: min(16, (vocabulary size + 1) // 2)
     # Extra keyword arguments for a "module:factory" model (or overrides for the MLP).
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # What the model expects of the dataset; checked against the manifest before launch (null: anything).
+    task: Literal["classification", "regression"] | None = None
+    num_classes: int | None = None
+    features: list[str] | None = None
 
     def __post_init__(self):
         require(self.name == "mlp" or (":" in self.name and all(self.name.split(":", 1))), "name",
@@ -94,6 +98,8 @@ class LaunchConfig:
     # GPUs each rank needs from Spark (spark.task.resource.gpu.amount); 0 = use what Spark assigns.
     gpus_per_proc: int = 0
     mode: Literal["spark", "in_process"] = "spark"
+    # in_process only: auto = cuda:0 when CUDA is available. Spark ranks use the GPU Spark assigned.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     start_timeout: int = 120  # seconds for all ranks to get a Spark task slot and register
     verbose: int = 0  # horovod.spark.run verbosity (0-2)
     # Environment variables for every rank (e.g. OMP_NUM_THREADS).

@@ -248,25 +248,7 @@ class RankLoader:
         return table.filter(pa.array(keep))
 
     def _convert(self, table) -> dict | None:
-        """Arrow table -> dict of numpy arrays, columns stacked as the model wants them."""
-        n = table.num_rows
-        if n == 0:
-            return None
-        cols = self.columns
-        out: dict[str, np.ndarray] = {}
-        numeric = np.empty((n, len(cols.numeric)), dtype=np.float32)
-        for j, name in enumerate(cols.numeric):
-            numeric[:, j] = _column(table, name, np.float32)
-        out["numeric"] = numeric
-        categorical = np.empty((n, len(cols.categorical)), dtype=np.int64)
-        for j, name in enumerate(cols.categorical):
-            categorical[:, j] = _column(table, name, np.int64)
-        out["categorical"] = categorical
-        for name, shape in cols.arrays:
-            out[name] = _list_column(table, name, shape)
-        out["label"] = _column(table, cols.label, np.dtype(cols.label_dtype))
-        out[ROW_INDEX] = _column(table, ROW_INDEX, np.int64)
-        return out
+        return table_to_arrays(table, self.columns) if table.num_rows else None
 
     def _emit(self, pending: list[dict], rng: np.random.Generator):
         """Shuffle the pending rows together and yield full batches; return the leftover rows."""
@@ -282,6 +264,46 @@ class RankLoader:
             return None
         rest = order[full:]
         return {name: value[rest] for name, value in merged.items()}
+
+
+def table_to_arrays(table, columns: Columns) -> dict[str, np.ndarray]:
+    """Arrow table of stored columns -> the batch arrays (columns stacked as the model wants them)."""
+    n = table.num_rows
+    out: dict[str, np.ndarray] = {}
+    numeric = np.empty((n, len(columns.numeric)), dtype=np.float32)
+    for j, name in enumerate(columns.numeric):
+        numeric[:, j] = _column(table, name, np.float32)
+    out["numeric"] = numeric
+    categorical = np.empty((n, len(columns.categorical)), dtype=np.int64)
+    for j, name in enumerate(columns.categorical):
+        categorical[:, j] = _column(table, name, np.int64)
+    out["categorical"] = categorical
+    for name, shape in columns.arrays:
+        out[name] = _list_column(table, name, shape)
+    out["label"] = _column(table, columns.label, np.dtype(columns.label_dtype))
+    out[ROW_INDEX] = _column(table, ROW_INDEX, np.int64)
+    return out
+
+
+def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[str, np.ndarray]:
+    """The split's first ``count`` rows in ``_row`` order, read with plain pyarrow (small reads only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.storage import resolve
+
+    tables, have = [], 0
+    for shard in layout.files:
+        if have >= count:
+            break
+        if not shard.rows:
+            continue
+        loc = resolve(shard.uri)
+        with loc.fs.open(loc.path, "rb") as fh:
+            table = pq.read_table(fh, columns=columns.stored)
+        tables.append(table.slice(0, count - have))
+        have += min(table.num_rows, count - have)
+    return table_to_arrays(pa.concat_tables(tables), columns)
 
 
 def _column(table, name: str, dtype) -> np.ndarray:
@@ -320,4 +342,4 @@ def columns_for(manifest: Manifest) -> Columns:
 
 
 __all__ = ["Columns", "EpochStats", "RankLoader", "ShardFile", "SplitLayout", "columns_for", "epoch_seed",
-           "rank_row_range", "skipped_rows_per_epoch", "steps_per_epoch"]
+           "rank_row_range", "read_first_rows", "skipped_rows_per_epoch", "steps_per_epoch", "table_to_arrays"]

@@ -1,0 +1,164 @@
+"""The public training API: ``train``, ``run`` (shard then train), ``load_model``, and the
+command handlers the CLI and the spark-submit job files call.
+
+    from training import train, load_train_config
+    result = train(load_train_config("conf/train.yaml", ["launch.num_proc=2"]), spark=spark)
+    print(result.summary())
+
+Driver-only orchestration: read and check the manifest (``plan.build_plan``), refuse an existing
+output, launch the ranks, turn their results into a ``TrainResult`` or one typed error.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass, field
+
+from pipelines.errors import OutputExistsError
+from pipelines.storage import resolve
+from training.config import RunConfig, TrainConfig, load_run_config, load_train_config
+from training.launch import check_results, launch_in_process, launch_spark
+from training.plan import RankPlan, build_plan
+
+log = logging.getLogger("shardtrain.train")
+
+
+@dataclass
+class TrainResult:
+    model_uri: str
+    run_dir: str
+    metrics: list[dict]  # per epoch: train_loss, val_loss, val_accuracy|val_mae, baseline_*, ...
+    steps_per_rank: list[int]
+    steps_per_epoch: int
+    skipped_rows_per_epoch: int
+    world_size: int
+    seconds: float
+    ranks: list[dict] = field(repr=False, default_factory=list)  # each rank's own report
+    reference: dict | None = field(repr=False, default=None)  # rank 0's final predictions on val rows
+    resumed_from: str | None = None
+    checkpoint_problems: list[str] = field(default_factory=list)
+
+    @property
+    def final(self) -> dict:
+        return self.metrics[-1] if self.metrics else {}
+
+    @property
+    def baseline(self) -> dict:
+        return {k: v for k, v in self.final.items() if k.startswith("baseline_")}
+
+    def summary(self) -> str:
+        final = self.final
+        lines = [f"trained {len(self.metrics)} epoch(s) on {self.world_size} rank(s), "
+                 f"{self.steps_per_epoch} steps/epoch on every rank, in {self.seconds:.1f}s"]
+        for name in ("accuracy", "mae"):
+            if f"val_{name}" in final:
+                better = "higher" if name == "accuracy" else "lower"
+                lines.append(f"validation {name}: {final[f'val_{name}']:.4f} (trivial baseline "
+                             f"{final[f'baseline_{name}']:.4f}; {better} is better)")
+        if "train_loss" in final:
+            lines.append(f"train loss: {self.metrics[0]['train_loss']:.4f} (epoch 1) -> {final['train_loss']:.4f}")
+        if self.resumed_from:
+            lines.append(f"resumed from {self.resumed_from}")
+        lines += [f"model:   {self.model_uri}", f"metrics: {self.run_dir}/metrics.jsonl"]
+        return "\n".join(lines)
+
+
+def train(cfg: TrainConfig, spark=None, *, on_step=None) -> TrainResult:
+    """Train ``cfg`` from its published dataset. ``spark``: the session whose executors run the
+    ranks (default: the active one, or one built from ``cfg.spark``). ``on_step(step)`` is called
+    after every optimizer step in in-process mode (tests use it to simulate a crash)."""
+    started = time.perf_counter()
+    plan = build_plan(cfg)  # reads and checks the manifest: nothing launched yet
+    _check_output(cfg)
+    log.info("dataset %s: %d train rows -> %d rank(s) x %d steps/epoch x %d epoch(s) (%d rows skipped per epoch)",
+             plan.dataset_uri, plan.train.rows, plan.world_size, plan.steps_per_epoch, cfg.train.epochs,
+             plan.skipped_rows_per_epoch)
+    if cfg.launch.mode == "in_process":
+        results = launch_in_process(plan, on_step=on_step)
+    else:
+        spark = spark or _session(cfg)
+        results = launch_spark(plan, spark, cfg.launch)
+    ranks = check_results(results)
+    return _result(plan, ranks, time.perf_counter() - started)
+
+
+@dataclass
+class RunResult:
+    dataset_uri: str
+    shard_skipped: bool
+    train: TrainResult
+
+    def summary(self) -> str:
+        note = " (already published; reused)" if self.shard_skipped else ""
+        return f"dataset: {self.dataset_uri}{note}\n{self.train.summary()}"
+
+
+def run(cfg: RunConfig, spark=None) -> RunResult:
+    """Shard, then train on the result, in one Spark application (built from ``cfg.shard.spark``)."""
+    from pipelines.shard_job import run_shard_job
+    from pipelines.spark import get_or_create_session
+
+    spark = spark or get_or_create_session(_with_gpu_conf(cfg.shard.spark, cfg.train.launch))
+    shard = run_shard_job(spark, cfg.shard)
+    train_cfg = copy.deepcopy(cfg.train)
+    train_cfg.data.path = shard.uri
+    result = train(train_cfg, spark=spark)
+    return RunResult(dataset_uri=shard.uri, shard_skipped=shard.skipped, train=result)
+
+
+def load_model(uri: str, program: bool | None = None):
+    """A published model (see training.export.load_model): ``.predict(frame)`` on raw feature columns."""
+    from training.export import load_model as _load
+
+    return _load(uri, program)
+
+
+# --- command handlers (shardtrain train / run, spark-submit training/jobs/*.py) ----------------
+
+def handle_train(args) -> int:
+    """``args.config`` (a YAML path) and ``args.overrides`` (key=value strings)."""
+    result = train(load_train_config(args.config, args.overrides))
+    print(result.summary())
+    return 0
+
+
+def handle_run(args) -> int:
+    result = run(load_run_config(args.config, args.overrides))
+    print(result.summary())
+    return 0
+
+
+# --- internals ---------------------------------------------------------------------------------
+
+def _check_output(cfg: TrainConfig) -> None:
+    if cfg.output.mode == "error" and resolve(cfg.output.model_path).exists():
+        raise OutputExistsError(f"{cfg.output.model_path} already exists; set output.mode=overwrite to replace it")
+
+
+def _session(cfg: TrainConfig):
+    from pipelines.spark import get_or_create_session
+
+    return get_or_create_session(_with_gpu_conf(cfg.spark, cfg.launch))
+
+
+def _with_gpu_conf(spark_cfg, launch_cfg):
+    if not launch_cfg.gpus_per_proc or "spark.task.resource.gpu.amount" in spark_cfg.conf:
+        return spark_cfg
+    spark_cfg = copy.deepcopy(spark_cfg)
+    spark_cfg.conf["spark.task.resource.gpu.amount"] = launch_cfg.gpus_per_proc
+    return spark_cfg
+
+
+def _result(plan: RankPlan, ranks: list[dict], seconds: float) -> TrainResult:
+    main = ranks[0]
+    return TrainResult(model_uri=main["model_uri"], run_dir=plan.run_dir, metrics=main["metrics"],
+                       steps_per_rank=[r["steps"] for r in ranks], steps_per_epoch=plan.steps_per_epoch,
+                       skipped_rows_per_epoch=plan.skipped_rows_per_epoch, world_size=plan.world_size,
+                       seconds=seconds, ranks=ranks, reference=main.get("reference"),
+                       resumed_from=main.get("resumed_from"), checkpoint_problems=main.get("checkpoint_problems", []))
+
+
+__all__ = ["RunResult", "TrainResult", "handle_run", "handle_train", "load_model", "load_run_config",
+           "load_train_config", "run", "train"]

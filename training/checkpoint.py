@@ -1,0 +1,142 @@
+"""Checkpoints: the save policy, the atomic write, and finding the newest good one to resume from.
+
+The training loop calls ``manager.save(step, epoch, state_fn, last=...)`` after every optimizer
+step; the manager decides whether this step is a checkpoint (``every_steps``, ``every_epochs``,
+the last step). Every rank calls it, because ``state_fn`` may gather per-rank state (RNG) with a
+collective; only the writer (rank 0) writes.
+
+Layout: ``<path>/step-000000120/state.pt`` published with pipelines.storage.publish (staging,
+rename, ``_COMMITTED`` marker last, carrying the file's sha256). ``state.pt`` holds tensors and
+primitives only and is read with ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+On resume, a checkpoint without its marker (a crash mid-write) or whose bytes do not match the
+marker (corruption) is reported and the previous complete one is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pipelines.storage import MARKER, STAGING_TAG, publish, resolve
+
+log = logging.getLogger("shardtrain.checkpoint")
+
+STATE_FILE = "state.pt"
+_NAME = re.compile(r"^step-(\d{9})$")
+
+
+@dataclass
+class Restored:
+    state: dict
+    uri: str
+    step: int
+    problems: list[str] = field(default_factory=list)  # checkpoints skipped on the way, and why
+
+
+class CheckpointManager:
+    def __init__(self, uri: str, steps_per_epoch: int, every_steps: int | None = None,
+                 every_epochs: int | None = 1, keep: int = 2, is_writer: bool = True):
+        self.uri = uri.rstrip("/")
+        self.steps_per_epoch = steps_per_epoch
+        self.every_steps, self.every_epochs, self.keep = every_steps, every_epochs, keep
+        self.is_writer = is_writer
+        self.saved: list[str] = []
+
+    def should_save(self, step: int, last: bool = False) -> bool:
+        if last:
+            return True
+        if self.every_steps and step % self.every_steps == 0:
+            return True
+        if self.every_epochs and step % self.steps_per_epoch == 0:
+            return (step // self.steps_per_epoch) % self.every_epochs == 0
+        return False
+
+    def save(self, step: int, epoch: int, state_fn: Callable[[], dict], last: bool = False) -> str | None:
+        """Save if the policy says so; returns the checkpoint URI (on the writer) or None."""
+        if not self.should_save(step, last):
+            return None
+        state = state_fn()  # every rank: it may run collectives
+        if not self.is_writer:
+            return None
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save({**state, "step": step, "epoch": epoch}, buffer)
+        payload = buffer.getvalue()
+        target = f"{self.uri}/step-{step:09d}"
+        with publish(target, mode="overwrite",
+                     marker={"step": step, "epoch": epoch, "sha256": hashlib.sha256(payload).hexdigest()}) as staging:
+            with staging.open(STATE_FILE, "wb") as fh:
+                fh.write(payload)
+        self.saved.append(target)
+        self._prune()
+        return target
+
+    def restore_latest(self) -> Restored | None:
+        """The newest complete, intact checkpoint, or None; skipped ones are logged and listed."""
+        problems: list[str] = []
+        for step, loc in reversed(self._list()):
+            try:
+                state = self._read(loc)
+            except CorruptCheckpoint as exc:
+                problems.append(str(exc))
+                log.warning("%s; trying the previous checkpoint", exc)
+                continue
+            return Restored(state=state, uri=loc.uri, step=step, problems=problems)
+        return Restored(state={}, uri="", step=0, problems=problems) if problems else None
+
+    # -- internals --
+
+    def _list(self):
+        root = resolve(self.uri)
+        if not root.exists():
+            return []
+        found = []
+        for path in root.fs.ls(root.path, detail=False):
+            match = _NAME.match(posixpath.basename(path.rstrip("/")))
+            if match:
+                found.append((int(match.group(1)), root.join(posixpath.basename(path.rstrip("/")))))
+        return sorted(found, key=lambda item: item[0])
+
+    def _read(self, loc) -> dict:
+        import torch
+
+        if not loc.fs.exists(posixpath.join(loc.path, MARKER)):
+            raise CorruptCheckpoint(f"checkpoint {loc.uri} is incomplete (no {MARKER} marker: a save was interrupted)")
+        try:
+            marker = json.loads(loc.read_text(MARKER))
+            with loc.open(STATE_FILE, "rb") as fh:
+                payload = fh.read()
+        except (OSError, ValueError) as exc:
+            raise CorruptCheckpoint(f"checkpoint {loc.uri} cannot be read ({exc})") from None
+        if marker.get("sha256") != hashlib.sha256(payload).hexdigest():
+            raise CorruptCheckpoint(f"checkpoint {loc.uri} is corrupt ({STATE_FILE} does not match the sha256 "
+                                    "recorded when it was written)")
+        try:
+            return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any unpickling failure means "unusable"
+            raise CorruptCheckpoint(f"checkpoint {loc.uri} cannot be loaded ({type(exc).__name__}: {exc})") from None
+
+    def _prune(self) -> None:
+        complete = [(step, loc) for step, loc in self._list() if loc.fs.exists(posixpath.join(loc.path, MARKER))]
+        for _, loc in complete[:-self.keep]:
+            loc.fs.rm(loc.path, recursive=True)
+        for step, loc in self._list():
+            if not loc.fs.exists(posixpath.join(loc.path, MARKER)) and step < (complete[-1][0] if complete else 0):
+                loc.fs.rm(loc.path, recursive=True)
+        root = resolve(self.uri)
+        for path in root.fs.glob(posixpath.join(root.path, f".step-*{STAGING_TAG}*")):
+            root.fs.rm(path, recursive=True)  # left by a writer that died mid-save
+
+
+class CorruptCheckpoint(Exception):
+    pass
+
+
+__all__ = ["CheckpointManager", "CorruptCheckpoint", "Restored"]

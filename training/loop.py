@@ -1,0 +1,417 @@
+"""One rank's training, torchtitan-style: ``run_rank`` orchestrates, ``train_step`` does one
+optimizer step, ``evaluate`` one validation pass; data, precision, checkpoints and export live in
+their own modules.
+
+Every rank runs exactly ``plan.steps_per_epoch`` steps per epoch, and every collective
+(gradient allreduce, metric reduction, the non-finite-loss check, checkpoint RNG gather) happens
+at the same steps on every rank, so no rank can wait for one that has stopped.
+
+Rank-side only: runs inside a Horovod rank launched by horovod.spark.run, or in the driver
+process for ``launch.mode=in_process``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+import warnings
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipelines.config import dump_yaml
+from pipelines.errors import ConfigError
+from pipelines.storage import resolve
+from training.checkpoint import CheckpointManager
+from training.data import RankLoader, read_first_rows
+from training.distributed import LocalGroup, resolve_device, set_threads, spark_gpu_addresses
+from training.errors import NonFiniteLossError
+from training.export import publish_model, serving_model, target_scaling
+from training.models import build_model, mlp_arguments
+from training.plan import RankPlan
+from training.precision import Precision
+
+log = logging.getLogger("shardtrain.train")
+
+
+def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None = None) -> dict:
+    """Train on this rank; returns plain values (per-rank step counts, loader stats, metrics)."""
+    group = group or LocalGroup()
+    _quiet_libraries()
+    cfg, t = plan.config, plan.config["train"]
+    is_main = group.rank == 0
+    device, device_reason = _pick_device(group, plan)
+    if is_main:
+        log.info("training on %d rank(s); rank 0 uses %s (%s)", group.size, device, device_reason)
+    set_threads(group.local_size)
+
+    torch.manual_seed(t["seed"])
+    model = build_model(cfg["model"], plan.feature_spec, plan.label_spec).to(device)
+    optimizer = group.distributed_optimizer(_make_optimizer(model, t, plan.lr), model, t["grad_accum"])
+    precision = Precision(t["precision"], device.type)
+    checkpoints = CheckpointManager(plan.checkpoint_uri, plan.steps_per_epoch, cfg["checkpoint"]["every_steps"],
+                                    cfg["checkpoint"]["every_epochs"], cfg["checkpoint"]["keep"], is_writer=is_main)
+    total_steps = t["epochs"] * plan.steps_per_epoch
+    meta = _run_identity(plan)
+    restored = _restore(plan, group, checkpoints, meta)
+    step, history, epoch_loss = 0, [], 0.0
+    if restored["state"]:
+        step, history, epoch_loss = _load_state(restored["state"], model, optimizer, precision, group.rank)
+    group.broadcast_model(model, optimizer)  # one starting point on every rank
+    if is_main:
+        _write_run_files(plan)
+
+    train_loader = _loader(plan, plan.train, group, t["batch_size"], t["grad_accum"], shuffle=True)
+    val_loader = (_loader(plan, plan.val, group, plan.val_batch_size, 1, shuffle=False) if plan.val else None)
+    guard = NonFiniteGuard(t["max_skipped_steps"] if t["precision"] == "fp16" else 0)
+    progress = Progress(plan, group.size, total_steps, step) if is_main else None
+
+    def state_fn():
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": precision.state_dict(),
+                "rng": group.allgather_object(_rng_state(device)), "meta": meta, "history": history,
+                "epoch_loss": float(epoch_loss_sum)}
+
+    epoch_stats = []
+    for epoch in range(step // plan.steps_per_epoch, t["epochs"]):
+        model.train()
+        skip_steps = step - epoch * plan.steps_per_epoch
+        epoch_loss_sum = torch.tensor(epoch_loss if skip_steps else 0.0, dtype=torch.float64, device=device)
+        started = time.perf_counter()
+        for micro_batches in _grouped(train_loader.epoch(epoch, skip_batches=skip_steps * t["grad_accum"]),
+                                      t["grad_accum"]):
+            _set_lr(optimizer, plan.lr, step, total_steps, t)
+            loss = train_step(model, [_to_device(b, device) for b in micro_batches], optimizer, precision,
+                              group, t["clip_norm"], plan.task, plan.label_spec)
+            step += 1
+            guard.observe(loss, step)
+            epoch_loss_sum += loss.detach().double()
+            if step % t["log_every_steps"] == 0:
+                guard.check(group)  # collective, at the same steps on every rank
+                if progress:
+                    progress.log(step, epoch, float(loss))
+            checkpoints.save(step, epoch, state_fn, last=step == total_steps)
+            if on_step:
+                on_step(step)
+        guard.check(group)
+        epoch_stats.append(train_loader.stats[-1].__dict__)
+        record = {"epoch": epoch + 1, "step": step,
+                  "train_loss": float(group.allreduce_sum(epoch_loss_sum.detach().cpu().reshape(1))[0])
+                  / (group.size * plan.steps_per_epoch),
+                  "seconds": round(time.perf_counter() - started, 3)}
+        if val_loader:
+            record.update(evaluate(model, val_loader, precision, group, plan, device))
+        history.append(record)
+        if is_main:
+            _append_metrics(plan, record)
+            log.info("epoch %d/%d: %s", epoch + 1, t["epochs"], _describe(record))
+        epoch_loss = 0.0
+
+    result = {"rank": group.rank, "device": str(device), "device_reason": device_reason,
+              "gpu_addresses": spark_gpu_addresses(), "steps": step, "steps_per_epoch": plan.steps_per_epoch,
+              "epoch_stats": epoch_stats, "resumed_from": restored["uri"], "resumed_step": restored["step"],
+              "checkpoint_problems": restored["problems"]}
+    if is_main:
+        result.update(_finish(plan, model, history, device))
+    return result
+
+
+def train_step(model, micro_batches: list[dict], optimizer, precision: Precision, group, clip_norm: float | None,
+               task: str, label_spec: dict) -> torch.Tensor:
+    """One optimizer step over ``len(micro_batches)`` accumulated micro-batches; returns the mean
+    loss on this rank as a device tensor (reading it would be a CPU-GPU sync point)."""
+    accum = len(micro_batches)
+    total = torch.zeros((), device=micro_batches[0]["label"].device)
+    for batch in micro_batches:
+        with precision.autocast():
+            # Divided by accum so the summed gradients are those of the mean over the whole step.
+            loss = loss_fn(model(batch), batch["label"], task, label_spec) / accum
+        precision.backward(loss)  # Horovod starts the allreduce after the last micro-batch's backward
+        total += loss.detach().float()
+    group.synchronize(optimizer)  # the averaged gradients are in place after this
+    precision.unscale_(optimizer)
+    if clip_norm:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    with group.skip_synchronize(optimizer):  # the allreduce already happened; step must not start another
+        precision.step(optimizer)
+    precision.update()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+def loss_fn(output: torch.Tensor, label: torch.Tensor, task: str, label_spec: dict) -> torch.Tensor:
+    if task == "classification":
+        return F.cross_entropy(output.float(), label)
+    mean, std = target_scaling(label_spec)
+    return F.mse_loss(output.float(), (label.float() - mean) / std)
+
+
+def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankPlan, device) -> dict:
+    """Validation metrics averaged over all ranks' rows, and the trivial baseline on the same rows."""
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, metric, rows, baseline metric
+    classification = plan.task == "classification"
+    if classification:
+        counts = plan.label_spec.get("train_class_counts") or [0]
+        majority = int(np.argmax(counts))
+    mean, _ = target_scaling(plan.label_spec)
+    with torch.no_grad():
+        for batch in loader.epoch(0):
+            batch = _to_device(batch, device)
+            label = batch["label"]
+            with precision.autocast():
+                output = model(batch)
+            rows = label.shape[0]
+            sums[0] += loss_fn(output, label, plan.task, plan.label_spec).double() * rows
+            if classification:
+                sums[1] += (output.argmax(dim=-1) == label).sum()
+                sums[3] += (label == majority).sum()
+            else:
+                _, std = target_scaling(plan.label_spec)
+                sums[1] += ((output.float() * std + mean) - label).abs().sum()
+                sums[3] += (label - mean).abs().sum()
+            sums[2] += rows
+    model.train()
+    total = group.allreduce_sum(sums.cpu())
+    loss, metric, rows, baseline = (float(v) for v in total)
+    name = "accuracy" if classification else "mae"
+    return {"val_loss": loss / rows, f"val_{name}": metric / rows, f"baseline_{name}": baseline / rows,
+            "val_rows": int(rows)}
+
+
+class NonFiniteGuard:
+    """Notices a NaN/inf loss without a CPU-GPU sync per step; ``check`` (a collective, called at
+    the same steps on every rank) stops all ranks together, naming the first bad step and rank.
+
+    fp16 tolerates ``tolerate`` consecutive non-finite losses: the GradScaler skips those steps
+    and lowers the scale. More than that means the model itself diverged.
+    """
+
+    def __init__(self, tolerate: int):
+        self.tolerate = tolerate
+        self.run = None
+        self.first_bad = None
+
+    def observe(self, loss: torch.Tensor, step: int) -> None:
+        bad = ~torch.isfinite(loss.detach())
+        if self.run is None:
+            self.run = torch.zeros((), dtype=torch.int64, device=loss.device)
+            self.first_bad = torch.full((), -1, dtype=torch.int64, device=loss.device)
+        self.run = torch.where(bad, self.run + 1, torch.zeros_like(self.run))
+        tripped = (self.run > self.tolerate) & (self.first_bad < 0)
+        self.first_bad = torch.where(tripped, torch.full_like(self.first_bad, step), self.first_bad)
+
+    def check(self, group) -> None:
+        first = -1 if self.first_bad is None else int(self.first_bad)
+        # Smallest (step, rank) over ranks, encoded in one float64 so a single Min allreduce finds it.
+        code = torch.tensor([first * group.size + group.rank if first >= 0 else math.inf], dtype=torch.float64)
+        found = float(group.allreduce_min(code)[0])
+        if math.isfinite(found):
+            step, rank = divmod(int(found), group.size)
+            extra = (f" ({self.tolerate + 1} consecutive non-finite losses: the fp16 loss scale could not recover)"
+                     if self.tolerate else "")
+            raise NonFiniteLossError(
+                f"loss became non-finite (NaN or inf) at optimizer step {step} on rank {rank}{extra}; "
+                "lower train.lr, set train.clip_norm, or try train.precision=bf16/fp32")
+
+
+class Progress:
+    """Rank 0's progress lines: steps/s, samples/s, loss, ETA."""
+
+    def __init__(self, plan: RankPlan, world: int, total_steps: int, start_step: int):
+        t = plan.config["train"]
+        self.samples_per_step = world * t["batch_size"] * t["grad_accum"]
+        self.total_steps, self.epochs = total_steps, t["epochs"]
+        self.steps_per_epoch = plan.steps_per_epoch
+        self.last_step, self.last_time = start_step, time.perf_counter()
+
+    def log(self, step: int, epoch: int, loss: float) -> None:
+        now = time.perf_counter()
+        rate = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        eta = (self.total_steps - step) / rate if rate > 0 else float("inf")
+        log.info("step %d/%d (epoch %d/%d) loss %.4f | %.1f steps/s, %.0f samples/s | ETA %s", step,
+                 self.total_steps, epoch + 1, self.epochs, loss, rate, rate * self.samples_per_step, _duration(eta))
+        self.last_step, self.last_time = step, now
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+def _pick_device(group, plan: RankPlan):
+    if isinstance(group, LocalGroup):
+        if torch.cuda.is_available() and plan.config["launch"].get("device", "auto") != "cpu":
+            return torch.device("cuda:0"), "in-process mode, CUDA available"
+        return torch.device("cpu"), "in-process mode, no CUDA"
+    import os
+
+    name, why = resolve_device(spark_gpu_addresses(), torch.cuda.is_available(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if spark_gpu_addresses() and name == "cpu":
+        log.warning("rank %d: %s", group.rank, why)
+    device = torch.device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device, why
+
+
+def _make_optimizer(model, t: dict, lr: float):
+    if t["optimizer"] == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=t["momentum"], weight_decay=t["weight_decay"])
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=t["weight_decay"])
+
+
+def _set_lr(optimizer, base_lr: float, step: int, total_steps: int, t: dict) -> None:
+    # A pure function of the step: nothing to checkpoint, identical after a resume.
+    warmup = t["warmup_steps"]
+    if warmup and step < warmup:
+        lr = base_lr * (step + 1) / warmup
+    elif t["schedule"] == "cosine":
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        lr = base_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    else:
+        lr = base_lr
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _grouped(batches, size: int):
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == size:
+            yield group
+            group = []
+
+
+def _to_device(batch: dict, device) -> dict:
+    if device.type == "cpu":
+        return batch
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _loader(plan: RankPlan, layout, group, batch_size: int, accum: int, shuffle: bool) -> RankLoader:
+    d = plan.config["data"]
+    return RankLoader(layout, plan.columns, group.rank, group.size, batch_size, accum, seed=plan.config["train"]["seed"],
+                      shuffle=shuffle, shuffle_buffer_rows=d["shuffle_buffer_rows"], reader_workers=d["reader_workers"],
+                      prefetch_row_groups=d["prefetch_row_groups"])
+
+
+def _run_identity(plan: RankPlan) -> dict:
+    """What a checkpoint must match to be resumed by this run."""
+    t = plan.config["train"]
+    return {"fingerprint": plan.fingerprint, "world_size": plan.world_size, "batch_size": t["batch_size"],
+            "grad_accum": t["grad_accum"], "steps_per_epoch": plan.steps_per_epoch, "seed": t["seed"],
+            "model": json.dumps(plan.config["model"], sort_keys=True), "precision": t["precision"]}
+
+
+def _restore(plan: RankPlan, group, checkpoints: CheckpointManager, meta: dict) -> dict:
+    """Rank 0 finds the newest good checkpoint and checks it belongs to this run; all ranks get it."""
+    outcome = {"state": None, "uri": None, "step": 0, "problems": [], "error": None}
+    if group.rank == 0 and plan.config["checkpoint"]["resume"] == "auto":
+        found = checkpoints.restore_latest()
+        if found:
+            outcome.update(problems=found.problems)
+            for problem in found.problems:
+                log.warning("resume: %s", problem)
+        if found and found.state:
+            theirs = found.state.get("meta", {})
+            different = [k for k in meta if theirs.get(k) != meta[k]]
+            if different:
+                key = different[0]
+                outcome["error"] = (f"checkpoint {found.uri} was written by a different run ({key}: {theirs.get(key)!r} "
+                                    f"there, {meta[key]!r} now); set checkpoint.resume=never or a new checkpoint.path")
+            else:
+                outcome.update(state=found.state, uri=found.uri, step=found.step)
+                log.info("resuming from %s (step %d)", found.uri, found.step)
+    outcome = group.broadcast_object(outcome)
+    if outcome["error"]:
+        raise ConfigError(outcome["error"])
+    return outcome
+
+
+def _load_state(state: dict, model, optimizer, precision: Precision, rank: int):
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    precision.load_state_dict(state["scaler"])
+    rng = state["rng"][rank]
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    return int(state["step"]), list(state["history"]), float(state.get("epoch_loss", 0.0))
+
+
+def _rng_state(device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _write_run_files(plan: RankPlan) -> None:
+    run = resolve(plan.run_dir)
+    run.write_text("config.yaml", dump_yaml(plan.config))
+
+
+def _append_metrics(plan: RankPlan, record: dict) -> None:
+    # Rewritten whole each epoch: object stores have no append, and the file stays small.
+    run = resolve(plan.run_dir)
+    lines = run.read_text("metrics.jsonl").splitlines() if run.fs.exists(run.join("metrics.jsonl").path) else []
+    lines = [line for line in lines if line.strip() and json.loads(line).get("epoch") < record["epoch"]]
+    lines.append(json.dumps(record, sort_keys=True))
+    run.write_text("metrics.jsonl", "\n".join(lines) + "\n")
+
+
+def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
+    """Rank 0: reference predictions from the in-memory model, then publish it."""
+    model.eval()
+    reference = None
+    example = None
+    if plan.val:
+        arrays = read_first_rows(plan.val, plan.columns, plan.reference_rows)
+        example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in ("label", "_row")}
+        with torch.no_grad():
+            out = serving_model(model, plan.label_spec)({k: v.to(device) for k, v in example.items()})
+        reference = {"rows": arrays["_row"].tolist(), "predictions": out.float().cpu().numpy().tolist()}
+    else:
+        arrays = read_first_rows(plan.train, plan.columns, 1)
+        example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in ("label", "_row")}
+    cfg = plan.config
+    arguments = (mlp_arguments(plan.feature_spec, plan.label_spec, cfg["model"]["hidden"], cfg["model"]["dropout"],
+                               cfg["model"]["embedding_dim"], **cfg["model"]["kwargs"])
+                 if cfg["model"]["name"] == "mlp" else None)
+    meta = {"model": {"name": cfg["model"]["name"], "arguments": arguments}, "config": cfg,
+            "features": plan.feature_spec, "label": plan.label_spec, "metrics": history,
+            "dataset": {"uri": plan.dataset_uri, "fingerprint": plan.fingerprint},
+            "inputs": {"numeric": list(plan.columns.numeric), "categorical": list(plan.columns.categorical),
+                       "arrays": {name: list(shape) for name, shape in plan.columns.arrays}}}
+    publish_model(plan.model_path, plan.output_mode, model, meta, example)
+    log.info("model published at %s; metrics in %s/metrics.jsonl", plan.model_path, plan.run_dir)
+    return {"model_uri": plan.model_path, "metrics": history, "reference": reference}
+
+
+def _describe(record: dict) -> str:
+    return ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items() if k != "epoch")
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _quiet_libraries() -> None:
+    # petastorm on pyarrow 14 warns on every reader about deprecated legacy-dataset calls.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if not logging.getLogger("shardtrain").handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger("shardtrain").addHandler(handler)
+        logging.getLogger("shardtrain").setLevel(logging.INFO)
+    logging.getLogger("petastorm").setLevel(logging.WARNING)
+
+
+__all__ = ["NonFiniteGuard", "evaluate", "loss_fn", "run_rank", "train_step"]

@@ -1,0 +1,101 @@
+"""Model construction from the manifest's feature and label spec.
+
+Every model takes the batch dict the loader yields (``numeric`` float32 [B, n], ``categorical``
+int64 [B, k], one float32 [B, *shape] per array feature) and returns logits [B, num_classes]
+(classification) or values [B] (regression). A plug-in ``"package.module:factory"`` is called
+as ``factory(feature_spec, label_spec, **kwargs)`` with the manifest's plain dicts and must
+return such a ``torch.nn.Module`` (TorchScript-able, for the exported serving program).
+
+Imported on ranks only (it imports torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict
+
+import torch
+from torch import nn
+
+from pipelines.errors import ConfigError
+
+RESERVED = 2  # 0 = null, 1 = unseen (pipelines.manifest)
+
+
+class TabularMLP(nn.Module):
+    """Embeddings for categoricals, numeric features as they are, array features flattened."""
+
+    def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
+                 out_dim: int, hidden: list[int], dropout: float = 0.0, embedding_dim: int | None = None,
+                 regression: bool = False):
+        super().__init__()
+        self.array_names = list(array_names)
+        self.regression = regression
+        dims = [embedding_dim or min(16, (size + 1) // 2) for size in vocab_sizes]
+        self.embeddings = nn.ModuleList(nn.Embedding(size, dim) for size, dim in zip(vocab_sizes, dims))
+        width = num_numeric + sum(dims) + sum(array_widths)
+        layers: list[nn.Module] = []
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            if dropout:
+                layers.append(nn.Dropout(dropout))
+            width = size
+        layers.append(nn.Linear(width, out_dim))
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = [batch["numeric"]]
+        categorical = batch["categorical"]
+        for j, embedding in enumerate(self.embeddings):
+            parts.append(embedding(categorical[:, j]))
+        for name in self.array_names:
+            value = batch[name]
+            parts.append(value.reshape(value.shape[0], -1))
+        out = self.body(torch.cat(parts, dim=1))
+        if self.regression:
+            return out.squeeze(1)
+        return out
+
+
+def mlp_arguments(feature_spec: dict, label_spec: dict, hidden: list[int], dropout: float = 0.0,
+                  embedding_dim: int | None = None, **overrides) -> dict:
+    """The MLP's constructor arguments, as plain values (stored in model.json, so it rebuilds)."""
+    arrays = feature_spec.get("arrays", [])
+    regression = label_spec.get("task") != "classification"
+    args = dict(
+        num_numeric=len(feature_spec.get("numeric", [])),
+        vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED)) for c in feature_spec.get("categorical", [])],
+        array_names=[a["name"] for a in arrays],
+        array_widths=[int(torch.tensor(a["shape"]).prod()) for a in arrays],
+        out_dim=1 if regression else int(label_spec["num_classes"]),
+        hidden=list(hidden), dropout=float(dropout), embedding_dim=embedding_dim, regression=regression)
+    args.update(overrides)
+    return args
+
+
+def build_model(model_cfg: dict, feature_spec: dict, label_spec: dict) -> nn.Module:
+    """``model_cfg`` is the resolved ``model`` section as plain data."""
+    name = model_cfg["name"]
+    if name == "mlp":
+        return TabularMLP(**mlp_arguments(feature_spec, label_spec, model_cfg["hidden"], model_cfg["dropout"],
+                                          model_cfg["embedding_dim"], **model_cfg.get("kwargs", {})))
+    factory = resolve_factory(name)
+    model = factory(feature_spec, label_spec, **model_cfg.get("kwargs", {}))
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model.name {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def resolve_factory(name: str):
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"model.name {name!r}: cannot import {module_name!r} ({exc})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"model.name {name!r}: {module_name} has no callable {attr!r}")
+    return factory
+
+
+__all__ = ["TabularMLP", "build_model", "mlp_arguments", "resolve_factory"]

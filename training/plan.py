@@ -1,0 +1,128 @@
+"""Driver side: read and check the dataset manifest, and resolve a training job into plain values.
+
+Nothing launches until ``build_plan`` has accepted the dataset: no commit marker, an unknown
+format version, a label or feature spec the model config does not match, too few shards or rows
+for the ranks -> DatasetError naming the manifest field (exit status 2). The ``RankPlan`` it
+returns is all a rank gets: strings, numbers, lists and small frozen dataclasses, so it pickles
+to executors without dragging a SparkSession, a file handle or torch along.
+
+Driver-only; imports neither torch nor horovod.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pipelines.config import to_dict
+from pipelines.errors import DatasetError
+from pipelines.manifest import MANIFEST_NAME, ROW_INDEX, Manifest, read_manifest
+from training.config import TrainConfig
+from training.data import Columns, SplitLayout, columns_for, skipped_rows_per_epoch, steps_per_epoch
+
+log = logging.getLogger("shardtrain.train")
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    config: dict  # the resolved TrainConfig as plain data
+    dataset_uri: str
+    fingerprint: str
+    feature_spec: dict
+    label_spec: dict
+    columns: Columns
+    train: SplitLayout
+    val: SplitLayout | None
+    world_size: int
+    steps_per_epoch: int
+    skipped_rows_per_epoch: int
+    val_batch_size: int
+    val_steps: int
+    lr: float  # after lr_scale
+    checkpoint_uri: str
+    run_dir: str
+    model_path: str
+    output_mode: str
+    reference_rows: int = 32  # val rows rank 0 predicts at the end (load_model round trip)
+
+    @property
+    def task(self) -> str:
+        return self.label_spec["task"]
+
+
+def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
+    manifest = manifest or read_manifest(cfg.data.path)
+    world = cfg.launch.num_proc
+    where = f"{manifest.root.uri}/{MANIFEST_NAME}"
+    _check_spec(manifest, cfg, where)
+
+    train = SplitLayout.from_manifest(manifest, cfg.data.train_split)
+    shards = manifest.num_shards(cfg.data.train_split)
+    if shards < world:
+        raise DatasetError(f"{where}: field 'splits.{train.name}.files' lists {shards} shard(s), fewer than "
+                           f"launch.num_proc={world} ranks; re-shard with output.num_shards >= {world} or use fewer ranks")
+    batch, accum = cfg.train.batch_size, cfg.train.grad_accum
+    steps = steps_per_epoch(train.rows, world, batch, accum)
+    if steps < 1:
+        raise DatasetError(f"{where}: field 'splits.{train.name}.rows' is {train.rows}: too few for {world} rank(s) x "
+                           f"train.batch_size={batch} x train.grad_accum={accum}; lower the batch size or add data")
+
+    val, val_batch, val_steps = None, 0, 0
+    if cfg.data.val_split:
+        val = SplitLayout.from_manifest(manifest, cfg.data.val_split)
+        per_rank = val.rows // world
+        if per_rank < 1:
+            raise DatasetError(f"{where}: field 'splits.{val.name}.rows' is {val.rows}: fewer than one row per rank "
+                               f"({world}); set data.val_split=null to train without validation")
+        val_batch = min(batch, per_rank)
+        val_steps = steps_per_epoch(val.rows, world, val_batch)
+
+    lr = cfg.train.lr * (world if cfg.train.lr_scale == "linear" else 1)
+    return RankPlan(
+        config=to_dict(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
+        feature_spec=manifest.features.spec, label_spec=dict(manifest.label), columns=columns_for(manifest),
+        train=train, val=val, world_size=world, steps_per_epoch=steps,
+        skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, world, batch, accum),
+        val_batch_size=val_batch, val_steps=val_steps, lr=lr, checkpoint_uri=cfg.checkpoint_path,
+        run_dir=cfg.output.resolved_run_dir, model_path=cfg.output.model_path, output_mode=cfg.output.mode)
+
+
+def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:
+    label = manifest.label
+    task = label.get("task")
+    if task not in ("classification", "regression"):
+        raise DatasetError(f"{where}: field 'label.task' is {task!r}; expected classification or regression")
+    if not label.get("name"):
+        raise DatasetError(f"{where}: field 'label.name' is missing")
+    if task == "classification":
+        num_classes = label.get("num_classes")
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise DatasetError(f"{where}: field 'label.num_classes' is {num_classes!r}; classification needs >= 2")
+    if manifest.data.get("row_index_column", ROW_INDEX) != ROW_INDEX:
+        raise DatasetError(f"{where}: field 'row_index_column' is {manifest.data['row_index_column']!r}, "
+                           f"expected {ROW_INDEX!r}")
+    stored = {col["name"] for col in manifest.data["schema"]}
+    needed = [*manifest.features.columns, label["name"], ROW_INDEX]
+    missing = [name for name in needed if name not in stored]
+    if missing:
+        raise DatasetError(f"{where}: field 'schema' lacks column(s) {missing} that 'features'/'label' name")
+    if not manifest.features.columns:
+        raise DatasetError(f"{where}: field 'features' declares no feature columns")
+    for spec in manifest.features.spec.get("categorical", []):
+        if not isinstance(spec.get("vocab"), list):
+            raise DatasetError(f"{where}: field 'features.categorical[{spec.get('name')}].vocab' is missing")
+
+    model = cfg.model
+    if model.task is not None and model.task != task:
+        raise DatasetError(f"{where}: field 'label.task' is {task!r} but model.task is {model.task!r}")
+    if model.num_classes is not None and model.num_classes != label.get("num_classes"):
+        raise DatasetError(f"{where}: field 'label.num_classes' is {label.get('num_classes')!r} but "
+                           f"model.num_classes is {model.num_classes}")
+    if model.features is not None:
+        absent = [name for name in model.features if name not in manifest.features.columns]
+        if absent:
+            raise DatasetError(f"{where}: field 'features' lacks {absent}, which model.features requires "
+                               f"(the dataset has {manifest.features.columns})")
+
+
+__all__ = ["RankPlan", "build_plan"]
