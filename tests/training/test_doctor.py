@@ -1,0 +1,55 @@
+"""`shardtrain doctor`: passes on the bootstrapped environment, and fails with the fix when the
+stack is broken in the most common way (a pyarrow release petastorm cannot run on)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CACHE = Path(os.environ.get("SHARDTRAIN_CACHE", Path.home() / ".cache" / "shardtrain"))
+
+
+def _doctor(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "training.cli", "doctor", "--json", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.horovod
+@pytest.mark.timeout(300)
+def test_doctor_passes_here_including_a_real_two_rank_allreduce():
+    proc = _doctor()
+    report = json.loads(proc.stdout)
+    failed = [c for c in report["checks"] if not c["ok"]]
+    assert proc.returncode == 0 and not failed, failed
+    names = [c["name"] for c in report["checks"]]
+    assert names == ["python", "java", "pyspark", "pyarrow+petastorm", "torch", "horovod", "horovod-on-spark"]
+    launch = report["checks"][-1]
+    assert "allreduce sum = [3.0, 3.0]" in launch["detail"]
+
+
+@pytest.fixture(scope="module")
+def pyarrow15_dir():
+    """A real pyarrow 15 from PyPI, installed beside (not into) the venv and cached per machine."""
+    target = CACHE / "test-pyarrow-15.0.2"
+    if not (target / "pyarrow").is_dir():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                        "pyarrow==15.0.2"], check=True, timeout=600)
+    return target
+
+
+@pytest.mark.timeout(600)
+def test_doctor_fails_with_the_fix_when_pyarrow_15_shadows_the_pin(pyarrow15_dir):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pyarrow15_dir), os.getcwd()])}
+    proc = _doctor("--no-launch", env=env)
+    assert proc.returncode == 1
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    bad = checks["pyarrow+petastorm"]
+    assert not bad["ok"]
+    assert "pyarrow 15.0.2 is installed; petastorm needs pyarrow < 15" in bad["detail"]
+    assert "pyarrow==14.0.2" in bad["fix"]
+    assert checks["python"]["ok"] and checks["java"]["ok"]  # one broken package fails only its own line
