@@ -61,7 +61,7 @@ class TrainResult:
             lines.append(f"train loss: {self.metrics[0]['train_loss']:.4f} (epoch 1) -> {final['train_loss']:.4f}")
         if self.resumed_from:
             lines.append(f"resumed from {self.resumed_from}")
-        lines += [f"model:   {self.model_uri}", f"metrics: {self.run_dir}/metrics.jsonl"]
+        lines += [f"model:   {self.model_uri}", f"metrics: {self.run_dir}/metrics.jsonl (summary: {self.run_dir}/summary.json)"]
         return "\n".join(lines)
 
 
@@ -81,7 +81,9 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None) -> TrainResult:
         spark = spark or _session(cfg)
         results = launch_spark(plan, spark, cfg.launch)
     ranks = check_results(results)
-    return _result(plan, ranks, time.perf_counter() - started)
+    result = _result(plan, ranks, time.perf_counter() - started)
+    _write_summary(result)
+    return result
 
 
 @dataclass
@@ -149,6 +151,18 @@ def _with_gpu_conf(spark_cfg, launch_cfg):
     spark_cfg = copy.deepcopy(spark_cfg)
     spark_cfg.conf["spark.task.resource.gpu.amount"] = launch_cfg.gpus_per_proc
     return spark_cfg
+
+
+def _write_summary(result: TrainResult) -> None:
+    import json
+
+    summary = {"model_uri": result.model_uri, "metrics": result.metrics, "steps_per_rank": result.steps_per_rank,
+               "steps_per_epoch": result.steps_per_epoch, "skipped_rows_per_epoch": result.skipped_rows_per_epoch,
+               "world_size": result.world_size, "seconds": round(result.seconds, 3),
+               "resumed_from": result.resumed_from, "checkpoint_problems": result.checkpoint_problems,
+               "ranks": [{k: r.get(k) for k in ("rank", "steps", "device", "device_reason", "gpu_addresses",
+                                                "epoch_stats")} for r in result.ranks]}
+    resolve(result.run_dir).write_text("summary.json", json.dumps(summary, indent=2, sort_keys=True))
 
 
 def _result(plan: RankPlan, ranks: list[dict], seconds: float) -> TrainResult:

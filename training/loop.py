@@ -139,7 +139,7 @@ def train_step(model, micro_batches: list[dict], optimizer, precision: Precision
     with group.skip_synchronize(optimizer):  # the allreduce already happened; step must not start another
         precision.step(optimizer)
     precision.update()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()  # set_to_none by default; Horovod's wrapper takes no arguments
     return total
 
 
