@@ -1,0 +1,47 @@
+"""The train/run config trees: defaults load, bad values name the key, run wires data.path."""
+
+import os
+
+import pytest
+
+from pipelines.errors import ConfigError
+from training.config import load_run_config, load_train_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_shipped_configs_load():
+    cfg = load_train_config(os.path.join(ROOT, "conf/train.yaml"))
+    assert cfg.train.precision == "bf16" and cfg.launch.num_proc == 2
+    run = load_run_config(os.path.join(ROOT, "conf/run.yaml"))
+    assert run.train.data.path == run.shard.output.path  # defaults to the shard output
+    assert run.train.checkpoint_path == "artifacts/model.run/checkpoints"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.precision=fp8", "train.precision"),
+    ("train.batch_size=0", "train.batch_size"),
+    ("train.grad_accum=0", "train.grad_accum"),
+    ("train.clip_norm=-1", "train.clip_norm"),
+    ("model.name=nomodule", "model.name"),
+    ("launch.num_proc=0", "launch.num_proc"),
+    ("checkpoint.keep=0", "checkpoint.keep"),
+    ("checkpoint.resume=maybe", "checkpoint.resume"),
+    ("train.lr_scale=sqrt", "train.lr_scale"),
+    ("train.epoch=3", "train.epochs"),  # unknown key: suggests the closest
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_train_config(None, ["data.path=/d", override])
+
+
+def test_data_path_is_required_and_in_process_is_one_rank():
+    with pytest.raises(ConfigError, match="data.path"):
+        load_train_config(None, [])
+    with pytest.raises(ConfigError, match="launch.num_proc"):
+        load_train_config(None, ["data.path=/d", "launch.mode=in_process", "launch.num_proc=2"])
+
+
+def test_model_kwargs_pass_through():
+    cfg = load_train_config(None, ["data.path=/d", "model.name=pkg.mod:make", "model.kwargs.width=7"])
+    assert cfg.model.kwargs == {"width": 7}

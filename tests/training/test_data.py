@@ -1,0 +1,98 @@
+"""The loader's promises, checked without Horovod: every rank gets the same number of full
+batches for any layout, no row twice in an epoch, fewer than W x B x accum rows skipped, a
+reproducible per-epoch order (so (epoch, step) is a resume position), and arrays equal to what
+FeatureSpec.transform makes of the raw rows."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from pipelines.manifest import read_manifest
+from tabular_data import write_dataset
+from training.data import (RankLoader, SplitLayout, columns_for, rank_row_range, skipped_rows_per_epoch,
+                           steps_per_epoch)
+
+UNEVEN = {"train": [[300, 77], [13], [500, 111, 2], [0], [250]], "val": [[90], [33]]}
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory):
+    ds = write_dataset(str(tmp_path_factory.mktemp("data") / "ds"), UNEVEN, array_shape=(2, 3))
+    return ds, read_manifest(ds.uri)
+
+
+def test_arithmetic_for_many_sizes():
+    for total, world, batch, accum in itertools.product([1, 7, 100, 1003, 4096], [1, 2, 3, 5], [1, 8, 32], [1, 2]):
+        ranges = [rank_row_range(total, r, world) for r in range(world)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == total
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous, disjoint
+        steps = steps_per_epoch(total, world, batch, accum)
+        assert all(hi - lo >= steps * batch * accum for lo, hi in ranges)  # every rank can fill its steps
+        skipped = skipped_rows_per_epoch(total, world, batch, accum)
+        assert 0 <= skipped < world * batch * accum or steps == 0
+
+
+def _epoch_rows(manifest, world, batch, accum=1, epoch=0, seed=3, buffer=100):
+    layout = SplitLayout.from_manifest(manifest, "train")
+    per_rank = []
+    for rank in range(world):
+        loader = RankLoader(layout, columns_for(manifest), rank, world, batch, accum, seed=seed,
+                            shuffle_buffer_rows=buffer)
+        batches = list(loader.epoch(epoch))
+        assert len(batches) == loader.batches_per_epoch
+        assert all(len(b["label"]) == batch for b in batches)
+        stats = loader.stats[-1]
+        assert stats.duplicate_rows == 0 and stats.batches == len(batches)
+        per_rank.append(np.concatenate([b["_row"].numpy() for b in batches]))
+    return layout, per_rank
+
+
+@pytest.mark.parametrize("world, batch, accum", [(1, 32, 1), (2, 32, 1), (3, 16, 2), (3, 50, 1), (4, 7, 3)])
+def test_equal_batches_no_repeats_bounded_skips(uneven, world, batch, accum):
+    _, manifest = uneven
+    layout, per_rank = _epoch_rows(manifest, world, batch, accum)
+    counts = {len(rows) for rows in per_rank}
+    assert len(counts) == 1  # the same number of rows (so steps) on every rank
+    everything = np.concatenate(per_rank)
+    assert len(np.unique(everything)) == len(everything)  # no row twice in the epoch, across ranks
+    skipped = layout.rows - len(everything)
+    assert skipped == skipped_rows_per_epoch(layout.rows, world, batch, accum) < world * batch * accum
+    for rank, rows in enumerate(per_rank):
+        lo, hi = rank_row_range(layout.rows, rank, world)
+        assert rows.min() >= lo and rows.max() < hi
+
+
+def test_order_is_a_function_of_seed_and_epoch(uneven):
+    _, manifest = uneven
+    _, a = _epoch_rows(manifest, 2, 32, epoch=0)
+    _, b = _epoch_rows(manifest, 2, 32, epoch=0)
+    _, c = _epoch_rows(manifest, 2, 32, epoch=1)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(a[0], c[0])
+    assert not np.array_equal(a[0], np.sort(a[0]))  # actually shuffled
+
+
+def test_skip_batches_resumes_the_same_order(uneven):
+    _, manifest = uneven
+    layout = SplitLayout.from_manifest(manifest, "train")
+    make = lambda: RankLoader(layout, columns_for(manifest), 1, 2, 16, seed=5, shuffle_buffer_rows=64)  # noqa: E731
+    full = [b["_row"].numpy() for b in make().epoch(2)]
+    resumed = [b["_row"].numpy() for b in make().epoch(2, skip_batches=7)]
+    assert len(resumed) == len(full) - 7
+    assert all(np.array_equal(x, y) for x, y in zip(full[7:], resumed))
+
+
+def test_batches_equal_the_transform_of_the_raw_rows(uneven):
+    ds, manifest = uneven
+    layout = SplitLayout.from_manifest(manifest, "train")
+    loader = RankLoader(layout, columns_for(manifest), 0, 1, 64, seed=0, shuffle_buffer_rows=128)
+    batch = next(iter(loader.epoch(0)))
+    rows = batch["_row"].numpy()
+    expected = manifest.features.transform(ds.raw["train"].iloc[rows])
+    assert batch["numeric"].dtype.is_floating_point and batch["categorical"].dtype == __import__("torch").int64
+    np.testing.assert_allclose(batch["numeric"].numpy(), expected["numeric"], rtol=1e-6)
+    np.testing.assert_array_equal(batch["categorical"].numpy(), expected["categorical"])
+    np.testing.assert_allclose(batch["image"].numpy(), expected["image"], rtol=1e-6)
+    assert batch["image"].shape == (64, 2, 3)
+    np.testing.assert_array_equal(batch["label"].numpy(), ds.raw["train"]["label"].to_numpy()[rows])
