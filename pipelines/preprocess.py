@@ -167,20 +167,18 @@ def fit(clean_train, cfg: ShardConfig) -> FittedStats:
     from pyspark.sql import Window
 
     feats, label = cfg.features, cfg.label
-    aggs = [F.count(F.lit(1)).alias("_rows")]
-    for name in feats.numeric:
-        aggs += [F.avg(num_col(name)).alias(f"mean_{name}"), F.stddev_pop(num_col(name)).alias(f"std_{name}")]
+    values = [num_col(n) for n in feats.numeric]
     if label.task == "regression":
-        aggs += [F.avg("_label").alias("label_mean"), F.stddev_pop("_label").alias("label_std")]
-    stats = clean_train.agg(*aggs).collect()[0].asDict()
+        values.append("CAST(_label AS DOUBLE)")
+    moments = _exact_moments(clean_train, values) if values else []
+    label_moments = moments.pop() if label.task == "regression" else None
 
     numeric = []
-    for name in feats.numeric:
-        mean = stats[f"mean_{name}"]
-        std = stats[f"std_{name}"]
-        mean = 0.0 if mean is None else float(mean)
+    for name, (count, mean, m2) in zip(feats.numeric, moments):
+        std = math.sqrt(m2 / count) if count else 0.0
+        mean = mean if count else 0.0
         # A constant (or all-null) column must not divide by zero: it standardizes to 0.
-        std = 1.0 if std is None or not std > 0 else float(std)
+        std = std if std > 0 else 1.0
         fill = float(feats.impute[name]) if name in feats.impute else mean
         numeric.append({"name": name, "mean": mean, "std": std, "fill": fill})
 
@@ -213,9 +211,47 @@ def fit(clean_train, cfg: ShardConfig) -> FittedStats:
     if label.task == "classification":
         label_spec.update(num_classes=label.num_classes, train_class_counts=class_counts)
     else:
-        mean, std = stats["label_mean"], stats["label_std"]
-        label_spec.update(train_mean=0.0 if mean is None else float(mean), train_std=0.0 if std is None else float(std))
+        count, mean, m2 = label_moments
+        label_spec.update(train_mean=mean if count else 0.0, train_std=math.sqrt(m2 / count) if count else 0.0)
     return FittedStats(numeric=numeric, categorical=categorical, label=label_spec)
+
+
+def _exact_moments(df, values: list[str]) -> list[tuple[int, float, float]]:
+    """(count, mean, sum of squared deviations) per SQL value, bit-identical on any partitioning.
+
+    Spark's avg/stddev add doubles in whatever order rows reach each task, so the last bits of a
+    mean depend on the cluster, and a different last bit can flip a stored float32. Instead each
+    of the 4096 hash buckets (a function of the row, not of the partitioning) sorts its values and
+    sums them in that order; the driver merges the buckets in bucket order (Chan et al.'s
+    pairwise update). Every step has a fixed order, so the result is the same everywhere.
+    """
+    from pyspark.sql import functions as F
+
+    lists = [F.array_sort(F.collect_list(F.expr(v))).alias(f"_v{i}") for i, v in enumerate(values)]
+    per_bucket = df.groupBy("_bucket").agg(*lists)
+    sums = [f"aggregate(_v{i}, CAST(0 AS DOUBLE), (acc, x) -> acc + x) AS _s{i}" for i in range(len(values))]
+    per_bucket = per_bucket.selectExpr("_bucket", *[f"_v{i}" for i in range(len(values))], *sums)
+    cols = ["_bucket"]
+    for i in range(len(values)):
+        mean = f"(_s{i} / size(_v{i}))"
+        cols += [f"size(_v{i}) AS _n{i}", f"_s{i}",
+                 f"aggregate(_v{i}, CAST(0 AS DOUBLE), (acc, x) -> acc + (x - {mean}) * (x - {mean})) AS _m{i}"]
+    rows = sorted(per_bucket.selectExpr(*cols).collect(), key=lambda r: r["_bucket"])  # <= 4096 small rows
+    out = []
+    for i in range(len(values)):
+        count, mean, m2 = 0, 0.0, 0.0
+        for row in rows:
+            n_b = int(row[f"_n{i}"])
+            if n_b == 0:
+                continue
+            mean_b = row[f"_s{i}"] / n_b
+            total = count + n_b
+            delta = mean_b - mean
+            mean += delta * n_b / total
+            m2 += row[f"_m{i}"] + delta * delta * count * n_b / total
+            count = total
+        out.append((count, mean, m2))
+    return out
 
 
 def encode(clean, cfg: ShardConfig, stats: FittedStats):

@@ -1,0 +1,344 @@
+"""The shard job on local Spark: every rule of issue 3, checked on what a user (and training) reads."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipelines.config import from_dict
+from pipelines.errors import InputDataError, OutputExistsError, QualityGateError
+from pipelines.generate import generate_dataset
+from pipelines.manifest import read_manifest
+from pipelines.shard_config import ShardConfig
+from pipelines.shard_job import run_shard_job
+from shard_testdata import (config, file_hashes, manifest_without_timestamps, quarantine, read_split, simple_rows,
+                            write_parquet)
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def generated(spark, tmp_path_factory):
+    """3000 generated rows (array column, 3 classes, 40 bad rows) and one shard run over them."""
+    root = tmp_path_factory.mktemp("gen")
+    data = generate_dataset(spark, str(root / "raw"), 3000, seed=7, array_shape=[2, 3], num_classes=3, bad_rows=40)
+    cfg = from_dict(ShardConfig, data.shard_config(str(root / "out"), output={"num_shards": 3, "rows_per_row_group": 300},
+                                                   quality={"max_bad_fraction": 0.05},
+                                                   features={"numeric": data.numeric + ["id"]}))
+    result = run_shard_job(spark, cfg)
+    return data, cfg, result
+
+
+def test_manifest_is_valid_and_shards_are_balanced(generated):
+    data, cfg, result = generated
+    manifest = read_manifest(result.uri)
+    assert not result.skipped and manifest.split_names == ["train", "val", "test"]
+    for split in manifest.split_names:
+        files = manifest.files(split)
+        assert [f.path for f in files] == [f"{split}/part-{s:05d}.parquet" for s in range(3)]
+        sizes = [f.rows for f in files]
+        assert max(sizes) - min(sizes) <= 1 and sum(sizes) == manifest.rows(split)
+        for f in files:
+            meta = pq.ParquetFile(os.path.join(result.uri, f.path)).metadata
+            assert meta.num_rows == f.rows
+            assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == list(f.row_groups)
+            assert all(g == 300 for g in f.row_groups[:-1]) and 0 < f.row_groups[-1] <= 300
+            assert os.path.getsize(os.path.join(result.uri, f.path)) == f.bytes
+
+
+def test_row_index_and_stored_encodings(generated):
+    data, cfg, result = generated
+    manifest = read_manifest(result.uri)
+    for split in manifest.split_names:
+        table = read_split(result.uri, split)
+        assert table.column("_row").to_pylist() == list(range(manifest.rows(split)))
+        assert table.schema.field("x0").type == pa.float32()
+        assert table.schema.field("c0").type == pa.int32()
+        assert table.schema.field("label").type == pa.int64()
+        assert table.schema.field("image").type.value_type == pa.float32()
+        assert set(len(v) for v in table.column("image").to_pylist()) == {6}
+        labels = np.asarray(table.column("label"))
+        assert labels.min() >= 0 and labels.max() < 3
+        for name in data.categorical:
+            idx = np.asarray(table.column(name))
+            assert idx.min() >= 0 and idx.max() < manifest.features.num_embeddings(name)
+    assert [c["name"] for c in manifest.data["schema"]] == ["x0", "x1", "x2", "x3", "id", "c0", "c1", "image",
+                                                            "label", "_row"]
+    train = read_split(result.uri, "train")
+    counts = np.bincount(np.asarray(train.column("label")), minlength=3).tolist()
+    assert manifest.label["train_class_counts"] == counts
+
+
+def test_preprocessing_is_fitted_on_train_only(generated, spark):
+    data, cfg, result = generated
+    manifest = read_manifest(result.uri)
+    stats = {f["name"]: f for f in manifest.data["features"]["numeric"]}
+    raw = pq.read_table(data.path).to_pandas().set_index("id")
+
+    def ids_of(split):
+        # id is also a numeric feature: its standardized value decodes back to the row's id.
+        z = np.asarray(read_split(result.uri, split).column("id"), dtype=np.float64)
+        return np.rint(z * stats["id"]["std"] + stats["id"]["mean"]).astype(np.int64)
+
+    train_ids = ids_of("train")
+    assert len(set(train_ids)) == len(train_ids)
+    train_raw = raw.loc[train_ids]
+    assert stats["x1"]["mean"] == pytest.approx(train_raw["x1"].mean(), rel=1e-9)
+    assert stats["x1"]["std"] == pytest.approx(train_raw["x1"].std(ddof=0), rel=1e-9)
+    assert stats["x1"]["mean"] != pytest.approx(raw["x1"].mean(), rel=1e-9)  # not the whole input's
+    vocab = next(f for f in manifest.data["features"]["categorical"] if f["name"] == "c0")["vocab"]
+    freq = train_raw["c0"].value_counts()
+    expected = sorted(freq.index, key=lambda v: (-freq[v], v))
+    assert vocab == expected
+    # Stored values equal the manifest's transform of the raw rows (what serving will do).
+    table = read_split(result.uri, "train").to_pandas()
+    encoded = manifest.features.transform(train_raw.reset_index())
+    np.testing.assert_allclose(table[data.numeric].to_numpy(), encoded["numeric"][:, :4], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(table[data.categorical].to_numpy(), encoded["categorical"])
+    # Splits are disjoint and, with the quarantine, cover the input.
+    all_ids = np.concatenate([ids_of(s) for s in manifest.split_names])
+    assert len(set(all_ids)) == len(all_ids) == manifest.data["accounting"]["published_rows"]
+
+
+def test_quarantine_accounting_and_reasons(generated):
+    data, cfg, result = generated
+    manifest = read_manifest(result.uri)
+    acc = manifest.data["accounting"]
+    assert acc == {"input_rows": 3000, "published_rows": 2960, "quarantined_rows": 40}
+    assert manifest.data["quarantine"]["by_reason"] == data.bad_by_reason
+    bad = quarantine(result.uri)
+    assert bad["reason"].value_counts().to_dict() == data.bad_by_reason
+    assert all(json.loads(r)["id"] >= 0 for r in bad["raw"])  # the raw row, as JSON
+    assert (Path(result.uri) / "config.yaml").exists()
+    saved = from_dict(ShardConfig, yaml.safe_load((Path(result.uri) / "config.yaml").read_text()))
+    assert saved == cfg
+
+
+def test_rerun_is_byte_identical_and_independent_of_partitioning(generated, spark, tmp_path):
+    data, cfg, result = generated
+    # The same rows, stored as 5 files instead of 2, sharded with another shuffle partition count.
+    again = generate_dataset(spark, str(tmp_path / "raw"), 3000, seed=7, array_shape=[2, 3], num_classes=3,
+                             bad_rows=40, partitions=5)
+    cfg2 = from_dict(ShardConfig, again.shard_config(str(tmp_path / "out"), output={"num_shards": 3, "rows_per_row_group": 300},
+                                                     quality={"max_bad_fraction": 0.05},
+                                                     features={"numeric": data.numeric + ["id"]}))
+    old = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "7")
+    try:
+        run_shard_job(spark, cfg2)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", old)
+    assert file_hashes(str(tmp_path / "out")) == file_hashes(result.uri)
+    a, b = manifest_without_timestamps(result.uri), manifest_without_timestamps(str(tmp_path / "out"))
+    assert a["splits"] == b["splits"] and a["features"] == b["features"] and a["fingerprint"] == b["fingerprint"]
+    # And a plain re-run (overwrite) of the first config: equal manifest apart from timestamps.
+    before = manifest_without_timestamps(result.uri)
+    cfg.output.mode = "overwrite"
+    try:
+        run_shard_job(spark, cfg)
+    finally:
+        cfg.output.mode = "error"
+    after = manifest_without_timestamps(result.uri)
+    assert after["config"]["output"].pop("mode") == "overwrite"
+    before["config"]["output"].pop("mode")
+    assert after == before
+    recomputed = file_hashes(result.uri)
+    listed = {f["path"]: f["sha256"] for s in before["splits"].values() for f in s["files"]}
+    listed.update({f["path"]: f["sha256"] for f in before["quarantine"]["files"]})
+    assert recomputed == dict(sorted(listed.items()))
+
+
+def test_modes_error_and_skip_if_exists(generated, spark):
+    data, cfg, result = generated
+    with pytest.raises(OutputExistsError, match="output.mode=overwrite"):
+        run_shard_job(spark, cfg)
+    marker = Path(result.uri, "_COMMITTED")
+    stamp = marker.stat().st_mtime_ns
+    cfg.output.mode = "skip_if_exists"
+    try:
+        skipped = run_shard_job(spark, cfg)
+        assert skipped.skipped and skipped.manifest.fingerprint == result.manifest.fingerprint
+        assert marker.stat().st_mtime_ns == stamp
+        cfg.split.seed = 99  # a different dataset is there: refuse rather than silently keep it
+        with pytest.raises(OutputExistsError, match="different dataset"):
+            run_shard_job(spark, cfg)
+    finally:
+        cfg.output.mode = "error"
+        cfg.split.seed = 0
+
+
+@pytest.mark.parametrize("rows,num_shards", [(10, 3), (7, 7), (101, 4), (64, 8)])
+def test_balance_property(spark, tmp_path, rows, num_shards):
+    src = write_parquet(tmp_path / "in", simple_rows(rows))
+    result = run_shard_job(spark, config(src, str(tmp_path / "out"), output={"num_shards": num_shards}))
+    sizes = [f.rows for f in result.manifest.files("train")]
+    assert len(sizes) == num_shards and sum(sizes) == rows
+    assert max(sizes) - min(sizes) <= 1
+    assert read_split(result.uri, "train").column("_row").to_pylist() == list(range(rows))
+
+
+def test_fewer_rows_than_shards_fails_before_writing(spark, tmp_path):
+    src = write_parquet(tmp_path / "in", simple_rows(5))
+    out = tmp_path / "out"
+    with pytest.raises(InputDataError, match=r"split 'train' has 5 rows, fewer than output.num_shards=8"):
+        run_shard_job(spark, config(src, str(out), output={"num_shards": 8}))
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_every_bad_row_kind_is_quarantined_with_its_reason(spark, tmp_path):
+    inf = float("inf")
+    rows = simple_rows(20)
+    bad = [  # (x, s, arr, y) -> expected reason
+        (1.0, "1.5", [1.0, 2.0], None, "null_label"),
+        (1.0, "1.5", [1.0, 2.0], 2.5, "invalid_label"),
+        (1.0, "1.5", [1.0, 2.0], -1.0, "invalid_label"),
+        (1.0, "1.5", [1.0, 2.0], 3.0, "invalid_label"),
+        (1.0, "1.5", [1.0, 2.0], float("nan"), "invalid_label"),
+        (inf, "1.5", [1.0, 2.0], 1.0, "non_finite:x"),
+        (-inf, "1.5", [1.0, 2.0], 1.0, "non_finite:x"),
+        (1.0, "abc", [1.0, 2.0], 1.0, "bad_value:s"),
+        (1.0, "1.5", [1.0], 1.0, "bad_shape:a"),
+        (1.0, "1.5", None, 1.0, "bad_shape:a"),
+        (1.0, "1.5", [1.0, float("nan")], 1.0, "non_finite:a"),
+    ]
+    good_nan = (float("nan"), None, [3.0, 4.0], 1.0)  # NaN and null numerics are imputed, not quarantined
+    n = len(rows["id"])
+    cols = {
+        "id": rows["id"] + list(range(n, n + len(bad) + 1)),
+        "x": rows["x"] + [b[0] for b in bad] + [good_nan[0]],
+        "s": [str(i) for i in range(n)] + [b[1] for b in bad] + [good_nan[1]],
+        "a": [[float(i), 1.0] for i in range(n)] + [b[2] for b in bad] + [good_nan[2]],
+        "c": rows["c"] + ["k1"] * (len(bad) + 1),
+        "y": [float(v) for v in rows["y"]] + [b[3] for b in bad] + [good_nan[3]],
+    }
+    src = write_parquet(tmp_path / "in", cols)
+    cfg = config(src, str(tmp_path / "out"), features={"numeric": ["x", "s"], "categorical": ["c"], "arrays": {"a": [2]}},
+                 label={"column": "y", "task": "classification", "num_classes": 3})
+    result = run_shard_job(spark, cfg)
+    expected = {}
+    for b in bad:
+        expected[b[-1]] = expected.get(b[-1], 0) + 1
+    assert result.manifest.data["quarantine"]["by_reason"] == dict(sorted(expected.items()))
+    assert result.manifest.data["accounting"] == {"input_rows": n + len(bad) + 1, "published_rows": n + 1,
+                                                  "quarantined_rows": len(bad)}
+    q = quarantine(result.uri)
+    assert sorted(q["reason"]) == sorted(b[-1] for b in bad)
+    row = json.loads(q[q["reason"] == "bad_value:s"]["raw"].iloc[0])
+    assert row["s"] == "abc" and row["id"] == n + 7
+    # The NaN/null row was imputed with the train mean (standardized: (mean - mean) / std = 0).
+    table = read_split(result.uri, "train").to_pandas()
+    assert np.isfinite(table["x"]).all() and np.isfinite(table["s"]).all()
+
+
+def test_regression_label_rules_and_stats(spark, tmp_path):
+    rows = simple_rows(30)
+    ys = [float(i) for i in range(30)] + [None, float("inf"), float("nan")]
+    cols = {"id": list(range(33)), "x": rows["x"] + [1.0] * 3, "c": rows["c"] + ["k1"] * 3, "y": ys}
+    src = write_parquet(tmp_path / "in", cols)
+    result = run_shard_job(spark, config(src, str(tmp_path / "out"), label={"column": "y", "task": "regression",
+                                                                            "num_classes": None}))
+    m = result.manifest
+    assert m.data["quarantine"]["by_reason"] == {"invalid_label": 2, "null_label": 1}
+    assert m.label["train_mean"] == pytest.approx(14.5) and m.label["train_std"] == pytest.approx(np.std(range(30)))
+    assert m.column("label")["dtype"] == "float32"
+    assert read_split(result.uri, "train").schema.field("label").type == pa.float32()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_malformed_records_keep_their_raw_line(spark, tmp_path, fmt):
+    src = tmp_path / "in"
+    src.mkdir()
+    if fmt == "csv":
+        good = [f"{i},{i % 7}.5,k{i % 3},{i % 2}" for i in range(12)]
+        bad = ["12,not-a-number,k1,1", "13,2.0,k1,notint"]
+        (src / "data.csv").write_text("id,x,c,y\n" + "\n".join(good[:6] + bad + good[6:]) + "\n")
+        options = {"header": True}
+    else:
+        good = [json.dumps({"id": i, "x": i % 7 + 0.5, "c": f"k{i % 3}", "y": i % 2}) for i in range(12)]
+        bad = ['{"id": 12, "x": 1.0, "c": "k1", "y": ', '{"id": 13, "x": "text", "c": "k1", "y": 1}']
+        (src / "data.json").write_text("\n".join(good[:6] + bad + good[6:]) + "\n")
+        options = {}
+    cfg = config(str(src), str(tmp_path / "out"), fmt=fmt,
+                 sources={"raw": {"path": str(src), "format": fmt, "options": options,
+                                  "schema": "id BIGINT, x DOUBLE, c STRING, y INT"}})
+    result = run_shard_job(spark, cfg)
+    m = result.manifest
+    assert m.data["quarantine"]["by_reason"] == {"malformed_record": 2}
+    assert m.data["accounting"] == {"input_rows": 14, "published_rows": 12, "quarantined_rows": 2}
+    q = quarantine(result.uri)
+    assert sorted(q["raw"]) == sorted(bad)
+    assert set(q["source"]) == {"raw"}
+
+
+def test_malformed_value_in_an_unused_column_is_still_detected(spark, tmp_path):
+    # Spark parses only the columns a query uses; the job must not let that change what is malformed.
+    src = tmp_path / "in"
+    src.mkdir()
+    lines = [f"{i},{i}.0,k1,{i % 2},{i}" for i in range(10)] + ["10,1.0,k1,1,not-a-number"]
+    (src / "d.csv").write_text("id,x,c,y,unused\n" + "\n".join(lines) + "\n")
+    cfg = config(str(src), str(tmp_path / "out"), fmt="csv",
+                 sources={"raw": {"path": str(src), "format": "csv", "options": {"header": True},
+                                  "schema": "id BIGINT, x DOUBLE, c STRING, y INT, unused DOUBLE"}})
+    m = run_shard_job(spark, cfg).manifest
+    assert m.data["accounting"] == {"input_rows": 11, "published_rows": 10, "quarantined_rows": 1}
+
+
+def test_missing_column_fails_before_writing_naming_column_and_source(spark, tmp_path):
+    src = write_parquet(tmp_path / "in", simple_rows(10))
+    out = tmp_path / "out"
+    with pytest.raises(InputDataError, match=r"column 'z' \(features.numeric\) is not in source 'raw' \(.*in\)"):
+        run_shard_job(spark, config(src, str(out), features={"numeric": ["x", "z"]}))
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_uncastable_type_fails_before_writing(spark, tmp_path):
+    cols = {**simple_rows(10), "m": [[1.0, 2.0]] * 10}
+    src = write_parquet(tmp_path / "in", cols)
+    out = tmp_path / "out"
+    with pytest.raises(InputDataError, match=r"column 'm' \(features.numeric\).*array<double>.*cannot be cast"):
+        run_shard_job(spark, config(src, str(out), features={"numeric": ["x", "m"]}))
+    with pytest.raises(InputDataError, match=r"column 'x' \(features.arrays.x\).*double"):
+        run_shard_job(spark, config(src, str(out), features={"numeric": [], "categorical": ["c"], "arrays": {"x": [1]}}))
+    assert not out.exists()
+
+
+def test_quality_gate_reports_counts_by_reason_and_writes_nothing(spark, tmp_path):
+    cols = simple_rows(20)
+    cols["y"] = [None] * 3 + [5] * 2 + cols["y"][5:]
+    src = write_parquet(tmp_path / "in", cols)
+    out = tmp_path / "out"
+    with pytest.raises(QualityGateError, match=r"5 of 20 input rows \(25.00%\).*null_label=3, invalid_label=2"):
+        run_shard_job(spark, config(src, str(out), quality={"max_bad_fraction": 0.1}))
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_query_over_two_sources_and_a_transform(spark, tmp_path):
+    a = write_parquet(tmp_path / "a", simple_rows(40))
+    b = write_parquet(tmp_path / "b", {"id": list(range(40)), "extra": [float(i) * 2 for i in range(40)]})
+    cfg = config(a, str(tmp_path / "out"),
+                 sources={"events": {"path": a}, "users": {"path": b}},
+                 query="SELECT e.*, u.extra FROM events e JOIN users u ON e.id = u.id WHERE e.id < 30",
+                 transform="shard_transforms:add_ratio",
+                 features={"numeric": ["x", "extra", "ratio"], "categorical": ["c"]},
+                 split={"key": "id", "fractions": {"train": 0.5, "val": 0.5}, "seed": 1})
+    result = run_shard_job(spark, cfg)
+    m = result.manifest
+    assert m.rows("train") + m.rows("val") == 30
+    assert [f["name"] for f in m.data["features"]["numeric"]] == ["x", "extra", "ratio"]
+
+
+def test_label_expr_and_bad_expressions(spark, tmp_path):
+    src = write_parquet(tmp_path / "in", simple_rows(20))
+    result = run_shard_job(spark, config(src, str(tmp_path / "out"),
+                                         label={"column": None, "expr": "CAST(x > 8 AS INT)", "num_classes": 2}))
+    assert sum(result.manifest.label["train_class_counts"]) == 20
+    with pytest.raises(InputDataError, match="split.key 'nope' is not a column or valid expression"):
+        run_shard_job(spark, config(src, str(tmp_path / "out2"), split={"key": "nope"}))
