@@ -1,0 +1,127 @@
+"""Real Horovod ranks launched by horovod.spark.run on a real local Spark session (2 ranks), as
+spark-submit jobs (3 ranks with Spark-assigned fake GPUs on local-cluster), and on the standalone
+cluster fixture. Launches are few and each asserts several properties, since each costs 10-20 s."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipelines.errors import EXIT_RUNTIME
+from tabular_data import write_dataset
+from training import load_model, load_train_config, train
+from training.data import rank_row_range
+from training.errors import RankFailedError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+# Shard counts and row groups that divide evenly by neither 2 nor 3 ranks.
+UNEVEN = {"train": [[700, 301], [13], [900, 111, 2], [0], [455]], "val": [[190], [77]]}
+
+pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory):
+    return write_dataset(str(tmp_path_factory.mktemp("hvd") / "ds"), UNEVEN)
+
+
+def _cfg(ds, out, *extra):
+    return load_train_config(None, [
+        f"data.path={ds.uri}", f"output.model_path={out}/model", "launch.num_proc=2", "launch.start_timeout=90",
+        f"launch.env.PYTHONPATH={HERE}", "train.batch_size=32", "train.lr=0.005", "train.log_every_steps=10",
+        "data.shuffle_buffer_rows=200", "model.hidden=[32]", *extra])
+
+
+def assert_equal_steps_no_repeats(summary_ranks, total_rows, world, rows_per_step, epochs):
+    steps = {r["steps"] for r in summary_ranks}
+    assert len(steps) == 1, f"ranks ran different step counts: {[r['steps'] for r in summary_ranks]}"
+    for epoch in range(epochs):
+        stats = [r["epoch_stats"][epoch] for r in summary_ranks]
+        assert len({s["batches"] for s in stats}) == 1
+        assert all(s["duplicate_rows"] == 0 for s in stats)  # no row twice on a rank
+        for rank, s in enumerate(stats):  # ranges are disjoint, so no row twice across ranks either
+            lo, hi = rank_row_range(total_rows, rank, world)
+            assert lo <= s["min_row"] and s["max_row"] < hi
+        skipped = total_rows - sum(s["rows"] for s in stats)
+        assert 0 <= skipped < world * rows_per_step
+
+
+def test_two_ranks_fp16_grad_accum_uneven_layout(spark, uneven, tmp_path):
+    result = train(_cfg(uneven, tmp_path, "train.precision=fp16", "train.grad_accum=2", "train.epochs=4"), spark)
+    rows = sum(map(sum, UNEVEN["train"]))
+    assert result.steps_per_rank == [4 * result.steps_per_epoch] * 2
+    assert_equal_steps_no_repeats(result.ranks, rows, 2, 32 * 2, 4)
+    losses = [m["train_loss"] for m in result.metrics]
+    assert losses[-1] < losses[0]
+    assert result.final["val_accuracy"] > result.final["baseline_accuracy"]
+    # What rank 0 predicted at the end equals what the published model predicts on raw rows.
+    model = load_model(result.model_uri)
+    probs = model.predict(uneven.raw["val"].iloc[result.reference["rows"]])
+    np.testing.assert_allclose(probs, np.array(result.reference["predictions"]), rtol=1e-5, atol=1e-6)
+    summary = json.load(open(os.path.join(result.run_dir, "summary.json")))
+    assert summary["steps_per_rank"] == result.steps_per_rank
+    assert all(r["device"] == "cpu" and r["gpu_addresses"] == [] for r in result.ranks)
+
+
+def test_a_failing_rank_reports_its_own_traceback(spark, uneven, tmp_path):
+    cfg = _cfg(uneven, tmp_path, "model.name=plugin_models:failing", "model.kwargs.fail_rank=1",
+               "model.kwargs.fail_after=3", "train.epochs=1")
+    with pytest.raises(RankFailedError) as info:
+        train(cfg, spark)
+    message = str(info.value)
+    assert message.startswith("training failed on rank 1: ValueError: plugin model exploded on purpose")
+    assert "--- rank 1 traceback ---" in message and "plugin_models.py" in message
+    assert "Py4JJavaError" not in message.splitlines()[0]
+    assert info.value.exit_code == EXIT_RUNTIME
+
+
+def _spark_submit(args, cwd=ROOT, timeout=280):
+    import pyspark
+
+    env = dict(os.environ, SPARK_HOME=os.path.dirname(pyspark.__file__), PYSPARK_PYTHON=sys.executable,
+               PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=HERE)
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    return subprocess.run([submit, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_three_ranks_on_spark_assigned_gpus_via_the_job_file(uneven, tmp_path):
+    """spark-submit training/jobs/train.py on local-cluster: one worker with 3 cores and 3 fake
+    GPUs; each rank must see the GPU address its own task was given (then fall back to CPU)."""
+    script = tmp_path / "gpus.sh"
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
+    script.chmod(0o755)
+    master = "local-cluster[1,3,1024]"
+    proc = _spark_submit([
+        "--master", master, "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=1g",
+        "--conf", "spark.worker.resource.gpu.amount=3", "--conf", f"spark.worker.resource.gpu.discoveryScript={script}",
+        "--conf", "spark.executor.resource.gpu.amount=3", "--conf", "spark.task.resource.gpu.amount=1",
+        "training/jobs/train.py", "--config", "conf/train.yaml", f"spark.master={master}",
+        f"data.path={uneven.uri}", f"output.model_path={tmp_path}/model", "launch.num_proc=3", "launch.gpus_per_proc=1",
+        "launch.start_timeout=90", "train.batch_size=16", "train.epochs=2", "train.precision=bf16"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "validation accuracy" in proc.stdout
+    summary = json.load(open(tmp_path / "model.run/summary.json"))
+    ranks = summary["ranks"]
+    assert_equal_steps_no_repeats(ranks, sum(map(sum, UNEVEN["train"])), 3, 16, 2)
+    addresses = [r["gpu_addresses"] for r in ranks]
+    assert all(len(a) == 1 for a in addresses) and sorted(a[0] for a in addresses) == ["0", "1", "2"]
+    for r in ranks:  # no CUDA here: the rank names the address it was given and uses the CPU
+        assert r["device"] == "cpu" and f"GPU address {r['gpu_addresses'][0]}" in r["device_reason"]
+
+
+@pytest.mark.cluster
+def test_two_ranks_on_the_standalone_cluster(standalone_cluster, uneven, tmp_path):
+    proc = _spark_submit([
+        "--master", standalone_cluster.master_url, "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.executor.memory=1g", "training/jobs/train.py", "--config", "conf/train.yaml",
+        f"spark.master={standalone_cluster.master_url}", f"data.path={uneven.uri}",
+        f"output.model_path={tmp_path}/model", "launch.num_proc=2", "launch.start_timeout=90",
+        "train.batch_size=32", "train.epochs=2", "train.precision=fp32"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    summary = json.load(open(tmp_path / "model.run/summary.json"))
+    assert_equal_steps_no_repeats(summary["ranks"], sum(map(sum, UNEVEN["train"])), 2, 32, 2)
+    assert summary["metrics"][-1]["val_accuracy"] > summary["metrics"][-1]["baseline_accuracy"]
