@@ -1,0 +1,154 @@
+"""Loader vs its limit (issue 5, item 1): samples/s of the training input path (shard files ->
+petastorm -> shuffled torch batches, training.data.RankLoader) against the limit measured in the
+same process on the same files (pyarrow reads each row group, torch.from_numpy builds the same
+tensors, no shuffle), and against petastorm's own batch conversion (pandas + np.vstack per row).
+
+    .venv/bin/python benchmarks/loader_throughput.py [--rows 1000000] [--array-rows 100000] [--batch 1024]
+
+Prints one JSON line per dataset (tabular; with a 28x28 array column). Datasets are written with
+plain pyarrow under a temp directory, with a manifest that follows pipelines/manifest.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+warnings.filterwarnings("ignore")
+
+from pipelines.manifest import MANIFEST_NAME, fingerprint, read_manifest  # noqa: E402
+from pipelines.storage import MARKER  # noqa: E402
+
+
+def write(root: str, rows: int, numeric: int, categorical: int, array_shape, files: int, row_group: int) -> str:
+    rng = np.random.default_rng(0)
+    os.makedirs(f"{root}/train", exist_ok=True)
+    per_file = rows // files
+    entries, start = [], 0
+    for i in range(files):
+        n = per_file if i < files - 1 else rows - start
+        cols = {f"x{j}": rng.standard_normal(n, dtype=np.float32) for j in range(numeric)}
+        cols.update({f"c{j}": rng.integers(0, 50, n, dtype=np.int32) for j in range(categorical)})
+        if array_shape:
+            width = int(np.prod(array_shape))
+            flat = rng.standard_normal(n * width, dtype=np.float32)
+            cols["image"] = pa.ListArray.from_arrays(pa.array(np.arange(0, n * width + 1, width, dtype=np.int32)),
+                                                     pa.array(flat))
+        cols["label"] = rng.integers(0, 2, n)
+        cols["_row"] = np.arange(start, start + n, dtype=np.int64)
+        rel = f"train/part-{i:05d}.parquet"
+        pq.write_table(pa.table(cols), f"{root}/{rel}", row_group_size=row_group)
+        groups = [min(row_group, n - k) for k in range(0, n, row_group)]
+        entries.append({"path": rel, "rows": n, "row_groups": groups, "bytes": os.path.getsize(f"{root}/{rel}"),
+                        "sha256": "-"})
+        start += n
+    features = {"numeric": [{"name": f"x{j}", "mean": 0, "std": 1, "fill": 0} for j in range(numeric)],
+                "categorical": [{"name": f"c{j}", "vocab": [str(v) for v in range(48)]} for j in range(categorical)],
+                "arrays": [{"name": "image", "shape": list(array_shape)}] if array_shape else []}
+    label = {"name": "label", "task": "classification", "num_classes": 2, "train_class_counts": [1, 1]}
+    splits = {"train": {"rows": rows, "files": entries}}
+    schema = [{"name": n, "dtype": "x", "shape": []} for n in cols]
+    manifest = {"format": "shardtrain.dataset", "format_version": 1, "schema": schema, "features": features,
+                "label": label, "row_index_column": "_row", "splits": splits,
+                "fingerprint": fingerprint(splits, features, label)}
+    with open(f"{root}/{MANIFEST_NAME}", "w") as fh:
+        json.dump(manifest, fh)
+    open(f"{root}/{MARKER}", "w").write("{}")
+    return root
+
+
+def limit(manifest, columns, batch: int) -> tuple[float, int]:
+    """pyarrow row groups -> the same tensors with torch.from_numpy; no shuffle, no petastorm."""
+    import torch
+
+    from training.data import table_to_arrays
+
+    rows = 0
+    start = time.perf_counter()
+    for uri in manifest.file_uris("train"):
+        pf = pq.ParquetFile(uri)
+        for i in range(pf.num_row_groups):
+            arrays = table_to_arrays(pf.read_row_group(i, columns=columns.stored), columns)
+            n = len(arrays["label"])
+            for s in range(0, n - batch + 1, batch):
+                tensors = {k: torch.from_numpy(v[s:s + batch]) for k, v in arrays.items()}
+                rows += len(tensors["label"])
+    return rows / (time.perf_counter() - start), rows
+
+
+def ours(manifest, columns, batch: int, workers: int = 1) -> tuple[float, int]:
+    from training.data import RankLoader, SplitLayout
+
+    loader = RankLoader(SplitLayout.from_manifest(manifest, "train"), columns, 0, 1, batch, reader_workers=workers)
+    rows = 0
+    start = time.perf_counter()
+    for b in loader.epoch(0):
+        rows += len(b["label"])
+    return rows / (time.perf_counter() - start), rows
+
+
+def petastorm_default(manifest, columns, batch: int) -> tuple[float, int]:
+    """petastorm's own batch conversion (pandas, np.vstack of per-row lists), then torch tensors.
+    Without ``_row``: petastorm's batch reader builds a namedtuple, which rejects that name."""
+    import re
+
+    import torch
+    from petastorm import make_batch_reader
+
+    urls = [f"file://{u}" for u in manifest.file_uris("train")]
+    rows = 0
+    start = time.perf_counter()
+    with make_batch_reader(urls, schema_fields=[re.escape(c) + "$" for c in columns.stored if c != "_row"],
+                           workers_count=1,
+                           num_epochs=1, shuffle_row_groups=False) as reader:
+        for chunk in reader:
+            d = chunk._asdict()
+            n = len(d["label"])
+            num = np.stack([d[c] for c in columns.numeric], axis=1)
+            for s in range(0, n - batch + 1, batch):
+                tensors = [torch.from_numpy(num[s:s + batch]), torch.from_numpy(d["label"][s:s + batch])]
+                tensors += [torch.from_numpy(np.ascontiguousarray(d[name][s:s + batch])) for name, _ in columns.arrays]
+                rows += batch
+    return rows / (time.perf_counter() - start), rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--array-rows", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=1024)
+    args = parser.parse_args()
+    import torch
+
+    from training.data import columns_for
+
+    torch.set_num_threads(1)
+    tmp = tempfile.mkdtemp(prefix="loader-bench-")
+    for name, rows, shape in (("tabular", args.rows, None), ("array28x28", args.array_rows, (28, 28))):
+        root = write(f"{tmp}/{name}", rows, numeric=16, categorical=2, array_shape=shape, files=4,
+                     row_group=max(1000, rows // 40))
+        manifest = read_manifest(root)
+        columns = columns_for(manifest)
+        limit(manifest, columns, args.batch)  # warm the page cache
+        lim, _ = limit(manifest, columns, args.batch)
+        our, n = ours(manifest, columns, args.batch)
+        our4, _ = ours(manifest, columns, args.batch, workers=4)
+        pet, _ = petastorm_default(manifest, columns, args.batch)
+        print(json.dumps({"dataset": name, "rows": rows, "batch": args.batch, "cpus": os.cpu_count(),
+                          "limit_samples_per_s": round(lim), "loader_samples_per_s": round(our),
+                          "loader_ratio": round(our / lim, 3), "loader_4_workers_ratio": round(our4 / lim, 3),
+                          "petastorm_default_ratio": round(pet / lim, 3), "rows_per_epoch": n}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
