@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="generate data, shard it on local Spark, train 2 ranks, print a summary")
     p.add_argument("--workdir", default="artifacts", help="where data, shards and the model go (default: artifacts)")
+    p.add_argument("--rows", type=int, default=200_000, help="rows of generated data (default: 200000)")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override conf/run.yaml values (e.g. train.epochs=5)")
     p.set_defaults(handler=_demo)
 
