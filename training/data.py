@@ -200,24 +200,30 @@ class RankLoader:
     # -- internals --
 
     def _shuffled_batches(self, epoch: int, stats: EpochStats) -> Iterator[dict]:
-        """Full batches of numpy arrays in this epoch's order."""
+        """Full batches of numpy arrays in this epoch's order.
+
+        Arrow tables are collected until the shuffle buffer is full and only then converted, all
+        at once, straight into the buffer's arrays (no per-table arrays to concatenate later);
+        each batch is then one ``np.take`` per array with a slice of the buffer's permutation.
+        """
         rng = np.random.default_rng(epoch_seed(self.seed, epoch, self.rank))
-        pending: list[dict] = []
+        pending: list = []  # masked Arrow tables not yet converted
         pending_rows = 0
+        carry = None  # rows left over from the previous buffer (fewer than a batch), already converted
         reader = self._open_reader(epoch)
         try:
             for table in reader:
                 stats.rows_read += table.num_rows
-                chunk = self._convert(self._mask(table))
-                if chunk is None:
+                table = self._mask(table)
+                if not table.num_rows:
                     continue
-                pending.append(chunk)
-                pending_rows += len(chunk[ROW_INDEX])
+                pending.append(table)
+                pending_rows += table.num_rows
                 if pending_rows >= self.shuffle_buffer_rows:
-                    carry = yield from self._emit(pending, rng)
-                    pending, pending_rows = ([carry], len(carry[ROW_INDEX])) if carry else ([], 0)
-            if pending:
-                yield from self._emit(pending, rng)
+                    carry = yield from self._emit(pending, carry, rng)
+                    pending, pending_rows = [], len(carry[ROW_INDEX]) if carry else 0
+            if pending or carry:
+                yield from self._emit(pending, carry, rng)
         finally:
             reader.stop()
             reader.join()
@@ -232,10 +238,14 @@ class RankLoader:
                                    workers_count=self.reader_workers, results_queue_size=self.prefetch_row_groups,
                                    shuffle_row_groups=self.shuffle, seed=epoch_seed(self.seed, epoch, self.rank),
                                    num_epochs=1)
-        if not hasattr(reader, "_results_queue_reader"):  # pinned petastorm 0.12; fail loudly if that changes
-            reader.stop()
-            raise RuntimeError("unsupported petastorm version: Reader has no _results_queue_reader")
+        if not hasattr(reader, "_results_queue_reader") or not hasattr(reader, "ventilator"):
+            reader.stop()  # pinned petastorm 0.12; fail loudly if that changes
+            raise RuntimeError("unsupported petastorm version: Reader has no _results_queue_reader/ventilator")
         reader._results_queue_reader = _ArrowTables()
+        # The ventilator keeps only workers + 2 row groups in flight and, when that many are out,
+        # polls every 10 ms. A row group decodes in a few ms, so the worker sat idle waiting for
+        # the next one; polling every 1 ms keeps it busy (the in-flight bound is unchanged).
+        reader.ventilator._ventilation_interval = 0.001
         return reader
 
     def _mask(self, table):
@@ -247,42 +257,89 @@ class RankLoader:
 
         return table.filter(pa.array(keep))
 
-    def _convert(self, table) -> dict | None:
-        return table_to_arrays(table, self.columns) if table.num_rows else None
-
-    def _emit(self, pending: list[dict], rng: np.random.Generator):
-        """Shuffle the pending rows together and yield full batches; return the leftover rows."""
-        merged = {name: np.concatenate([c[name] for c in pending]) if len(pending) > 1 else pending[0][name]
-                  for name in pending[0]}
+    def _emit(self, tables: list, carry: dict | None, rng: np.random.Generator):
+        """Shuffle ``carry`` and the rows of ``tables`` together and yield full batches; return
+        the leftover rows (same order as concatenating carry then tables, then permuting)."""
+        merged = tables_to_arrays(tables, self.columns, head=carry)
         total = len(merged[ROW_INDEX])
-        order = rng.permutation(total) if self.shuffle else np.arange(total)
-        full = total // self.batch_size * self.batch_size
-        for start in range(0, full, self.batch_size):
-            index = order[start:start + self.batch_size]
-            yield {name: value[index] for name, value in merged.items()}
+        size = self.batch_size
+        full = total // size * size
+        if not self.shuffle:
+            # The buffer is not reused, so batches can be views of it.
+            for start in range(0, full, size):
+                yield {name: value[start:start + size] for name, value in merged.items()}
+            return {name: value[full:] for name, value in merged.items()} if full < total else None
+        order = rng.permutation(total)
+        items = list(merged.items())
+        for start in range(0, full, size):
+            index = order[start:start + size]
+            # np.take along axis 0 is 2-3x faster than fancy indexing for [n, k] arrays.
+            yield {name: np.take(value, index, axis=0) for name, value in items}
         if full == total:
             return None
         rest = order[full:]
-        return {name: value[rest] for name, value in merged.items()}
+        return {name: np.take(value, rest, axis=0) for name, value in items}
 
 
 def table_to_arrays(table, columns: Columns) -> dict[str, np.ndarray]:
     """Arrow table of stored columns -> the batch arrays (columns stacked as the model wants them)."""
-    n = table.num_rows
-    out: dict[str, np.ndarray] = {}
-    numeric = np.empty((n, len(columns.numeric)), dtype=np.float32)
-    for j, name in enumerate(columns.numeric):
-        numeric[:, j] = _column(table, name, np.float32)
-    out["numeric"] = numeric
-    categorical = np.empty((n, len(columns.categorical)), dtype=np.int64)
-    for j, name in enumerate(columns.categorical):
-        categorical[:, j] = _column(table, name, np.int64)
-    out["categorical"] = categorical
+    return tables_to_arrays([table], columns)
+
+
+def tables_to_arrays(tables: list, columns: Columns, head: dict | None = None) -> dict[str, np.ndarray]:
+    """The rows of ``head`` (arrays as this function returns them) followed by those of the Arrow
+    ``tables``, as batch arrays; each value is written once into its final array."""
+    sizes = [t.num_rows for t in tables]
+    n_head = len(head[ROW_INDEX]) if head else 0
+    n = n_head + sum(sizes)
+    out: dict[str, np.ndarray] = {
+        "numeric": _stacked(tables, columns.numeric, np.float32, n, head["numeric"] if head else None),
+        "categorical": _stacked(tables, columns.categorical, np.int64, n, head["categorical"] if head else None),
+    }
     for name, shape in columns.arrays:
-        out[name] = _list_column(table, name, shape)
-    out["label"] = _column(table, columns.label, np.dtype(columns.label_dtype))
-    out[ROW_INDEX] = _column(table, ROW_INDEX, np.int64)
+        values = np.empty((n, *shape), dtype=np.float32)
+        pos = n_head
+        if head:
+            values[:n_head] = head[name]
+        for table, rows in zip(tables, sizes):
+            values[pos:pos + rows] = _list_column(table, name, shape)
+            pos += rows
+        out[name] = values
+    for name, key, dtype in ((columns.label, "label", np.dtype(columns.label_dtype)), (ROW_INDEX, ROW_INDEX, np.int64)):
+        values = np.empty(n, dtype=dtype)
+        if head:
+            values[:n_head] = head[key]
+        _fill_column(values[n_head:], tables, name)
+        out[key] = values
     return out
+
+
+def _stacked(tables: list, names, dtype, n: int, head: np.ndarray | None) -> np.ndarray:
+    """Columns ``names`` of ``tables`` (after ``head``) as one C-contiguous [n, len(names)] array.
+
+    Filled column by column into a [k, n] array (contiguous writes) and transposed once at the
+    end: about 3x cheaper than writing each column into a strided slice of an [n, k] array.
+    """
+    columnwise = np.empty((len(names), n), dtype=dtype)
+    n_head = 0 if head is None else len(head)
+    if n_head:
+        columnwise[:, :n_head] = head.T
+    for j, name in enumerate(names):
+        _fill_column(columnwise[j, n_head:], tables, name)
+    return np.ascontiguousarray(columnwise.T)
+
+
+def _fill_column(target: np.ndarray, tables: list, name: str) -> None:
+    pos = 0
+    for table in tables:
+        column = table.column(name)
+        if column.null_count:
+            raise DatasetError(f"column {name!r} has {column.null_count} null value(s) in a stored shard; "
+                               "the manifest contract says stored features are already imputed")
+        for chunk in column.chunks:
+            values = chunk.to_numpy()  # zero-copy for a primitive type without nulls
+            target[pos:pos + len(values)] = values  # casts to the target dtype on the way
+            pos += len(values)
 
 
 def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[str, np.ndarray]:
@@ -304,15 +361,6 @@ def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[s
         tables.append(table.slice(0, count - have))
         have += min(table.num_rows, count - have)
     return table_to_arrays(pa.concat_tables(tables), columns)
-
-
-def _column(table, name: str, dtype) -> np.ndarray:
-    column = table.column(name)
-    if column.null_count:
-        raise DatasetError(f"column {name!r} has {column.null_count} null value(s) in a stored shard; "
-                           "the manifest contract says stored features are already imputed")
-    values = column.to_numpy()  # zero-copy for one chunk of a primitive type without nulls
-    return values if values.dtype == dtype else values.astype(dtype)
 
 
 def _list_column(table, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -342,4 +390,5 @@ def columns_for(manifest: Manifest) -> Columns:
 
 
 __all__ = ["Columns", "EpochStats", "RankLoader", "ShardFile", "SplitLayout", "columns_for", "epoch_seed",
-           "rank_row_range", "read_first_rows", "skipped_rows_per_epoch", "steps_per_epoch", "table_to_arrays"]
+           "rank_row_range", "read_first_rows", "skipped_rows_per_epoch", "steps_per_epoch", "table_to_arrays",
+           "tables_to_arrays"]

@@ -77,23 +77,25 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
                 "epoch_loss": float(epoch_loss_sum)}
 
     epoch_stats = []
+    timer = StepTimer()
+    samples_per_step = group.size * t["batch_size"] * t["grad_accum"]
     for epoch in range(step // plan.steps_per_epoch, t["epochs"]):
         model.train()
         skip_steps = step - epoch * plan.steps_per_epoch
         epoch_loss_sum = torch.tensor(epoch_loss if skip_steps else 0.0, dtype=torch.float64, device=device)
-        started = time.perf_counter()
-        for micro_batches in _grouped(train_loader.epoch(epoch, skip_batches=skip_steps * t["grad_accum"]),
-                                      t["grad_accum"]):
+        started, first_step, timer_start = time.perf_counter(), step, timer.snapshot()
+        batches = timer.timed(train_loader.epoch(epoch, skip_batches=skip_steps * t["grad_accum"]))
+        for micro_batches in _grouped(batches, t["grad_accum"]):
             _set_lr(optimizer, plan.lr, step, total_steps, t)
             loss = train_step(model, [_to_device(b, device) for b in micro_batches], optimizer, precision,
-                              group, t["clip_norm"], plan.task, plan.label_spec)
+                              group, t["clip_norm"], plan.task, plan.label_spec, timer=timer)
             step += 1
             guard.observe(loss, step)
             epoch_loss_sum += loss.detach().double()
             if step % t["log_every_steps"] == 0:
                 guard.check(group)  # collective, at the same steps on every rank
                 if progress:
-                    progress.log(step, epoch, float(loss))
+                    progress.log(step, epoch, float(loss), timer.data_wait_seconds)
             checkpoints.save(step, epoch, state_fn, last=step == total_steps)
             if on_step:
                 on_step(step)
@@ -102,7 +104,10 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
         record = {"epoch": epoch + 1, "step": step,
                   "train_loss": float(group.allreduce_sum(epoch_loss_sum.detach().cpu().reshape(1))[0])
                   / (group.size * plan.steps_per_epoch),
-                  "seconds": round(time.perf_counter() - started, 3)}
+                  "seconds": round(time.perf_counter() - started, 3),
+                  # Samples all ranks trained on in this epoch (this process's part of it after a resume).
+                  "samples": (step - first_step) * samples_per_step}
+        record.update(timer.since(timer_start))
         if val_loader:
             record.update(evaluate(model, val_loader, precision, group, plan, device))
         history.append(record)
@@ -121,7 +126,7 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
 
 
 def train_step(model, micro_batches: list[dict], optimizer, precision: Precision, group, clip_norm: float | None,
-               task: str, label_spec: dict) -> torch.Tensor:
+               task: str, label_spec: dict, timer: "StepTimer | None" = None) -> torch.Tensor:
     """One optimizer step over ``len(micro_batches)`` accumulated micro-batches; returns the mean
     loss on this rank as a device tensor (reading it would be a CPU-GPU sync point)."""
     accum = len(micro_batches)
@@ -132,7 +137,10 @@ def train_step(model, micro_batches: list[dict], optimizer, precision: Precision
             loss = loss_fn(model(batch), batch["label"], task, label_spec) / accum
         precision.backward(loss)  # Horovod starts the allreduce after the last micro-batch's backward
         total += loss.detach().float()
+    sync_started = time.perf_counter()
     group.synchronize(optimizer)  # the averaged gradients are in place after this
+    if timer:
+        timer.allreduce_wait_seconds += time.perf_counter() - sync_started
     precision.unscale_(optimizer)
     if clip_norm:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
@@ -219,6 +227,44 @@ class NonFiniteGuard:
                 "lower train.lr, set train.clip_norm, or try train.precision=bf16/fp32")
 
 
+class StepTimer:
+    """Host wall time the loop spends blocked in the loader's ``next()`` and in
+    ``optimizer.synchronize()`` (the part of the gradient allreduce that backward did not hide).
+
+    Only ``time.perf_counter`` around host calls: no CUDA event or synchronize is added. On a
+    GPU the host runs ahead of the device, so ``data_wait_seconds`` is time the host could not
+    queue work; when it is small the GPU was never starved by the loader.
+    """
+
+    def __init__(self):
+        self.data_wait_seconds = 0.0
+        self.allreduce_wait_seconds = 0.0
+
+    def timed(self, iterable):
+        iterator = iter(iterable)
+        try:
+            while True:
+                started = time.perf_counter()
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+                finally:
+                    self.data_wait_seconds += time.perf_counter() - started
+                yield item
+        finally:
+            close = getattr(iterator, "close", None)
+            if close:
+                close()  # stops the loader's reader now, as iterating the loader directly would
+
+    def snapshot(self) -> tuple[float, float]:
+        return self.data_wait_seconds, self.allreduce_wait_seconds
+
+    def since(self, snapshot: tuple[float, float]) -> dict:
+        return {"data_wait_seconds": round(self.data_wait_seconds - snapshot[0], 4),
+                "allreduce_wait_seconds": round(self.allreduce_wait_seconds - snapshot[1], 4)}
+
+
 class Progress:
     """Rank 0's progress lines: steps/s, samples/s, loss, ETA."""
 
@@ -227,15 +273,18 @@ class Progress:
         self.samples_per_step = world * t["batch_size"] * t["grad_accum"]
         self.total_steps, self.epochs = total_steps, t["epochs"]
         self.steps_per_epoch = plan.steps_per_epoch
-        self.last_step, self.last_time = start_step, time.perf_counter()
+        self.last_step, self.last_time, self.last_wait = start_step, time.perf_counter(), 0.0
 
-    def log(self, step: int, epoch: int, loss: float) -> None:
+    def log(self, step: int, epoch: int, loss: float, data_wait_seconds: float = 0.0) -> None:
         now = time.perf_counter()
-        rate = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        elapsed = max(now - self.last_time, 1e-9)
+        rate = (step - self.last_step) / elapsed
         eta = (self.total_steps - step) / rate if rate > 0 else float("inf")
-        log.info("step %d/%d (epoch %d/%d) loss %.4f | %.1f steps/s, %.0f samples/s | ETA %s", step,
-                 self.total_steps, epoch + 1, self.epochs, loss, rate, rate * self.samples_per_step, _duration(eta))
-        self.last_step, self.last_time = step, now
+        wait = (data_wait_seconds - self.last_wait) / elapsed
+        log.info("step %d/%d (epoch %d/%d) loss %.4f | %.1f steps/s, %.0f samples/s, data wait %.0f%% | ETA %s",
+                 step, self.total_steps, epoch + 1, self.epochs, loss, rate, rate * self.samples_per_step,
+                 100 * wait, _duration(eta))
+        self.last_step, self.last_time, self.last_wait = step, now, data_wait_seconds
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -414,4 +463,4 @@ def _quiet_libraries() -> None:
     logging.getLogger("petastorm").setLevel(logging.WARNING)
 
 
-__all__ = ["NonFiniteGuard", "evaluate", "loss_fn", "run_rank", "train_step"]
+__all__ = ["NonFiniteGuard", "StepTimer", "evaluate", "loss_fn", "run_rank", "train_step"]

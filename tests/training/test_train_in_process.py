@@ -82,6 +82,10 @@ def test_model_round_trip_and_run_files(dataset, tmp_path):
     assert len(meta["metrics"]) == 3 and meta["config"]["train"]["precision"] == "bf16"
     lines = open(os.path.join(result.run_dir, "metrics.jsonl")).read().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3]
+    for record in map(json.loads, lines):  # the step-time breakdown every epoch reports
+        assert record["samples"] == 1 * (1040 // 32) * 32  # world size x steps x batch
+        assert 0 <= record["data_wait_seconds"] <= record["seconds"]
+        assert 0 <= record["allreduce_wait_seconds"] <= record["seconds"]
     with pytest.raises(OutputExistsError):  # output.mode=error refuses before training
         train(_cfg(dataset.uri, tmp_path, "output.mode=error"))
 

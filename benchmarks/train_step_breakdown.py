@@ -1,0 +1,101 @@
+"""Where a training step's time goes (issue 5, item 2): for the default MLP and a larger one,
+1 rank (in-process, no Horovod) vs 2 ranks (Horovod on local Spark, local[2]), fp32 vs bf16.
+
+    .venv/bin/python benchmarks/train_step_breakdown.py [--rows 50000] [--epochs 2] [--batch-size 512]
+
+Prints one JSON line per configuration, from rank 0's per-epoch metrics (training/loop.py), the
+first epoch left out (reader start-up, allocator warm-up) when there are more:
+
+* ``data_wait`` : share of the epoch's wall time the loop was blocked in the loader's next();
+* ``allreduce_wait`` : share blocked in ``optimizer.synchronize()``, i.e. the part of the
+  gradient allreduce that backward did not hide (measured, not estimated; 0 for 1 rank);
+* ``compute`` : the rest: forward, backward, optimizer step (and the non-hidden part of
+  Horovod's background allreduce that shows up as slower backward);
+* ``allreduce_estimate`` (2-rank lines): 1 - (1-rank compute seconds per sample per rank) /
+  (2-rank compute+allreduce seconds per sample per rank); a difference estimate that also
+  contains the two ranks competing for the same 2 cores, so an upper bound here.
+
+The dataset (16 numeric + 2 categorical columns) is written with pyarrow under a temp directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+warnings.filterwarnings("ignore")
+
+MODELS = {"default": [256, 256], "large": [1024, 1024, 1024]}
+
+
+def run(args, data: str, workdir: str, model: str, ranks: int, precision: str, spark) -> dict:
+    from training import load_train_config, train
+
+    hidden = MODELS[model]
+    cfg = load_train_config(None, [
+        f"data.path={data}", "data.val_split=null", f"model.hidden=[{', '.join(map(str, hidden))}]",
+        f"train.epochs={args.epochs}", f"train.batch_size={args.batch_size}", f"train.precision={precision}",
+        "train.log_every_steps=1000000", "checkpoint.every_epochs=null", "checkpoint.resume=never",
+        f"launch.num_proc={ranks}", f"launch.mode={'in_process' if ranks == 1 else 'spark'}",
+        "launch.start_timeout=120", f"output.model_path={workdir}/{model}-{ranks}-{precision}", "output.mode=overwrite"])
+    result = train(cfg, spark=spark) if ranks > 1 else train(cfg)
+    epochs = result.metrics[1:] if len(result.metrics) > 1 else result.metrics
+    seconds = sum(m["seconds"] for m in epochs)
+    wait = sum(m["data_wait_seconds"] for m in epochs)
+    allreduce = sum(m["allreduce_wait_seconds"] for m in epochs)
+    samples = sum(m["samples"] for m in epochs)
+    return {"benchmark": "train_step_breakdown", "model": model, "hidden": hidden, "ranks": ranks,
+            "precision": precision, "batch_size_per_rank": args.batch_size, "epochs_measured": len(epochs),
+            "samples_per_s": round(samples / seconds), "step_ms": round(1000 * seconds * ranks * args.batch_size / samples, 2),
+            "data_wait": round(wait / seconds, 4), "allreduce_wait": round(allreduce / seconds, 4),
+            "compute": round((seconds - wait - allreduce) / seconds, 4),
+            "_compute_s_per_sample_per_rank": (seconds - wait) * ranks / samples}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--models", default="default,large")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    args = parser.parse_args()
+    import logging
+
+    from loader_throughput import write
+    from pyspark.sql import SparkSession
+
+    logging.getLogger("shardtrain").setLevel(logging.WARNING)
+    # Spark's Python workers (and so the Horovod ranks) must run this interpreter, with torch and horovod.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    tmp = tempfile.mkdtemp(prefix="step-breakdown-")
+    data = write(f"{tmp}/data", args.rows, numeric=16, categorical=2, array_shape=None, files=4,
+                 row_group=max(1000, args.rows // 16))
+    spark = (SparkSession.builder.master("local[2]").appName("train_step_breakdown")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    try:
+        for model in args.models.split(","):
+            for precision in args.precisions.split(","):
+                one = None
+                for ranks in (1, 2):
+                    record = run(args, data, tmp, model, ranks, precision, spark)
+                    per_sample = record.pop("_compute_s_per_sample_per_rank")
+                    if ranks == 1:
+                        one = per_sample
+                    else:
+                        record["allreduce_estimate"] = round(max(0.0, 1 - one / per_sample), 4)
+                    print(json.dumps(record), flush=True)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
