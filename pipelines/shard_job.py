@@ -98,7 +98,7 @@ def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
         with spark_errors("writing the balanced shards"):
             files = _write_shards(spark, encoded, cfg, counts, columns, rpg, staging.uri)
         with spark_errors("writing the quarantine"):
-            qfiles = _write_quarantine(spark, rows, table.columns, frames, counts, where, staging.uri)
+            qfiles = _write_quarantine(spark, cfg, rows, table.columns, frames, counts, staging.uri)
         splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
         accounting = _check_accounting(counts, splits, qfiles)
         features = {"numeric": stats.numeric, "categorical": stats.categorical,
@@ -296,16 +296,15 @@ def _write_shards(spark, encoded, cfg: ShardConfig, counts: RowCounts, columns: 
     return files
 
 
-def _write_quarantine(spark, rows, table_columns: list[str], frames, counts: RowCounts, where: str,
+def _write_quarantine(spark, cfg: ShardConfig, rows, table_columns: list[str], frames, counts: RowCounts,
                       staging_uri: str) -> list[dict]:
     import pyarrow as pa
 
     schema = pa.schema([("reason", pa.string()), ("source", pa.string()), ("raw", pa.string())])
     if counts.quarantined == 0:
         return [write_empty(staging_uri, f"{QUARANTINE_DIR}/part-00000.parquet", schema)]
-    source = where
-    if len(frames) == 1 and where.startswith("source "):
-        source = next(iter(frames))
+    # Row-level reasons come from the training table: name its source, or "query" for a query's rows.
+    source = "query" if cfg.query is not None else next(iter(frames))
     bad = rows.where("_reason IS NOT NULL").selectExpr(
         "_reason AS reason", f"{_sql_string(source)} AS source",
         f"to_json(struct({', '.join(q(c) for c in table_columns)})) AS raw")

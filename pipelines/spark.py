@@ -53,8 +53,12 @@ def _submitted_with_master() -> bool:
     # Under spark-submit --master X the launcher has set spark.master; it must win over the config.
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):
         return False
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
 
+    # Before the gateway is connected SparkConf() is an empty Python dict and never sees the
+    # launcher's settings (spark-submit --master was silently replaced by cfg.master). Connect
+    # first, so SparkConf reads the JVM's system properties.
+    SparkContext._ensure_initialized()
     return SparkConf().contains("spark.master")
 
 
