@@ -38,6 +38,15 @@ def setup_logging(verbose: bool = False) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("py4j", "petastorm", "botocore", "s3fs", "urllib3", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_drop_py4j_reconnect)
+
+
+def _drop_py4j_reconnect(record: logging.LogRecord) -> bool:
+    # py4j logs this (with a traceback, on the root logger) each time it finds a pooled connection
+    # closed by the JVM and transparently retries on a new one: routine during horovod.spark.run,
+    # alarming to read, and never the cause of a failure (a real failure raises).
+    return not (record.levelno <= logging.INFO and record.getMessage() == "Exception while sending command.")
 
 
 def register_commands(subparsers) -> None:
