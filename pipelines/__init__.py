@@ -34,6 +34,10 @@ def shard_dataset(config, overrides=None, spark=None):
         config = from_dict(ShardConfig, apply_overrides(config, list(overrides or [])))
     else:
         config = load_shard_config(config, list(overrides or []))
+    from pipelines.storage import check_uri
+
+    for uri in config.uris:
+        check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
     spark = spark or get_or_create_session(config.spark)
     return run_shard_job(spark, config)
 

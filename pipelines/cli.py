@@ -108,7 +108,11 @@ def handle_shard(args: argparse.Namespace) -> int:
     from pipelines.shard_job import run_shard_job
     from pipelines.spark import get_or_create_session
 
+    from pipelines.storage import check_uri
+
     cfg = load_shard_config(args.config, args.overrides)
+    for uri in cfg.uris:
+        check_uri(uri)
     result = run_shard_job(get_or_create_session(cfg.spark), cfg)
     manifest = result.manifest
     what = "unchanged, skipped" if result.skipped else "published"

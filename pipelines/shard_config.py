@@ -142,6 +142,11 @@ class ShardConfig:
                 f"must be 'module:function', got {self.transform!r}")
         require(bool(self.features.all_columns), "features", "must declare at least one feature column")
 
+    @property
+    def uris(self) -> list[str]:
+        """Every storage location the job touches: checked before Spark starts."""
+        return [self.output.path, *(src.path for src in self.sources.values())]
+
 
 def load_shard_config(path=None, overrides=None, defaults: dict | None = None) -> ShardConfig:
     return load_config(ShardConfig, path, overrides, defaults)

@@ -96,6 +96,14 @@ def resolve(uri: str) -> Location:
         f"{uri}: unsupported URI scheme {parsed.scheme!r}; use a local path, file://, s3://, hdfs:// or dbfs:/")
 
 
+def check_uri(uri: str) -> Location:
+    """Resolve ``uri`` and set up its file system now (scheme, bucket, credentials), so a job can
+    fail on a bad URI before it starts Spark or any other work."""
+    loc = resolve(uri)
+    loc.fs  # noqa: B018 - building the file system is the check (S3 credentials, HDFS connection)
+    return loc
+
+
 _FS_CACHE: dict[tuple, fsspec.AbstractFileSystem] = {}
 
 

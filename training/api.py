@@ -101,7 +101,10 @@ def run(cfg: RunConfig, spark=None) -> RunResult:
     """Shard, then train on the result, in one Spark application (built from ``cfg.shard.spark``)."""
     from pipelines.shard_job import run_shard_job
     from pipelines.spark import get_or_create_session
+    from pipelines.storage import check_uri
 
+    for uri in [*cfg.shard.uris, cfg.train.output.model_path]:
+        check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
     spark = spark or get_or_create_session(_with_gpu_conf(cfg.shard.spark, cfg.train.launch))
     shard = run_shard_job(spark, cfg.shard)
     train_cfg = copy.deepcopy(cfg.train)
