@@ -33,6 +33,18 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
         return 130
 
 
+def run_job(handler: Callable[[argparse.Namespace], int], prog: str, description: str,
+            argv: list[str] | None = None) -> int:
+    """What every spark-submit job file does: ``--config FILE [key=value ...] [-v]``, then the
+    handler, with the same errors and exit codes as the ``shardtrain`` command."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_config_arguments(parser)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    return run_command(handler, args)
+
+
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -129,5 +141,5 @@ def handle_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["EXIT_RUNTIME", "EXIT_USAGE", "add_config_arguments", "register_commands", "run_command",
+__all__ = ["EXIT_RUNTIME", "EXIT_USAGE", "add_config_arguments", "register_commands", "run_command", "run_job",
            "setup_logging"]

@@ -8,9 +8,6 @@ environment (our venv installs it editable; point PYSPARK_PYTHON at it), or ship
 ``--py-files``.
 """
 
-from __future__ import annotations
-
-import argparse
 import os
 import sys
 
@@ -19,17 +16,7 @@ try:
 except ImportError:  # run from a checkout without an install: the repository root is two levels up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from pipelines.cli import add_config_arguments, handle_shard, run_command, setup_logging  # noqa: E402
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pipelines/jobs/shard.py", description=__doc__.splitlines()[0])
-    add_config_arguments(parser)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
-    return run_command(handle_shard, args)
-
+from pipelines.cli import handle_shard, run_job  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_job(handle_shard, "pipelines/jobs/shard.py", __doc__.splitlines()[0]))
