@@ -120,6 +120,7 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     if label.column is not None:
         used.append(q(label.column))
     cols.append(f"xxhash64({seed + 1}, {key}, {', '.join(used)}) AS _shuffle")
+    cols.append(f"xxhash64({seed + 2}, {key}, {', '.join(used)}) AS _tiebreak")
     cols.append(f"CAST(shiftrightunsigned(xxhash64({seed + 1}, {key}, {', '.join(used)}), {64 - BUCKET_BITS}) AS INT)"
                 " AS _bucket")
 
@@ -255,12 +256,12 @@ def _exact_moments(df, values: list[str]) -> list[tuple[int, float, float]]:
 
 
 def encode(clean, cfg: ShardConfig, stats: FittedStats):
-    """Clean rows -> (_split, _bucket, _shuffle, stored columns...) with the fitted transform."""
+    """Clean rows -> (_split, _bucket, _shuffle, _tiebreak, stored columns...) with the fitted transform."""
     from pyspark.sql import functions as F
 
     spark = clean.sparkSession
     df = clean
-    select = ["_split", "_bucket", "_shuffle"]
+    select = ["_split", "_bucket", "_shuffle", "_tiebreak"]
     for entry in stats.numeric:
         n = entry["name"]
         select.append(f"CAST((coalesce({num_col(n)}, {entry['fill']!r}) - {entry['mean']!r}) / {entry['std']!r} AS FLOAT)"
