@@ -357,9 +357,14 @@ def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[s
             continue
         loc = resolve(shard.uri)
         with loc.fs.open(loc.path, "rb") as fh:
-            table = pq.read_table(fh, columns=columns.stored)
-        tables.append(table.slice(0, count - have))
-        have += min(table.num_rows, count - have)
+            # Only the row groups that hold the wanted rows: reading the whole shard made the
+            # rank's peak memory grow with the shard size (benchmarks/memory_flat.py).
+            for batch in pq.ParquetFile(fh).iter_batches(batch_size=count - have, columns=columns.stored):
+                batch = batch.slice(0, count - have)
+                tables.append(pa.Table.from_batches([batch]))
+                have += batch.num_rows
+                if have >= count:
+                    break
     return table_to_arrays(pa.concat_tables(tables), columns)
 
 

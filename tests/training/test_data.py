@@ -4,14 +4,15 @@ reproducible per-epoch order (so (epoch, step) is a resume position), and arrays
 FeatureSpec.transform makes of the raw rows."""
 
 import itertools
+import threading
 
 import numpy as np
 import pytest
 
 from pipelines.manifest import read_manifest
 from tabular_data import write_dataset
-from training.data import (RankLoader, SplitLayout, columns_for, rank_row_range, skipped_rows_per_epoch,
-                           steps_per_epoch)
+from training.data import (RankLoader, SplitLayout, columns_for, rank_row_range, read_first_rows,
+                           skipped_rows_per_epoch, steps_per_epoch)
 
 UNEVEN = {"train": [[300, 77], [13], [500, 111, 2], [0], [250]], "val": [[90], [33]]}
 
@@ -96,3 +97,57 @@ def test_batches_equal_the_transform_of_the_raw_rows(uneven):
     np.testing.assert_allclose(batch["image"].numpy(), expected["image"], rtol=1e-6)
     assert batch["image"].shape == (64, 2, 3)
     np.testing.assert_array_equal(batch["label"].numpy(), ds.raw["train"]["label"].to_numpy()[rows])
+
+
+def _loader_threads():
+    return {t for t in threading.enumerate() if t is not threading.main_thread()}
+
+
+@pytest.mark.parametrize("how", ["break", "raise", "close", "full"])
+def test_no_thread_outlives_its_epoch(uneven, how):
+    # petastorm's reader threads are gone when the epoch ends, however the caller leaves it:
+    # a leaked reader per epoch would pile up over a long run.
+    _, manifest = uneven
+    loader = RankLoader(SplitLayout.from_manifest(manifest, "train"), columns_for(manifest), 0, 1, 16, seed=1,
+                        shuffle_buffer_rows=64)
+    before = _loader_threads()
+    if how == "break":
+        for i, _ in enumerate(loader.epoch(0)):
+            if i == 1:
+                break
+    elif how == "raise":
+        with pytest.raises(KeyError):
+            for _ in loader.epoch(0):
+                raise KeyError("the training step failed")
+    elif how == "close":
+        batches = loader.epoch(0)
+        next(batches)
+        assert _loader_threads() > before  # the reader is running
+        batches.close()
+    else:
+        assert len(list(loader.epoch(0))) == loader.batches_per_epoch
+    assert _loader_threads() == before
+
+
+def test_reader_errors_reach_the_caller_with_their_traceback(uneven):
+    _, manifest = uneven
+
+    class Broken(RankLoader):
+        def _mask(self, table):
+            raise ValueError("bad row group")
+
+    loader = Broken(SplitLayout.from_manifest(manifest, "train"), columns_for(manifest), 0, 1, 16, seed=1,
+                    shuffle_buffer_rows=64)
+    before = _loader_threads()
+    with pytest.raises(ValueError, match="bad row group") as info:
+        list(loader.epoch(0))
+    frames = [entry.name for entry in info.traceback]
+    assert "_mask" in frames and "_shuffled_batches" in frames  # where it happened
+    assert _loader_threads() == before
+
+
+def test_read_first_rows_spans_row_groups_and_files(uneven):
+    _, manifest = uneven
+    layout = SplitLayout.from_manifest(manifest, "train")
+    rows = read_first_rows(layout, columns_for(manifest), 400)["_row"]  # 300 + 77 in file 0, 13 in 1, 10 in 2
+    np.testing.assert_array_equal(rows, np.arange(400))
