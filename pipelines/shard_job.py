@@ -78,7 +78,8 @@ def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
     frames = read_sources(spark, cfg)
     table, where = _build_table(spark, cfg, frames)
     check_table(table, cfg, where)
-    rows = table.selectExpr(*row_columns(table, cfg))
+    with spark_errors("building the row checks and split columns"):
+        rows = table.selectExpr(*row_columns(table, cfg))
     split_names = list(cfg.split.fractions)
 
     timer = _PhaseTimer()
@@ -93,7 +94,8 @@ def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
     with spark_errors("fitting statistics and vocabularies on the train split"):
         stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg)
     timer.done("fit statistics and vocabularies on train")
-    encoded = encode(clean, cfg, stats)
+    with spark_errors("building the fitted encodings"):
+        encoded = encode(clean, cfg, stats)
 
     columns = stored_schema(cfg)
     rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
