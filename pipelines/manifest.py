@@ -24,6 +24,14 @@
       "fingerprint": "sha256 over the data checksums, feature and label spec"
     }
 
+Also written by the shard job (readers must not require them): ``num_shards``,
+``rows_per_row_group``; ``label.source`` (the raw column or expression); ``quarantine.files``
+(same entries as a split's files); ``input_fingerprint`` (sha256 of the resolved config minus
+``spark`` and ``output.mode``, the source fingerprints and the versions: what ``skip_if_exists``
+compares). The quarantine is Parquet with string columns ``reason``, ``source`` (a source name,
+or "query") and ``raw`` (the malformed line, or the table row as JSON). ``config.yaml`` beside the
+manifest holds the same resolved config.
+
 Stored encodings: numeric features are float32, already imputed and standardized; categorical
 features are int32 indices (0 = null, 1 = unseen, vocabulary from 2 in train-frequency order);
 arrays are float32 lists of length prod(shape); the label is int64 (classification) or float32
