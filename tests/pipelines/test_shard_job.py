@@ -358,3 +358,17 @@ def test_duplicate_rows_and_grouped_keys_still_give_identical_files(spark, tmp_p
     b = run_shard_job(spark, config(str(many), str(tmp_path / "b"), split=split, output={"num_shards": 3}))
     assert file_hashes(a.uri) == file_hashes(b.uri)
     assert a.manifest.rows("train") % 3 == 0 and a.manifest.rows("val") % 3 == 0  # a key's rows stay together
+
+
+def test_csv_without_a_schema_parses_strings_and_names_bad_values(spark, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    lines = [f"{i},{i % 5}.25,k{i % 2},{i % 2}" for i in range(12)] + ["12,abc,k1,1"]
+    (src / "d.csv").write_text("id,x,c,y\n" + "\n".join(lines) + "\n")
+    cfg = config(str(src), str(tmp_path / "out"), fmt="csv",
+                 sources={"raw": {"path": str(src), "format": "csv", "options": {"header": True}}})
+    m = run_shard_job(spark, cfg).manifest  # every column inferred as a string: values are parsed per row
+    assert m.data["quarantine"]["by_reason"] == {"bad_value:x": 1}
+    assert m.data["accounting"]["published_rows"] == 12
+    with pytest.raises(InputDataError, match=r"source 'raw': path .*nowhere does not exist \(sources.raw.path\)"):
+        run_shard_job(spark, config(str(tmp_path / "nowhere"), str(tmp_path / "out2")))
