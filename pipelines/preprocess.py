@@ -162,16 +162,17 @@ class FittedStats:
     label: dict               # manifest label spec
 
 
-def fit(clean_train, cfg: ShardConfig) -> FittedStats:
-    """Statistics and vocabularies from the train split's clean rows, by Spark aggregation."""
+def fit(clean_train, cfg: ShardConfig, moments: list[tuple[int, float, float]]) -> FittedStats:
+    """Statistics and vocabularies from the train split's clean rows, by Spark aggregation.
+
+    ``moments``: (count, mean, m2) of each of ``moment_values(cfg)`` over those rows, computed
+    with the row counts (``grouped_moments``), so fitting costs no extra pass for them.
+    """
     from pyspark.sql import functions as F
     from pyspark.sql import Window
 
     feats, label = cfg.features, cfg.label
-    values = [num_col(n) for n in feats.numeric]
-    if label.task == "regression":
-        values.append("CAST(_label AS DOUBLE)")
-    moments = _exact_moments(clean_train, values) if values else []
+    moments = list(moments)
     label_moments = moments.pop() if label.task == "regression" else None
 
     numeric = []
@@ -217,29 +218,46 @@ def fit(clean_train, cfg: ShardConfig) -> FittedStats:
     return FittedStats(numeric=numeric, categorical=categorical, label=label_spec)
 
 
-def _exact_moments(df, values: list[str]) -> list[tuple[int, float, float]]:
-    """(count, mean, sum of squared deviations) per SQL value, bit-identical on any partitioning.
+def moment_values(cfg: ShardConfig) -> list[str]:
+    """The SQL values whose train-split moments ``fit`` needs: numeric features, a regression label."""
+    values = [num_col(n) for n in cfg.features.numeric]
+    if cfg.label.task == "regression":
+        values.append("CAST(_label AS DOUBLE)")
+    return values
+
+
+def grouped_moments(rows, group_exprs: list[str], values: list[str], condition: str):
+    """Group ``rows`` by ``group_exprs`` (which must include ``_bucket`` where ``condition`` holds)
+    and add, per group, the exact moments of each value over the rows meeting ``condition``:
+    ``_n{i}`` (count), ``_s{i}`` (sum), ``_m{i}`` (sum of squared deviations from the group mean).
 
     Spark's avg/stddev add doubles in whatever order rows reach each task, so the last bits of a
     mean depend on the cluster, and a different last bit can flip a stored float32. Instead each
-    of the 4096 hash buckets (a function of the row, not of the partitioning) sorts its values and
-    sums them in that order; the driver merges the buckets in bucket order (Chan et al.'s
-    pairwise update). Every step has a fixed order, so the result is the same everywhere.
+    group sorts its values and sums them in that order; ``merge_moments`` then merges the groups
+    in bucket order (Chan et al.'s pairwise update). Every step has a fixed order, so the result
+    is bit-identical on any partitioning. Groups are hash buckets, a function of the row alone.
     """
     from pyspark.sql import functions as F
 
-    lists = [F.array_sort(F.collect_list(F.expr(v))).alias(f"_v{i}") for i, v in enumerate(values)]
-    per_bucket = df.groupBy("_bucket").agg(*lists)
+    names = [e.rsplit(" AS ", 1)[-1] for e in group_exprs]
+    picked = rows.selectExpr(*group_exprs, *[f"CASE WHEN {condition} THEN {v} END AS _x{i}" for i, v in enumerate(values)])
+    lists = [F.array_sort(F.collect_list(f"_x{i}")).alias(f"_v{i}") for i in range(len(values))]
+    grouped = picked.groupBy(*names).agg(F.count(F.lit(1)).alias("count"), *lists)
     sums = [f"aggregate(_v{i}, CAST(0 AS DOUBLE), (acc, x) -> acc + x) AS _s{i}" for i in range(len(values))]
-    per_bucket = per_bucket.selectExpr("_bucket", *[f"_v{i}" for i in range(len(values))], *sums)
-    cols = ["_bucket"]
+    grouped = grouped.selectExpr(*names, "count", *[f"_v{i}" for i in range(len(values))], *sums)
+    cols = [*names, "count"]
     for i in range(len(values)):
         mean = f"(_s{i} / size(_v{i}))"
         cols += [f"size(_v{i}) AS _n{i}", f"_s{i}",
                  f"aggregate(_v{i}, CAST(0 AS DOUBLE), (acc, x) -> acc + (x - {mean}) * (x - {mean})) AS _m{i}"]
-    rows = sorted(per_bucket.selectExpr(*cols).collect(), key=lambda r: r["_bucket"])  # <= 4096 small rows
+    return grouped.selectExpr(*cols)
+
+
+def merge_moments(rows: list, num_values: int) -> list[tuple[int, float, float]]:
+    """(count, mean, m2) per value from ``grouped_moments`` rows, merged in ``_bucket`` order."""
+    rows = sorted((r for r in rows if r["_bucket"] is not None), key=lambda r: r["_bucket"])
     out = []
-    for i in range(len(values)):
+    for i in range(num_values):
         count, mean, m2 = 0, 0.0, 0.0
         for row in rows:
             n_b = int(row[f"_n{i}"])

@@ -39,8 +39,8 @@ from pipelines.balance import check_split_rows, rows_per_row_group, shard_sizes
 from pipelines.config import dump_yaml, to_dict
 from pipelines.errors import ConfigError, InputDataError, OutputExistsError, QualityGateError, ShardtrainError
 from pipelines.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, ROW_INDEX, Manifest, fingerprint, read_manifest
-from pipelines.preprocess import (FittedStats, arrow_schema, check_table, encode, fit, q, row_bytes, row_columns,
-                                  stored_schema)
+from pipelines.preprocess import (arrow_schema, check_table, encode, fit, grouped_moments, merge_moments,
+                                  moment_values, q, row_bytes, row_columns, stored_schema)
 from pipelines.shard_config import ShardConfig
 from pipelines.shard_writer import RESULT_DDL, TARGET_COLUMN, write_empty, write_partition
 from pipelines.sources import read_sources, source_fingerprint
@@ -84,7 +84,7 @@ def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
 
     timer = _PhaseTimer()
     with spark_errors("counting rows per split and quarantine reason"):
-        counts = _count(rows, frames)
+        counts = _count(rows, frames, cfg)
     timer.done("count rows per split/reason")
     _quality_gate(cfg, counts)
     for i, name in enumerate(split_names):
@@ -92,7 +92,7 @@ def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
 
     clean = rows.where("_reason IS NULL")
     with spark_errors("fitting statistics and vocabularies on the train split"):
-        stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg)
+        stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg, counts.train_moments)
     timer.done("fit statistics and vocabularies on train")
     with spark_errors("building the fitted encodings"):
         encoded = encode(clean, cfg, stats)
@@ -196,6 +196,7 @@ class RowCounts:
     by_reason: dict[str, int]
     table_rows: int
     malformed: int
+    train_moments: list[tuple[int, float, float]]  # (count, mean, m2) per preprocess.moment_values
 
     @property
     def quarantined(self) -> int:
@@ -206,19 +207,25 @@ class RowCounts:
         return self.table_rows + self.malformed
 
 
-def _count(rows, frames) -> RowCounts:
-    grouped = rows.selectExpr("CASE WHEN _reason IS NULL THEN _split END AS s",
-                              "CASE WHEN _reason IS NULL THEN _bucket END AS b", "_reason AS r").groupBy("s", "b", "r").count()
+def _count(rows, frames, cfg: ShardConfig) -> RowCounts:
+    # One pass: rows per (split, bucket) for clean rows, per reason for bad ones, and the exact
+    # train moments that fit() needs (see preprocess.grouped_moments).
+    values = moment_values(cfg)
+    train = list(cfg.split.fractions).index("train")
+    grouped = grouped_moments(
+        rows, ["CASE WHEN _reason IS NULL THEN _split END AS s", "CASE WHEN _reason IS NULL THEN _bucket END AS _bucket",
+               "_reason AS r"], values, f"_reason IS NULL AND _split = {train}")
+    collected = grouped.collect()  # at most splits * 4096 + reasons small rows
     split_rows: dict[int, int] = {}
     bucket_rows: dict[tuple[int, int], int] = {}
     by_reason: dict[str, int] = {}
     table_rows = 0
-    for row in grouped.collect():  # at most splits * 4096 + reasons rows
+    for row in collected:
         n = int(row["count"])
         table_rows += n
         if row["r"] is None:
             split_rows[row["s"]] = split_rows.get(row["s"], 0) + n
-            bucket_rows[(row["s"], row["b"])] = n
+            bucket_rows[(row["s"], row["_bucket"])] = n
         else:
             by_reason[row["r"]] = by_reason.get(row["r"], 0) + n
     malformed = 0
@@ -227,7 +234,8 @@ def _count(rows, frames) -> RowCounts:
             malformed += frame.malformed.count()
     if malformed:
         by_reason["malformed_record"] = by_reason.get("malformed_record", 0) + malformed
-    return RowCounts(split_rows, bucket_rows, by_reason, table_rows, malformed)
+    moments = merge_moments([r for r in collected if r["r"] is None and r["s"] == train], len(values))
+    return RowCounts(split_rows, bucket_rows, by_reason, table_rows, malformed, moments)
 
 
 def _quality_gate(cfg: ShardConfig, counts: RowCounts) -> None:
