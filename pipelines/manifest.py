@@ -129,6 +129,8 @@ def _is_null(value: Any) -> bool:
 def _lookup(vocab: dict[str, int], value: Any) -> int:
     # Vocabularies hold strings (Spark casts the column to string). A pandas column of integers
     # with nulls arrives as floats, so 3.0 must also find "3".
+    if isinstance(value, (bool, np.bool_)):
+        value = "true" if value else "false"  # Spark's CAST(boolean AS STRING), not Python's str(True)
     index = vocab.get(str(value))
     if index is None and isinstance(value, (float, np.floating)) and float(value).is_integer():
         index = vocab.get(str(int(value)))

@@ -53,12 +53,14 @@ class StandaloneCluster:
     def executor_pids(self) -> list[int]:
         """PIDs of executor JVMs (CoarseGrainedExecutorBackend) launched by this cluster's workers."""
         worker_pids = {w.pid for w in self.workers}
-        out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+        # -ww: without a terminal (pytest captures output) ps cuts lines at 80 columns and the
+        # class name falls off.
+        out = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
         pids = []
         for line in out.splitlines()[1:]:
-            pid, ppid, args = line.strip().split(None, 2)
-            if int(ppid) in worker_pids and "CoarseGrainedExecutorBackend" in args:
-                pids.append(int(pid))
+            parts = line.strip().split(None, 2)
+            if len(parts) == 3 and int(parts[1]) in worker_pids and "CoarseGrainedExecutorBackend" in parts[2]:
+                pids.append(int(parts[0]))
         return pids
 
     def stop(self) -> None:

@@ -61,22 +61,6 @@ def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
     return out
 
 
-def executor_pids(cluster) -> list[int]:
-    """Executor JVMs launched by the cluster's workers.
-
-    Like StandaloneCluster.executor_pids, but with ``ps -ww``: under pytest's output capture ps
-    cuts lines at 80 columns, the class name falls off, and that method finds nothing.
-    """
-    worker_pids = {w.pid for w in cluster.workers}
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
-    pids = []
-    for line in out.splitlines()[1:]:
-        parts = line.strip().split(None, 2)
-        if len(parts) == 3 and int(parts[1]) in worker_pids and "CoarseGrainedExecutorBackend" in parts[2]:
-            pids.append(int(parts[0]))
-    return pids
-
-
 def assert_ran_on_cluster(log: str) -> None:
     # spark-submit --master must win over the config's spark.master (local[2] by default).
     assert "Granted executor ID" in log and "Starting executor ID driver" not in log, log[-3000:]
@@ -110,7 +94,7 @@ def test_killing_an_executor_mid_job_still_gives_the_same_files(job_input, local
         start = time.time()
         deadline = start + 180
         while time.time() < deadline and proc.poll() is None:
-            pids = executor_pids(standalone_cluster)
+            pids = standalone_cluster.executor_pids()
             if len(pids) == 2:
                 break
             time.sleep(0.5)
@@ -120,7 +104,7 @@ def test_killing_an_executor_mid_job_still_gives_the_same_files(job_input, local
         if proc.poll() is not None:
             pytest.fail("the job finished before the executor could be killed; slow it down:\n"
                         + proc.communicate()[0][-3000:])
-        killed = executor_pids(standalone_cluster)[0]
+        killed = standalone_cluster.executor_pids()[0]
         os.kill(killed, 9)
     except BaseException:
         proc.kill()
@@ -128,7 +112,7 @@ def test_killing_an_executor_mid_job_still_gives_the_same_files(job_input, local
         raise
     log = finish(proc)
     assert_ran_on_cluster(log)
-    assert killed not in executor_pids(standalone_cluster)
+    assert killed not in standalone_cluster.executor_pids()
     assert "Lost executor" in log or "EXITED" in log, log[-3000:]  # Spark saw the executor die
     assert file_hashes(str(out)) == local_hashes
     assert "published" in log
