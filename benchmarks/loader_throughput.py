@@ -129,6 +129,9 @@ def main() -> None:
     parser.add_argument("--array-rows", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of each path; the best counts")
+    parser.add_argument("--row-group-rows", type=int, default=None,
+                        help="rows per row group (default: what the shard job writes for this row width, "
+                             "i.e. 16 MiB of stored data)")
     args = parser.parse_args()
     import torch
 
@@ -137,8 +140,12 @@ def main() -> None:
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="loader-bench-")
     for name, rows, shape in (("tabular", args.rows, None), ("array28x28", args.array_rows, (28, 28))):
+        from pipelines.balance import rows_per_row_group
+
+        width = 16 * 4 + 2 * 4 + 8 + 8 + (4 * int(np.prod(shape)) if shape else 0)  # stored bytes per row
+        row_group = args.row_group_rows or rows_per_row_group(None, None, width)
         root = write(f"{tmp}/{name}", rows, numeric=16, categorical=2, array_shape=shape, files=4,
-                     row_group=max(1000, rows // 40))
+                     row_group=row_group)
         manifest = read_manifest(root)
         columns = columns_for(manifest)
         limit(manifest, columns, args.batch)  # warm the page cache
@@ -157,7 +164,8 @@ def main() -> None:
                 rate = (ours(manifest, columns, args.batch, shuffle=False) if key == "none"
                         else ours(manifest, columns, args.batch, buffer=int(key)))[0]
                 sweep[key] = max(sweep[key], rate)
-        print(json.dumps({"dataset": name, "rows": rows, "batch": args.batch, "cpus": os.cpu_count(),
+        print(json.dumps({"dataset": name, "rows": rows, "rows_per_row_group": row_group, "batch": args.batch,
+                          "cpus": os.cpu_count(),
                           "limit_samples_per_s": round(lim), "loader_samples_per_s": round(our),
                           "loader_ratio": round(our / lim, 3), "loader_4_workers_ratio": round(our4 / lim, 3),
                           "petastorm_default_ratio": round(pet / lim, 3),

@@ -42,3 +42,34 @@ def test_transform_matches_the_stored_encodings():
 def test_missing_feature_column_is_named():
     with pytest.raises(DatasetError, match=r"missing feature column\(s\) \['img'\]"):
         SPEC.transform(pd.DataFrame({"x": [1.0], "n": [3], "flag": [True], "city": ["oslo"]}))
+
+
+def _dataset(tmp_path, row_groups_per_file: list[list[int]]):
+    import json
+
+    from pipelines.manifest import MANIFEST_NAME, read_manifest
+    from pipelines.storage import publish
+
+    files = [{"path": f"train/part-{i:05d}.parquet", "rows": sum(g), "row_groups": g, "bytes": 1, "sha256": "x"}
+             for i, g in enumerate(row_groups_per_file)]
+    data = {"format": "shardtrain.dataset", "format_version": 1,
+            "schema": [{"name": "x", "dtype": "float32", "shape": []}, {"name": "img", "dtype": "float32", "shape": [8, 8]},
+                       {"name": "label", "dtype": "int64", "shape": []}, {"name": "_row", "dtype": "int64", "shape": []}],
+            "features": {"numeric": [], "categorical": [], "arrays": []}, "label": {"name": "label"},
+            "splits": {"train": {"rows": sum(f["rows"] for f in files), "files": files}}, "fingerprint": "f"}
+    with publish(str(tmp_path / "ds")) as staging:
+        staging.write_text(MANIFEST_NAME, json.dumps(data))
+    return read_manifest(str(tmp_path / "ds"))
+
+
+def test_inspect_warns_about_row_groups_too_small_for_the_loader(tmp_path):
+    from pipelines.inspect import describe_dataset
+
+    # 4 + 256 + 8 + 8 = 276 bytes a row: 10,000-row groups are 2.6 MiB, 60,000-row groups 15.8 MiB
+    small = describe_dataset(_dataset(tmp_path / "a", [[10_000, 10_000, 5_000]]))
+    assert "row groups up to 10,000 rows = 2.6 MiB of stored data; below 8 MiB the training loader slows" in small
+    large = describe_dataset(_dataset(tmp_path / "b", [[60_000, 60_000, 1]]))
+    assert "row groups up to 60,000 rows = 15.8 MiB of stored data" in large and "slows" not in large
+    # one row group per file: the data is simply small, nothing to change
+    tiny = describe_dataset(_dataset(tmp_path / "c", [[500], [500]]))
+    assert "row groups up to 500 rows" in tiny and "slows" not in tiny
