@@ -13,7 +13,8 @@ run there with the device tool, carrying .whl and .device:
 
 Here, on CPU, as a smoke test of the same code path:
 
-    .venv/bin/python benchmarks/gpu_check.py --data .device/shards --device cpu --epochs 1 --hidden 256
+    .venv/bin/python benchmarks/gpu_check.py --data .device/shards --device cpu --epochs 2 --hidden 256 --layers 2 \
+      --batch-size 1024 --replicate 3 --precisions fp32,bf16
 """
 
 from __future__ import annotations
@@ -55,7 +56,50 @@ def _prod(shape) -> int:
     return out
 
 
-def run_one(args, precision: str) -> dict:
+def replicate(uri: str, copies: int, workdir: str) -> str:
+    """A larger dataset from the carried one: its train files ``copies`` times over, with ``_row``
+    renumbered so the manifest contract holds (the device tool carries at most 64 MiB, and an
+    epoch of the carried rows alone is shorter than a reader's start-up on an H200)."""
+    import copy
+    import hashlib
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.manifest import MANIFEST_NAME, ROW_INDEX, fingerprint, read_manifest
+    from pipelines.storage import is_committed, publish
+
+    target = os.path.join(workdir, f"data-x{copies}")
+    if is_committed(target):
+        return target
+    manifest = read_manifest(uri)
+    data = copy.deepcopy(manifest.data)
+    files, first = [], 0
+    with publish(target, mode="overwrite") as staging:
+        os.makedirs(os.path.join(staging.path, "train"), exist_ok=True)
+        for c in range(copies):
+            for entry in manifest.files("train"):
+                table = pq.read_table(os.path.join(manifest.root.path, entry.path))
+                rows = pa.array(range(first, first + table.num_rows), pa.int64())
+                table = table.set_column(table.schema.get_field_index(ROW_INDEX), ROW_INDEX, rows)
+                rel = f"train/part-{len(files):05d}.parquet"
+                path = os.path.join(staging.path, rel)
+                pq.write_table(table, path, row_group_size=max(entry.row_groups))
+                with open(path, "rb") as fh:
+                    digest = hashlib.sha256(fh.read()).hexdigest()
+                groups = [rg.num_rows for rg in (pq.ParquetFile(path).metadata.row_group(i)
+                                                  for i in range(pq.ParquetFile(path).num_row_groups))]
+                files.append({"path": rel, "rows": table.num_rows, "row_groups": groups,
+                              "bytes": os.path.getsize(path), "sha256": digest})
+                first += table.num_rows
+        data["splits"] = {"train": {"rows": first, "files": files}}
+        data["fingerprint"] = fingerprint(data["splits"], data["features"], data["label"])
+        staging.write_text(MANIFEST_NAME, json.dumps(data, indent=1))
+    return target
+
+
+def run_one(args, precision: str, data_uri: str) -> dict:
     import torch
 
     from training.api import train
@@ -63,7 +107,7 @@ def run_one(args, precision: str) -> dict:
 
     out = os.path.join(args.workdir, f"model-{precision}")
     overrides = [
-        f"data.path={os.path.abspath(args.data)}", "data.val_split=null",
+        f"data.path={data_uri}", "data.val_split=null",
         "model.name=mlp", f"model.hidden=[{', '.join([str(args.hidden)] * args.layers)}]",
         f"train.epochs={args.epochs}", f"train.batch_size={args.batch_size}", f"train.precision={precision}",
         "train.lr=0.0005", "train.warmup_steps=0", "train.log_every_steps=1000000",
@@ -100,8 +144,9 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", default="fp32,bf16,fp16")
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=8192)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--replicate", type=int, default=40, help="train on the carried train split this many times over")
     parser.add_argument("--workdir", default="/tmp/shardtrain-gpu")
     parser.add_argument("--out", default=os.environ.get("OUT"), help="folder for results.jsonl")
     args = parser.parse_args(argv)
@@ -114,8 +159,11 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     records = []
+    data_uri = os.path.abspath(args.data)
+    if args.replicate > 1:
+        data_uri = replicate(data_uri, args.replicate, args.workdir)
     for precision in args.precisions.split(","):
-        record = run_one(args, precision)
+        record = run_one(args, precision, data_uri)
         records.append(record)
         print(json.dumps(record, sort_keys=True), flush=True)
     if args.out:
