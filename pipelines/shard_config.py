@@ -107,7 +107,7 @@ class OutputConfig:
     def __post_init__(self):
         require(self.num_shards >= 1, "num_shards", f"must be >= 1, got {self.num_shards}")
         require(self.row_group_mb is None or self.rows_per_row_group is None, "row_group_mb",
-                "and output.rows_per_row_group are alternatives; set one")
+                "and rows_per_row_group (same section) are alternatives; set one")
         require(self.row_group_mb is None or self.row_group_mb > 0, "row_group_mb", "must be > 0")
         require(self.rows_per_row_group is None or self.rows_per_row_group >= 1, "rows_per_row_group", "must be >= 1")
 
