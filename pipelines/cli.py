@@ -116,16 +116,9 @@ def handle_generate(args: argparse.Namespace) -> int:
 
 
 def handle_shard(args: argparse.Namespace) -> int:
-    from pipelines.shard_config import load_shard_config
-    from pipelines.shard_job import run_shard_job
-    from pipelines.spark import get_or_create_session
+    from pipelines import shard_dataset
 
-    from pipelines.storage import check_uri
-
-    cfg = load_shard_config(args.config, args.overrides)
-    for uri in cfg.uris:
-        check_uri(uri)
-    result = run_shard_job(get_or_create_session(cfg.spark), cfg)
+    result = shard_dataset(args.config, args.overrides)
     manifest = result.manifest
     what = "unchanged, skipped" if result.skipped else "published"
     splits = ", ".join(f"{s}={manifest.rows(s):,}" for s in manifest.split_names)

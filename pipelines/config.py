@@ -145,14 +145,13 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(arg, value, key)
-            except ConfigError as exc:
-                errors.append(exc)
+            except ConfigError:
+                pass  # try the next alternative; the message below names them all
         raise ConfigError(f"{key} must be {_type_name(tp)}, got {_describe(value)}")
     if origin is Literal:
         choices = get_args(tp)

@@ -10,6 +10,11 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (Spark's run to pages), or its type's name."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 class ShardtrainError(Exception):
     """Base class: an error whose message is meant for the user as-is (no traceback needed)."""
 

@@ -5,18 +5,17 @@ Reads no data files and needs no Spark, so it is instant on any size of dataset.
 
 from __future__ import annotations
 
-from pipelines.manifest import Manifest, read_manifest
+from pipelines.manifest import Manifest, read_manifest, row_bytes
 
 
 # Measured with benchmarks/loader_throughput.py (2 cores, tabular rows of 88 bytes): the training
 # loader reaches ~0.99 of raw pyarrow with 16 MiB row groups, ~0.89 at 8 MiB and ~0.73 at 2 MiB,
 # because petastorm pays a fixed cost per row group.
 SMALL_ROW_GROUP_MIB = 8.0
-_DTYPE_BYTES = {"float32": 4, "int32": 4, "int64": 8, "float64": 8}
 
 
 def _row_group_guidance(manifest: Manifest) -> list[str]:
-    width = sum(_DTYPE_BYTES.get(c["dtype"], 8) * _prod(c.get("shape") or []) for c in manifest.data["schema"])
+    width = row_bytes(manifest.data["schema"])
     groups = [g for split in manifest.split_names for f in manifest.files(split) for g in f.row_groups]
     if not groups or not width:
         return []
@@ -28,13 +27,6 @@ def _row_group_guidance(manifest: Manifest) -> list[str]:
         line += (f"; below {SMALL_ROW_GROUP_MIB:g} MiB the training loader slows down (petastorm pays a fixed cost "
                  "per row group): re-shard with a larger output.row_group_mb (default 16)")
     return ["", line]
-
-
-def _prod(shape) -> int:
-    out = 1
-    for d in shape:
-        out *= int(d)
-    return out
 
 
 def describe_dataset(uri) -> str:

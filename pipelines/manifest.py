@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,6 +214,14 @@ def read_manifest(uri: str | Location) -> Manifest:
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{loc.uri}/{MANIFEST_NAME}: not valid JSON ({exc})") from None
     return Manifest(data, loc)
+
+
+_DTYPE_BYTES = {"float32": 4, "int32": 4, "int64": 8}
+
+
+def row_bytes(schema: list[dict]) -> int:
+    """Stored (uncompressed) bytes of one row of ``schema`` (the manifest's column list)."""
+    return sum(_DTYPE_BYTES[c["dtype"]] * math.prod(c["shape"] or [1]) for c in schema)
 
 
 def fingerprint(splits: dict, features: dict, label: dict) -> str:

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from pipelines.balance import BUCKET_BITS, HASH_BITS, split_bounds
-from pipelines.errors import InputDataError
+from pipelines.errors import InputDataError, first_line
 from pipelines.manifest import NULL_INDEX, RESERVED_INDICES, ROW_INDEX, UNSEEN_INDEX
 from pipelines.shard_config import ShardConfig
 
@@ -86,7 +86,7 @@ def check_table(table, cfg: ShardConfig, where: str) -> None:
             dt = table.selectExpr(f"{sql_expr(expr, fields)} AS _probe").schema.fields[0].dataType
         except Exception as exc:  # noqa: BLE001 - AnalysisException / ParseException
             raise InputDataError(f"{key} {expr!r} is not a column or valid expression over {where}: "
-                                 f"{_first_line(exc)}") from None
+                                 f"{first_line(exc)}") from None
         if key == "label.expr" and not isinstance(dt, scalar):
             raise InputDataError(f"label.expr {expr!r} has type {dt.simpleString()}, which cannot be cast to a number")
 
@@ -318,12 +318,3 @@ def arrow_schema(columns: list[dict]):
         tp = types[col["dtype"]]
         fields.append(pa.field(col["name"], pa.list_(tp) if col["shape"] else tp, nullable=False))
     return pa.schema(fields)
-
-
-def row_bytes(columns: list[dict]) -> int:
-    size = {"float32": 4, "int32": 4, "int64": 8}
-    return sum(size[c["dtype"]] * (math.prod(c["shape"]) if c["shape"] else 1) for c in columns)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -38,9 +38,10 @@ from pipelines import __version__
 from pipelines.balance import check_split_rows, rows_per_row_group, shard_sizes
 from pipelines.config import dump_yaml, to_dict
 from pipelines.errors import ConfigError, InputDataError, OutputExistsError, QualityGateError, ShardtrainError
-from pipelines.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, ROW_INDEX, Manifest, fingerprint, read_manifest
+from pipelines.manifest import (FORMAT, FORMAT_VERSION, MANIFEST_NAME, ROW_INDEX, Manifest, fingerprint, read_manifest,
+                                row_bytes)
 from pipelines.preprocess import (arrow_schema, check_table, encode, fit, grouped_moments, merge_moments,
-                                  moment_values, q, row_bytes, row_columns, stored_schema)
+                                  moment_values, q, row_columns, stored_schema)
 from pipelines.shard_config import ShardConfig
 from pipelines.shard_writer import RESULT_DDL, TARGET_COLUMN, write_empty, write_partition
 from pipelines.sources import read_sources, source_fingerprint
@@ -172,7 +173,7 @@ def _build_table(spark, cfg: ShardConfig, frames):
         try:
             table = spark.sql(cfg.query)
         except Exception as exc:  # noqa: BLE001 - AnalysisException / ParseException
-            raise InputDataError(f"query failed to analyse over sources {sorted(frames)}: {_first_line(exc)}") from None
+            raise InputDataError(f"query failed to analyse over sources {sorted(frames)}: {first_line(exc)}") from None
     else:
         (name, frame), = frames.items()
         where = f"source {name!r} ({frame.config.path})"
@@ -382,7 +383,3 @@ class _PhaseTimer:
 
 def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

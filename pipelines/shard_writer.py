@@ -18,6 +18,7 @@ import uuid
 from typing import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.storage import resolve
@@ -63,7 +64,8 @@ def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets
                 root.fs.makedirs(root.join(targets[target]).path.rsplit("/", 1)[0], exist_ok=True)
                 sink = root.fs.open(tmp_path, "wb")
                 writer = pq.ParquetWriter(sink, schema, **WRITER_OPTIONS)
-            if first != target or ids.to_pylist()[-1] != target:
+            lo, hi = pc.min_max(ids).values()
+            if lo.as_py() != target or hi.as_py() != target:
                 raise RuntimeError(f"partition holds rows of more than one output file ({targets[target]!r} and "
                                    "another); the driver's partition keys are wrong")
             pending.append(table.drop([TARGET_COLUMN]).cast(schema))

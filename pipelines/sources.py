@@ -17,7 +17,8 @@ import glob as globlib
 import posixpath
 from dataclasses import dataclass
 
-from pipelines.errors import ConfigError, InputDataError
+from pipelines.errors import ConfigError, InputDataError, first_line
+from pipelines.preprocess import q
 from pipelines.shard_config import ShardConfig, SourceConfig
 from pipelines.storage import resolve
 
@@ -94,9 +95,9 @@ def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
     # bad value in a column nobody selects would otherwise be malformed in one plan and not in
     # the other (and Spark refuses queries that use only the corrupt-record column). pmod(...) >= 0
     # is always true, but the optimizer cannot prove it and so keeps every column.
-    every_column = F.expr(f"pmod(xxhash64({', '.join(_quote(c) for c in raw.columns)}), 2) >= 0")
+    every_column = F.expr(f"pmod(xxhash64({', '.join(q(c) for c in raw.columns)}), 2) >= 0")
     is_bad = F.col(CORRUPT_COLUMN).isNotNull()
-    clean = raw.filter(~is_bad & every_column).select(*[F.col(_quote(c)) for c in data_cols])
+    clean = raw.filter(~is_bad & every_column).select(*[F.col(q(c)) for c in data_cols])
     malformed = raw.filter(is_bad & every_column).select(
         F.lit(MALFORMED).alias("reason"), F.lit(name).alias("source"), F.col(CORRUPT_COLUMN).alias("raw"))
     return SourceFrames(name, cfg, clean, malformed)
@@ -116,7 +117,7 @@ def _parse_ddl(spark, name: str, ddl: str):
     try:
         return StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], ddl).schema
     except Exception as exc:  # noqa: BLE001 - a parse error in user text becomes a config error
-        raise ConfigError(f"sources.{name}.schema is not valid Spark DDL ({_first_line(exc)}): {ddl!r}") from None
+        raise ConfigError(f"sources.{name}.schema is not valid Spark DDL ({first_line(exc)}): {ddl!r}") from None
 
 
 class _input_errors:
@@ -133,11 +134,3 @@ class _input_errors:
             raise InputDataError(f"source {self.name!r}: path {self.cfg.path} does not exist "
                                  f"(sources.{self.name}.path)") from None
         return False
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"

@@ -27,6 +27,8 @@ def simple_rows(n: int, start: int = 0) -> dict:
 
 
 def config(source: str, output_path: str, fmt: str = "parquet", **sections) -> ShardConfig:
+    """A shard config over ``source``; each keyword updates that section, except ``sources``,
+    which replaces the default single source."""
     base = {
         "sources": {"raw": {"path": source, "format": fmt}},
         "features": {"numeric": ["x"], "categorical": ["c"]},
@@ -35,6 +37,8 @@ def config(source: str, output_path: str, fmt: str = "parquet", **sections) -> S
         "output": {"path": output_path, "num_shards": 2},
         "quality": {"max_bad_fraction": 1.0},
     }
+    if "sources" in sections:
+        base["sources"] = sections.pop("sources")
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) and isinstance(base.get(key), dict) else value
     return from_dict(ShardConfig, base)
