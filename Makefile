@@ -22,8 +22,10 @@ test-fast: setup
 doctor: setup
 	$(VENV)/bin/shardtrain doctor
 
-bench: setup
-	$(PY) benchmarks/run_all.py
+bench: setup  # each prints JSON lines; results and machines in benchmarks/RESULTS.md
+	$(PY) benchmarks/loader_throughput.py
+	$(PY) benchmarks/train_step_breakdown.py
+	$(PY) benchmarks/shard_throughput.py --rows 1000000
 
 clean:
 	rm -rf artifacts spark-warehouse metastore_db derby.log .pytest_cache

@@ -5,7 +5,12 @@ cluster on loopback when a test asks for one, and a guard that tests leave no en
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 
@@ -41,6 +46,49 @@ def standalone_cluster():
     cluster = start_cluster(num_workers=2, cores=1, memory="2g")
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """An S3 endpoint over real HTTP on 127.0.0.1: moto's server in a subprocess, stopped by pid."""
+    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+    assert exe, "moto_server is not installed in this venv; run .ci/bootstrap"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("moto server did not start")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint, monkeypatch):
+    """A fresh bucket on the loopback S3 endpoint, with credentials and endpoint in the environment."""
+    from pipelines import storage
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("SHARDTRAIN_S3_ENDPOINT", s3_endpoint)
+    storage._FS_CACHE.clear()
+    fs = storage.resolve("s3://shardtrain-test").fs
+    fs.mkdir("shardtrain-test")
+    yield "s3://shardtrain-test"
+    fs.rm("shardtrain-test", recursive=True)
+    storage._FS_CACHE.clear()
 
 
 @pytest.fixture(autouse=True)

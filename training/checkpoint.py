@@ -46,7 +46,6 @@ class CheckpointManager:
         self.steps_per_epoch = steps_per_epoch
         self.every_steps, self.every_epochs, self.keep = every_steps, every_epochs, keep
         self.is_writer = is_writer
-        self.saved: list[str] = []
 
     def should_save(self, step: int, last: bool = False) -> bool:
         if last:
@@ -74,7 +73,6 @@ class CheckpointManager:
                      marker={"step": step, "epoch": epoch, "sha256": hashlib.sha256(payload).hexdigest()}) as staging:
             with staging.open(STATE_FILE, "wb") as fh:
                 fh.write(payload)
-        self.saved.append(target)
         self._prune()
         return target
 

@@ -231,10 +231,24 @@ class RankLoader:
     def _open_reader(self, epoch: int):
         from petastorm import make_batch_reader
 
-        urls = [f.uri if "://" in f.uri else f"file://{f.uri}" for f in self.files]
+        from pipelines.storage import resolve, s3_options
+
+        locations = [resolve(f.uri) for f in self.files]
+        urls = [f"file://{loc.path}" if loc.scheme == "file" else loc.uri for loc in locations]
+        # The same storage settings as everything else in shardtrain: petastorm would otherwise
+        # build its own s3fs (ignoring SHARDTRAIN_S3_ENDPOINT / anonymous access) and use
+        # libhdfs3 for hdfs:// where the rest of shardtrain uses pyarrow's libhdfs.
+        storage = {}
+        if any(loc.scheme == "s3" for loc in locations):
+            # petastorm 0.12 calls the legacy pq.ParquetDataset(validate_schema=...), which pyarrow 14
+            # accepts only with a legacy file system: wrap our s3fs in pyarrow's legacy S3FSWrapper.
+            from pyarrow.filesystem import S3FSWrapper
+
+            storage = {"filesystem": S3FSWrapper(locations[0].fs)}
         # Anchored patterns: petastorm treats schema_fields as regular expressions.
         fields = [re.escape(name) + "$" for name in self.columns.stored]
-        reader = make_batch_reader(urls, schema_fields=fields, reader_pool_type="thread",
+        reader = make_batch_reader(urls, schema_fields=fields, reader_pool_type="thread", hdfs_driver="libhdfs",
+                                   **storage,
                                    workers_count=self.reader_workers, results_queue_size=self.prefetch_row_groups,
                                    shuffle_row_groups=self.shuffle, seed=epoch_seed(self.seed, epoch, self.rank),
                                    num_epochs=1)

@@ -20,7 +20,6 @@ from typing import Callable
 
 from pipelines.errors import EXIT_OK, EXIT_RUNTIME
 
-CONSTRAINTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".ci", "constraints.txt")
 
 
 @dataclass
@@ -120,7 +119,8 @@ def check_horovod() -> Check:
 
         if torch.cuda.is_available() and not built["nccl"]:
             return Check("horovod", False, detail + " (GPUs present but no NCCL)",
-                         "rebuild: rm -rf ~/.cache/shardtrain/horovod-* && .ci/bootstrap (needs a CUDA toolkit)")
+                         "install a CUDA toolkit (nvcc) and a CUDA build of torch, then re-run .ci/bootstrap: it builds "
+                         "the NCCL variant")
     except ImportError:
         pass
     return Check("horovod", built["gloo"], detail, "" if built["gloo"] else fix)
@@ -151,8 +151,9 @@ def check_horovod_on_spark(num_proc: int = 2) -> Check:
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        results = horovod.spark.run(_allreduce_rank, num_proc=num_proc, start_timeout=120, verbose=0,
-                                    stdout=open(os.devnull, "w"), stderr=open(os.devnull, "w"))
+        with open(os.devnull, "w") as quiet:  # the ranks' own output; the verdict is printed below
+            results = horovod.spark.run(_allreduce_rank, num_proc=num_proc, start_timeout=120, verbose=0,
+                                        stdout=quiet, stderr=quiet)
     except Exception as exc:  # noqa: BLE001
         return Check("horovod-on-spark", False, f"{num_proc}-rank allreduce failed: {exc}", fix)
     finally:

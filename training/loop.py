@@ -73,8 +73,10 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
 
     def state_fn():
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": precision.state_dict(),
-                "rng": group.allgather_object(_rng_state(device)), "meta": meta, "history": history,
-                "epoch_loss": float(epoch_loss_sum)}
+                # Per rank: RNG states and the rank's own partial loss sum of the current epoch
+                # (a rank-0-only sum, broadcast on resume, would count rank 0's share W times).
+                "ranks": group.allgather_object({"rng": _rng_state(device), "epoch_loss": float(epoch_loss_sum)}),
+                "meta": meta, "history": history}
 
     epoch_stats = []
     timer = StepTimer()
@@ -291,13 +293,20 @@ class Progress:
 
 def _pick_device(group, plan: RankPlan):
     if isinstance(group, LocalGroup):
-        if torch.cuda.is_available() and plan.config["launch"].get("device", "auto") != "cpu":
+        wanted = plan.config["launch"].get("device", "auto")
+        if wanted == "cpu":
+            return torch.device("cpu"), "in-process mode, launch.device=cpu"
+        if torch.cuda.is_available():
             return torch.device("cuda:0"), "in-process mode, CUDA available"
+        if wanted == "cuda":
+            raise ConfigError("launch.device=cuda but CUDA is not available in this process "
+                              "(no GPU, or a CPU build of torch); use launch.device=auto or cpu")
         return torch.device("cpu"), "in-process mode, no CUDA"
     import os
 
-    name, why = resolve_device(spark_gpu_addresses(), torch.cuda.is_available(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if spark_gpu_addresses() and name == "cpu":
+    addresses = spark_gpu_addresses()
+    name, why = resolve_device(addresses, torch.cuda.is_available(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if addresses and name == "cpu":
         log.warning("rank %d: %s", group.rank, why)
     device = torch.device(name)
     if device.type == "cuda":
@@ -384,11 +393,11 @@ def _load_state(state: dict, model, optimizer, precision: Precision, rank: int):
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     precision.load_state_dict(state["scaler"])
-    rng = state["rng"][rank]
-    torch.set_rng_state(rng["cpu"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"])
-    return int(state["step"]), list(state["history"]), float(state.get("epoch_loss", 0.0))
+    mine = state["ranks"][rank]
+    torch.set_rng_state(mine["rng"]["cpu"])
+    if "cuda" in mine["rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state(mine["rng"]["cuda"])
+    return int(state["step"]), list(state["history"]), float(mine["epoch_loss"])
 
 
 def _rng_state(device) -> dict:

@@ -37,7 +37,6 @@ class RankPlan:
     steps_per_epoch: int
     skipped_rows_per_epoch: int
     val_batch_size: int
-    val_steps: int
     lr: float  # after lr_scale
     checkpoint_uri: str
     run_dir: str
@@ -67,7 +66,7 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
         raise DatasetError(f"{where}: field 'splits.{train.name}.rows' is {train.rows}: too few for {world} rank(s) x "
                            f"train.batch_size={batch} x train.grad_accum={accum}; lower the batch size or add data")
 
-    val, val_batch, val_steps = None, 0, 0
+    val, val_batch = None, 0
     if cfg.data.val_split:
         val = SplitLayout.from_manifest(manifest, cfg.data.val_split)
         per_rank = val.rows // world
@@ -75,7 +74,6 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
             raise DatasetError(f"{where}: field 'splits.{val.name}.rows' is {val.rows}: fewer than one row per rank "
                                f"({world}); set data.val_split=null to train without validation")
         val_batch = min(batch, per_rank)
-        val_steps = steps_per_epoch(val.rows, world, val_batch)
 
     lr = cfg.train.lr * (world if cfg.train.lr_scale == "linear" else 1)
     return RankPlan(
@@ -83,7 +81,7 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
         feature_spec=manifest.features.spec, label_spec=dict(manifest.label), columns=columns_for(manifest),
         train=train, val=val, world_size=world, steps_per_epoch=steps,
         skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, world, batch, accum),
-        val_batch_size=val_batch, val_steps=val_steps, lr=lr, checkpoint_uri=cfg.checkpoint_path,
+        val_batch_size=val_batch, lr=lr, checkpoint_uri=cfg.checkpoint_path,
         run_dir=cfg.output.resolved_run_dir, model_path=cfg.output.model_path, output_mode=cfg.output.mode)
 
 

@@ -4,12 +4,6 @@ over real HTTP on 127.0.0.1 (moto's server, started and stopped by the fixture).
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -100,54 +94,11 @@ def test_stale_staging_is_cleaned(tmp_path):
     assert len(removed) == 1 and not list(tmp_path.iterdir())
 
 
-# --- S3 over real HTTP on loopback ---------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
-    assert exe, "moto_server is not installed in this venv; run .ci/bootstrap"
-    port = _free_port()
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail("moto server did not start")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-@pytest.fixture
-def s3_env(s3_endpoint, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("SHARDTRAIN_S3_ENDPOINT", s3_endpoint)
-    storage._FS_CACHE.clear()
-    fs = resolve("s3://shardtrain-test").fs
-    fs.mkdir("shardtrain-test")
-    yield "s3://shardtrain-test"
-    fs.rm("shardtrain-test", recursive=True)
-    storage._FS_CACHE.clear()
-
+# --- S3 over real HTTP on loopback (fixtures in tests/conftest.py) ------------------------
 
 @pytest.mark.s3
-def test_publish_protocol_s3(s3_env):
-    _check_publish_protocol(f"{s3_env}/run1")
+def test_publish_protocol_s3(s3_bucket):
+    _check_publish_protocol(f"{s3_bucket}/run1")
 
 
 @pytest.mark.s3

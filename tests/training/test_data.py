@@ -151,3 +151,24 @@ def test_read_first_rows_spans_row_groups_and_files(uneven):
     layout = SplitLayout.from_manifest(manifest, "train")
     rows = read_first_rows(layout, columns_for(manifest), 400)["_row"]  # 300 + 77 in file 0, 13 in 1, 10 in 2
     np.testing.assert_array_equal(rows, np.arange(400))
+
+
+@pytest.mark.s3
+def test_ranks_read_the_same_batches_from_s3_as_from_local_disk(uneven, s3_bucket):
+    """Shards on an S3 endpoint over real HTTP (moto on 127.0.0.1): every rank gets exactly the
+    batches it gets from the local copy, through the same storage settings as the rest of shardtrain."""
+    from pipelines.storage import resolve
+
+    ds, local = uneven
+    resolve(s3_bucket).fs.put(ds.uri, f"{s3_bucket.removeprefix('s3://')}/ds", recursive=True)
+    remote = read_manifest(f"{s3_bucket}/ds")
+    assert remote.file_uris("train")[0].startswith("s3://")
+    for rank in range(2):
+        batches = {}
+        for name, manifest in (("local", local), ("s3", remote)):
+            loader = RankLoader(SplitLayout.from_manifest(manifest, "train"), columns_for(manifest), rank, 2, 64, seed=3)
+            batches[name] = [{k: v.numpy().copy() for k, v in b.items()} for b in loader.epoch(1)]
+        assert len(batches["s3"]) == len(batches["local"]) == loader.batches_per_epoch > 0
+        for got, want in zip(batches["s3"], batches["local"]):
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key])

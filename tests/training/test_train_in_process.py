@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.errors import EXIT_USAGE, DatasetError, OutputExistsError
+from pipelines.errors import EXIT_USAGE, ConfigError, DatasetError, OutputExistsError
 from tabular_data import write_dataset
 from training import load_model, load_train_config, train
 from training.errors import NonFiniteLossError
@@ -105,6 +105,12 @@ def test_non_finite_loss_names_step_and_rank(dataset, tmp_path):
                "train.log_every_steps=3")
     with pytest.raises(NonFiniteLossError, match="optimizer step 8 on rank 0"):
         train(cfg)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
+def test_asking_for_cuda_without_cuda_is_refused_not_silently_cpu(dataset, tmp_path):
+    with pytest.raises(ConfigError, match="launch.device=cuda but CUDA is not available"):
+        train(_cfg(dataset.uri, tmp_path, "launch.device=cuda"))
 
 
 @pytest.mark.parametrize("change, field", [
