@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipelines.storage import MARKER, STAGING_TAG, publish, resolve
+from pipelines.storage import MARKER, STAGING_TAG, is_committed, publish, resolve
 
 log = logging.getLogger("shardtrain.checkpoint")
 
@@ -105,7 +105,7 @@ class CheckpointManager:
     def _read(self, loc) -> dict:
         import torch
 
-        if not loc.fs.exists(posixpath.join(loc.path, MARKER)):
+        if not is_committed(loc):
             raise CorruptCheckpoint(f"checkpoint {loc.uri} is incomplete (no {MARKER} marker: a save was interrupted)")
         try:
             marker = json.loads(loc.read_text(MARKER))
@@ -122,11 +122,13 @@ class CheckpointManager:
             raise CorruptCheckpoint(f"checkpoint {loc.uri} cannot be loaded ({type(exc).__name__}: {exc})") from None
 
     def _prune(self) -> None:
-        complete = [(step, loc) for step, loc in self._list() if loc.fs.exists(posixpath.join(loc.path, MARKER))]
+        listed = [(step, loc, is_committed(loc)) for step, loc in self._list()]  # one listing, one check each
+        complete = [(step, loc) for step, loc, committed in listed if committed]
+        newest = complete[-1][0] if complete else 0
         for _, loc in complete[:-self.keep]:
             loc.fs.rm(loc.path, recursive=True)
-        for step, loc in self._list():
-            if not loc.fs.exists(posixpath.join(loc.path, MARKER)) and step < (complete[-1][0] if complete else 0):
+        for step, loc, committed in listed:
+            if not committed and step < newest:
                 loc.fs.rm(loc.path, recursive=True)
         root = resolve(self.uri)
         for path in root.fs.glob(posixpath.join(root.path, f".step-*{STAGING_TAG}*")):

@@ -168,7 +168,7 @@ def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankP
     if classification:
         counts = plan.label_spec.get("train_class_counts") or [0]
         majority = int(np.argmax(counts))
-    mean, _ = target_scaling(plan.label_spec)
+    mean, std = target_scaling(plan.label_spec)
     with torch.no_grad():
         for batch in loader.epoch(0):
             batch = _to_device(batch, device)
@@ -181,7 +181,6 @@ def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankP
                 sums[1] += (output.argmax(dim=-1) == label).sum()
                 sums[3] += (label == majority).sum()
             else:
-                _, std = target_scaling(plan.label_spec)
                 sums[1] += ((output.float() * std + mean) - label).abs().sum()
                 sums[3] += (label - mean).abs().sum()
             sums[2] += rows

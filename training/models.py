@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from pipelines.errors import ConfigError
+from pipelines.manifest import RESERVED_INDICES
 
-RESERVED = 2  # 0 = null, 1 = unseen (pipelines.manifest)
 
 
 class TabularMLP(nn.Module):
@@ -64,7 +64,7 @@ def mlp_arguments(feature_spec: dict, label_spec: dict, hidden: list[int], dropo
     regression = label_spec.get("task") != "classification"
     args = dict(
         num_numeric=len(feature_spec.get("numeric", [])),
-        vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED)) for c in feature_spec.get("categorical", [])],
+        vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES)) for c in feature_spec.get("categorical", [])],
         array_names=[a["name"] for a in arrays],
         array_widths=[int(torch.tensor(a["shape"]).prod()) for a in arrays],
         out_dim=1 if regression else int(label_spec["num_classes"]),
