@@ -38,7 +38,7 @@ PEAK = {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12}
 def count_params(model_uri: str) -> int:
     from safetensors import safe_open
 
-    from pipelines.storage import resolve
+    from common.storage import resolve
     from training.export import WEIGHTS
 
     loc = resolve(model_uri)
@@ -61,14 +61,12 @@ def replicate(uri: str, copies: int, workdir: str) -> str:
     renumbered so the manifest contract holds (the device tool carries at most 64 MiB, and an
     epoch of the carried rows alone is shorter than a reader's start-up on an H200)."""
     import copy
-    import hashlib
-    import json
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.manifest import MANIFEST_NAME, ROW_INDEX, fingerprint, read_manifest
-    from pipelines.storage import is_committed, publish
+    from common.dataset import ROW_INDEX, build_manifest, file_entry, read_manifest, write_manifest
+    from common.storage import is_committed, publish
 
     target = os.path.join(workdir, f"data-x{copies}")
     if is_committed(target):
@@ -86,16 +84,10 @@ def replicate(uri: str, copies: int, workdir: str) -> str:
                 rel = f"train/part-{len(files):05d}.parquet"
                 path = os.path.join(staging.path, rel)
                 pq.write_table(table, path, row_group_size=max(entry.row_groups))
-                with open(path, "rb") as fh:
-                    digest = hashlib.sha256(fh.read()).hexdigest()
-                groups = [rg.num_rows for rg in (pq.ParquetFile(path).metadata.row_group(i)
-                                                  for i in range(pq.ParquetFile(path).num_row_groups))]
-                files.append({"path": rel, "rows": table.num_rows, "row_groups": groups,
-                              "bytes": os.path.getsize(path), "sha256": digest})
+                files.append(file_entry(staging, rel))
                 first += table.num_rows
-        data["splits"] = {"train": {"rows": first, "files": files}}
-        data["fingerprint"] = fingerprint(data["splits"], data["features"], data["label"])
-        staging.write_text(MANIFEST_NAME, json.dumps(data, indent=1))
+        splits = {"train": {"rows": first, "files": files}}
+        write_manifest(staging, build_manifest(splits, data["features"], data["label"]))
     return target
 
 

@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 warnings.filterwarnings("ignore")
 
-from pipelines.manifest import MANIFEST_NAME, fingerprint, read_manifest  # noqa: E402
-from pipelines.storage import MARKER  # noqa: E402
+from common.dataset import build_manifest, file_entry, read_manifest, write_manifest  # noqa: E402
+from common.storage import MARKER, resolve  # noqa: E402
 
 
 def write(root: str, rows: int, numeric: int, categorical: int, array_shape, files: int, row_group: int) -> str:
@@ -48,21 +48,14 @@ def write(root: str, rows: int, numeric: int, categorical: int, array_shape, fil
         cols["_row"] = np.arange(start, start + n, dtype=np.int64)
         rel = f"train/part-{i:05d}.parquet"
         pq.write_table(pa.table(cols), f"{root}/{rel}", row_group_size=row_group)
-        groups = [min(row_group, n - k) for k in range(0, n, row_group)]
-        entries.append({"path": rel, "rows": n, "row_groups": groups, "bytes": os.path.getsize(f"{root}/{rel}"),
-                        "sha256": "-"})
+        entries.append(file_entry(resolve(root), rel))
         start += n
     features = {"numeric": [{"name": f"x{j}", "mean": 0, "std": 1, "fill": 0} for j in range(numeric)],
                 "categorical": [{"name": f"c{j}", "vocab": [str(v) for v in range(48)]} for j in range(categorical)],
                 "arrays": [{"name": "image", "shape": list(array_shape)}] if array_shape else []}
     label = {"name": "label", "task": "classification", "num_classes": 2, "train_class_counts": [1, 1]}
     splits = {"train": {"rows": rows, "files": entries}}
-    schema = [{"name": n, "dtype": "x", "shape": []} for n in cols]
-    manifest = {"format": "shardtrain.dataset", "format_version": 1, "schema": schema, "features": features,
-                "label": label, "row_index_column": "_row", "splits": splits,
-                "fingerprint": fingerprint(splits, features, label)}
-    with open(f"{root}/{MANIFEST_NAME}", "w") as fh:
-        json.dump(manifest, fh)
+    write_manifest(resolve(root), build_manifest(splits, features, label))
     open(f"{root}/{MARKER}", "w").write("{}")
     return root
 

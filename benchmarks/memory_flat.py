@@ -85,7 +85,7 @@ class PeakRss:
 def child_shard(rows: int, workdir: str) -> dict:
     from pipelines import generate_dataset, shard_dataset
     from pipelines.shard_config import SparkConfig
-    from pipelines.spark import get_or_create_session
+    from common.spark import get_or_create_session
 
     with PeakRss() as peak:
         started = time.perf_counter()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.config import from_dict  # noqa: E402
+from common.config import from_dict  # noqa: E402
 from pipelines.generate import generate_dataset  # noqa: E402
 from pipelines.shard_config import ShardConfig  # noqa: E402
 from pipelines.shard_job import run_shard_job  # noqa: E402
@@ -41,15 +40,11 @@ ROWS_PER_ROW_GROUP = 50_000
 
 
 def spark_session(master: str):
-    from pyspark.sql import SparkSession
+    from common.config import SparkConfig
+    from common.spark import get_or_create_session
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (SparkSession.builder.master(master).appName("shard-throughput")
-             .config("spark.sql.shuffle.partitions", "8").config("spark.ui.enabled", "false")
-             .config("spark.driver.memory", "4g").config("spark.sql.session.timeZone", "UTC").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    conf = {"spark.sql.shuffle.partitions": 8, "spark.ui.enabled": False, "spark.driver.memory": "4g"}
+    return get_or_create_session(SparkConfig(master=master, app_name="shard-throughput", conf=conf), log_level="ERROR")
 
 
 def input_bytes(path: str) -> int:

@@ -69,7 +69,8 @@ def main() -> None:
     import logging
 
     from loader_throughput import write
-    from pyspark.sql import SparkSession
+    from common.config import SparkConfig
+    from common.spark import get_or_create_session
 
     logging.getLogger("shardtrain").setLevel(logging.WARNING)
     # Spark's Python workers (and so the Horovod ranks) must run this interpreter, with torch and horovod.
@@ -79,8 +80,8 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="step-breakdown-")
     data = write(f"{tmp}/data", args.rows, numeric=16, categorical=2, array_shape=None, files=4,
                  row_group=max(1000, args.rows // 16))
-    spark = (SparkSession.builder.master("local[2]").appName("train_step_breakdown")
-             .config("spark.ui.enabled", "false").getOrCreate())
+    spark = get_or_create_session(SparkConfig(master="local[2]", app_name="train_step_breakdown",
+                                              conf={"spark.ui.enabled": False}), log_level="ERROR")
     try:
         for model in args.models.split(","):
             for precision in args.precisions.split(","):

@@ -9,33 +9,32 @@ Notebook API (each runs on the active SparkSession, or builds one from the confi
     result = shard_dataset(data.shard_config("/tmp/shards"))   # or a YAML path, or a ShardConfig
     print(describe_dataset(result.uri))
 
-Importing this package must stay cheap and Spark-free: executors and training ranks import
-``pipelines.storage`` and ``pipelines.manifest`` through it.
+It imports ``common`` (the foundation) and never ``training`` or ``shardtrain``. Importing it
+stays cheap and Spark-free: executors import ``pipelines.shard_writer`` through it.
 """
 
-__version__ = "0.1.0"
+from common import __version__
 
 
 def shard_dataset(config, overrides=None, spark=None):
     """Run the shard job. ``config``: a ShardConfig, a plain dict, or a YAML path; returns ShardResult."""
-    from pipelines.config import from_dict
+    from common.config import from_dict
+    from common.spark import get_or_create_session
+    from common.storage import check_uri
     from pipelines.shard_config import ShardConfig, load_shard_config
     from pipelines.shard_job import run_shard_job
-    from pipelines.spark import get_or_create_session
 
     if isinstance(config, ShardConfig):
         if overrides:
-            from pipelines.config import apply_overrides, to_dict
+            from common.config import apply_overrides, to_dict
 
             config = from_dict(ShardConfig, apply_overrides(to_dict(config), list(overrides)))
     elif isinstance(config, dict):
-        from pipelines.config import apply_overrides
+        from common.config import apply_overrides
 
         config = from_dict(ShardConfig, apply_overrides(config, list(overrides or [])))
     else:
         config = load_shard_config(config, list(overrides or []))
-    from pipelines.storage import check_uri
-
     for uri in config.uris:
         check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
     spark = spark or get_or_create_session(config.spark)
@@ -45,21 +44,21 @@ def shard_dataset(config, overrides=None, spark=None):
 def generate_dataset(path, rows, spark=None, **options):
     """Write a synthetic dataset (see pipelines.generate.generate_dataset for the options)."""
     from pipelines.generate import generate_dataset as _generate
-    from pipelines.spark import get_or_create_session
+    from common.spark import get_or_create_session
 
     return _generate(spark or get_or_create_session(), path, rows, **options)
 
 
 def read_manifest(uri):
     """Read and validate a published dataset's manifest (refuses uncommitted datasets)."""
-    from pipelines.manifest import read_manifest as _read
+    from common.dataset import read_manifest as _read
 
     return _read(uri)
 
 
 def describe_dataset(uri) -> str:
     """A human-readable summary: splits, per-shard rows and balance, quarantine reasons."""
-    from pipelines.inspect import describe_dataset as _describe
+    from pipelines.describe import describe_dataset as _describe
 
     return _describe(uri)
 

@@ -12,7 +12,7 @@ N >= num_shards.
 
 from __future__ import annotations
 
-from pipelines.errors import InputDataError
+from common.errors import InputDataError
 
 HASH_BITS = 53  # a double holds 53 bits exactly, so u is exact in Spark and in Python
 BUCKET_BITS = 12  # the shuffle key's top bits: 4096 buckets per split, ranked in parallel

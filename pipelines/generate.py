@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipelines.errors import ConfigError
+from common.errors import ConfigError
 
 ARRAY_COLUMN = "image"
 LABEL_COLUMN = "label"
@@ -51,7 +51,7 @@ class GeneratedDataset:
         Keyword arguments replace or extend whole sections: ``output={"num_shards": 2}`` is merged
         into the output section, ``split={"seed": 3}`` into split, and so on.
         """
-        from pipelines.config import deep_merge
+        from common.config import deep_merge
 
         source = {"path": self.path, "format": self.format}
         if self.format != "parquet":
@@ -79,8 +79,8 @@ def generate_dataset(spark, path: str, rows: int, *, seed: int = 0,
                      task: Literal["classification", "regression"] = "classification", num_classes: int = 2,
                      null_fraction: float = 0.05, bad_rows: int = 0, partitions: int | None = None,
                      mode: Literal["error", "overwrite"] = "error") -> GeneratedDataset:
-    """Write a synthetic dataset to ``path`` (any URI pipelines.storage accepts) with Spark."""
-    from pipelines.spark import spark_errors, to_spark_path
+    """Write a synthetic dataset to ``path`` (any URI common.storage accepts) with Spark."""
+    from common.spark import spark_errors, to_spark_path
 
     _check_args(rows, format, numeric, categorical, vocab_size, array_shape, task, num_classes,
                 null_fraction, bad_rows, mode)

@@ -21,11 +21,11 @@ import math
 from dataclasses import dataclass
 
 from pipelines.balance import BUCKET_BITS, HASH_BITS, split_bounds
-from pipelines.errors import InputDataError, first_line
-from pipelines.manifest import NULL_INDEX, RESERVED_INDICES, ROW_INDEX, UNSEEN_INDEX
+from common.errors import InputDataError, first_line
+from common.dataset import LABEL_NAME, NULL_INDEX, RESERVED_INDICES, ROW_INDEX, UNSEEN_INDEX
+from common.dataset import stored_schema as dataset_schema
 from pipelines.shard_config import ShardConfig
 
-LABEL_NAME = "label"
 FLOAT_MAX = 3.4028234663852886e38
 RESERVED_NAMES = {LABEL_NAME, ROW_INDEX}
 
@@ -300,21 +300,8 @@ def encode(clean, cfg: ShardConfig, stats: FittedStats):
 
 
 def stored_schema(cfg: ShardConfig) -> list[dict]:
-    """The manifest's schema: stored columns in file order."""
-    cols = [{"name": n, "dtype": "float32", "shape": []} for n in cfg.features.numeric]
-    cols += [{"name": n, "dtype": "int32", "shape": []} for n in cfg.features.categorical]
-    cols += [{"name": n, "dtype": "float32", "shape": list(s)} for n, s in cfg.features.arrays.items()]
-    cols.append({"name": LABEL_NAME, "dtype": "int64" if cfg.label.task == "classification" else "float32", "shape": []})
-    cols.append({"name": ROW_INDEX, "dtype": "int64", "shape": []})
-    return cols
-
-
-def arrow_schema(columns: list[dict]):
-    import pyarrow as pa
-
-    types = {"float32": pa.float32(), "int32": pa.int32(), "int64": pa.int64()}
-    fields = []
-    for col in columns:
-        tp = types[col["dtype"]]
-        fields.append(pa.field(col["name"], pa.list_(tp) if col["shape"] else tp, nullable=False))
-    return pa.schema(fields)
+    """The manifest's schema for this config: stored columns in file order (common.dataset decides it)."""
+    features = {"numeric": [{"name": n} for n in cfg.features.numeric],
+                "categorical": [{"name": n} for n in cfg.features.categorical],
+                "arrays": [{"name": n, "shape": s} for n, s in cfg.features.arrays.items()]}
+    return dataset_schema(features, {"name": LABEL_NAME, "task": cfg.label.task})

@@ -10,15 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pipelines.config import load_config, require
-
-
-@dataclass
-class SparkConfig:
-    master: str = "local[2]"
-    app_name: str = "shardtrain"
-    # Passed to SparkSession.builder.config(); ignored when a session already exists.
-    conf: dict[str, Any] = field(default_factory=dict)
+from common.config import SparkConfig, load_config, require
 
 
 @dataclass

@@ -24,38 +24,33 @@ partition, rather than hoping hash buckets spread evenly (they do not).
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import hashlib
-import importlib
 import json
 import logging
 import math
 import time
 from dataclasses import dataclass
 
-from pipelines import __version__
+from common import __version__
 from pipelines.balance import check_split_rows, rows_per_row_group, shard_sizes
-from pipelines.config import dump_yaml, to_dict
-from pipelines.errors import ConfigError, InputDataError, OutputExistsError, QualityGateError, ShardtrainError
-from pipelines.manifest import (FORMAT, FORMAT_VERSION, MANIFEST_NAME, ROW_INDEX, Manifest, fingerprint, read_manifest,
-                                row_bytes)
-from pipelines.preprocess import (arrow_schema, check_table, encode, fit, grouped_moments, merge_moments,
+from common.config import dump_yaml, to_dict
+from common.plugins import load_callable
+from common.errors import AccountingError, InputDataError, OutputExistsError, QualityGateError, first_line
+from common.dataset import (FORMAT_VERSION, ROW_INDEX, Manifest, arrow_schema, build_manifest, read_manifest,
+                            row_bytes, write_manifest)
+from pipelines.preprocess import (check_table, encode, fit, grouped_moments, merge_moments,
                                   moment_values, q, row_columns, stored_schema)
 from pipelines.shard_config import ShardConfig
 from pipelines.shard_writer import RESULT_DDL, TARGET_COLUMN, write_empty, write_partition
 from pipelines.sources import read_sources, source_fingerprint
-from pipelines.storage import is_committed, publish, resolve
+from common.storage import is_committed, publish, resolve
 
 log = logging.getLogger("shardtrain.shard")
 
 QUARANTINE_DIR = "_quarantine"
 QUARANTINE_ROWS_PER_FILE = 1_000_000
 CONFIG_NAME = "config.yaml"
-
-
-class AccountingError(ShardtrainError):
-    """Input rows != published + quarantined rows: a bug or a non-deterministic input; nothing is published."""
 
 
 @dataclass
@@ -66,7 +61,7 @@ class ShardResult:
 
 
 def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
-    from pipelines.spark import spark_errors
+    from common.spark import spark_errors
 
     out = resolve(cfg.output.path)
     sources_fp = {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}
@@ -112,25 +107,15 @@ def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
         accounting = _check_accounting(counts, splits, qfiles)
         features = {"numeric": stats.numeric, "categorical": stats.categorical,
                     "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
-        manifest = {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "shardtrain_version": __version__,
-            "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "schema": columns,
-            "features": features,
-            "label": stats.label,
-            "row_index_column": ROW_INDEX,
-            "num_shards": cfg.output.num_shards,
-            "rows_per_row_group": rpg,
-            "splits": splits,
-            "quarantine": {"path": QUARANTINE_DIR, "rows": counts.quarantined,
-                           "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
-            "accounting": accounting,
-            "sources": sources_fp,
-            "config": to_dict(cfg),
-            "input_fingerprint": input_fp,
-            "fingerprint": fingerprint(splits, features, stats.label),
-        }
-        staging.write_text(MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+        manifest = build_manifest(
+            splits, features, stats.label, num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
+            quarantine={"path": QUARANTINE_DIR, "rows": counts.quarantined,
+                        "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
+            accounting=accounting, sources=sources_fp, config=to_dict(cfg), input_fingerprint=input_fp)
+        if manifest["schema"] != columns:
+            raise AccountingError(f"the written columns {columns} differ from the manifest schema "
+                                  f"{manifest['schema']}; nothing was published")
+        write_manifest(staging, manifest)
         staging.write_text(CONFIG_NAME, dump_yaml(cfg))
     log.info("published %s: %s", out.uri, ", ".join(f"{s}={v['rows']}" for s, v in splits.items()))
     return ShardResult(uri=out.uri, manifest=read_manifest(out.uri), skipped=False)
@@ -166,7 +151,7 @@ def _check_existing(out, cfg: ShardConfig, input_fp: str) -> Manifest | None:
 
 
 def _build_table(spark, cfg: ShardConfig, frames):
-    from pipelines.spark import spark_errors
+    from common.spark import spark_errors
 
     if cfg.query is not None:
         where = "the table produced by `query`"
@@ -179,11 +164,7 @@ def _build_table(spark, cfg: ShardConfig, frames):
         where = f"source {name!r} ({frame.config.path})"
         table = frame.clean
     if cfg.transform is not None:
-        module_name, _, func_name = cfg.transform.partition(":")
-        try:
-            func = getattr(importlib.import_module(module_name), func_name)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"transform {cfg.transform!r} cannot be loaded: {exc}") from None
+        func = load_callable(cfg.transform, "transform")
         with spark_errors(f"transform {cfg.transform}"):
             table = func(table)
         where = f"the table returned by transform {cfg.transform!r}"

@@ -5,7 +5,7 @@ order, with an int ``_target`` column naming the file (an index into ``targets``
 turns that stream of Arrow batches into a Parquet file with fixed-size row groups and reports
 what it wrote (path, rows, row-group sizes, bytes, sha256), one small record per file.
 
-Runs on executors: it imports only pyarrow and pipelines.storage (never Spark, never the
+Runs on executors: it imports only pyarrow and common.storage (never Spark, never the
 session), and everything it needs arrives as plain picklable arguments. A retried or speculative
 task writes a private temporary file and renames it, so a killed attempt leaves no half file
 under the final name and a rerun writes the same bytes.
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.storage import resolve
+from common.storage import resolve
 
 TARGET_COLUMN = "_target"
 

@@ -17,10 +17,10 @@ import glob as globlib
 import posixpath
 from dataclasses import dataclass
 
-from pipelines.errors import ConfigError, InputDataError, first_line
+from common.errors import ConfigError, InputDataError, first_line
 from pipelines.preprocess import q
 from pipelines.shard_config import ShardConfig, SourceConfig
-from pipelines.storage import resolve
+from common.storage import resolve
 
 CORRUPT_COLUMN = "_corrupt_record"
 MALFORMED = "malformed_record"
@@ -66,7 +66,7 @@ def source_fingerprint(name: str, cfg: SourceConfig) -> dict:
 def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
     from pyspark.sql import functions as F
 
-    from pipelines.spark import spark_errors, to_spark_path
+    from common.spark import spark_errors, to_spark_path
 
     path = to_spark_path(cfg.path)
     options = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in cfg.options.items()}

@@ -22,20 +22,15 @@ from spark_cluster import start_cluster  # noqa: E402
 @pytest.fixture(scope="session")
 def spark():
     """A real local[2] SparkSession, shared: start-up costs 5-10 s."""
-    from pyspark.sql import SparkSession
+    from common.config import SparkConfig
+    from common.spark import get_or_create_session
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (SparkSession.builder.master("local[2]").appName("shardtrain-tests")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.default.parallelism", "4")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.memory", "2g")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    conf = {"spark.sql.shuffle.partitions": 4, "spark.default.parallelism": 4, "spark.ui.enabled": False,
+            "spark.driver.memory": "2g"}
+    session = get_or_create_session(SparkConfig(master="local[2]", app_name="shardtrain-tests", conf=conf),
+                                    log_level="ERROR")
     yield session
     session.stop()
 
@@ -77,7 +72,7 @@ def s3_endpoint():
 @pytest.fixture
 def s3_bucket(s3_endpoint, monkeypatch):
     """A fresh bucket on the loopback S3 endpoint, with credentials and endpoint in the environment."""
-    from pipelines import storage
+    from common import storage
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -1,14 +1,15 @@
 """shardtrain's second stage: a published dataset (its manifest) -> Horovod-on-Spark PyTorch
-training -> a model in storage. Depends on ``pipelines`` for the dataset contract, never the reverse.
+training -> a model in storage. It reads the dataset contract from ``common.dataset`` and never
+imports ``pipelines``.
 
 The public API is re-exported lazily, so ``import training`` (the CLI, doctor) does not import
 torch or horovod until one of these names is used.
 """
 
-from pipelines import __version__
+from common import __version__
 
-_API = ("train", "run", "load_model", "TrainResult", "RunResult", "handle_train", "handle_run")
-_CONFIG = ("TrainConfig", "RunConfig", "load_train_config", "load_run_config")
+_API = ("train", "load_model", "TrainResult", "handle_train")
+_CONFIG = ("TrainConfig", "load_train_config")
 
 __all__ = ["__version__", *_API, *_CONFIG]
 

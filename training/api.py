@@ -1,5 +1,4 @@
-"""The public training API: ``train``, ``run`` (shard then train), ``load_model``, and the
-command handlers the CLI and the spark-submit job files call.
+"""The public training API: ``train``, ``load_model``, and the ``shardtrain train`` command handler.
 
     from training import train, load_train_config
     result = train(load_train_config("conf/train.yaml", ["launch.num_proc=2"]), spark=spark)
@@ -16,9 +15,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from pipelines.errors import OutputExistsError
-from pipelines.storage import resolve
-from training.config import RunConfig, TrainConfig, load_run_config, load_train_config
+from common.errors import OutputExistsError
+from common.storage import resolve
+from training.config import TrainConfig, load_train_config
 from training.launch import check_results, launch_in_process, launch_spark
 from training.plan import RankPlan, build_plan
 
@@ -86,33 +85,6 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None) -> TrainResult:
     return result
 
 
-@dataclass
-class RunResult:
-    dataset_uri: str
-    shard_skipped: bool
-    train: TrainResult
-
-    def summary(self) -> str:
-        note = " (already published; reused)" if self.shard_skipped else ""
-        return f"dataset: {self.dataset_uri}{note}\n{self.train.summary()}"
-
-
-def run(cfg: RunConfig, spark=None) -> RunResult:
-    """Shard, then train on the result, in one Spark application (built from ``cfg.shard.spark``)."""
-    from pipelines.shard_job import run_shard_job
-    from pipelines.spark import get_or_create_session
-    from pipelines.storage import check_uri
-
-    for uri in [*cfg.shard.uris, cfg.train.output.model_path]:
-        check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
-    spark = spark or get_or_create_session(_with_gpu_conf(cfg.shard.spark, cfg.train.launch))
-    shard = run_shard_job(spark, cfg.shard)
-    train_cfg = copy.deepcopy(cfg.train)
-    train_cfg.data.path = shard.uri
-    result = train(train_cfg, spark=spark)
-    return RunResult(dataset_uri=shard.uri, shard_skipped=shard.skipped, train=result)
-
-
 def load_model(uri: str, program: bool | None = None):
     """A published model (see training.export.load_model): ``.predict(frame)`` on raw feature columns."""
     from training.export import load_model as _load
@@ -120,17 +92,11 @@ def load_model(uri: str, program: bool | None = None):
     return _load(uri, program)
 
 
-# --- command handlers (shardtrain train / run, spark-submit training/jobs/*.py) ----------------
+# --- command handler (shardtrain train) ---------------------------------------------------------
 
 def handle_train(args) -> int:
     """``args.config`` (a YAML path) and ``args.overrides`` (key=value strings)."""
     result = train(load_train_config(args.config, args.overrides))
-    print(result.summary())
-    return 0
-
-
-def handle_run(args) -> int:
-    result = run(load_run_config(args.config, args.overrides))
     print(result.summary())
     return 0
 
@@ -143,12 +109,13 @@ def _check_output(cfg: TrainConfig) -> None:
 
 
 def _session(cfg: TrainConfig):
-    from pipelines.spark import get_or_create_session
+    from common.spark import get_or_create_session
 
-    return get_or_create_session(_with_gpu_conf(cfg.spark, cfg.launch))
+    return get_or_create_session(session_for(cfg.spark, cfg.launch))
 
 
-def _with_gpu_conf(spark_cfg, launch_cfg):
+def session_for(spark_cfg, launch_cfg):
+    """The spark section with what the ranks need added (the GPU amount per task)."""
     if not launch_cfg.gpus_per_proc or "spark.task.resource.gpu.amount" in spark_cfg.conf:
         return spark_cfg
     spark_cfg = copy.deepcopy(spark_cfg)
@@ -177,5 +144,4 @@ def _result(plan: RankPlan, ranks: list[dict], seconds: float) -> TrainResult:
                        resumed_from=main.get("resumed_from"), checkpoint_problems=main.get("checkpoint_problems", []))
 
 
-__all__ = ["RunResult", "TrainResult", "handle_run", "handle_train", "load_model", "load_run_config",
-           "load_train_config", "run", "train"]
+__all__ = ["TrainResult", "handle_train", "load_model", "load_train_config", "session_for", "train"]

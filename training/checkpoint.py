@@ -5,7 +5,7 @@ step; the manager decides whether this step is a checkpoint (``every_steps``, ``
 the last step). Every rank calls it, because ``state_fn`` may gather per-rank state (RNG) with a
 collective; only the writer (rank 0) writes.
 
-Layout: ``<path>/step-000000120/state.pt`` published with pipelines.storage.publish (staging,
+Layout: ``<path>/step-000000120/state.pt`` published with common.storage.publish (staging,
 rename, ``_COMMITTED`` marker last, carrying the file's sha256). ``state.pt`` holds tensors and
 primitives only and is read with ``torch.load(weights_only=True)``: a checkpoint cannot run code.
 On resume, a checkpoint without its marker (a crash mid-write) or whose bytes do not match the
@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipelines.storage import MARKER, STAGING_TAG, is_committed, publish, resolve
+from common.errors import CorruptCheckpoint
+from common.storage import MARKER, STAGING_TAG, is_committed, publish, resolve
 
 log = logging.getLogger("shardtrain.checkpoint")
 
@@ -135,8 +136,4 @@ class CheckpointManager:
             root.fs.rm(path, recursive=True)  # left by a writer that died mid-save
 
 
-class CorruptCheckpoint(Exception):
-    pass
-
-
-__all__ = ["CheckpointManager", "CorruptCheckpoint", "Restored"]
+__all__ = ["CheckpointManager", "Restored"]

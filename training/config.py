@@ -1,8 +1,8 @@
-"""The training job's config tree (``train``) and the shard-then-train tree (``run``).
+"""The training job's config tree.
 
 One dataclass per section, each validating itself in ``__post_init__`` with a message that names
 the key to change. Section and key names are a public contract (scheduled jobs and notebooks use
-them): add keys, never rename them. Load with ``load_train_config`` / ``load_run_config``.
+them): add keys, never rename them. Load with ``load_train_config``.
 
 This module must stay free of torch and horovod: the driver imports it before anything launches.
 """
@@ -13,8 +13,8 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pipelines.config import load_config, require
-from pipelines.shard_config import ShardConfig, SparkConfig
+from common.config import load_config, require
+from common.config import SparkConfig
 
 
 @dataclass
@@ -161,31 +161,13 @@ class TrainConfig:
         return self.checkpoint.path or posixpath.join(self.output.resolved_run_dir, "checkpoints")
 
 
-@dataclass
-class RunConfig:
-    """Shard then train in one Spark application (the one session is built from shard.spark)."""
-
-    shard: ShardConfig
-    train: TrainConfig = field(default_factory=TrainConfig)
-
-    def __post_init__(self):
-        if self.train.data.path is None:
-            self.train.data.path = self.shard.output.path
-        require(self.train.data.path == self.shard.output.path, "train.data.path",
-                f"must be the shard output ({self.shard.output.path}) or unset, got {self.train.data.path}")
-
-
 def load_train_config(path=None, overrides=None, defaults: dict | None = None) -> TrainConfig:
     cfg = load_config(TrainConfig, path, overrides, defaults)
     require(cfg.data.path is not None, "data.path", "is required: the URI of a dataset published by `shardtrain shard`")
     return cfg
 
 
-def load_run_config(path=None, overrides=None, defaults: dict | None = None) -> RunConfig:
-    return load_config(RunConfig, path, overrides, defaults)
-
-
 __all__ = [
-    "CheckpointConfig", "DataConfig", "LaunchConfig", "ModelConfig", "RunConfig", "TrainConfig",
-    "TrainLoopConfig", "TrainOutputConfig", "load_run_config", "load_train_config",
+    "CheckpointConfig", "DataConfig", "LaunchConfig", "ModelConfig", "TrainConfig", "TrainLoopConfig",
+    "TrainOutputConfig", "load_train_config",
 ]

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 
-from pipelines.errors import DatasetError
-from pipelines.manifest import ROW_INDEX, Manifest
+from common.errors import DatasetError
+from common.dataset import ROW_INDEX, Manifest
 
 log = logging.getLogger("shardtrain.data")
 
@@ -231,7 +231,7 @@ class RankLoader:
     def _open_reader(self, epoch: int):
         from petastorm import make_batch_reader
 
-        from pipelines.storage import resolve, s3_options
+        from common.storage import resolve
 
         locations = [resolve(f.uri) for f in self.files]
         urls = [f"file://{loc.path}" if loc.scheme == "file" else loc.uri for loc in locations]
@@ -361,7 +361,7 @@ def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[s
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.storage import resolve
+    from common.storage import resolve
 
     tables, have = [], 0
     for shard in layout.files:

@@ -1,6 +1,6 @@
 """The trained model in storage, and loading it back for predictions.
 
-``publish_model`` writes, atomically (pipelines.storage.publish: staging, rename, marker last):
+``publish_model`` writes, atomically (common.storage.publish: staging, rename, marker last):
 
 * ``model.safetensors``: the weights (no pickle);
 * ``model.torchscript.pt``: a TorchScript program for serving; it takes the preprocessed tensors
@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipelines.errors import DatasetError
-from pipelines.manifest import FeatureSpec
-from pipelines.storage import publish, require_committed
+from common.errors import DatasetError
+from common.dataset import FeatureSpec
+from common.storage import publish, require_committed
 
 MODEL_FORMAT = "shardtrain.model"
 MODEL_FORMAT_VERSION = 1
@@ -94,7 +94,7 @@ def _program(serving: ServingModel, example: dict) -> bytes:
 def versions() -> dict:
     import pyarrow
 
-    from pipelines import __version__
+    from common import __version__
 
     found = {"shardtrain": __version__, "python": platform.python_version(), "torch": torch.__version__,
              "numpy": np.__version__, "pyarrow": pyarrow.__version__}

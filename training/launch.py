@@ -14,8 +14,8 @@ import os
 import re
 import traceback
 
-from pipelines.errors import EXIT_RUNTIME, ConfigError, ShardtrainError
-from training.errors import LaunchError, RankFailedError, RankFailure
+from common.errors import EXIT_RUNTIME, ConfigError, ShardtrainError
+from common.errors import LaunchError, RankFailedError, RankFailure
 
 log = logging.getLogger("shardtrain.train")
 
@@ -64,7 +64,7 @@ def launch_spark(plan, spark, launch_cfg) -> list[dict]:
                                     start_timeout=launch_cfg.start_timeout, env=env, verbose=launch_cfg.verbose,
                                     use_gloo=True)
     except Exception as exc:  # noqa: BLE001 - mapped to one typed error with the cause in words
-        from pipelines.spark import explain_java_error
+        from common.spark import explain_java_error
 
         raise LaunchError(
             f"horovod.spark.run could not run {launch_cfg.num_proc} rank(s): {explain_java_error(exc)}. "

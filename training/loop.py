@@ -24,13 +24,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipelines.config import dump_yaml
-from pipelines.errors import ConfigError
-from pipelines.storage import resolve
+from common.config import dump_yaml
+from common.errors import ConfigError
+from common.storage import resolve
 from training.checkpoint import CheckpointManager
 from training.data import RankLoader, read_first_rows
 from training.distributed import LocalGroup, resolve_device, set_threads, spark_gpu_addresses
-from training.errors import NonFiniteLossError
+from common.errors import NonFiniteLossError
 from training.export import publish_model, serving_model, target_scaling
 from training.models import build_model, mlp_arguments
 from training.plan import RankPlan

@@ -11,14 +11,14 @@ Imported on ranks only (it imports torch).
 
 from __future__ import annotations
 
-import importlib
 from typing import Dict
 
 import torch
 from torch import nn
 
-from pipelines.errors import ConfigError
-from pipelines.manifest import RESERVED_INDICES
+from common.errors import ConfigError
+from common.plugins import load_callable
+from common.dataset import RESERVED_INDICES
 
 
 
@@ -79,23 +79,11 @@ def build_model(model_cfg: dict, feature_spec: dict, label_spec: dict) -> nn.Mod
     if name == "mlp":
         return TabularMLP(**mlp_arguments(feature_spec, label_spec, model_cfg["hidden"], model_cfg["dropout"],
                                           model_cfg["embedding_dim"], **model_cfg.get("kwargs", {})))
-    factory = resolve_factory(name)
+    factory = load_callable(name, "model.name")
     model = factory(feature_spec, label_spec, **model_cfg.get("kwargs", {}))
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.name {name!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
-def resolve_factory(name: str):
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"model.name {name!r}: cannot import {module_name!r} ({exc})") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ConfigError(f"model.name {name!r}: {module_name} has no callable {attr!r}")
-    return factory
-
-
-__all__ = ["TabularMLP", "build_model", "mlp_arguments", "resolve_factory"]
+__all__ = ["TabularMLP", "build_model", "mlp_arguments"]

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from pipelines.config import to_dict
-from pipelines.errors import DatasetError
-from pipelines.manifest import MANIFEST_NAME, ROW_INDEX, Manifest, read_manifest
+from common.config import to_dict
+from common.errors import DatasetError
+from common.dataset import MANIFEST_NAME, Manifest, read_manifest
 from training.config import TrainConfig
 from training.data import Columns, SplitLayout, columns_for, skipped_rows_per_epoch, steps_per_epoch
 
@@ -86,30 +86,9 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
 
 
 def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:
+    """What this training config asks of the dataset (the manifest itself was validated on read)."""
     label = manifest.label
-    task = label.get("task")
-    if task not in ("classification", "regression"):
-        raise DatasetError(f"{where}: field 'label.task' is {task!r}; expected classification or regression")
-    if not label.get("name"):
-        raise DatasetError(f"{where}: field 'label.name' is missing")
-    if task == "classification":
-        num_classes = label.get("num_classes")
-        if not isinstance(num_classes, int) or num_classes < 2:
-            raise DatasetError(f"{where}: field 'label.num_classes' is {num_classes!r}; classification needs >= 2")
-    if manifest.data.get("row_index_column", ROW_INDEX) != ROW_INDEX:
-        raise DatasetError(f"{where}: field 'row_index_column' is {manifest.data['row_index_column']!r}, "
-                           f"expected {ROW_INDEX!r}")
-    stored = {col["name"] for col in manifest.data["schema"]}
-    needed = [*manifest.features.columns, label["name"], ROW_INDEX]
-    missing = [name for name in needed if name not in stored]
-    if missing:
-        raise DatasetError(f"{where}: field 'schema' lacks column(s) {missing} that 'features'/'label' name")
-    if not manifest.features.columns:
-        raise DatasetError(f"{where}: field 'features' declares no feature columns")
-    for spec in manifest.features.spec.get("categorical", []):
-        if not isinstance(spec.get("vocab"), list):
-            raise DatasetError(f"{where}: field 'features.categorical[{spec.get('name')}].vocab' is missing")
-
+    task = label["task"]
     model = cfg.model
     if model.task is not None and model.task != task:
         raise DatasetError(f"{where}: field 'label.task' is {task!r} but model.task is {model.task!r}")

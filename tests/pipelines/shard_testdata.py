@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.config import from_dict
+from common.config import from_dict
 from pipelines.shard_config import ShardConfig
 
 

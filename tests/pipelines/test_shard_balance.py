@@ -4,8 +4,8 @@ import pytest
 
 from pipelines.balance import (check_split_rows, row_group_sizes, rows_per_row_group, shard_of, shard_offset,
                                shard_sizes, split_bounds, split_of)
-from pipelines.config import from_dict
-from pipelines.errors import ConfigError, InputDataError
+from common.config import from_dict
+from common.errors import ConfigError, InputDataError
 from pipelines.shard_config import ShardConfig, load_shard_config
 
 

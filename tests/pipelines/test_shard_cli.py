@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import describe_dataset, read_manifest, shard_dataset
-from pipelines.cli import register_commands, run_command
+from common.cli import run_command
+from pipelines.commands import register_commands
 from pipelines.generate import generate_dataset
 
 pytestmark = pytest.mark.spark

@@ -22,7 +22,7 @@ from spark_cluster import spark_env  # noqa: E402
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = ROOT / "pipelines" / "jobs" / "shard.py"
+JOB = ROOT / "shardtrain" / "job.py"
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def submit(master: str, config: Path, overrides: list[str], py_files: list[str] 
            "--conf", "spark.executor.memory=1g"]
     if py_files:
         cmd += ["--py-files", ",".join(py_files)]
-    cmd += [str(JOB), "--config", str(config), *overrides]
+    cmd += [str(JOB), "shard", "--config", str(config), *overrides]
     return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
@@ -13,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines.config import from_dict
-from pipelines.errors import InputDataError, OutputExistsError, QualityGateError
+from common.config import from_dict
+from common.errors import InputDataError, OutputExistsError, QualityGateError
 from pipelines.generate import generate_dataset
-from pipelines.manifest import read_manifest
+from common.dataset import read_manifest
 from pipelines.shard_config import ShardConfig
 from pipelines.shard_job import run_shard_job
 from shard_testdata import (config, file_hashes, manifest_without_timestamps, quarantine, read_split, simple_rows,

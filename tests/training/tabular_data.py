@@ -8,8 +8,6 @@ They follow the manifest contract in pipelines/manifest.py: stored columns are w
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 
@@ -18,8 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.manifest import MANIFEST_NAME, FeatureSpec, fingerprint
-from pipelines.storage import MARKER
+from common.dataset import FeatureSpec, build_manifest, file_entry, write_manifest
+from common.storage import MARKER, resolve
 
 CITIES = ["paris", "lyon", "nice", "lille", "nantes"]
 
@@ -94,23 +92,14 @@ def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "cl
         os.makedirs(os.path.join(root, split), exist_ok=True)
         for i, groups in enumerate(files):
             rel = f"{split}/part-{i:05d}.parquet"
-            path = os.path.join(root, rel)
-            with pq.ParquetWriter(path, table.schema) as writer:
+            with pq.ParquetWriter(os.path.join(root, rel), table.schema) as writer:
                 for size in groups:
                     writer.write_table(table.slice(start, size), row_group_size=max(size, 1))
                     start += size
-            with open(path, "rb") as fh:
-                digest = hashlib.sha256(fh.read()).hexdigest()
-            entries.append({"path": rel, "rows": sum(groups), "row_groups": list(groups),
-                            "bytes": os.path.getsize(path), "sha256": digest})
+            entries.append(file_entry(resolve(root), rel))
         splits[split] = {"rows": len(raw), "files": entries}
-    schema = [{"name": f.name, "dtype": str(f.type), "shape": []} for f in table.schema]
-    manifest = {"format": "shardtrain.dataset", "format_version": 1, "shardtrain_version": "0.1.0",
-                "created_at": "2026-11-29T22:00:00Z", "schema": schema, "features": features, "label": label,
-                "row_index_column": "_row", "splits": splits, "config": {},
-                "fingerprint": fingerprint(splits, features, label)}
-    with open(os.path.join(root, MANIFEST_NAME), "w") as fh:
-        json.dump(manifest, fh, indent=2)
+    manifest = build_manifest(splits, features, label, config={})
+    write_manifest(resolve(root), manifest)
     if committed:
         with open(os.path.join(root, MARKER), "w") as fh:
             fh.write("{}")

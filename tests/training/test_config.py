@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from pipelines.errors import ConfigError
-from training.config import load_run_config, load_train_config
+from common.errors import ConfigError
+from shardtrain.run import load_run_config
+from training.config import load_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

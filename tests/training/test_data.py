@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from pipelines.manifest import read_manifest
+from common.dataset import read_manifest
 from tabular_data import write_dataset
 from training.data import (RankLoader, SplitLayout, columns_for, rank_row_range, read_first_rows,
                            skipped_rows_per_epoch, steps_per_epoch)
@@ -157,7 +157,7 @@ def test_read_first_rows_spans_row_groups_and_files(uneven):
 def test_ranks_read_the_same_batches_from_s3_as_from_local_disk(uneven, s3_bucket):
     """Shards on an S3 endpoint over real HTTP (moto on 127.0.0.1): every rank gets exactly the
     batches it gets from the local copy, through the same storage settings as the rest of shardtrain."""
-    from pipelines.storage import resolve
+    from common.storage import resolve
 
     ds, local = uneven
     resolve(s3_bucket).fs.put(ds.uri, f"{s3_bucket.removeprefix('s3://')}/ds", recursive=True)

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines.errors import EXIT_RUNTIME
+from common.errors import EXIT_RUNTIME
 from tabular_data import write_dataset
 from training import load_model, load_train_config, train
 from training.data import rank_row_range
-from training.errors import RankFailedError
+from common.errors import RankFailedError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -89,7 +89,7 @@ def _spark_submit(args, cwd=ROOT, timeout=280):
 
 
 def test_three_ranks_on_spark_assigned_gpus_via_the_job_file(uneven, tmp_path):
-    """spark-submit training/jobs/train.py on local-cluster: one worker with 3 cores and 3 fake
+    """spark-submit shardtrain/job.py train on local-cluster: one worker with 3 cores and 3 fake
     GPUs; each rank must see the GPU address its own task was given (then fall back to CPU)."""
     script = tmp_path / "gpus.sh"
     script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
@@ -99,7 +99,7 @@ def test_three_ranks_on_spark_assigned_gpus_via_the_job_file(uneven, tmp_path):
         "--master", master, "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=1g",
         "--conf", "spark.worker.resource.gpu.amount=3", "--conf", f"spark.worker.resource.gpu.discoveryScript={script}",
         "--conf", "spark.executor.resource.gpu.amount=3", "--conf", "spark.task.resource.gpu.amount=1",
-        "training/jobs/train.py", "--config", "conf/train.yaml", f"spark.master={master}",
+        "shardtrain/job.py", "train", "--config", "conf/train.yaml", f"spark.master={master}",
         f"data.path={uneven.uri}", f"output.model_path={tmp_path}/model", "launch.num_proc=3", "launch.gpus_per_proc=1",
         "launch.start_timeout=90", "train.batch_size=16", "train.epochs=2", "train.precision=bf16"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -117,7 +117,7 @@ def test_three_ranks_on_spark_assigned_gpus_via_the_job_file(uneven, tmp_path):
 def test_two_ranks_on_the_standalone_cluster(standalone_cluster, uneven, tmp_path):
     proc = _spark_submit([
         "--master", standalone_cluster.master_url, "--conf", "spark.ui.enabled=false",
-        "--conf", "spark.executor.memory=1g", "training/jobs/train.py", "--config", "conf/train.yaml",
+        "--conf", "spark.executor.memory=1g", "shardtrain/job.py", "train", "--config", "conf/train.yaml",
         f"spark.master={standalone_cluster.master_url}", f"data.path={uneven.uri}",
         f"output.model_path={tmp_path}/model", "launch.num_proc=2", "launch.start_timeout=90",
         "train.batch_size=32", "train.epochs=2", "train.precision=fp32"])
@@ -128,8 +128,8 @@ def test_two_ranks_on_the_standalone_cluster(standalone_cluster, uneven, tmp_pat
 
 
 def test_demo_shards_then_trains_in_one_application(spark, tmp_path):
-    """training.demo (= `shardtrain run --config conf/run.yaml` on generated data), scaled down."""
-    from training.demo import run_demo
+    """shardtrain.demo (= `shardtrain run --config conf/run.yaml` on generated data), scaled down."""
+    from shardtrain.demo import run_demo
 
     result = run_demo(str(tmp_path), ["train.train.epochs=2", "train.train.batch_size=128",
                                       "shard.output.rows_per_row_group=2000"], rows=20_000, spark=spark)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.errors import EXIT_USAGE, ConfigError, DatasetError, OutputExistsError
+from common.errors import EXIT_USAGE, ConfigError, DatasetError, OutputExistsError
 from tabular_data import write_dataset
 from training import load_model, load_train_config, train
-from training.errors import NonFiniteLossError
+from common.errors import NonFiniteLossError
 
 LAYOUT = {"train": [[400, 150], [300], [190]], "val": [[120], [80]]}
 

@@ -12,6 +12,7 @@ expected type), then each dataclass validates itself once.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 import difflib
 import types
 from pathlib import Path
@@ -19,9 +20,19 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from pipelines.errors import ConfigError
+from common.errors import ConfigError
 
 T = TypeVar("T")
+
+
+@dataclass
+class SparkConfig:
+    """The ``spark`` section every job config has: how to build a session when none is active."""
+
+    master: str = "local[2]"
+    app_name: str = "shardtrain"
+    # Passed to SparkSession.builder.config(); ignored when a session already exists.
+    conf: dict[str, Any] = field(default_factory=dict)
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -233,6 +244,6 @@ def dump_yaml(cfg: Any) -> str:
 
 
 __all__ = [
-    "apply_overrides", "deep_merge", "dump_yaml", "from_dict", "load_config", "parse_override",
+    "SparkConfig", "apply_overrides", "deep_merge", "dump_yaml", "from_dict", "load_config", "parse_override",
     "read_yaml", "require", "to_dict",
 ]

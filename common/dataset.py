@@ -1,4 +1,5 @@
-"""The dataset manifest: the one contract between pipelines/ (producer) and training/ (consumer).
+"""The dataset contract between pipelines/ (producer) and training/ (consumer): the manifest, the
+one way to build it (``build_manifest``), and the one validation every reader runs.
 
 ``_manifest.json`` sits at the root of a published dataset, beside the ``_COMMITTED`` marker::
 
@@ -51,8 +52,9 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.errors import DatasetError, StorageError
-from pipelines.storage import Location, require_committed, resolve
+from common import __version__
+from common.errors import DatasetError, StorageError
+from common.storage import Location, require_committed, resolve
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT = "shardtrain.dataset"
@@ -61,6 +63,9 @@ ROW_INDEX = "_row"
 NULL_INDEX = 0
 UNSEEN_INDEX = 1
 RESERVED_INDICES = 2
+LABEL_NAME = "label"
+TASKS = ("classification", "regression")
+DTYPES = ("float32", "int32", "int64")
 
 
 @dataclass(frozen=True)
@@ -149,21 +154,7 @@ class Manifest:
         self.label = data["label"]
 
     def _validate(self) -> None:
-        where = f"{self.root.uri}/{MANIFEST_NAME}"
-        if self.data.get("format") != FORMAT:
-            raise DatasetError(f"{where}: field 'format' is {self.data.get('format')!r}, expected {FORMAT!r}")
-        version = self.data.get("format_version")
-        if version != FORMAT_VERSION:
-            raise DatasetError(
-                f"{where}: field 'format_version' is {version!r}; this shardtrain reads version {FORMAT_VERSION}. "
-                "Re-shard the data with this version of shardtrain")
-        for key in ("schema", "features", "label", "splits", "fingerprint"):
-            if key not in self.data:
-                raise DatasetError(f"{where}: required field {key!r} is missing")
-        for split, info in self.data["splits"].items():
-            for key in ("rows", "files"):
-                if key not in info:
-                    raise DatasetError(f"{where}: field 'splits.{split}.{key}' is missing")
+        validate_manifest(self.data, f"{self.root.uri}/{MANIFEST_NAME}")
 
     @property
     def fingerprint(self) -> str:
@@ -217,6 +208,157 @@ def read_manifest(uri: str | Location) -> Manifest:
 
 
 _DTYPE_BYTES = {"float32": 4, "int32": 4, "int64": 8}
+
+
+def validate_manifest(data: dict, where: str) -> None:
+    """Everything a reader relies on, checked before anything else reads the dataset; a
+    DatasetError names the manifest (``where``) and the field."""
+    if data.get("format") != FORMAT:
+        raise DatasetError(f"{where}: field 'format' is {data.get('format')!r}, expected {FORMAT!r}")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise DatasetError(
+            f"{where}: field 'format_version' is {version!r}; this shardtrain reads version {FORMAT_VERSION}. "
+            "Re-shard the data with this version of shardtrain")
+    for key in ("schema", "features", "label", "splits", "fingerprint"):
+        if key not in data:
+            raise DatasetError(f"{where}: required field {key!r} is missing")
+    _validate_schema(data["schema"], where)
+    _validate_label(data["label"], where)
+    _validate_features(data["features"], where)
+    if data.get("row_index_column", ROW_INDEX) != ROW_INDEX:
+        raise DatasetError(f"{where}: field 'row_index_column' is {data['row_index_column']!r}, expected {ROW_INDEX!r}")
+    stored = {col["name"] for col in data["schema"]}
+    feature_names = [f.get("name") for kind in ("numeric", "categorical", "arrays")
+                     for f in data["features"].get(kind, [])]
+    missing = [name for name in [*feature_names, data["label"]["name"], ROW_INDEX] if name not in stored]
+    if missing:
+        raise DatasetError(f"{where}: field 'schema' lacks column(s) {missing} that 'features'/'label' name")
+    _validate_splits(data["splits"], where)
+
+
+def _validate_schema(schema: Any, where: str) -> None:
+    if not isinstance(schema, list) or not schema:
+        raise DatasetError(f"{where}: field 'schema' must be a non-empty list of columns")
+    for i, col in enumerate(schema):
+        name = col.get("name") if isinstance(col, dict) else None
+        if not name:
+            raise DatasetError(f"{where}: field 'schema[{i}].name' is missing")
+        if col.get("dtype") not in DTYPES:
+            raise DatasetError(f"{where}: field 'schema[{name}].dtype' is {col.get('dtype')!r}; "
+                               f"expected one of {', '.join(DTYPES)}")
+        shape = col.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise DatasetError(f"{where}: field 'schema[{name}].shape' is {shape!r}; expected a list of positive integers")
+
+
+def _validate_label(label: Any, where: str) -> None:
+    if not isinstance(label, dict) or not label.get("name"):
+        raise DatasetError(f"{where}: field 'label.name' is missing")
+    task = label.get("task")
+    if task not in TASKS:
+        raise DatasetError(f"{where}: field 'label.task' is {task!r}; expected classification or regression")
+    if task == "classification":
+        num_classes = label.get("num_classes")
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise DatasetError(f"{where}: field 'label.num_classes' is {num_classes!r}; classification needs >= 2")
+
+
+def _validate_features(features: Any, where: str) -> None:
+    if not isinstance(features, dict) or not any(features.get(k) for k in ("numeric", "categorical", "arrays")):
+        raise DatasetError(f"{where}: field 'features' declares no feature columns")
+    for spec in features.get("numeric", []):
+        for key in ("name", "mean", "std", "fill"):
+            if key not in spec:
+                raise DatasetError(f"{where}: field 'features.numeric[{spec.get('name')}].{key}' is missing")
+    for spec in features.get("categorical", []):
+        if not isinstance(spec.get("vocab"), list):
+            raise DatasetError(f"{where}: field 'features.categorical[{spec.get('name')}].vocab' is missing")
+    for spec in features.get("arrays", []):
+        shape = spec.get("shape")
+        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise DatasetError(f"{where}: field 'features.arrays[{spec.get('name')}].shape' is {shape!r}")
+
+
+def _validate_splits(splits: Any, where: str) -> None:
+    if not isinstance(splits, dict) or not splits:
+        raise DatasetError(f"{where}: field 'splits' must name at least one split")
+    for split, info in splits.items():
+        for key in ("rows", "files"):
+            if key not in info:
+                raise DatasetError(f"{where}: field 'splits.{split}.{key}' is missing")
+        for i, entry in enumerate(info["files"]):
+            for key in ("path", "rows", "row_groups", "bytes", "sha256"):
+                if key not in entry:
+                    raise DatasetError(f"{where}: field 'splits.{split}.files[{i}].{key}' is missing")
+            if sum(entry["row_groups"]) != entry["rows"]:
+                raise DatasetError(f"{where}: field 'splits.{split}.files[{i}].row_groups' adds up to "
+                                   f"{sum(entry['row_groups'])}, not its 'rows' ({entry['rows']})")
+        if sum(int(e["rows"]) for e in info["files"]) != int(info["rows"]):
+            raise DatasetError(f"{where}: field 'splits.{split}.rows' is {info['rows']}, but its files hold "
+                               f"{sum(int(e['rows']) for e in info['files'])} rows")
+
+
+def stored_schema(features: dict, label: dict) -> list[dict]:
+    """The stored columns, in file order, that a feature and label spec imply (see the module doc)."""
+    cols = [{"name": f["name"], "dtype": "float32", "shape": []} for f in features.get("numeric", [])]
+    cols += [{"name": f["name"], "dtype": "int32", "shape": []} for f in features.get("categorical", [])]
+    cols += [{"name": f["name"], "dtype": "float32", "shape": list(f["shape"])} for f in features.get("arrays", [])]
+    cols.append({"name": label["name"], "dtype": "int64" if label["task"] == "classification" else "float32",
+                 "shape": []})
+    cols.append({"name": ROW_INDEX, "dtype": "int64", "shape": []})
+    return cols
+
+
+def arrow_schema(columns: list[dict]):
+    """The Parquet (Arrow) schema of the stored columns; arrays are stored flattened as lists."""
+    import pyarrow as pa
+
+    types = {"float32": pa.float32(), "int32": pa.int32(), "int64": pa.int64()}
+    return pa.schema([pa.field(c["name"], pa.list_(types[c["dtype"]]) if c["shape"] else types[c["dtype"]],
+                               nullable=False) for c in columns])
+
+
+def build_manifest(splits: dict, features: dict, label: dict, **extra: Any) -> dict:
+    """The one way to make a manifest: the schema follows from the specs, the fingerprint from the
+    content, and the result passes the same validation every reader runs. ``extra`` adds the
+    producer's own fields (config, accounting, sources, ...)."""
+    import datetime as _dt
+
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "shardtrain_version": __version__,
+        "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "schema": stored_schema(features, label),
+        "features": features,
+        "label": label,
+        "row_index_column": ROW_INDEX,
+        "splits": splits,
+        **extra,
+        "fingerprint": fingerprint(splits, features, label),
+    }
+    validate_manifest(manifest, "the manifest being built")
+    return manifest
+
+
+def write_manifest(root: Location, manifest: dict) -> None:
+    root.write_text(MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+
+
+def file_entry(root: Location, rel: str) -> dict:
+    """A split's file entry for a Parquet file already written under ``root``: rows, row groups,
+    bytes and sha256 (for producers that write files themselves: tests, benchmarks)."""
+    import pyarrow.parquet as pq
+
+    loc = root.join(rel)
+    digest = hashlib.sha256()
+    with loc.fs.open(loc.path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+        size = fh.tell()
+    with loc.fs.open(loc.path, "rb") as fh:
+        meta = pq.ParquetFile(fh).metadata
+        groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    return {"path": rel, "rows": sum(groups), "row_groups": groups, "bytes": size, "sha256": digest.hexdigest()}
 
 
 def row_bytes(schema: list[dict]) -> int:

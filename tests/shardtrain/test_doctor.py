@@ -15,7 +15,7 @@ CACHE = Path(os.environ.get("SHARDTRAIN_CACHE", Path.home() / ".cache" / "shardt
 
 
 def _doctor(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "training.cli", "doctor", "--json", *args],
+    return subprocess.run([sys.executable, "-m", "shardtrain.cli", "doctor", "--json", *args],
                           capture_output=True, text=True, env=env, timeout=300)
 
 

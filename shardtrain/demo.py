@@ -16,9 +16,8 @@ DEMO_ROWS = 200_000
 
 def run_demo(workdir: str = "artifacts", overrides: list[str] | None = None, rows: int = DEMO_ROWS, spark=None):
     from pipelines.generate import generate_dataset
-    from pipelines.spark import get_or_create_session
-    from training.api import run
-    from training.config import load_run_config
+    from common.spark import get_or_create_session
+    from shardtrain.run import load_run_config, run
 
     workdir = os.path.abspath(workdir)
     paths = [f"shard.sources.raw.path={workdir}/raw", f"shard.output.path={workdir}/shards",
@@ -40,9 +39,9 @@ def handle_demo(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.cli import run_command, setup_logging
+    from common.cli import run_command, setup_logging
 
-    parser = argparse.ArgumentParser(prog="python -m training.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m shardtrain.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="artifacts")
     parser.add_argument("--rows", type=int, default=DEMO_ROWS)
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override conf/run.yaml values")

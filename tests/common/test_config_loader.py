@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from pipelines.config import dump_yaml, load_config, parse_override, to_dict
-from pipelines.errors import EXIT_USAGE, ConfigError
+from common.config import dump_yaml, load_config, parse_override, to_dict
+from common.errors import EXIT_USAGE, ConfigError
 from pipelines.shard_config import ShardConfig, load_shard_config
 
 VALID = textwrap.dedent("""

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 import fsspec
 
-from pipelines.errors import StorageError
+from common.errors import StorageError
 
 MARKER = "_COMMITTED"
 STAGING_TAG = "._staging-"
@@ -193,7 +193,7 @@ def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterat
     to ``uri`` and the marker is written last. On an exception the staging directory is removed
     and ``uri`` is untouched (``error``) or untouched-and-still-committed (``overwrite``).
     """
-    from pipelines.errors import OutputExistsError
+    from common.errors import OutputExistsError
 
     final = resolve(uri)
     fs = final.fs

@@ -1,6 +1,7 @@
-"""The ``shardtrain`` command. It lives in training/ because it reaches both stages (pipelines/
-never imports training/). Handlers are imported when their command runs, so ``shardtrain doctor``
-still works when, say, Horovod is broken.
+"""The ``shardtrain`` command (also the spark-submit job file, through shardtrain/job.py).
+
+Each stage registers its own commands; handlers are imported when their command runs, so
+``shardtrain doctor`` still works when, say, Horovod is broken.
 
 Exit status: 0 ok, 1 the run failed (may be retried), 2 bad usage/config/input (fix, then re-run).
 """
@@ -10,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipelines import __version__
-from pipelines.cli import add_config_arguments, run_command, setup_logging
+from common import __version__
+from common.cli import add_config_arguments, run_command, setup_logging
 
 
 def _train(args):
@@ -21,25 +22,25 @@ def _train(args):
 
 
 def _run(args):
-    from training.api import handle_run
+    from shardtrain.run import handle_run
 
     return handle_run(args)
 
 
 def _demo(args):
-    from training.demo import handle_demo
+    from shardtrain.demo import handle_demo
 
     return handle_demo(args)
 
 
 def _doctor(args):
-    from training.doctor import run_doctor
+    from shardtrain.doctor import run_doctor
 
     return run_doctor(as_json=args.json, skip_launch=args.no_launch)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines.cli import register_commands
+    from pipelines.commands import register_commands
 
     parser = argparse.ArgumentParser(
         prog="shardtrain", description="Raw data on Spark -> balanced Parquet shards -> Horovod PyTorch training.")

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.errors import DatasetError
-from pipelines.manifest import NULL_INDEX, UNSEEN_INDEX, FeatureSpec
+from common.errors import DatasetError
+from common.dataset import NULL_INDEX, UNSEEN_INDEX, FeatureSpec
 
 SPEC = FeatureSpec({
     "numeric": [{"name": "x", "mean": 2.0, "std": 4.0, "fill": 2.0}],
@@ -45,25 +45,23 @@ def test_missing_feature_column_is_named():
 
 
 def _dataset(tmp_path, row_groups_per_file: list[list[int]]):
-    import json
+    from common.dataset import build_manifest, read_manifest, write_manifest
+    from common.storage import publish
 
-    from pipelines.manifest import MANIFEST_NAME, read_manifest
-    from pipelines.storage import publish
-
-    files = [{"path": f"train/part-{i:05d}.parquet", "rows": sum(g), "row_groups": g, "bytes": 1, "sha256": "x"}
+    # Only the manifest matters to describe_dataset; no Parquet file is read.
+    files = [{"path": f"train/part-{i:05d}.parquet", "rows": sum(g), "row_groups": g, "bytes": 1, "sha256": "0" * 64}
              for i, g in enumerate(row_groups_per_file)]
-    data = {"format": "shardtrain.dataset", "format_version": 1,
-            "schema": [{"name": "x", "dtype": "float32", "shape": []}, {"name": "img", "dtype": "float32", "shape": [8, 8]},
-                       {"name": "label", "dtype": "int64", "shape": []}, {"name": "_row", "dtype": "int64", "shape": []}],
-            "features": {"numeric": [], "categorical": [], "arrays": []}, "label": {"name": "label"},
-            "splits": {"train": {"rows": sum(f["rows"] for f in files), "files": files}}, "fingerprint": "f"}
+    features = {"numeric": [{"name": "x", "mean": 0.0, "std": 1.0, "fill": 0.0}], "categorical": [],
+                "arrays": [{"name": "img", "shape": [8, 8]}]}
+    label = {"name": "label", "task": "classification", "num_classes": 2}
+    splits = {"train": {"rows": sum(f["rows"] for f in files), "files": files}}
     with publish(str(tmp_path / "ds")) as staging:
-        staging.write_text(MANIFEST_NAME, json.dumps(data))
+        write_manifest(staging, build_manifest(splits, features, label))
     return read_manifest(str(tmp_path / "ds"))
 
 
 def test_inspect_warns_about_row_groups_too_small_for_the_loader(tmp_path):
-    from pipelines.inspect import describe_dataset
+    from pipelines.describe import describe_dataset
 
     # 4 + 256 + 8 + 8 = 276 bytes a row: 10,000-row groups are 2.6 MiB, 60,000-row groups 15.8 MiB
     small = describe_dataset(_dataset(tmp_path / "a", [[10_000, 10_000, 5_000]]))
@@ -73,3 +71,35 @@ def test_inspect_warns_about_row_groups_too_small_for_the_loader(tmp_path):
     # one row group per file: the data is simply small, nothing to change
     tiny = describe_dataset(_dataset(tmp_path / "c", [[500], [500]]))
     assert "row groups up to 500 rows" in tiny and "slows" not in tiny
+
+
+def test_manifest_reader_refuses_an_unknown_dtype(tmp_path):
+    """The reader validates dtypes: a benchmark once wrote "dtype": "x" and every reader accepted it."""
+    import json
+
+    from common.dataset import MANIFEST_NAME, read_manifest
+
+    good = _dataset(tmp_path / "ok", [[10]])
+    data = dict(good.data)
+    data["schema"] = [dict(c, dtype="x") if c["name"] == "img" else c for c in data["schema"]]
+    (tmp_path / "ok" / "ds" / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(DatasetError, match=r"field 'schema\[img\]\.dtype' is 'x'; expected one of float32, int32, int64"):
+        read_manifest(str(tmp_path / "ok" / "ds"))
+
+
+def test_build_manifest_derives_the_schema_and_fingerprint():
+    from common.dataset import build_manifest, fingerprint
+
+    features = {"numeric": [{"name": "x", "mean": 0.0, "std": 1.0, "fill": 0.0}],
+                "categorical": [{"name": "c", "vocab": ["a"]}], "arrays": [{"name": "img", "shape": [2, 3]}]}
+    label = {"name": "label", "task": "regression"}
+    splits = {"train": {"rows": 3, "files": [{"path": "train/part-00000.parquet", "rows": 3, "row_groups": [2, 1],
+                                               "bytes": 9, "sha256": "0" * 64}]}}
+    m = build_manifest(splits, features, label)
+    assert [(c["name"], c["dtype"], c["shape"]) for c in m["schema"]] == [
+        ("x", "float32", []), ("c", "int32", []), ("img", "float32", [2, 3]), ("label", "float32", []),
+        ("_row", "int64", [])]
+    assert m["fingerprint"] == fingerprint(splits, features, label)
+    bad = {"train": {"rows": 4, "files": splits["train"]["files"]}}
+    with pytest.raises(DatasetError, match=r"field 'splits.train.rows' is 4, but its files hold 3 rows"):
+        build_manifest(bad, features, label)

@@ -5,7 +5,7 @@ Reads no data files and needs no Spark, so it is instant on any size of dataset.
 
 from __future__ import annotations
 
-from pipelines.manifest import Manifest, read_manifest, row_bytes
+from common.dataset import Manifest, read_manifest, row_bytes
 
 
 # Measured with benchmarks/loader_throughput.py (2 cores, tabular rows of 88 bytes): the training

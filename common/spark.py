@@ -1,4 +1,5 @@
-"""The SparkSession a job runs on, and turning Spark's Java errors into readable ones.
+"""The one SparkSession factory (jobs, notebooks, tests, benchmarks and ``doctor`` all use it), and
+turning Spark's Java errors into readable ones.
 
 Driver-only: executors never import this module.
 """
@@ -11,11 +12,11 @@ import re
 import sys
 from typing import Iterator
 
-from pipelines.errors import ShardtrainError
-from pipelines.shard_config import SparkConfig
+from common.config import SparkConfig
+from common.errors import ShardtrainError, SparkJobError
 
 
-def get_or_create_session(cfg: SparkConfig | None = None):
+def get_or_create_session(cfg: SparkConfig | None = None, log_level: str = "WARN"):
     """Return the active SparkSession (a notebook's, spark-submit's) or build one from ``cfg``.
 
     ``cfg.conf`` applies only to a session this call creates: an existing session's static
@@ -40,12 +41,11 @@ def get_or_create_session(cfg: SparkConfig | None = None):
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
     }
     for key, value in {**defaults, **cfg.conf}.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
+    session.sparkContext.setLogLevel(log_level)
     return session
 
 
@@ -60,10 +60,6 @@ def _submitted_with_master() -> bool:
     # first, so SparkConf reads the JVM's system properties.
     SparkContext._ensure_initialized()
     return SparkConf().contains("spark.master")
-
-
-class SparkJobError(ShardtrainError):
-    """A Spark job failed; the message carries the failing task's own Python error."""
 
 
 _PY_ERR = re.compile(r"(Traceback \(most recent call last\):.*?)(?:\n\tat |\n\n|$)", re.S)
@@ -97,7 +93,7 @@ def spark_errors(what: str) -> Iterator[None]:
 
 def to_spark_path(uri: str) -> str:
     """A storage URI as Spark's Hadoop file systems spell it: file:///abs for local paths, s3a:// for S3."""
-    from pipelines.storage import resolve
+    from common.storage import resolve
 
     loc = resolve(uri)
     if loc.scheme == "file":

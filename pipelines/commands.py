@@ -1,64 +1,15 @@
-"""Command-line plumbing shared by every shardtrain command and job file.
+"""The pipeline stage's commands: ``generate``, ``shard`` and ``inspect``.
 
-Each command is a function ``handler(args) -> int``. ``run_command`` turns the errors we raise
-on purpose into one clear line on stderr and the exit status of their class (2 = usage/config,
-1 = runtime); anything else gets its traceback, since it is a bug or an environment failure.
+``register_commands`` adds them to the ``shardtrain`` parser (shardtrain/cli.py); each sets
+``handler`` (args -> exit status). Handlers import what they run lazily, so ``shardtrain --help``
+stays fast and Spark-free.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
-from typing import Callable
 
-from pipelines.errors import EXIT_RUNTIME, EXIT_USAGE, ShardtrainError
-
-log = logging.getLogger("shardtrain")
-
-
-def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    parser.add_argument("--config", "-c", required=required, metavar="FILE", help="YAML config file (see conf/)")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config values")
-
-
-def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    try:
-        return int(handler(args) or 0)
-    except ShardtrainError as exc:
-        print(f"shardtrain: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("shardtrain: interrupted", file=sys.stderr)
-        return 130
-
-
-def run_job(handler: Callable[[argparse.Namespace], int], prog: str, description: str,
-            argv: list[str] | None = None) -> int:
-    """What every spark-submit job file does: ``--config FILE [key=value ...] [-v]``, then the
-    handler, with the same errors and exit codes as the ``shardtrain`` command."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    add_config_arguments(parser)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
-    return run_command(handler, args)
-
-
-def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("py4j", "petastorm", "botocore", "s3fs", "urllib3", "fsspec"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_drop_py4j_reconnect)
-
-
-def _drop_py4j_reconnect(record: logging.LogRecord) -> bool:
-    # py4j logs this (with a traceback, on the root logger) each time it finds a pooled connection
-    # closed by the JVM and transparently retries on a new one: routine during horovod.spark.run,
-    # alarming to read, and never the cause of a failure (a real failure raises).
-    return not (record.levelno <= logging.INFO and record.getMessage() == "Exception while sending command.")
+from common.cli import add_config_arguments
 
 
 def register_commands(subparsers) -> None:
@@ -92,10 +43,10 @@ def register_commands(subparsers) -> None:
 
 
 def handle_generate(args: argparse.Namespace) -> int:
-    from pipelines.errors import ConfigError
+    from common.config import SparkConfig
+    from common.errors import ConfigError
+    from common.spark import get_or_create_session
     from pipelines.generate import generate_dataset
-    from pipelines.shard_config import SparkConfig
-    from pipelines.spark import get_or_create_session
 
     shape = None
     if args.array_shape:
@@ -128,11 +79,10 @@ def handle_shard(args: argparse.Namespace) -> int:
 
 
 def handle_inspect(args: argparse.Namespace) -> int:
-    from pipelines.inspect import describe_dataset
+    from pipelines.describe import describe_dataset
 
     print(describe_dataset(args.dataset))
     return 0
 
 
-__all__ = ["EXIT_RUNTIME", "EXIT_USAGE", "add_config_arguments", "register_commands", "run_command", "run_job",
-           "setup_logging"]
+__all__ = ["handle_generate", "handle_inspect", "handle_shard", "register_commands"]

@@ -18,7 +18,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from pipelines.errors import EXIT_OK, EXIT_RUNTIME
+from common.errors import EXIT_OK, EXIT_RUNTIME
 
 
 
@@ -142,14 +142,14 @@ def check_horovod_on_spark(num_proc: int = 2) -> Check:
     try:
         import horovod.spark
         from pyspark.sql import SparkSession
+
+        from common.config import SparkConfig
+        from common.spark import get_or_create_session
     except Exception as exc:  # noqa: BLE001
         return Check("horovod-on-spark", False, f"cannot import ({exc})", fix)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     created = SparkSession.getActiveSession() is None
-    spark = (SparkSession.builder.master(f"local[{num_proc}]").appName("shardtrain-doctor")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = get_or_create_session(SparkConfig(master=f"local[{num_proc}]", app_name="shardtrain-doctor",
+                                              conf={"spark.ui.enabled": False}), log_level="ERROR")
     try:
         with open(os.devnull, "w") as quiet:  # the ranks' own output; the verdict is printed below
             results = horovod.spark.run(_allreduce_rank, num_proc=num_proc, start_timeout=120, verbose=0,

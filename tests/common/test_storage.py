@@ -3,13 +3,12 @@ over real HTTP on 127.0.0.1 (moto's server, started and stopped by the fixture).
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from pipelines import storage
-from pipelines.errors import OutputExistsError, StorageError
-from pipelines.storage import MARKER, is_committed, publish, require_committed, resolve
+from common import storage
+from common.errors import OutputExistsError, StorageError
+from common.storage import MARKER, is_committed, publish, require_committed, resolve
 
 
 def test_resolve_schemes(tmp_path):
