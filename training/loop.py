@@ -178,7 +178,7 @@ def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
             run.guard.check(run.group)  # collective, at the same steps on every rank
             if run.progress:
                 run.progress.log(state.step, epoch, float(loss), run.timer.data_wait_seconds)
-        if state.step % plan.steps_per_epoch:
+        if state.step % plan.steps_per_epoch:  # an epoch's last step is saved by _end_epoch
             run.checkpoints.save(state.step, epoch, lambda: state.checkpoint(run))
         if on_step:
             on_step(state.step)

@@ -1,8 +1,9 @@
-"""Driver side: read and check the dataset manifest, and resolve a training job into plain values.
+"""Driver side: check that a dataset suits this training job, and resolve the job into plain values.
 
-Nothing launches until ``build_plan`` has accepted the dataset: no commit marker, an unknown
-format version, a label or feature spec the model config does not match, too few shards or rows
-for the ranks -> DatasetError naming the manifest field (exit status 2). The ``RankPlan`` it
+Nothing launches until ``build_plan`` has accepted the dataset. The manifest itself (commit
+marker, format version, schema, splits) is validated by ``common.dataset.read_manifest``; this
+module checks what the job asks of it: a label or features the model config does not match, too
+few shards or rows for the ranks -> DatasetError naming the manifest field (exit status 2). The ``RankPlan`` it
 returns is all a rank gets: the typed ``TrainConfig``, strings, numbers, lists and small frozen
 dataclasses, so it pickles to executors without dragging a SparkSession, a file handle or torch along.
 
@@ -11,6 +12,7 @@ Driver-only; imports neither torch nor horovod.
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 
@@ -24,7 +26,7 @@ log = logging.getLogger("shardtrain.train")
 
 @dataclass(frozen=True)
 class RankPlan:
-    config: TrainConfig  # resolved and validated; ranks read it typed (plan.config.train.seed)
+    config: TrainConfig  # resolved and validated (a copy); ranks read it typed: plan.config.train.seed
     dataset_uri: str
     fingerprint: str
     feature_spec: dict
@@ -73,7 +75,7 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
 
     lr = cfg.train.lr * (world if cfg.train.lr_scale == "linear" else 1)
     return RankPlan(
-        config=cfg, dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
+        config=copy.deepcopy(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
         feature_spec=manifest.features.spec, label_spec=dict(manifest.label), columns=columns_for(manifest),
         train=train, val=val, world_size=world, steps_per_epoch=steps,
         skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, world, batch, accum),

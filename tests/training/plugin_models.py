@@ -53,14 +53,15 @@ def tiny(feature_spec, label_spec, width=4):
 
 class Tripwire(nn.Module):
     """An MLP that outputs NaN on one rank from one training forward call on, when the rank's
-    environment says so (TRIPWIRE_NAN=<rank>:<call>, set through launch.env). The trigger is not
+    environment says so (TRIPWIRE_NAN_RANK, TRIPWIRE_NAN_CALL, set through launch.env). The trigger is not
     in the model config, so a run with it and a run without it are the same run to a checkpoint."""
 
     def __init__(self, feature_spec, label_spec, width: int):
         super().__init__()
         self.net = TabularMLP(**mlp_arguments(feature_spec, label_spec, [width]))
-        rank, _, call = os.environ.get("TRIPWIRE_NAN", "-1:0").partition(":")
-        self.nan_rank, self.nan_call, self.calls = int(rank), int(call), 0
+        self.nan_rank = int(os.environ.get("TRIPWIRE_NAN_RANK", "-1"))
+        self.nan_call = int(os.environ.get("TRIPWIRE_NAN_CALL", "0"))
+        self.calls = 0
 
     def forward(self, batch):
         out = self.net(batch)

@@ -84,7 +84,7 @@ def test_a_failing_rank_reports_its_own_traceback(spark, uneven, tmp_path):
 
 def test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_uninterrupted_run(spark, uneven, tmp_path):
     """fp32, CPU, 2 ranks, 38 steps per epoch, checkpoints every 10 steps and at epoch ends, and no
-    log-step checks. Rank 1's loss goes NaN at step 45 (TRIPWIRE_NAN through launch.env, no part of
+    log-step checks. Rank 1's loss goes NaN at step 45 (TRIPWIRE_NAN_* through launch.env, no part of
     the run's identity): both ranks stop, naming step 45 and rank 1, and no checkpoint at or after
     step 45 exists. The rerun resumes mid-epoch 2 from step 40 (each rank its own partial epoch
     loss) and ends with weights bit-identical to a run never interrupted."""
@@ -94,7 +94,8 @@ def test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_uninterrupted_run(spar
     assert straight.steps_per_epoch == 38
 
     with pytest.raises(RankFailedError) as info:
-        train(_cfg(uneven, tmp_path / "b", *same, "launch.env.TRIPWIRE_NAN=1:45"), spark)
+        train(_cfg(uneven, tmp_path / "b", *same, "launch.env.TRIPWIRE_NAN_RANK=1",
+                    "launch.env.TRIPWIRE_NAN_CALL=45"), spark)
     first_line = str(info.value).splitlines()[0]
     assert "NonFiniteLossError" in first_line and "at optimizer step 45 on rank 1" in first_line
     assert sorted(os.listdir(tmp_path / "b/model.run/checkpoints")) == ["step-000000038", "step-000000040"]
