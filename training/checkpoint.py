@@ -2,8 +2,9 @@
 
 The training loop calls ``manager.save(step, epoch, state_fn, last=...)`` after every optimizer
 step; the manager decides whether this step is a checkpoint (``every_steps``, ``every_epochs``,
-the last step). Every rank calls it, because ``state_fn`` may gather per-rank state (RNG) with a
-collective; only the writer (rank 0) writes.
+the last step; each independently of the other). Every rank calls it, because ``state_fn`` runs
+collectives (the loop's non-finite check, which raises rather than let NaN weights be saved, and
+the per-rank RNG gather); only the writer (rank 0) writes.
 
 Layout: ``<path>/step-000000120/state.pt`` published with common.storage.publish (staging,
 rename, ``_COMMITTED`` marker last, carrying the file's sha256). ``state.pt`` holds tensors and

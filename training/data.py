@@ -197,10 +197,31 @@ class RankLoader:
             in_range = np.flatnonzero(seen)
             stats.min_row, stats.max_row = int(in_range[0]) + self.lo, int(in_range[-1]) + self.lo
 
+    def every_row(self) -> Iterator[dict]:
+        """Each of this rank's rows once, in batches of ``batch_size`` and a partial last one.
+
+        For validation, which runs no collective per batch and so, unlike training, needs no
+        equal batch count across ranks: skipping rows there would bias the metrics.
+        """
+        import torch
+
+        rows = 0
+        batches = self._shuffled_batches(0, EpochStats(epoch=0), keep_last=True)
+        try:
+            for arrays in batches:
+                rows += len(arrays[ROW_INDEX])
+                yield {name: torch.from_numpy(value) for name, value in arrays.items()}
+        finally:
+            batches.close()  # stops the reader now, not when the generator is collected
+        if rows != self.hi - self.lo:
+            raise DatasetError(
+                f"rank {self.rank}: split {self.layout.name!r} delivered {rows} rows, not the {self.hi - self.lo} "
+                f"the manifest promises for rows [{self.lo}, {self.hi}); the files changed after the manifest was written?")
+
     # -- internals --
 
-    def _shuffled_batches(self, epoch: int, stats: EpochStats) -> Iterator[dict]:
-        """Full batches of numpy arrays in this epoch's order.
+    def _shuffled_batches(self, epoch: int, stats: EpochStats, keep_last: bool = False) -> Iterator[dict]:
+        """Full batches of numpy arrays in this epoch's order (and the partial rest, if ``keep_last``).
 
         Arrow tables are collected until the shuffle buffer is full and only then converted, all
         at once, straight into the buffer's arrays (no per-table arrays to concatenate later);
@@ -223,7 +244,9 @@ class RankLoader:
                     carry = yield from self._emit(pending, carry, rng)
                     pending, pending_rows = [], len(carry[ROW_INDEX]) if carry else 0
             if pending or carry:
-                yield from self._emit(pending, carry, rng)
+                rest = yield from self._emit(pending, carry, rng)
+                if rest and keep_last:
+                    yield rest
         finally:
             reader.stop()
             reader.join()

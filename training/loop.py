@@ -1,13 +1,20 @@
-"""One rank's training, torchtitan-style: ``run_rank`` orchestrates, ``train_step`` does one
-optimizer step, ``evaluate`` one validation pass; data, precision, checkpoints and export live in
-their own modules.
+"""One rank's training, torchtitan-style: ``run_rank`` orchestrates, ``train_epoch`` runs one
+epoch's steps, ``train_step`` does one optimizer step, ``evaluate`` one validation pass over every
+validation row; data, precision, checkpoints and export live in their own modules.
 
 Every rank runs exactly ``plan.steps_per_epoch`` steps per epoch, and every collective
-(gradient allreduce, metric reduction, the non-finite-loss check, checkpoint RNG gather) happens
-at the same steps on every rank, so no rank can wait for one that has stopped.
+(gradient allreduce, metric reduction, the non-finite check, checkpoint RNG gather) happens
+at the same steps on every rank, so no rank can wait for one that has stopped. Evaluation is the
+one place ranks may run different numbers of batches: it reduces its sums once, at the end.
+
+Where a rank's run stands is one ``TrainState`` (step, finished epochs' records, this rank's
+partial epoch loss); it produces the checkpoint and is rebuilt from one. A checkpoint is never
+written from a non-finite loss or non-finite weights: producing it runs the non-finite check
+first, on every rank.
 
 Rank-side only: runs inside a Horovod rank launched by horovod.spark.run, or in the driver
-process for ``launch.mode=in_process``.
+process for ``launch.mode=in_process``. Ranks read the typed ``TrainConfig`` (``plan.config``);
+checkpoints and model.json keep it as plain data.
 """
 
 from __future__ import annotations
@@ -18,19 +25,20 @@ import math
 import sys
 import time
 import warnings
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.config import dump_yaml
-from common.errors import ConfigError
+from common.config import dump_yaml, to_dict
+from common.errors import ConfigError, NonFiniteLossError
 from common.storage import resolve
 from training.checkpoint import CheckpointManager
+from training.config import TrainConfig, TrainLoopConfig
 from training.data import RankLoader, read_first_rows
 from training.distributed import LocalGroup, resolve_device, set_threads, spark_gpu_addresses
-from common.errors import NonFiniteLossError
 from training.export import publish_model, serving_model, target_scaling
 from training.models import build_model, mlp_arguments
 from training.plan import RankPlan
@@ -40,91 +48,172 @@ log = logging.getLogger("shardtrain.train")
 
 
 def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None = None) -> dict:
-    """Train on this rank; returns plain values (per-rank step counts, loader stats, metrics)."""
+    """Train on this rank; returns plain values (per-rank step counts, loader stats, metrics).
+    ``on_step(step)`` runs after every optimizer step (and its mid-epoch checkpoint, if due)."""
     group = group or LocalGroup()
     _quiet_libraries()
-    cfg, t = plan.config, plan.config["train"]
-    is_main = group.rank == 0
     device, device_reason = _pick_device(group, plan)
-    if is_main:
+    if group.rank == 0:
         log.info("training on %d rank(s); rank 0 uses %s (%s)", group.size, device, device_reason)
     set_threads(group.local_size)
 
-    torch.manual_seed(t["seed"])
-    model = build_model(cfg["model"], plan.feature_spec, plan.label_spec).to(device)
-    optimizer = group.distributed_optimizer(_make_optimizer(model, t, plan.lr), model, t["grad_accum"])
-    precision = Precision(t["precision"], device.type)
-    checkpoints = CheckpointManager(plan.checkpoint_uri, plan.steps_per_epoch, cfg["checkpoint"]["every_steps"],
-                                    cfg["checkpoint"]["every_epochs"], cfg["checkpoint"]["keep"], is_writer=is_main)
-    total_steps = t["epochs"] * plan.steps_per_epoch
-    meta = _run_identity(plan)
-    restored = _restore(plan, group, checkpoints, meta)
-    step, history, epoch_loss = 0, [], 0.0
-    if restored["state"]:
-        step, history, epoch_loss = _load_state(restored["state"], model, optimizer, precision, group.rank)
-    group.broadcast_model(model, optimizer)  # one starting point on every rank
-    if is_main:
+    run = _build(plan, group, device)
+    restored = _restore(plan, group, run.checkpoints, run.meta)
+    state = TrainState.resume(restored["state"], run) if restored["state"] else TrainState.fresh(device)
+    group.broadcast_model(run.model, run.optimizer)  # one starting point on every rank
+    if group.rank == 0:
         _write_run_files(plan)
+        run.progress = Progress(plan, group.size, run.total_steps, state.step)
 
-    train_loader = _loader(plan, plan.train, group, t["batch_size"], t["grad_accum"], shuffle=True)
-    val_loader = (_loader(plan, plan.val, group, plan.val_batch_size, 1, shuffle=False) if plan.val else None)
-    guard = NonFiniteGuard(t["max_skipped_steps"] if t["precision"] == "fp16" else 0)
-    progress = Progress(plan, group.size, total_steps, step) if is_main else None
-
-    def state_fn():
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": precision.state_dict(),
-                # Per rank: RNG states and the rank's own partial loss sum of the current epoch
-                # (a rank-0-only sum, broadcast on resume, would count rank 0's share W times).
-                "ranks": group.allgather_object({"rng": _rng_state(device), "epoch_loss": float(epoch_loss_sum)}),
-                "meta": meta, "history": history}
-
-    epoch_stats = []
-    timer = StepTimer()
-    samples_per_step = group.size * t["batch_size"] * t["grad_accum"]
-    for epoch in range(step // plan.steps_per_epoch, t["epochs"]):
-        model.train()
-        skip_steps = step - epoch * plan.steps_per_epoch
-        epoch_loss_sum = torch.tensor(epoch_loss if skip_steps else 0.0, dtype=torch.float64, device=device)
-        started, first_step, timer_start = time.perf_counter(), step, timer.snapshot()
-        batches = timer.timed(train_loader.epoch(epoch, skip_batches=skip_steps * t["grad_accum"]))
-        for micro_batches in _grouped(batches, t["grad_accum"]):
-            _set_lr(optimizer, plan.lr, step, total_steps, t)
-            loss = train_step(model, [_to_device(b, device) for b in micro_batches], optimizer, precision,
-                              group, t["clip_norm"], plan.task, plan.label_spec, timer=timer)
-            step += 1
-            guard.observe(loss, step)
-            epoch_loss_sum += loss.detach().double()
-            if step % t["log_every_steps"] == 0:
-                guard.check(group)  # collective, at the same steps on every rank
-                if progress:
-                    progress.log(step, epoch, float(loss), timer.data_wait_seconds)
-            checkpoints.save(step, epoch, state_fn, last=step == total_steps)
-            if on_step:
-                on_step(step)
-        guard.check(group)
-        epoch_stats.append(train_loader.stats[-1].__dict__)
-        record = {"epoch": epoch + 1, "step": step,
-                  "train_loss": float(group.allreduce_sum(epoch_loss_sum.detach().cpu().reshape(1))[0])
-                  / (group.size * plan.steps_per_epoch),
-                  "seconds": round(time.perf_counter() - started, 3),
-                  # Samples all ranks trained on in this epoch (this process's part of it after a resume).
-                  "samples": (step - first_step) * samples_per_step}
-        record.update(timer.since(timer_start))
+    t = plan.config.train
+    train_loader = _loader(plan, plan.train, group, t.grad_accum, shuffle=True)
+    val_loader = _loader(plan, plan.val, group, 1, shuffle=False) if plan.val else None
+    for epoch in range(state.step // plan.steps_per_epoch, t.epochs):
+        record = train_epoch(run, state, train_loader, epoch, on_step)
         if val_loader:
-            record.update(evaluate(model, val_loader, precision, group, plan, device))
-        history.append(record)
-        if is_main:
-            _append_metrics(plan, record)
-            log.info("epoch %d/%d: %s", epoch + 1, t["epochs"], _describe(record))
-        epoch_loss = 0.0
+            record.update(evaluate(run.model, val_loader, run.precision, group, plan, device))
+        _end_epoch(run, state, epoch, record)
 
     result = {"rank": group.rank, "device": str(device), "device_reason": device_reason,
-              "gpu_addresses": spark_gpu_addresses(), "steps": step, "steps_per_epoch": plan.steps_per_epoch,
-              "epoch_stats": epoch_stats, "resumed_from": restored["uri"], "resumed_step": restored["step"],
+              "gpu_addresses": spark_gpu_addresses(), "steps": state.step, "steps_per_epoch": plan.steps_per_epoch,
+              "epoch_stats": [stats.__dict__ for stats in train_loader.stats],
+              "resumed_from": restored["uri"], "resumed_step": restored["step"],
               "checkpoint_problems": restored["problems"]}
-    if is_main:
-        result.update(_finish(plan, model, history, device))
+    if group.rank == 0:
+        result.update(_finish(plan, run.model, state.history, device))
     return result
+
+
+@dataclass
+class RankRun:
+    """What one rank trains with: built once by ``run_rank``, shared by the functions below."""
+
+    plan: RankPlan
+    group: Any  # training.distributed: LocalGroup or HorovodGroup
+    device: torch.device
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    checkpoints: CheckpointManager
+    guard: "NonFiniteGuard"
+    meta: dict  # the run identity a checkpoint must match to be resumed
+    timer: "StepTimer" = field(default_factory=lambda: StepTimer())
+    progress: "Progress | None" = None  # rank 0 only
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.plan.config
+
+    @property
+    def total_steps(self) -> int:
+        return self.config.train.epochs * self.plan.steps_per_epoch
+
+
+@dataclass
+class TrainState:
+    """Where this rank's run stands, beyond the tensors of model, optimizer and scaler."""
+
+    step: int  # optimizer steps done (all epochs)
+    history: list[dict]  # one record per finished epoch
+    # This rank's own sum of step losses in the current epoch, on the device (no sync per step).
+    # Kept per rank in checkpoints: a rank-0-only sum, broadcast on resume, would count rank 0's share W times.
+    epoch_loss_sum: torch.Tensor
+
+    @classmethod
+    def fresh(cls, device) -> "TrainState":
+        return cls(step=0, history=[], epoch_loss_sum=torch.zeros((), dtype=torch.float64, device=device))
+
+    @classmethod
+    def resume(cls, saved: dict, run: RankRun) -> "TrainState":
+        """Load a checkpoint's model, optimizer, scaler and this rank's RNG; the state it was saved at."""
+        run.model.load_state_dict(saved["model"])
+        run.optimizer.load_state_dict(saved["optimizer"])
+        run.precision.load_state_dict(saved["scaler"])
+        mine = saved["ranks"][run.group.rank]
+        torch.set_rng_state(mine["rng"]["cpu"])
+        if "cuda" in mine["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state(mine["rng"]["cuda"])
+        return cls(step=int(saved["step"]), history=list(saved["history"]),
+                   epoch_loss_sum=torch.tensor(float(mine["epoch_loss"]), dtype=torch.float64, device=run.device))
+
+    def begin_epoch(self, epoch: int, steps_per_epoch: int) -> int:
+        """Steps of ``epoch`` already done (non-zero only when resuming mid-epoch)."""
+        done = self.step - epoch * steps_per_epoch
+        if not done:
+            self.epoch_loss_sum.zero_()
+        return done
+
+    def add_step(self, loss: torch.Tensor) -> None:
+        self.step += 1
+        self.epoch_loss_sum += loss.detach().double()
+
+    def checkpoint(self, run: RankRun) -> dict:
+        """The checkpoint state; every rank calls it (collectives). Refuses, on every rank together,
+        to produce one from a non-finite loss or non-finite weights, so a retry never resumes poison."""
+        run.guard.check(run.group, model=run.model, step=self.step)
+        ranks = run.group.allgather_object({"rng": _rng_state(run.device), "epoch_loss": float(self.epoch_loss_sum)})
+        return {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                "scaler": run.precision.state_dict(), "ranks": ranks, "meta": run.meta, "history": self.history}
+
+
+def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
+                on_step: Callable[[int], None] | None = None) -> dict:
+    """The rest of ``epoch``'s steps; returns the epoch's record (train loss, samples, time split).
+
+    Writes the mid-epoch checkpoints; the epoch's last one is ``_end_epoch``'s, written once the
+    record (with validation) is in the history, so a run resumed from it reports every epoch.
+    """
+    plan, t = run.plan, run.config.train
+    run.model.train()
+    done = state.begin_epoch(epoch, plan.steps_per_epoch)
+    started, first_step, timer_start = time.perf_counter(), state.step, run.timer.snapshot()
+    batches = run.timer.timed(loader.epoch(epoch, skip_batches=done * t.grad_accum))
+    for micro_batches in _grouped(batches, t.grad_accum):
+        _set_lr(run.optimizer, plan.lr, state.step, run.total_steps, t)
+        loss = train_step(run.model, [_to_device(b, run.device) for b in micro_batches], run.optimizer, run.precision,
+                          run.group, t.clip_norm, plan.task, plan.label_spec, timer=run.timer)
+        state.add_step(loss)
+        run.guard.observe(loss, state.step)
+        if state.step % t.log_every_steps == 0:
+            run.guard.check(run.group)  # collective, at the same steps on every rank
+            if run.progress:
+                run.progress.log(state.step, epoch, float(loss), run.timer.data_wait_seconds)
+        if state.step % plan.steps_per_epoch:  # an epoch's last step is saved by _end_epoch
+            run.checkpoints.save(state.step, epoch, lambda: state.checkpoint(run))
+        if on_step:
+            on_step(state.step)
+    run.guard.check(run.group)
+    samples_per_step = run.group.size * t.batch_size * t.grad_accum
+    loss_sum = run.group.allreduce_sum(state.epoch_loss_sum.detach().cpu().reshape(1))[0]
+    record = {"epoch": epoch + 1, "step": state.step,
+              "train_loss": float(loss_sum) / (run.group.size * plan.steps_per_epoch),
+              "seconds": round(time.perf_counter() - started, 3),
+              # Samples all ranks trained on in this epoch (this process's part of it after a resume).
+              "samples": (state.step - first_step) * samples_per_step}
+    record.update(run.timer.since(timer_start))
+    return record
+
+
+def _end_epoch(run: RankRun, state: TrainState, epoch: int, record: dict) -> None:
+    """The record joins the history (and metrics.jsonl); then the epoch-end checkpoint, if due."""
+    state.history.append(record)
+    if run.group.rank == 0:
+        _append_metrics(run.plan, record)
+        log.info("epoch %d/%d: %s", epoch + 1, run.config.train.epochs, _describe(record))
+    run.checkpoints.save(state.step, epoch, lambda: state.checkpoint(run), last=state.step == run.total_steps)
+
+
+def _build(plan: RankPlan, group, device) -> RankRun:
+    cfg, t = plan.config, plan.config.train
+    torch.manual_seed(t.seed)
+    model = build_model(cfg.model, plan.feature_spec, plan.label_spec).to(device)
+    optimizer = group.distributed_optimizer(_make_optimizer(model, t, plan.lr), model, t.grad_accum)
+    checkpoints = CheckpointManager(plan.checkpoint_uri, plan.steps_per_epoch, cfg.checkpoint.every_steps,
+                                    cfg.checkpoint.every_epochs, cfg.checkpoint.keep, is_writer=group.rank == 0)
+    return RankRun(plan=plan, group=group, device=device, model=model, optimizer=optimizer,
+                   precision=Precision(t.precision, device.type), checkpoints=checkpoints,
+                   guard=NonFiniteGuard(t.max_skipped_steps if t.precision == "fp16" else 0),
+                   meta=_run_identity(plan))
 
 
 def train_step(model, micro_batches: list[dict], optimizer, precision: Precision, group, clip_norm: float | None,
@@ -161,7 +250,8 @@ def loss_fn(output: torch.Tensor, label: torch.Tensor, task: str, label_spec: di
 
 
 def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankPlan, device) -> dict:
-    """Validation metrics averaged over all ranks' rows, and the trivial baseline on the same rows."""
+    """Validation metrics over every row of the split (each rank its own range, the last batch
+    partial), and the trivial baseline on the same rows; one allreduce of sums at the end."""
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, metric, rows, baseline metric
     classification = plan.task == "classification"
@@ -170,7 +260,7 @@ def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankP
         majority = int(np.argmax(counts))
     mean, std = target_scaling(plan.label_spec)
     with torch.no_grad():
-        for batch in loader.epoch(0):
+        for batch in loader.every_row():
             batch = _to_device(batch, device)
             label = batch["label"]
             with precision.autocast():
@@ -195,6 +285,8 @@ def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankP
 class NonFiniteGuard:
     """Notices a NaN/inf loss without a CPU-GPU sync per step; ``check`` (a collective, called at
     the same steps on every rank) stops all ranks together, naming the first bad step and rank.
+    Given the model, ``check`` also refuses non-finite weights (checked before every checkpoint:
+    an update can poison the weights at a step whose loss was still finite).
 
     fp16 tolerates ``tolerate`` consecutive non-finite losses: the GradScaler skips those steps
     and lowers the scale. More than that means the model itself diverged.
@@ -214,18 +306,32 @@ class NonFiniteGuard:
         tripped = (self.run > self.tolerate) & (self.first_bad < 0)
         self.first_bad = torch.where(tripped, torch.full_like(self.first_bad, step), self.first_bad)
 
-    def check(self, group) -> None:
+    def check(self, group, model: torch.nn.Module | None = None, step: int = 0) -> None:
         first = -1 if self.first_bad is None else int(self.first_bad)
-        # Smallest (step, rank) over ranks, encoded in one float64 so a single Min allreduce finds it.
-        code = torch.tensor([first * group.size + group.rank if first >= 0 else math.inf], dtype=torch.float64)
-        found = float(group.allreduce_min(code)[0])
-        if math.isfinite(found):
-            step, rank = divmod(int(found), group.size)
+        # Smallest (step, rank) over ranks, each encoded in one float64 so a single Min allreduce finds both.
+        codes = torch.tensor([first * group.size + group.rank if first >= 0 else math.inf,
+                              step * group.size + group.rank if model is not None and not _all_finite(model)
+                              else math.inf], dtype=torch.float64)
+        loss_code, weights_code = (float(v) for v in group.allreduce_min(codes))
+        if math.isfinite(loss_code):
+            bad_step, rank = divmod(int(loss_code), group.size)
             extra = (f" ({self.tolerate + 1} consecutive non-finite losses: the fp16 loss scale could not recover)"
                      if self.tolerate else "")
             raise NonFiniteLossError(
-                f"loss became non-finite (NaN or inf) at optimizer step {step} on rank {rank}{extra}; "
+                f"loss became non-finite (NaN or inf) at optimizer step {bad_step} on rank {rank}{extra}; "
                 "lower train.lr, set train.clip_norm, or try train.precision=bf16/fp32")
+        if math.isfinite(weights_code):
+            bad_step, rank = divmod(int(weights_code), group.size)
+            raise NonFiniteLossError(
+                f"model weights became non-finite (NaN or inf) by optimizer step {bad_step} on rank {rank}, before "
+                "the loss showed it; its checkpoint was not written. Lower train.lr, set train.clip_norm, "
+                "or try train.precision=bf16/fp32")
+
+
+def _all_finite(model: torch.nn.Module) -> bool:
+    tensors = [t for t in model.state_dict().values() if t.is_floating_point()]
+    # One reduction and one read (a CPU-GPU sync point), only at checkpoint steps.
+    return not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
 class StepTimer:
@@ -270,9 +376,9 @@ class Progress:
     """Rank 0's progress lines: steps/s, samples/s, loss, ETA."""
 
     def __init__(self, plan: RankPlan, world: int, total_steps: int, start_step: int):
-        t = plan.config["train"]
-        self.samples_per_step = world * t["batch_size"] * t["grad_accum"]
-        self.total_steps, self.epochs = total_steps, t["epochs"]
+        t = plan.config.train
+        self.samples_per_step = world * t.batch_size * t.grad_accum
+        self.total_steps, self.epochs = total_steps, t.epochs
         self.steps_per_epoch = plan.steps_per_epoch
         self.last_step, self.last_time, self.last_wait = start_step, time.perf_counter(), 0.0
 
@@ -292,7 +398,7 @@ class Progress:
 
 def _pick_device(group, plan: RankPlan):
     if isinstance(group, LocalGroup):
-        wanted = plan.config["launch"].get("device", "auto")
+        wanted = plan.config.launch.device
         if wanted == "cpu":
             return torch.device("cpu"), "in-process mode, launch.device=cpu"
         if torch.cuda.is_available():
@@ -313,18 +419,18 @@ def _pick_device(group, plan: RankPlan):
     return device, why
 
 
-def _make_optimizer(model, t: dict, lr: float):
-    if t["optimizer"] == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=t["momentum"], weight_decay=t["weight_decay"])
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=t["weight_decay"])
+def _make_optimizer(model, t: TrainLoopConfig, lr: float):
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=t.weight_decay)
 
 
-def _set_lr(optimizer, base_lr: float, step: int, total_steps: int, t: dict) -> None:
+def _set_lr(optimizer, base_lr: float, step: int, total_steps: int, t: TrainLoopConfig) -> None:
     # A pure function of the step: nothing to checkpoint, identical after a resume.
-    warmup = t["warmup_steps"]
+    warmup = t.warmup_steps
     if warmup and step < warmup:
         lr = base_lr * (step + 1) / warmup
-    elif t["schedule"] == "cosine":
+    elif t.schedule == "cosine":
         progress = (step - warmup) / max(1, total_steps - warmup)
         lr = base_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
     else:
@@ -348,25 +454,25 @@ def _to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def _loader(plan: RankPlan, layout, group, batch_size: int, accum: int, shuffle: bool) -> RankLoader:
-    d = plan.config["data"]
-    return RankLoader(layout, plan.columns, group.rank, group.size, batch_size, accum, seed=plan.config["train"]["seed"],
-                      shuffle=shuffle, shuffle_buffer_rows=d["shuffle_buffer_rows"], reader_workers=d["reader_workers"],
-                      prefetch_row_groups=d["prefetch_row_groups"])
+def _loader(plan: RankPlan, layout, group, accum: int, shuffle: bool) -> RankLoader:
+    d, t = plan.config.data, plan.config.train
+    return RankLoader(layout, plan.columns, group.rank, group.size, t.batch_size, accum, seed=t.seed, shuffle=shuffle,
+                      shuffle_buffer_rows=d.shuffle_buffer_rows, reader_workers=d.reader_workers,
+                      prefetch_row_groups=d.prefetch_row_groups)
 
 
 def _run_identity(plan: RankPlan) -> dict:
-    """What a checkpoint must match to be resumed by this run."""
-    t = plan.config["train"]
-    return {"fingerprint": plan.fingerprint, "world_size": plan.world_size, "batch_size": t["batch_size"],
-            "grad_accum": t["grad_accum"], "steps_per_epoch": plan.steps_per_epoch, "seed": t["seed"],
-            "model": json.dumps(plan.config["model"], sort_keys=True), "precision": t["precision"]}
+    """What a checkpoint must match to be resumed by this run (plain data, as checkpoints hold it)."""
+    t = plan.config.train
+    return {"fingerprint": plan.fingerprint, "world_size": plan.world_size, "batch_size": t.batch_size,
+            "grad_accum": t.grad_accum, "steps_per_epoch": plan.steps_per_epoch, "seed": t.seed,
+            "model": json.dumps(to_dict(plan.config.model), sort_keys=True), "precision": t.precision}
 
 
 def _restore(plan: RankPlan, group, checkpoints: CheckpointManager, meta: dict) -> dict:
     """Rank 0 finds the newest good checkpoint and checks it belongs to this run; all ranks get it."""
     outcome = {"state": None, "uri": None, "step": 0, "problems": [], "error": None}
-    if group.rank == 0 and plan.config["checkpoint"]["resume"] == "auto":
+    if group.rank == 0 and plan.config.checkpoint.resume == "auto":
         found = checkpoints.restore_latest()
         if found:
             outcome.update(problems=found.problems)
@@ -386,17 +492,6 @@ def _restore(plan: RankPlan, group, checkpoints: CheckpointManager, meta: dict) 
     if outcome["error"]:
         raise ConfigError(outcome["error"])
     return outcome
-
-
-def _load_state(state: dict, model, optimizer, precision: Precision, rank: int):
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    precision.load_state_dict(state["scaler"])
-    mine = state["ranks"][rank]
-    torch.set_rng_state(mine["rng"]["cpu"])
-    if "cuda" in mine["rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state(mine["rng"]["cuda"])
-    return int(state["step"]), list(state["history"]), float(mine["epoch_loss"])
 
 
 def _rng_state(device) -> dict:
@@ -434,11 +529,11 @@ def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
     else:
         arrays = read_first_rows(plan.train, plan.columns, 1)
         example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in ("label", "_row")}
-    cfg = plan.config
-    arguments = (mlp_arguments(plan.feature_spec, plan.label_spec, cfg["model"]["hidden"], cfg["model"]["dropout"],
-                               cfg["model"]["embedding_dim"], **cfg["model"]["kwargs"])
-                 if cfg["model"]["name"] == "mlp" else None)
-    meta = {"model": {"name": cfg["model"]["name"], "arguments": arguments}, "config": cfg,
+    model_cfg = plan.config.model
+    arguments = (mlp_arguments(plan.feature_spec, plan.label_spec, model_cfg.hidden, model_cfg.dropout,
+                               model_cfg.embedding_dim, **model_cfg.kwargs)
+                 if model_cfg.name == "mlp" else None)
+    meta = {"model": {"name": model_cfg.name, "arguments": arguments}, "config": to_dict(plan.config),
             "features": plan.feature_spec, "label": plan.label_spec, "metrics": history,
             "dataset": {"uri": plan.dataset_uri, "fingerprint": plan.fingerprint},
             "inputs": {"numeric": list(plan.columns.numeric), "categorical": list(plan.columns.categorical),
@@ -471,4 +566,5 @@ def _quiet_libraries() -> None:
     logging.getLogger("petastorm").setLevel(logging.WARNING)
 
 
-__all__ = ["NonFiniteGuard", "StepTimer", "evaluate", "loss_fn", "run_rank", "train_step"]
+__all__ = ["NonFiniteGuard", "RankRun", "StepTimer", "TrainState", "evaluate", "loss_fn", "run_rank", "train_epoch",
+           "train_step"]

@@ -19,6 +19,7 @@ from torch import nn
 from common.errors import ConfigError
 from common.plugins import load_callable
 from common.dataset import RESERVED_INDICES
+from training.config import ModelConfig
 
 
 
@@ -73,14 +74,13 @@ def mlp_arguments(feature_spec: dict, label_spec: dict, hidden: list[int], dropo
     return args
 
 
-def build_model(model_cfg: dict, feature_spec: dict, label_spec: dict) -> nn.Module:
-    """``model_cfg`` is the resolved ``model`` section as plain data."""
-    name = model_cfg["name"]
+def build_model(model_cfg: ModelConfig, feature_spec: dict, label_spec: dict) -> nn.Module:
+    name = model_cfg.name
     if name == "mlp":
-        return TabularMLP(**mlp_arguments(feature_spec, label_spec, model_cfg["hidden"], model_cfg["dropout"],
-                                          model_cfg["embedding_dim"], **model_cfg.get("kwargs", {})))
+        return TabularMLP(**mlp_arguments(feature_spec, label_spec, model_cfg.hidden, model_cfg.dropout,
+                                          model_cfg.embedding_dim, **model_cfg.kwargs))
     factory = load_callable(name, "model.name")
-    model = factory(feature_spec, label_spec, **model_cfg.get("kwargs", {}))
+    model = factory(feature_spec, label_spec, **model_cfg.kwargs)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.name {name!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model

@@ -1,20 +1,21 @@
-"""Driver side: read and check the dataset manifest, and resolve a training job into plain values.
+"""Driver side: check that a dataset suits this training job, and resolve the job into plain values.
 
-Nothing launches until ``build_plan`` has accepted the dataset: no commit marker, an unknown
-format version, a label or feature spec the model config does not match, too few shards or rows
-for the ranks -> DatasetError naming the manifest field (exit status 2). The ``RankPlan`` it
-returns is all a rank gets: strings, numbers, lists and small frozen dataclasses, so it pickles
-to executors without dragging a SparkSession, a file handle or torch along.
+Nothing launches until ``build_plan`` has accepted the dataset. The manifest itself (commit
+marker, format version, schema, splits) is validated by ``common.dataset.read_manifest``; this
+module checks what the job asks of it: a label or features the model config does not match, too
+few shards or rows for the ranks -> DatasetError naming the manifest field (exit status 2). The ``RankPlan`` it
+returns is all a rank gets: the typed ``TrainConfig``, strings, numbers, lists and small frozen
+dataclasses, so it pickles to executors without dragging a SparkSession, a file handle or torch along.
 
 Driver-only; imports neither torch nor horovod.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 
-from common.config import to_dict
 from common.errors import DatasetError
 from common.dataset import MANIFEST_NAME, Manifest, read_manifest
 from training.config import TrainConfig
@@ -25,7 +26,7 @@ log = logging.getLogger("shardtrain.train")
 
 @dataclass(frozen=True)
 class RankPlan:
-    config: dict  # the resolved TrainConfig as plain data
+    config: TrainConfig  # resolved and validated (a copy); ranks read it typed: plan.config.train.seed
     dataset_uri: str
     fingerprint: str
     feature_spec: dict
@@ -36,7 +37,6 @@ class RankPlan:
     world_size: int
     steps_per_epoch: int
     skipped_rows_per_epoch: int
-    val_batch_size: int
     lr: float  # after lr_scale
     checkpoint_uri: str
     run_dir: str
@@ -66,22 +66,20 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
         raise DatasetError(f"{where}: field 'splits.{train.name}.rows' is {train.rows}: too few for {world} rank(s) x "
                            f"train.batch_size={batch} x train.grad_accum={accum}; lower the batch size or add data")
 
-    val, val_batch = None, 0
+    val = None
     if cfg.data.val_split:
         val = SplitLayout.from_manifest(manifest, cfg.data.val_split)
-        per_rank = val.rows // world
-        if per_rank < 1:
+        if val.rows < world:
             raise DatasetError(f"{where}: field 'splits.{val.name}.rows' is {val.rows}: fewer than one row per rank "
                                f"({world}); set data.val_split=null to train without validation")
-        val_batch = min(batch, per_rank)
 
     lr = cfg.train.lr * (world if cfg.train.lr_scale == "linear" else 1)
     return RankPlan(
-        config=to_dict(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
+        config=copy.deepcopy(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
         feature_spec=manifest.features.spec, label_spec=dict(manifest.label), columns=columns_for(manifest),
         train=train, val=val, world_size=world, steps_per_epoch=steps,
         skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, world, batch, accum),
-        val_batch_size=val_batch, lr=lr, checkpoint_uri=cfg.checkpoint_path,
+        lr=lr, checkpoint_uri=cfg.checkpoint_path,
         run_dir=cfg.output.resolved_run_dir, model_path=cfg.output.model_path, output_mode=cfg.output.mode)
 
 

@@ -49,3 +49,72 @@ def poisoned(feature_spec, label_spec, nan_after=5):
 def tiny(feature_spec, label_spec, width=4):
     """A well-behaved plug-in: receives the specs, sizes itself from them."""
     return TabularMLP(**mlp_arguments(feature_spec, label_spec, [width]))
+
+
+class Tripwire(nn.Module):
+    """An MLP that outputs NaN on one rank from one training forward call on, when the rank's
+    environment says so (TRIPWIRE_NAN_RANK, TRIPWIRE_NAN_CALL, set through launch.env). The trigger is not
+    in the model config, so a run with it and a run without it are the same run to a checkpoint."""
+
+    def __init__(self, feature_spec, label_spec, width: int):
+        super().__init__()
+        self.net = TabularMLP(**mlp_arguments(feature_spec, label_spec, [width]))
+        self.nan_rank = int(os.environ.get("TRIPWIRE_NAN_RANK", "-1"))
+        self.nan_call = int(os.environ.get("TRIPWIRE_NAN_CALL", "0"))
+        self.calls = 0
+
+    def forward(self, batch):
+        out = self.net(batch)
+        if not self.training:
+            return out
+        self.calls += 1
+        if int(os.environ.get("HOROVOD_RANK", "0")) == self.nan_rank and self.calls >= self.nan_call:
+            return out * float("nan")
+        return out
+
+
+def tripwire(feature_spec, label_spec, width=32):
+    return Tripwire(feature_spec, label_spec, width)
+
+
+class PoisonedWeights(nn.Module):
+    """From one training call on, the loss stays finite but its gradient is NaN, so the update
+    poisons the weights one step before the loss shows it: sqrt(0 * w) is 0, its gradient 0 * inf."""
+
+    def __init__(self, feature_spec, label_spec, after: int):
+        super().__init__()
+        self.net = TabularMLP(**mlp_arguments(feature_spec, label_spec, [8]))
+        self.trap = nn.Parameter(torch.ones(1))
+        self.after, self.calls = after, 0
+
+    def forward(self, batch):
+        out = self.net(batch)
+        if self.training:
+            self.calls += 1
+            if self.calls > self.after:
+                return out + torch.sqrt(self.trap * 0.0).sum()
+        return out
+
+
+def poisoned_weights(feature_spec, label_spec, after=5):
+    return PoisonedWeights(feature_spec, label_spec, after)
+
+
+class Spiky(nn.Module):
+    """An MLP whose training loss is inf for any batch holding `_row` ``row``: one fp16 overflow
+    per epoch, at the same step in every run with the same seed, so the loss scale moves."""
+
+    def __init__(self, feature_spec, label_spec, row: int):
+        super().__init__()
+        self.net = TabularMLP(**mlp_arguments(feature_spec, label_spec, [16]))
+        self.row = row
+
+    def forward(self, batch):
+        out = self.net(batch)
+        if self.training and bool((batch["_row"] == self.row).any()):
+            return out * float("inf")
+        return out
+
+
+def spiky(feature_spec, label_spec, row=0):
+    return Spiky(feature_spec, label_spec, row)

@@ -3,6 +3,7 @@ back past a checkpoint that is incomplete (no marker) or corrupt (bytes changed)
 
 import os
 
+import pytest
 import torch
 
 from training.checkpoint import CheckpointManager
@@ -19,6 +20,18 @@ def test_policy():
     m = CheckpointManager("/unused", steps_per_epoch=10, every_steps=None, every_epochs=1)
     assert [s for s in range(1, 31) if m.should_save(s)] == [10, 20, 30]
     assert m.should_save(7, last=True)
+
+
+@pytest.mark.parametrize("every_steps, every_epochs, due", [
+    (None, 1, [7, 14]),  # epoch ends only
+    (None, 2, [14]),
+    (3, None, [3, 6, 9, 12, 15, 18]),  # multiples of 3 only, not the epoch ends 7 and 14
+    (5, 2, [5, 10, 14, 15, 20]),  # the union: neither setting hides the other
+])
+def test_every_steps_and_every_epochs_are_independent(every_steps, every_epochs, due):
+    m = CheckpointManager("/unused", steps_per_epoch=7, every_steps=every_steps, every_epochs=every_epochs)
+    assert [s for s in range(1, 21) if m.should_save(s)] == due
+    assert m.should_save(20, last=True) and m.should_save(19, last=True)  # the last step always saves
 
 
 def test_keep_and_restore_latest(tmp_path):

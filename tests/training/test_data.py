@@ -64,6 +64,21 @@ def test_equal_batches_no_repeats_bounded_skips(uneven, world, batch, accum):
         assert rows.min() >= lo and rows.max() < hi
 
 
+@pytest.mark.parametrize("world, batch", [(1, 32), (2, 32), (3, 50), (4, 7)])
+def test_every_row_yields_each_row_once_with_a_partial_last_batch(uneven, world, batch):
+    """Validation's pass: all of a split's rows across the ranks, none skipped, none twice."""
+    _, manifest = uneven
+    layout = SplitLayout.from_manifest(manifest, "val")
+    per_rank = []
+    for rank in range(world):
+        loader = RankLoader(layout, columns_for(manifest), rank, world, batch, shuffle=False, shuffle_buffer_rows=16)
+        sizes = [len(b["label"]) for b in loader.every_row()]
+        lo, hi = rank_row_range(layout.rows, rank, world)
+        assert sum(sizes) == hi - lo and all(size == batch for size in sizes[:-1]) and 0 < sizes[-1] <= batch
+        per_rank.append(np.concatenate([b["_row"].numpy() for b in loader.every_row()]))
+    np.testing.assert_array_equal(np.sort(np.concatenate(per_rank)), np.arange(layout.rows))
+
+
 def test_order_is_a_function_of_seed_and_epoch(uneven):
     _, manifest = uneven
     _, a = _epoch_rows(manifest, 2, 32, epoch=0)

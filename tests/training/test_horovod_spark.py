@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from common.errors import EXIT_RUNTIME
 from tabular_data import write_dataset
@@ -58,6 +59,8 @@ def test_two_ranks_fp16_grad_accum_uneven_layout(spark, uneven, tmp_path):
     losses = [m["train_loss"] for m in result.metrics]
     assert losses[-1] < losses[0]
     assert result.final["val_accuracy"] > result.final["baseline_accuracy"]
+    # Every validation row, though 267 rows split 133/134 fill neither rank's batches evenly.
+    assert all(m["val_rows"] == sum(map(sum, UNEVEN["val"])) for m in result.metrics)
     # What rank 0 predicted at the end equals what the published model predicts on raw rows.
     model = load_model(result.model_uri)
     probs = model.predict(uneven.raw["val"].iloc[result.reference["rows"]])
@@ -77,6 +80,36 @@ def test_a_failing_rank_reports_its_own_traceback(spark, uneven, tmp_path):
     assert "--- rank 1 traceback ---" in message and "plugin_models.py" in message
     assert "Py4JJavaError" not in message.splitlines()[0]
     assert info.value.exit_code == EXIT_RUNTIME
+
+
+def test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_uninterrupted_run(spark, uneven, tmp_path):
+    """fp32, CPU, 2 ranks, 38 steps per epoch, checkpoints every 10 steps and at epoch ends, and no
+    log-step checks. Rank 1's loss goes NaN at step 45 (TRIPWIRE_NAN_* through launch.env, no part of
+    the run's identity): both ranks stop, naming step 45 and rank 1, and no checkpoint at or after
+    step 45 exists. The rerun resumes mid-epoch 2 from step 40 (each rank its own partial epoch
+    loss) and ends with weights bit-identical to a run never interrupted."""
+    same = ("model.name=plugin_models:tripwire", "train.precision=fp32", "train.epochs=2",
+            "train.log_every_steps=1000", "checkpoint.every_steps=10")
+    straight = train(_cfg(uneven, tmp_path / "a", *same), spark)
+    assert straight.steps_per_epoch == 38
+
+    with pytest.raises(RankFailedError) as info:
+        train(_cfg(uneven, tmp_path / "b", *same, "launch.env.TRIPWIRE_NAN_RANK=1",
+                    "launch.env.TRIPWIRE_NAN_CALL=45"), spark)
+    first_line = str(info.value).splitlines()[0]
+    assert "NonFiniteLossError" in first_line and "at optimizer step 45 on rank 1" in first_line
+    assert sorted(os.listdir(tmp_path / "b/model.run/checkpoints")) == ["step-000000038", "step-000000040"]
+
+    resumed = train(_cfg(uneven, tmp_path / "b", *same), spark)
+    assert resumed.resumed_from.endswith("step-000000040") and resumed.steps_per_rank == [76, 76]
+    from safetensors.torch import load_file
+
+    a, b = (load_file(os.path.join(r.model_uri, "model.safetensors")) for r in (straight, resumed))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert [m["epoch"] for m in resumed.metrics] == [1, 2]
+    assert [m["train_loss"] for m in resumed.metrics] == pytest.approx([m["train_loss"] for m in straight.metrics])
 
 
 def _spark_submit(args, cwd=ROOT, timeout=280):

@@ -1,6 +1,8 @@
 """The whole training path in one process (launch.mode=in_process: the same loop, world size 1,
-no Spark or Horovod): resume equivalence, corrupt-checkpoint fallback, load_model round trip,
-non-finite loss, regression, and the driver refusing bad datasets before launching anything."""
+no Spark or Horovod): resume equivalence (fp32 mid-epoch, fp16 from an epoch end with its loss
+scale), corrupt-checkpoint fallback, load_model round trip, validation over every row, non-finite
+loss and weights never checkpointed, the fp16 skipped-steps stop, regression, and the driver
+refusing bad datasets before launching anything."""
 
 import json
 import os
@@ -80,6 +82,7 @@ def test_model_round_trip_and_run_files(dataset, tmp_path):
     assert meta["dataset"]["fingerprint"] == dataset.manifest["fingerprint"]
     assert meta["features"]["categorical"][0]["vocab"] and meta["versions"]["torch"] == torch.__version__
     assert len(meta["metrics"]) == 3 and meta["config"]["train"]["precision"] == "bf16"
+    assert all(m["val_rows"] == 200 for m in result.metrics)  # every validation row, none skipped
     lines = open(os.path.join(result.run_dir, "metrics.jsonl")).read().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3]
     for record in map(json.loads, lines):  # the step-time breakdown every epoch reports
@@ -100,11 +103,74 @@ def test_plugin_model_and_regression(tmp_path):
     np.testing.assert_allclose(values, np.array(result.reference["predictions"]), rtol=1e-5, atol=1e-5)
 
 
-def test_non_finite_loss_names_step_and_rank(dataset, tmp_path):
+def _checkpoint_steps(run_dir):
+    ckpt = os.path.join(run_dir, "checkpoints")
+    return sorted(int(name.split("-")[1]) for name in os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+
+
+def test_non_finite_loss_is_never_checkpointed_and_names_step_and_rank(dataset, tmp_path):
+    """The loss goes NaN at step 8, between log steps (every 50; 32 steps per epoch), with a
+    checkpoint due every step: the steps before it are saved, the bad one and later ones never."""
     cfg = _cfg(dataset.uri, tmp_path, "model.name=plugin_models:poisoned", "model.kwargs.nan_after=7",
-               "train.log_every_steps=3")
-    with pytest.raises(NonFiniteLossError, match="optimizer step 8 on rank 0"):
+               "train.log_every_steps=50", "checkpoint.every_steps=1", "checkpoint.keep=3")
+    with pytest.raises(NonFiniteLossError, match="loss became non-finite .* at optimizer step 8 on rank 0"):
         train(cfg)
+    assert _checkpoint_steps(tmp_path / "model.run") == [5, 6, 7]
+
+
+def test_non_finite_weights_are_never_checkpointed(dataset, tmp_path):
+    """Step 6's update makes a weight NaN while step 6's loss is still finite (step 7's is not):
+    a check of the loss alone would have saved step 6."""
+    cfg = _cfg(dataset.uri, tmp_path, "model.name=plugin_models:poisoned_weights", "model.kwargs.after=5",
+               "train.log_every_steps=50", "checkpoint.every_steps=1", "checkpoint.keep=3")
+    with pytest.raises(NonFiniteLossError, match="weights became non-finite .* by optimizer step 6 on rank 0"):
+        train(cfg)
+    assert _checkpoint_steps(tmp_path / "model.run") == [3, 4, 5]
+    saved = torch.load(tmp_path / "model.run/checkpoints/step-000000005/state.pt", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())
+
+
+def test_fp16_stops_after_max_skipped_steps(dataset, tmp_path):
+    """Every loss is NaN: the GradScaler skips steps 1-3, the 4th in a row stops training at the
+    next check (step 5, a log step) instead of skipping steps for the rest of the run."""
+    steps = []
+    cfg = _cfg(dataset.uri, tmp_path, "model.name=plugin_models:poisoned", "model.kwargs.nan_after=0",
+               "train.precision=fp16", "train.max_skipped_steps=3", "train.log_every_steps=5")
+    with pytest.raises(NonFiniteLossError, match=r"at optimizer step 4 on rank 0 \(4 consecutive non-finite losses"):
+        train(cfg, on_step=steps.append)
+    assert steps == [1, 2, 3, 4]  # step 5 raised before its on_step: nothing ran past the check
+    assert _checkpoint_steps(tmp_path / "model.run") == []
+
+
+def test_fp16_resume_from_an_epoch_end_restores_the_loss_scale_and_the_history(dataset, tmp_path):
+    """fp16 on CPU with one overflowing batch per epoch (the scaler skips it and halves its scale);
+    checkpoints at epoch ends only (32 steps each); a crash in epoch 2 resumes from step 32. After
+    the resume the GradScaler state (scale, growth tracker) and the weights equal the uninterrupted
+    run's at steps 64 and 96, and the metrics still list all 3 epochs."""
+    same = ("train.precision=fp16", "model.name=plugin_models:spiky", "model.kwargs.row=100")
+    straight = train(_cfg(dataset.uri, tmp_path / "a", *same))
+
+    def crash(step):
+        if step == 40:
+            raise Preempted()
+
+    broken = _cfg(dataset.uri, tmp_path / "b", *same, "checkpoint.keep=3")
+    with pytest.raises(Preempted):
+        train(broken, on_step=crash)
+    assert _checkpoint_steps(tmp_path / "b/model.run") == [32]
+    at_32 = torch.load(tmp_path / "b/model.run/checkpoints/step-000000032/state.pt", weights_only=True)
+    assert at_32["scaler"]["scale"] < torch.amp.GradScaler("cpu").get_scale()  # a fresh scaler would differ
+    resumed = train(broken)
+    assert resumed.resumed_from.endswith("step-000000032")
+    assert [m["epoch"] for m in resumed.metrics] == [1, 2, 3]
+    assert [m["train_loss"] for m in resumed.metrics] == pytest.approx([m["train_loss"] for m in straight.metrics],
+                                                                       nan_ok=True)
+    for step in (64, 96):
+        a, b = (torch.load(tmp_path / run / f"model.run/checkpoints/step-{step:09d}/state.pt", weights_only=True)
+                for run in ("a", "b"))
+        assert a["scaler"] == b["scaler"], step
+        for name in a["model"]:
+            assert torch.equal(a["model"][name], b["model"][name]), (step, name)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
