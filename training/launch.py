@@ -44,7 +44,7 @@ def rank_entry(plan) -> dict:
         return result
     except BaseException as exc:  # noqa: BLE001 - reported to the driver as data, see module docstring
         record = failure_record(rank, exc, traceback.format_exc())
-        reporter.finished(f"{record.type}: {record.message}")
+        reporter.finished(f"{record.type}: {record.message}", record.secondary)
         return {"ok": False, "failure": record.to_dict()}
 
 

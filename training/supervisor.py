@@ -42,6 +42,7 @@ log = logging.getLogger("shardtrain.train")
 
 ADDRESS_ENV = "SHARDTRAIN_SUPERVISOR"  # host:port of the driver's ProgressServer
 TOKEN_ENV = "SHARDTRAIN_SUPERVISOR_TOKEN"
+INTERVAL_ENV = "SHARDTRAIN_SUPERVISOR_INTERVAL"  # seconds between a rank's reports
 
 STARTING, TRAINING, BETWEEN_EPOCHS = "starting", "training", "between_epochs"
 
@@ -53,7 +54,7 @@ _TRANSIENT_TYPES = {"HorovodInternalError", "ConnectionError", "ConnectionResetE
 
 def beat_interval(stall_timeout_s: float) -> float:
     """How often a rank reports: often enough that a report is never stale by much of the timeout."""
-    return min(5.0, max(0.2, stall_timeout_s / 10))
+    return min(1.0, max(0.2, stall_timeout_s / 20))
 
 
 # --- rank side -----------------------------------------------------------------------------------
@@ -79,15 +80,16 @@ class Reporter:
     def from_env(cls, rank: int, steps_per_epoch: int) -> "Reporter":
         """The reporter ``run_supervised`` asked for through the environment, or a silent one."""
         address = os.environ.get(ADDRESS_ENV)
-        interval = float(os.environ.get(f"{ADDRESS_ENV}_INTERVAL", "5"))
+        interval = float(os.environ.get(INTERVAL_ENV, "5"))
         return cls(address, os.environ.get(TOKEN_ENV, ""), rank, steps_per_epoch, interval)
 
     def on_step(self, step: int) -> None:
         self.step = step
 
-    def finished(self, error: str | None) -> None:
-        """Last report: done, with the rank's own error line if it failed."""
-        self._send({"event": "done", "error": error})
+    def finished(self, error: str | None, secondary: bool = False) -> None:
+        """Last report: done, with the rank's own error line if it failed (``secondary``: an error
+        that only says another rank went away)."""
+        self._send({"event": "done", "error": error, "secondary": secondary})
         self._stop.set()
         if self._sock:
             self._sock.close()
@@ -162,6 +164,7 @@ class RankState:
     last_progress: float = 0.0
     done: bool = False
     error: str | None = None
+    secondary: bool = False  # the error only says that another rank went away
     lost_at: float | None = None  # connection dropped without a final report: the process died
 
     def describe(self) -> str:
@@ -196,7 +199,7 @@ class ProgressServer(socketserver.ThreadingTCPServer):
                 state.last_progress = now
             state.step, state.phase, state.last_seen = message.get("step"), message.get("phase", STARTING), now
             if message.get("event") == "done":
-                state.done, state.error = True, message.get("error")
+                state.done, state.error, state.secondary = True, message.get("error"), bool(message.get("secondary"))
             return state
 
     def lost(self, rank: int, now: float) -> None:
@@ -237,16 +240,18 @@ class _ReportHandler(socketserver.StreamRequestHandler):
             server.lost(rank, time.monotonic())
 
 
-def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: float,
-                 timeout: float) -> list[tuple[int, str]]:
-    """(rank, why) for each stalled rank; empty while every rank moves, has finished, or is within the timeout."""
+def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: float, timeout: float,
+                 start_timeout: float = 0) -> list[tuple[int, str]]:
+    """(rank, why) for each stalled rank; empty while every rank moves, has finished, or is within the
+    timeout. A rank that has not reported yet gets ``start_timeout`` more: the launcher's own wait
+    for task slots comes first."""
     reasons = []
     for rank in range(world):
         state = ranks.get(rank)
         if state is None:
-            if now - started > timeout:
-                reasons.append((rank, f"rank {rank} never reported in {timeout:.0f} s (it did not start, or cannot reach "
-                                       "the driver)"))
+            if now - started > timeout + start_timeout:
+                reasons.append((rank, f"rank {rank} never reported in {now - started:.0f} s (it did not start, or "
+                                       "cannot reach the driver)"))
             continue
         at = "before its first step" if state.step is None else f"at step {state.step}"
         if state.done:
@@ -266,8 +271,8 @@ def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: f
 class Supervision:
     """One launch under watch: the progress server, the watcher thread, and how to stop the launch."""
 
-    def __init__(self, spark, world: int, stall_timeout_s: float):
-        self.spark, self.world, self.timeout = spark, world, stall_timeout_s
+    def __init__(self, spark, world: int, stall_timeout_s: float, start_timeout: float = 0):
+        self.spark, self.world, self.timeout, self.start_timeout = spark, world, stall_timeout_s, start_timeout
         self.token = secrets.token_hex(16)
         self.server = ProgressServer(self.token)
         self.stall: str | None = None
@@ -278,7 +283,7 @@ class Supervision:
     def launch_env(self) -> dict[str, str]:
         host = _driver_host(self.spark)
         return {ADDRESS_ENV: f"{host}:{self.server.server_address[1]}", TOKEN_ENV: self.token,
-                f"{ADDRESS_ENV}_INTERVAL": str(beat_interval(self.timeout))}
+                INTERVAL_ENV: str(beat_interval(self.timeout))}
 
     def __enter__(self):
         threading.Thread(target=self.server.serve_forever, name="shardtrain-progress", daemon=True).start()
@@ -296,7 +301,8 @@ class Supervision:
     def _watch(self) -> None:
         while not self._done.wait(beat_interval(self.timeout)):
             ranks = self.ranks()
-            reasons = find_stalled(ranks, self.world, self._started, time.monotonic(), self.timeout)
+            reasons = find_stalled(ranks, self.world, self._started, time.monotonic(), self.timeout,
+                                   self.start_timeout)
             if reasons:
                 self.stall = self._stall_message(reasons, ranks)
                 log.error("%s; stopping the launch", self.stall)
@@ -361,7 +367,7 @@ def _kill(pid: int, created: float | None) -> None:
 def supervise(launch_fn: Callable, plan, spark, launch_cfg) -> list[dict]:
     """``launch_fn`` in this thread (Horovod installs signal handlers, so it needs the main one)
     while a watcher thread stops it if a rank stalls; failures are explained rank by rank."""
-    with Supervision(spark, plan.world_size, launch_cfg.stall_timeout_s) as sup:
+    with Supervision(spark, plan.world_size, launch_cfg.stall_timeout_s, launch_cfg.start_timeout) as sup:
         cfg = dataclasses.replace(launch_cfg, env={**launch_cfg.env, **sup.launch_env()})
         try:
             results = launch_fn(plan, spark, cfg)
@@ -379,7 +385,7 @@ def explain(exc: Exception, ranks: dict[int, RankState]) -> Exception:
     if not isinstance(exc, LaunchError):
         return exc
     lost = sorted((s for s in ranks.values() if s.lost_at is not None), key=lambda s: s.lost_at)
-    errors = [s for s in ranks.values() if s.done and s.error]
+    errors = [s for s in ranks.values() if s.done and s.error and not s.secondary]
     notes = []
     if lost:
         notes.append(f"rank {lost[0].rank} died " + ("before its first step" if lost[0].step is None
