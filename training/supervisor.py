@@ -70,8 +70,9 @@ class Reporter:
         self._sock = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         if address:
-            self._sock = self._connect(address)
+            self._connect(address)
         if self._sock:
             threading.Thread(target=self._beat, name="shardtrain-reporter", daemon=True).start()
             threading.Thread(target=self._listen, name="shardtrain-abort", daemon=True).start()
@@ -80,11 +81,12 @@ class Reporter:
     def from_env(cls, rank: int, steps_per_epoch: int) -> "Reporter":
         """The reporter ``run_supervised`` asked for through the environment, or a silent one."""
         address = os.environ.get(ADDRESS_ENV)
-        interval = float(os.environ.get(INTERVAL_ENV, "5"))
+        interval = float(os.environ.get(INTERVAL_ENV, "1"))
         return cls(address, os.environ.get(TOKEN_ENV, ""), rank, steps_per_epoch, interval)
 
     def on_step(self, step: int) -> None:
         self.step = step
+        self._wake.set()  # report soon: a rank that dies next should be known at this step
 
     def finished(self, error: str | None, secondary: bool = False) -> None:
         """Last report: done, with the rank's own error line if it failed (``secondary``: an error
@@ -100,19 +102,18 @@ class Reporter:
             return STARTING
         return BETWEEN_EPOCHS if self.step % self.steps_per_epoch == 0 else TRAINING
 
-    def _connect(self, address: str):
+    def _connect(self, address: str) -> None:
         host, port = address.rsplit(":", 1)
         try:
-            sock = socket.create_connection((host, int(port)), timeout=30)
-            sock.settimeout(None)
+            # The timeout also bounds a send to a driver that stopped reading: the rank then goes on
+            # unsupervised instead of blocking in its last report.
+            self._sock = socket.create_connection((host, int(port)), timeout=30)
         except OSError as exc:
             log.warning("rank %d cannot reach the driver's progress server at %s (%s): it will not be supervised",
                         self.rank, address, exc)
-            return None
-        self._sock = sock
+            return
         self._send({"event": "hello", "token": self.token, "pid": os.getpid(), "host": socket.gethostname(),
                     "created": _process_created(os.getpid())})
-        return sock
 
     def _send(self, message: dict) -> None:
         if not self._sock:
@@ -125,20 +126,28 @@ class Reporter:
             self._sock = None  # the driver went away; training goes on unsupervised
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
             self._send({"event": "beat"})
+            self._stop.wait(0.1)  # at most ten reports a second, however fast the steps
 
     def _listen(self) -> None:
-        sock = self._sock
-        try:
-            reader = sock.makefile("r")
-            for line in reader:
-                if line.strip() == "abort":
-                    # The driver gave up on this launch (another rank stalled): leave now rather
-                    # than wait in a collective for a rank that will never answer.
-                    os._exit(EXIT_RUNTIME)
-        except (OSError, ValueError):
-            return
+        sock, received = self._sock, b""
+        while sock and not self._stop.is_set():
+            try:
+                chunk = sock.recv(64)
+            except socket.timeout:
+                continue  # nothing from the driver, which is the normal case
+            except OSError:
+                return
+            if not chunk:
+                return
+            received = (received + chunk)[-64:]
+            if b"abort\n" in received:
+                # The driver gave up on this launch (another rank stalled): leave now rather than
+                # wait in a collective for a rank that will never answer.
+                os._exit(EXIT_RUNTIME)
 
 
 def _process_created(pid: int) -> float | None:
@@ -224,18 +233,16 @@ class _ReportHandler(socketserver.StreamRequestHandler):
     def handle(self):
         server: ProgressServer = self.server
         rank = None
-        first = True
-        for line in self.rfile:
-            try:
+        try:
+            for line in self.rfile:
                 message = json.loads(line)
-            except ValueError:
-                return
-            if first and message.get("token") != server.token:
-                return  # not one of this launch's ranks
-            if first:
-                server.connections.append(self.connection)
-            first = False
-            rank = server.record(message, time.monotonic()).rank
+                if rank is None and message.get("token") != server.token:
+                    return  # not one of this launch's ranks
+                if rank is None:
+                    server.connections.append(self.connection)
+                rank = server.record(message, time.monotonic()).rank
+        except (OSError, ValueError):
+            pass  # a reset connection is a rank that went away, as below
         if rank is not None:
             server.lost(rank, time.monotonic())
 
@@ -374,7 +381,10 @@ def supervise(launch_fn: Callable, plan, spark, launch_cfg) -> list[dict]:
         except Exception as exc:  # noqa: BLE001 - re-raised as one typed error below
             if sup.stall:
                 raise RankStalledError(sup.stall) from exc
-            raise explain(exc, sup.ranks()) from exc
+            explained = explain(exc, sup.ranks())
+            if explained is exc:
+                raise
+            raise explained from exc
         if sup.stall:
             raise RankStalledError(sup.stall)
         return check_results(results)

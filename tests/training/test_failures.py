@@ -126,7 +126,7 @@ def test_a_killed_rank_is_named_with_its_cause(spark, dataset, tmp_path):
     assert saboteur.error is None and gone(saboteur.proc)  # the kill really happened, to rank 1
     message = str(info.value)
     assert message.startswith("training failed on rank 1: its process exited with status"), message
-    assert "killed by SIGKILL" in message
+    assert "killed by SIGKILL" in message and "rank 1 died at step" in message
     assert "task slot" not in message  # not a capacity problem
     assert info.value.exit_code == EXIT_RUNTIME
     wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
@@ -179,10 +179,14 @@ def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path):
         assert saboteur.error is None and saboteur.stopped
         message = str(info.value)
         assert message.startswith("rank 1 stalled"), message
-        assert "rank 1 sent nothing" in message and "the other ranks: rank 0" in message
+        assert "rank 1 sent nothing" in message and "at step" in message
+        assert "rank 0 " in message  # the other rank's step, whether it was waiting or named too
         assert info.value.exit_code == EXIT_RUNTIME
         assert ended - saboteur.signalled_at < stall + 60
+        # The supervisor itself removed the stopped rank and the waiting one: nothing is resumed here.
+        wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
+        assert gone(saboteur.proc)
     finally:
-        for proc in marked_processes(marker):
+        for proc in marked_processes(marker):  # only after a failure above: leave no strays behind
+            proc.send_signal(signal.SIGKILL)
             proc.send_signal(signal.SIGCONT)
-    wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)

@@ -178,3 +178,28 @@ def test_a_rank_bug_is_not_relaunched():
     with pytest.raises(RankFailedError):
         run_supervised(launch_fn, _Plan(), None, LaunchConfig(), "auto")
     assert len(calls) == 1
+
+
+def test_a_live_rank_process_exits_when_the_driver_aborts_the_launch():
+    """A real Reporter in its own process: it keeps reporting, another rank goes silent, and the
+    driver's abort makes the live one exit with status 1 instead of waiting for the silent one."""
+    import subprocess
+    import sys
+
+    with Supervision(None, world=2, stall_timeout_s=1) as sup:
+        env = sup.launch_env()
+        host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
+        silent = socket.create_connection((host, int(port)))
+        silent.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": 1,
+                                    "step": None, "phase": STARTING}) + "\n").encode())
+        rank_0 = subprocess.Popen([sys.executable, "-c", (
+            "import sys, threading\n"
+            "from training.supervisor import Reporter\n"
+            "Reporter(sys.argv[1], sys.argv[2], rank=0, steps_per_epoch=10, interval=0.1)\n"
+            "threading.Event().wait(120)\n"), env["SHARDTRAIN_SUPERVISOR"], env["SHARDTRAIN_SUPERVISOR_TOKEN"]])
+        try:
+            assert rank_0.wait(timeout=60) == 1
+        finally:
+            rank_0.kill()
+            silent.close()
+        assert sup.stall.startswith("rank 1 stalled") and "rank 0 before its first step" in sup.stall
