@@ -403,7 +403,8 @@ def explain(exc: Exception, ranks: dict[int, RankState]) -> Exception:
     notes += [f"rank {s.rank} reported {s.error}" for s in sorted(errors, key=lambda s: s.rank)]
     if not notes:
         return exc
-    return LaunchError(f"{exc} ({'; '.join(notes)})", retryable=exc.retryable)
+    # A rank whose connection dropped without a final report died, whatever the launcher made of it.
+    return LaunchError(f"{exc} ({'; '.join(notes)})", retryable=exc.retryable or bool(lost))
 
 
 def retryable(exc: Exception) -> bool:

@@ -12,8 +12,8 @@ import pytest
 from common.errors import EXIT_USAGE, LaunchError, NonFiniteLossError, RankFailedError, RankFailure, RankStalledError
 from training.config import LaunchConfig
 from training.launch import describe_exit, launch_error
-from training.supervisor import (BETWEEN_EPOCHS, STARTING, TRAINING, RankState, Reporter, Supervision, find_stalled,
-                                 retryable, run_supervised)
+from training.supervisor import (BETWEEN_EPOCHS, STARTING, TRAINING, RankState, Reporter, Supervision, explain,
+                                 find_stalled, retryable, run_supervised)
 
 
 def _state(rank, step, phase, seen, progress, **extra):
@@ -72,6 +72,16 @@ def test_a_dead_process_is_named_by_rank_and_signal_and_capacity_advice_is_for_t
     assert "task slot" in str(error) and not error.retryable
     assert describe_exit(-15) == "status -15: killed by SIGTERM"
     assert describe_exit(1) == "status 1"
+
+
+def test_a_rank_that_died_makes_any_launch_error_name_its_step_and_retryable():
+    """Whatever a backend raised (here a barrier stage failure), the ranks' reports say who died where."""
+    ranks = {0: _state(0, 31, TRAINING, 0, 0, done=True, error="RuntimeError: peer closed", secondary=True),
+             1: _state(1, 30, TRAINING, 0, 0, lost_at=5.0)}
+    error = explain(LaunchError("TorchDistributor could not run 2 rank(s): barrier stage failed"), ranks)
+    assert "rank 1 died at step 30 without reporting an error" in str(error)
+    assert "peer closed" not in str(error)  # a consequence, not the cause
+    assert retryable(error)
 
 
 def _wait(condition, timeout=30):
