@@ -4,7 +4,9 @@ process in place, and turning what comes back into results or one typed error.
 ``rank_entry`` is the function shipped to executors. It is module-level (pickled by reference),
 takes only the plain ``RankPlan``, and imports torch and horovod when it runs. It never lets an
 exception escape: a failure comes back as a ``RankFailure`` record with the rank's own traceback,
-so the driver can say what went wrong instead of showing a bare Py4JJavaError.
+so the driver can say what went wrong instead of showing a bare Py4JJavaError. While it trains it
+reports its step to the driver (``training.supervisor.Reporter``), which stops a stalled launch and
+relaunches after a rank's process died.
 """
 
 from __future__ import annotations

@@ -16,6 +16,16 @@ from training.supervisor import (BETWEEN_EPOCHS, STARTING, TRAINING, RankState, 
                                  find_stalled, retryable, run_supervised)
 
 
+def test_launch_keys_are_checked_naming_the_key():
+    from common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="stall_timeout_s"):
+        LaunchConfig(stall_timeout_s=1)
+    with pytest.raises(ConfigError, match="max_restarts"):
+        LaunchConfig(max_restarts=-1)
+    assert (LaunchConfig().stall_timeout_s, LaunchConfig().max_restarts) == (600, 2)
+
+
 def _state(rank, step, phase, seen, progress, **extra):
     return RankState(rank, step=step, phase=phase, last_seen=seen, last_progress=progress, **extra)
 
