@@ -3,21 +3,24 @@ stopped making progress, explains which rank failed and why, and relaunches the 
 failure is one a retry can fix.
 
 Backend-agnostic: ``run_supervised`` wraps any ``launch_fn(plan, spark, launch_cfg) -> list[dict]``
-(Horovod-on-Spark, torch.distributed) and only adds two environment variables to
+(Horovod-on-Spark, torch.distributed) and only adds three environment variables to
 ``launch_cfg.env``. The rank side is ``Reporter``: the backend's rank entry builds it with
 ``Reporter.from_env(rank, steps_per_epoch)``, passes ``reporter.on_step`` to ``run_rank`` and calls
 ``reporter.finished(error_line)`` last.
 
 Protocol: each rank holds one TCP connection to a ``ProgressServer`` in the driver process and
-sends a JSON line every ``beat_interval`` seconds: its step, phase, pid and host. The first line
-carries a per-launch token. The driver may answer ``abort``: a live rank then exits at once.
+sends a JSON line after each step (at most ten a second) and every ``beat_interval`` seconds: its
+step, phase, pid and host. The first line carries a per-launch token. The driver may answer
+``abort``: a live rank then exits at once.
 
 What counts as progress: inside an epoch, a rank must advance its step. Before its first step
 (start-up, restoring a checkpoint, opening readers) and after an epoch's last step (validation,
 publishing the model) there are no steps to count, so a rank's heartbeat is enough there. A
 process that sends nothing at all (stopped, hung in a call that holds the GIL, host gone) is
 stalled in any phase. The heartbeat runs on its own thread, so it proves the process is alive,
-not that the training thread moves: that is why the step rule applies inside epochs.
+not that the training thread moves: that is why the step rule applies inside epochs. So a rank that
+is alive but stuck outside an epoch (a deadlock inside validation) is not caught; a stopped or dead
+rank is, in any phase, and the message lists every other rank's step beside it.
 """
 
 from __future__ import annotations
