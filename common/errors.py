@@ -88,7 +88,19 @@ class NonFiniteLossError(TrainingError):
 
 
 class LaunchError(TrainingError):
-    """The ranks could not be started or did not finish (slots, timeouts, a crashed process)."""
+    """The ranks could not be started or did not finish (slots, timeouts, a crashed process).
+    ``retryable``: a relaunch can fix it (a rank's process died), unlike missing capacity."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class RankStalledError(LaunchError):
+    """A rank made no progress for launch.stall_timeout_s; the message names it and every rank's step."""
+
+    def __init__(self, message: str):
+        super().__init__(message, retryable=True)
 
 
 @dataclass

@@ -104,11 +104,19 @@ class LaunchConfig:
     verbose: int = 0  # horovod.spark.run verbosity (0-2)
     # Environment variables for every rank (e.g. OMP_NUM_THREADS).
     env: dict[str, str] = field(default_factory=dict)
+    # A rank that makes no progress for this long (no step inside an epoch; no sign of life at all
+    # during start-up and validation) stops the launch, naming it: a stopped rank never hangs the job.
+    stall_timeout_s: int = 600
+    # Relaunches after a rank's process died, stalled or lost its connection; the ranks resume from
+    # the newest complete checkpoint (checkpoint.resume=auto). Config and data errors never retry.
+    max_restarts: int = 2
 
     def __post_init__(self):
         require(self.num_proc >= 1, "num_proc", f"must be >= 1, got {self.num_proc}")
         require(self.gpus_per_proc >= 0, "gpus_per_proc", "must be >= 0")
         require(self.start_timeout >= 1, "start_timeout", "must be >= 1")
+        require(self.stall_timeout_s >= 5, "stall_timeout_s", f"must be >= 5 seconds, got {self.stall_timeout_s}")
+        require(self.max_restarts >= 0, "max_restarts", f"must be >= 0, got {self.max_restarts}")
         require(self.mode == "spark" or self.num_proc == 1, "num_proc",
                 f"must be 1 with launch.mode=in_process (got {self.num_proc})")
 

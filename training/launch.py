@@ -4,7 +4,9 @@ process in place, and turning what comes back into results or one typed error.
 ``rank_entry`` is the function shipped to executors. It is module-level (pickled by reference),
 takes only the plain ``RankPlan``, and imports torch and horovod when it runs. It never lets an
 exception escape: a failure comes back as a ``RankFailure`` record with the rank's own traceback,
-so the driver can say what went wrong instead of showing a bare Py4JJavaError.
+so the driver can say what went wrong instead of showing a bare Py4JJavaError. While it trains it
+reports its step to the driver (``training.supervisor.Reporter``), which stops a stalled launch and
+relaunches after a rank's process died.
 """
 
 from __future__ import annotations
@@ -12,31 +14,40 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import traceback
 
-from common.errors import EXIT_RUNTIME, ConfigError, ShardtrainError
+from common.errors import EXIT_RUNTIME, ConfigError, ShardtrainError, first_line
 from common.errors import LaunchError, RankFailedError, RankFailure
 
 log = logging.getLogger("shardtrain.train")
 
 # Messages a rank raises because *another* rank went away: consequences, not causes.
 _SECONDARY = re.compile(r"HorovodInternalError|Horovod has been shut down|Connection closed by peer|"
-                        r"Gloo.*(closed|timed out)|Broken pipe|Connection reset", re.I)
+                        r"Gloo.*(closed|timed out)|Timed out waiting|Broken pipe|Connection reset", re.I)
+# horovod's gloo_run names the first rank whose process exited non-zero.
+_PROCESS_EXIT = re.compile(r"The first process to do so was:\s*Process name: (\S+)\s*Exit code: (-?\d+)")
 
 
 def rank_entry(plan) -> dict:
     """Runs on every Horovod rank (in the process horovod.spark.run starts for a Spark task)."""
+    from training.supervisor import Reporter
+
     rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "-1")))
+    reporter = Reporter.from_env(rank, plan.steps_per_epoch)
     try:
         from training.distributed import HorovodGroup
         from training.loop import run_rank
 
         group = HorovodGroup()
         rank = group.rank
-        return {"ok": True, **run_rank(plan, group)}
+        result = {"ok": True, **run_rank(plan, group, on_step=reporter.on_step)}
+        reporter.finished(None)
+        return result
     except BaseException as exc:  # noqa: BLE001 - reported to the driver as data, see module docstring
-        text = traceback.format_exc()
-        return {"ok": False, "failure": failure_record(rank, exc, text).to_dict()}
+        record = failure_record(rank, exc, traceback.format_exc())
+        reporter.finished(f"{record.type}: {record.message}", record.secondary)
+        return {"ok": False, "failure": record.to_dict()}
 
 
 def failure_record(rank: int, exc: BaseException, text: str) -> RankFailure:
@@ -64,13 +75,40 @@ def launch_spark(plan, spark, launch_cfg) -> list[dict]:
                                     start_timeout=launch_cfg.start_timeout, env=env, verbose=launch_cfg.verbose,
                                     use_gloo=True)
     except Exception as exc:  # noqa: BLE001 - mapped to one typed error with the cause in words
-        from common.spark import explain_java_error
-
-        raise LaunchError(
-            f"horovod.spark.run could not run {launch_cfg.num_proc} rank(s): {explain_java_error(exc)}. "
-            "Each rank needs its own Spark task slot at the same time (executor cores / spark.task.cpus); "
-            "the ranks' own output above says more") from exc
+        raise launch_error(exc, launch_cfg.num_proc) from exc
     return list(results)
+
+
+def launch_error(exc: BaseException, num_proc: int) -> LaunchError:
+    """What horovod.spark.run raised, in words: which rank's process died and how, or what is missing."""
+    from common.spark import explain_java_error
+
+    text = str(exc)
+    died = _PROCESS_EXIT.search(text)
+    if died:
+        rank, code = died.group(1), int(died.group(2))
+        return LaunchError(f"training failed on rank {rank}: its process exited with {describe_exit(code)}; "
+                           "the rank's own output above says more", retryable=True)
+    if "Timed out waiting for" in text:
+        return LaunchError(
+            f"horovod.spark.run could not start {num_proc} rank(s): {first_line(exc)}. Each rank needs its own "
+            "Spark task slot at the same time (executor cores / spark.task.cpus); raise launch.start_timeout if "
+            "executors are allocated on demand")
+    return LaunchError(f"horovod.spark.run failed running {num_proc} rank(s): {explain_java_error(exc)}; the "
+                       "ranks' own output above says more", retryable=True)
+
+
+def describe_exit(code: int) -> str:
+    """An exit status as a person reads it: 137 and -9 are both 'killed by SIGKILL'."""
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    if number:
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        why = " (out of memory, or killed by someone)" if name == "SIGKILL" else ""
+        return f"status {code}: killed by {name}{why}"
+    return f"status {code}"
 
 
 def check_results(results: list[dict]) -> list[dict]:
@@ -103,4 +141,5 @@ def check_capacity(spark, num_proc: int, gpus_per_proc: int) -> None:
                 "spark.executor.resource.gpu.amount and a discovery script) in spark.conf")
 
 
-__all__ = ["check_capacity", "check_results", "failure_record", "launch_in_process", "launch_spark", "rank_entry"]
+__all__ = ["check_capacity", "check_results", "describe_exit", "failure_record", "launch_error", "launch_in_process",
+           "launch_spark", "rank_entry"]

@@ -1,0 +1,192 @@
+"""A rank that dies or stops, on real Horovod ranks under real Spark: the rank's process is
+killed (SIGKILL) or stopped (SIGSTOP) by pid while it trains, and the job must name the rank and
+the cause, never hang, and (with restarts) finish with the same model as an uninterrupted run.
+
+Rank processes are found by a marker in their environment (``launch.env``), so a test only ever
+signals the processes its own launch started."""
+
+import os
+import signal
+import threading
+import time
+import uuid
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from common.errors import EXIT_RUNTIME, LaunchError, RankStalledError
+from tabular_data import write_dataset
+from training import load_train_config, train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Long enough (about 400 steps per rank) that a kill lands mid-epoch, well after the first checkpoint.
+LAYOUT = {"train": [[4000, 3000], [3000], [3000, 2000]], "val": [[300]]}
+MARKER = "SHARDTRAIN_TEST_RANKS"
+
+pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_dataset(str(tmp_path_factory.mktemp("failures") / "ds"), LAYOUT)
+
+
+def _cfg(ds, out, marker, *extra):
+    return load_train_config(None, [
+        f"data.path={ds.uri}", f"output.model_path={out}/model", "launch.num_proc=2", "launch.start_timeout=120",
+        f"launch.env.PYTHONPATH={HERE}", f"launch.env.{MARKER}={marker}", "train.batch_size=32",
+        "train.epochs=2", "train.log_every_steps=100", "data.shuffle_buffer_rows=200", "model.hidden=[16]",
+        "checkpoint.every_steps=20", "checkpoint.keep=3", *extra])
+
+
+def rank_process(marker: str, rank: int, exclude: frozenset = frozenset()) -> psutil.Process | None:
+    """The Python process running ``rank`` of the launch tagged ``marker`` (not its shell)."""
+    for proc in psutil.process_iter(["pid", "name"]):
+        if proc.pid in exclude:
+            continue
+        try:
+            env = proc.environ()
+            if env.get(MARKER) == marker and env.get("HOROVOD_RANK") == str(rank) and \
+                    "gloo_exec_fn" in " ".join(proc.cmdline()) and proc.name().startswith("python"):
+                return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return None
+
+
+def marked_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(MARKER) == marker and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_for(condition, what: str, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def committed_checkpoint(run_dir: str) -> bool:
+    root = os.path.join(run_dir, "checkpoints")
+    return os.path.isdir(root) and any(os.path.exists(os.path.join(root, d, "_COMMITTED")) for d in os.listdir(root)
+                                       if d.startswith("step-"))
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+
+def gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+class Saboteur(threading.Thread):
+    """Once a checkpoint is committed, sends ``sig`` to rank 1's process (the first launch's only)."""
+
+    def __init__(self, marker: str, run_dir: str, sig: int):
+        super().__init__(daemon=True)
+        self.marker, self.run_dir, self.sig = marker, run_dir, sig
+        self.proc, self.error, self.signalled_at, self.stopped = None, None, None, False
+
+    def run(self):
+        try:
+            wait_for(lambda: committed_checkpoint(self.run_dir), "the first checkpoint")
+            self.proc = wait_for(lambda: rank_process(self.marker, 1), "rank 1's process")
+            self.proc.send_signal(self.sig)
+            self.signalled_at = time.monotonic()
+            if self.sig == signal.SIGSTOP:  # proof it is stopped: state 'T' in /proc/<pid>/stat
+                wait_for(lambda: _proc_state(self.proc.pid) == "T", "rank 1 to be stopped", timeout=30)
+                self.stopped = True
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+def test_a_killed_rank_is_named_with_its_cause(spark, dataset, tmp_path):
+    marker = uuid.uuid4().hex
+    saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGKILL)
+    saboteur.start()
+    with pytest.raises(LaunchError) as info:
+        train(_cfg(dataset, tmp_path, marker, "launch.max_restarts=0"), spark)
+    saboteur.join()
+    assert saboteur.error is None and gone(saboteur.proc)  # the kill really happened, to rank 1
+    message = str(info.value)
+    assert message.startswith("training failed on rank 1: its process exited with status"), message
+    assert "killed by SIGKILL" in message and "rank 1 died at step" in message
+    assert "task slot" not in message  # not a capacity problem
+    assert info.value.exit_code == EXIT_RUNTIME
+    wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
+
+
+def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(spark, dataset, tmp_path, caplog):
+    caplog.set_level("INFO", logger="shardtrain")
+    reference = train(_cfg(dataset, tmp_path / "reference", uuid.uuid4().hex), spark)
+
+    marker = uuid.uuid4().hex
+    out = tmp_path / "restarted"
+    saboteur = Saboteur(marker, f"{out}/model.run", signal.SIGKILL)
+    saboteur.start()
+    result = train(_cfg(dataset, out, marker), spark)
+    saboteur.join()
+    assert saboteur.error is None and gone(saboteur.proc)
+
+    assert result.resumed_from is not None  # the relaunched ranks resumed from a checkpoint...
+    resumed = result.ranks[0]["resumed_step"]
+    assert 0 < resumed < 2 * result.steps_per_epoch  # ...taken mid-run
+    assert result.steps_per_rank == reference.steps_per_rank
+    restarts = [r.getMessage() for r in caplog.records if "restarting the ranks" in r.getMessage()]
+    assert len(restarts) == 1
+    failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ranks failed:")]
+    assert "rank 1" in failed[0] and "killed by SIGKILL" in failed[0]
+    assert any(f"step {resumed}" in r.getMessage() and "resumed from" in r.getMessage() for r in caplog.records)
+
+    ours = load_file(os.path.join(result.model_uri, "model.safetensors"))
+    theirs = load_file(os.path.join(reference.model_uri, "model.safetensors"))
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+    for ours_epoch, theirs_epoch in zip(result.metrics, reference.metrics, strict=True):
+        for key in ("train_loss", "val_loss", "val_accuracy"):
+            assert ours_epoch[key] == theirs_epoch[key], (key, ours_epoch, theirs_epoch)
+    wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
+
+
+def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path):
+    marker = uuid.uuid4().hex
+    stall = 20
+    saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGSTOP)
+    saboteur.start()
+    try:
+        with pytest.raises(RankStalledError) as info:
+            train(_cfg(dataset, tmp_path, marker, f"launch.stall_timeout_s={stall}", "launch.max_restarts=0",
+                       "train.epochs=20"), spark)
+        ended = time.monotonic()
+        saboteur.join()
+        assert saboteur.error is None and saboteur.stopped
+        message = str(info.value)
+        assert message.startswith("rank 1 stalled"), message
+        assert "rank 1 sent nothing" in message and "at step" in message
+        assert "rank 0 " in message  # the other rank's step, whether it was waiting or named too
+        assert info.value.exit_code == EXIT_RUNTIME
+        assert ended - saboteur.signalled_at < stall + 60
+        # The supervisor itself removed the stopped rank and the waiting one: nothing is resumed here.
+        wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
+        assert gone(saboteur.proc)
+    finally:
+        for proc in marked_processes(marker):  # only after a failure above: leave no strays behind
+            proc.send_signal(signal.SIGKILL)
+            proc.send_signal(signal.SIGCONT)

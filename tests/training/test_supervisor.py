@@ -1,0 +1,225 @@
+"""The supervisor's own logic without Spark: the stall rule, which failures are retried, how a
+launch error reads, and ranks reporting over real loopback sockets. The same pieces run on real
+Horovod ranks in test_failures.py."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from common.errors import EXIT_USAGE, LaunchError, NonFiniteLossError, RankFailedError, RankFailure, RankStalledError
+from training.config import LaunchConfig
+from training.launch import describe_exit, launch_error
+from training.supervisor import (BETWEEN_EPOCHS, STARTING, TRAINING, RankState, Reporter, Supervision, explain,
+                                 find_stalled, retryable, run_supervised)
+
+
+def test_launch_keys_are_checked_naming_the_key():
+    from common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="stall_timeout_s"):
+        LaunchConfig(stall_timeout_s=1)
+    with pytest.raises(ConfigError, match="max_restarts"):
+        LaunchConfig(max_restarts=-1)
+    assert (LaunchConfig().stall_timeout_s, LaunchConfig().max_restarts) == (600, 2)
+
+
+def _state(rank, step, phase, seen, progress, **extra):
+    return RankState(rank, step=step, phase=phase, last_seen=seen, last_progress=progress, **extra)
+
+
+def test_stall_rule_counts_steps_inside_epochs_and_signs_of_life_outside():
+    now, timeout = 1000.0, 60
+    ranks = {
+        0: _state(0, 40, TRAINING, seen=now - 1, progress=now - 61),      # alive, no step: stalled
+        1: _state(1, 40, TRAINING, seen=now - 61, progress=now - 61),     # silent: stalled
+        2: _state(2, 50, BETWEEN_EPOCHS, seen=now - 1, progress=now - 500),  # validating for long: fine
+        3: _state(3, None, STARTING, seen=now - 1, progress=now - 500),   # slow start-up: fine
+        4: _state(4, 50, TRAINING, seen=now - 70, progress=now - 70, done=True),  # finished: fine
+        5: _state(5, 12, TRAINING, seen=now - 30, progress=now - 30, lost_at=now - 30),  # died recently
+    }
+    stalled = dict(find_stalled(ranks, world=7, started=now - 100, now=now, timeout=timeout))
+    assert sorted(stalled) == [0, 1, 6]
+    assert "alive but made no step" in stalled[0] and "at step 40" in stalled[0]
+    assert "sent nothing for 61 s" in stalled[1]
+    assert "never reported" in stalled[6]
+    ranks[5].lost_at = now - 61
+    assert 5 in dict(find_stalled(ranks, world=7, started=now - 100, now=now, timeout=timeout))
+    assert find_stalled({}, world=2, started=now - 10, now=now, timeout=timeout) == []
+    # Not reported yet, but the launcher may still be waiting for task slots.
+    assert find_stalled({}, world=1, started=now - 100, now=now, timeout=timeout, start_timeout=120) == []
+
+
+def _failure(type_, exit_code=1, secondary=False):
+    return RankFailure(rank=1, type=type_, message="boom", traceback="", exit_code=exit_code, secondary=secondary)
+
+
+@pytest.mark.parametrize("error, expected", [
+    (LaunchError("rank 1 died", retryable=True), True),
+    (RankStalledError("rank 1 stalled"), True),
+    (LaunchError("no task slots"), False),
+    (RankFailedError([_failure("HorovodInternalError", secondary=True)]), True),
+    (RankFailedError([_failure("ConnectionResetError")]), True),
+    (RankFailedError([_failure("ValueError")]), False),  # the rank's own bug fails again
+    (RankFailedError([_failure("NonFiniteLossError")]), False),
+    (RankFailedError([_failure("DatasetError", exit_code=EXIT_USAGE)]), False),
+    (NonFiniteLossError("nan"), False),
+])
+def test_only_failures_a_relaunch_can_fix_are_retried(error, expected):
+    assert retryable(error) is expected
+
+
+def test_a_dead_process_is_named_by_rank_and_signal_and_capacity_advice_is_for_timeouts_only():
+    died = RuntimeError("Horovod detected that one or more processes exited with non-zero status, thus causing the "
+                        "job to be terminated. The first process to do so was:\nProcess name: 1\nExit code: 137\n")
+    error = launch_error(died, 2)
+    assert str(error).startswith("training failed on rank 1: its process exited with status 137: killed by SIGKILL")
+    assert "task slot" not in str(error) and error.retryable
+    timeout = Exception("Timed out waiting for Spark tasks to start. Please check that you have enough resources")
+    error = launch_error(timeout, 2)
+    assert "task slot" in str(error) and not error.retryable
+    assert describe_exit(-15) == "status -15: killed by SIGTERM"
+    assert describe_exit(1) == "status 1"
+
+
+def test_a_rank_that_died_makes_any_launch_error_name_its_step_and_retryable():
+    """Whatever a backend raised (here a barrier stage failure), the ranks' reports say who died where."""
+    ranks = {0: _state(0, 31, TRAINING, 0, 0, done=True, error="RuntimeError: peer closed", secondary=True),
+             1: _state(1, 30, TRAINING, 0, 0, lost_at=5.0)}
+    error = explain(LaunchError("TorchDistributor could not run 2 rank(s): barrier stage failed"), ranks)
+    assert "rank 1 died at step 30 without reporting an error" in str(error)
+    assert "peer closed" not in str(error)  # a consequence, not the cause
+    assert retryable(error)
+
+
+def _wait(condition, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_ranks_report_steps_errors_and_death_over_loopback():
+    with Supervision(None, world=3, stall_timeout_s=60) as sup:
+        env = sup.launch_env()
+        address, token = env["SHARDTRAIN_SUPERVISOR"], env["SHARDTRAIN_SUPERVISOR_TOKEN"]
+        ok = Reporter(address, token, rank=0, steps_per_epoch=10, interval=0.05)
+        failed = Reporter(address, token, rank=1, steps_per_epoch=10, interval=0.05)
+        ok.on_step(7)
+        failed.on_step(10)
+        assert _wait(lambda: sup.ranks().get(0) and sup.ranks()[0].step == 7)
+        assert _wait(lambda: sup.ranks().get(1) and sup.ranks()[1].phase == BETWEEN_EPOCHS)
+        failed.finished("OSError: disk full")
+        ok.finished(None)
+        # A rank whose process dies: its connection drops without a final report.
+        dying = socket.create_connection(tuple(address.rsplit(":", 1)[0:1]) + (int(address.rsplit(":", 1)[1]),))
+        dying.sendall((json.dumps({"event": "hello", "token": token, "rank": 2, "step": 3, "phase": TRAINING}) + "\n")
+                      .encode())
+        assert _wait(lambda: 2 in sup.ranks())
+        dying.close()
+        assert _wait(lambda: sup.ranks()[2].lost_at is not None)
+        # A connection without the launch's token is not a rank of this launch.
+        stranger = socket.create_connection((address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])))
+        stranger.sendall(b'{"event": "hello", "token": "wrong", "rank": 5}\n')
+        ranks = sup.ranks()
+        assert ranks[0].done and ranks[0].error is None and ranks[0].pid is not None
+        assert ranks[1].done and ranks[1].error == "OSError: disk full"
+        assert 5 not in ranks and sup.stall is None
+        stranger.close()
+
+
+def test_a_silent_rank_is_named_and_live_ranks_are_told_to_abort():
+    with Supervision(None, world=2, stall_timeout_s=1) as sup:
+        env = sup.launch_env()
+        host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
+        ranks = []
+        for rank in (0, 1):  # raw sockets: an in-process Reporter would exit this process on "abort"
+            conn = socket.create_connection((host, int(port)))
+            conn.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": rank,
+                                      "step": 4, "phase": TRAINING}) + "\n").encode())
+            ranks.append(conn)
+        stop = threading.Event()
+
+        def keep_rank_0_alive():
+            while not stop.wait(0.1):
+                ranks[0].sendall((json.dumps({"event": "beat", "rank": 0, "step": 4, "phase": TRAINING}) + "\n")
+                                 .encode())
+        threading.Thread(target=keep_rank_0_alive, daemon=True).start()
+        assert _wait(lambda: sup.stall is not None)
+        stop.set()
+        assert sup.stall.startswith("rank 1 stalled"), sup.stall
+        assert "rank 1 sent nothing" in sup.stall and "at step 4" in sup.stall
+        ranks[0].settimeout(10)
+        assert ranks[0].makefile("r").readline().strip() == "abort"
+        for conn in ranks:
+            conn.close()
+
+
+def _launch_failing(times, error):
+    calls = []
+
+    def launch_fn(plan, spark, launch_cfg):
+        calls.append(launch_cfg.env)
+        if len(calls) <= times:
+            raise error
+        return [{"ok": True, "resumed_from": "ckpt/step-000000020", "resumed_step": 20}]
+    return launch_fn, calls
+
+
+class _Plan:
+    world_size = 0  # no rank reports in these tests: nothing can stall
+
+
+@pytest.mark.parametrize("failures, max_restarts, resume, launches, succeeds", [
+    (1, 2, "auto", 2, True),
+    (2, 2, "auto", 3, True),
+    (3, 2, "auto", 3, False),
+    (1, 0, "auto", 1, False),
+    (1, 2, "never", 1, False),  # a relaunch would start over from step 0
+])
+def test_relaunches_up_to_max_restarts(failures, max_restarts, resume, launches, succeeds):
+    launch_fn, calls = _launch_failing(failures, LaunchError("rank 1 died", retryable=True))
+    cfg = LaunchConfig(max_restarts=max_restarts)
+    if succeeds:
+        assert run_supervised(launch_fn, _Plan(), None, cfg, resume)[0]["resumed_step"] == 20
+    else:
+        with pytest.raises(LaunchError):
+            run_supervised(launch_fn, _Plan(), None, cfg, resume)
+    assert len(calls) == launches
+    assert len({c["SHARDTRAIN_SUPERVISOR_TOKEN"] for c in calls}) == launches  # each launch its own token
+
+
+def test_a_rank_bug_is_not_relaunched():
+    launch_fn, calls = _launch_failing(1, RankFailedError([_failure("ValueError")]))
+    with pytest.raises(RankFailedError):
+        run_supervised(launch_fn, _Plan(), None, LaunchConfig(), "auto")
+    assert len(calls) == 1
+
+
+def test_a_live_rank_process_exits_when_the_driver_aborts_the_launch():
+    """A real Reporter in its own process: it keeps reporting, another rank goes silent, and the
+    driver's abort makes the live one exit with status 1 instead of waiting for the silent one."""
+    import subprocess
+    import sys
+
+    with Supervision(None, world=2, stall_timeout_s=1) as sup:
+        env = sup.launch_env()
+        host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
+        silent = socket.create_connection((host, int(port)))
+        silent.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": 1,
+                                    "step": None, "phase": STARTING}) + "\n").encode())
+        rank_0 = subprocess.Popen([sys.executable, "-c", (
+            "import sys, threading\n"
+            "from training.supervisor import Reporter\n"
+            "Reporter(sys.argv[1], sys.argv[2], rank=0, steps_per_epoch=10, interval=0.1)\n"
+            "threading.Event().wait(120)\n"), env["SHARDTRAIN_SUPERVISOR"], env["SHARDTRAIN_SUPERVISOR_TOKEN"]])
+        try:
+            assert rank_0.wait(timeout=60) == 1
+        finally:
+            rank_0.kill()
+            silent.close()
+        assert sup.stall.startswith("rank 1 stalled") and "rank 0 before its first step" in sup.stall

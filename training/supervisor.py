@@ -1,0 +1,456 @@
+"""Supervising a launch: ranks report progress to the driver, the driver stops a launch that has
+stopped making progress, explains which rank failed and why, and relaunches the ranks when the
+failure is one a retry can fix.
+
+Backend-agnostic: ``run_supervised`` wraps any ``launch_fn(plan, spark, launch_cfg) -> list[dict]``
+(Horovod-on-Spark, torch.distributed) and only adds three environment variables to
+``launch_cfg.env``. The rank side is ``Reporter``: the backend's rank entry builds it with
+``Reporter.from_env(rank, steps_per_epoch)``, passes ``reporter.on_step`` to ``run_rank`` and calls
+``reporter.finished(error_line)`` last.
+
+Protocol: each rank holds one TCP connection to a ``ProgressServer`` in the driver process and
+sends a JSON line after each step (at most ten a second) and every ``beat_interval`` seconds: its
+step, phase, pid and host. The first line carries a per-launch token. The driver may answer
+``abort``: a live rank then exits at once.
+
+What counts as progress: inside an epoch, a rank must advance its step. Before its first step
+(start-up, restoring a checkpoint, opening readers) and after an epoch's last step (validation,
+publishing the model) there are no steps to count, so a rank's heartbeat is enough there. A
+process that sends nothing at all (stopped, hung in a call that holds the GIL, host gone) is
+stalled in any phase. The heartbeat runs on its own thread, so it proves the process is alive,
+not that the training thread moves: that is why the step rule applies inside epochs. So a rank that
+is alive but stuck outside an epoch (a deadlock inside validation) is not caught; a stopped or dead
+rank is, in any phase, and the message lists every other rank's step beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import socketserver
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from common.errors import EXIT_RUNTIME, LaunchError, RankFailedError, RankStalledError, ShardtrainError, first_line
+from training.launch import check_results
+
+log = logging.getLogger("shardtrain.train")
+
+ADDRESS_ENV = "SHARDTRAIN_SUPERVISOR"  # host:port of the driver's ProgressServer
+TOKEN_ENV = "SHARDTRAIN_SUPERVISOR_TOKEN"
+INTERVAL_ENV = "SHARDTRAIN_SUPERVISOR_INTERVAL"  # seconds between a rank's reports
+
+STARTING, TRAINING, BETWEEN_EPOCHS = "starting", "training", "between_epochs"
+
+# Rank failures that say "the connection to another rank or to storage broke": a relaunch can fix
+# them. A rank's own exception (a bug in a model, bad data) would fail the same way again.
+_TRANSIENT_TYPES = {"HorovodInternalError", "ConnectionError", "ConnectionResetError", "ConnectionAbortedError",
+                    "BrokenPipeError", "TimeoutError", "OSError", "DistBackendError", "DistNetworkError"}
+
+
+def beat_interval(stall_timeout_s: float) -> float:
+    """How often a rank reports: often enough that a report is never stale by much of the timeout."""
+    return min(1.0, max(0.2, stall_timeout_s / 20))
+
+
+# --- rank side -----------------------------------------------------------------------------------
+
+class Reporter:
+    """One rank's link to the driver. Never raises into training and never blocks it: the main
+    thread only stores the step; a daemon thread sends it."""
+
+    def __init__(self, address: str | None, token: str, rank: int, steps_per_epoch: int, interval: float):
+        self.rank, self.steps_per_epoch, self.interval = rank, steps_per_epoch, interval
+        self.token = token
+        self.step: int | None = None  # None until this process finishes its first step
+        self._sock = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        if address:
+            self._connect(address)
+        if self._sock:
+            threading.Thread(target=self._beat, name="shardtrain-reporter", daemon=True).start()
+            threading.Thread(target=self._listen, name="shardtrain-abort", daemon=True).start()
+
+    @classmethod
+    def from_env(cls, rank: int, steps_per_epoch: int) -> "Reporter":
+        """The reporter ``run_supervised`` asked for through the environment, or a silent one."""
+        address = os.environ.get(ADDRESS_ENV)
+        interval = float(os.environ.get(INTERVAL_ENV, "1"))
+        return cls(address, os.environ.get(TOKEN_ENV, ""), rank, steps_per_epoch, interval)
+
+    def on_step(self, step: int) -> None:
+        self.step = step
+        self._wake.set()  # report soon: a rank that dies next should be known at this step
+
+    def finished(self, error: str | None, secondary: bool = False) -> None:
+        """Last report: done, with the rank's own error line if it failed (``secondary``: an error
+        that only says another rank went away)."""
+        self._send({"event": "done", "error": error, "secondary": secondary})
+        self._stop.set()
+        if self._sock:
+            self._sock.close()
+
+    @property
+    def phase(self) -> str:
+        if self.step is None:
+            return STARTING
+        return BETWEEN_EPOCHS if self.step % self.steps_per_epoch == 0 else TRAINING
+
+    def _connect(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        try:
+            # The timeout also bounds a send to a driver that stopped reading: the rank then goes on
+            # unsupervised instead of blocking in its last report.
+            self._sock = socket.create_connection((host, int(port)), timeout=30)
+        except OSError as exc:
+            log.warning("rank %d cannot reach the driver's progress server at %s (%s): it will not be supervised",
+                        self.rank, address, exc)
+            return
+        self._send({"event": "hello", "token": self.token, "pid": os.getpid(), "host": socket.gethostname(),
+                    "created": _process_created(os.getpid())})
+
+    def _send(self, message: dict) -> None:
+        if not self._sock:
+            return
+        message = {"rank": self.rank, "step": self.step, "phase": self.phase, **message}
+        try:
+            with self._lock:
+                self._sock.sendall((json.dumps(message) + "\n").encode())
+        except OSError:
+            self._sock = None  # the driver went away; training goes on unsupervised
+
+    def _beat(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            self._send({"event": "beat"})
+            self._stop.wait(0.1)  # at most ten reports a second, however fast the steps
+
+    def _listen(self) -> None:
+        sock, received = self._sock, b""
+        while sock and not self._stop.is_set():
+            try:
+                chunk = sock.recv(64)
+            except socket.timeout:
+                continue  # nothing from the driver, which is the normal case
+            except OSError:
+                return
+            if not chunk:
+                return
+            received = (received + chunk)[-64:]
+            if b"abort\n" in received:
+                # The driver gave up on this launch (another rank stalled): leave now rather than
+                # wait in a collective for a rank that will never answer.
+                os._exit(EXIT_RUNTIME)
+
+
+def _process_created(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001 - only used to avoid killing a reused pid
+        return None
+
+
+# --- driver side ---------------------------------------------------------------------------------
+
+@dataclass
+class RankState:
+    rank: int
+    pid: int | None = None
+    host: str | None = None
+    created: float | None = None
+    step: int | None = None
+    phase: str = STARTING
+    last_seen: float = 0.0
+    last_progress: float = 0.0
+    done: bool = False
+    error: str | None = None
+    secondary: bool = False  # the error only says that another rank went away
+    lost_at: float | None = None  # connection dropped without a final report: the process died
+
+    def describe(self) -> str:
+        at = "before its first step" if self.step is None else f"at step {self.step}"
+        if self.done:
+            return f"rank {self.rank} {at}, finished" + (f" with {self.error}" if self.error else "")
+        if self.lost_at is not None:
+            return f"rank {self.rank} {at}, its process died (no final report)"
+        return f"rank {self.rank} {at}"
+
+
+class ProgressServer(socketserver.ThreadingTCPServer):
+    """Collects the ranks' reports; one thread per rank connection."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, token: str):
+        super().__init__(("0.0.0.0", 0), _ReportHandler)
+        self.token = token
+        self.ranks: dict[int, RankState] = {}
+        self.connections: list[socket.socket] = []
+        self.lock = threading.Lock()
+
+    def record(self, message: dict, now: float) -> RankState:
+        with self.lock:
+            rank = int(message["rank"])
+            state = self.ranks.setdefault(rank, RankState(rank, last_progress=now))
+            if message.get("event") == "hello":
+                state.pid, state.host, state.created = message.get("pid"), message.get("host"), message.get("created")
+            if message.get("step") != state.step or message.get("phase") != state.phase:
+                state.last_progress = now
+            state.step, state.phase, state.last_seen = message.get("step"), message.get("phase", STARTING), now
+            if message.get("event") == "done":
+                state.done, state.error, state.secondary = True, message.get("error"), bool(message.get("secondary"))
+            return state
+
+    def lost(self, rank: int, now: float) -> None:
+        with self.lock:
+            state = self.ranks.get(rank)
+            if state and not state.done:
+                state.lost_at = now
+
+    def snapshot(self) -> dict[int, RankState]:
+        with self.lock:
+            return {r: dataclasses.replace(s) for r, s in self.ranks.items()}
+
+    def abort_all(self) -> None:
+        for conn in list(self.connections):
+            try:
+                conn.sendall(b"abort\n")
+            except OSError:
+                pass
+
+
+class _ReportHandler(socketserver.StreamRequestHandler):
+    def handle(self):
+        server: ProgressServer = self.server
+        rank = None
+        try:
+            for line in self.rfile:
+                message = json.loads(line)
+                if rank is None and message.get("token") != server.token:
+                    return  # not one of this launch's ranks
+                if rank is None:
+                    server.connections.append(self.connection)
+                rank = server.record(message, time.monotonic()).rank
+        except (OSError, ValueError):
+            pass  # a reset connection is a rank that went away, as below
+        if rank is not None:
+            server.lost(rank, time.monotonic())
+
+
+def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: float, timeout: float,
+                 start_timeout: float = 0) -> list[tuple[int, str]]:
+    """(rank, why) for each stalled rank; empty while every rank moves, has finished, or is within the
+    timeout. A rank that has not reported yet gets ``start_timeout`` more: the launcher's own wait
+    for task slots comes first."""
+    reasons = []
+    for rank in range(world):
+        state = ranks.get(rank)
+        if state is None:
+            if now - started > timeout + start_timeout:
+                reasons.append((rank, f"rank {rank} never reported in {now - started:.0f} s (it did not start, or "
+                                       "cannot reach the driver)"))
+            continue
+        at = "before its first step" if state.step is None else f"at step {state.step}"
+        if state.done:
+            continue
+        if state.lost_at is not None:
+            if now - state.lost_at > timeout:
+                reasons.append((rank, f"rank {rank}'s process died {at} and the launch did not end"))
+        elif now - state.last_seen > timeout:
+            reasons.append((rank, f"rank {rank} sent nothing for {now - state.last_seen:.0f} s, {at} (its process "
+                                   "is stopped or hung, or its host is unreachable)"))
+        elif state.phase == TRAINING and now - state.last_progress > timeout:
+            reasons.append((rank, f"rank {rank} is alive but made no step for {now - state.last_progress:.0f} s, "
+                                   f"{at} (stuck, or waiting for a rank that is)"))
+    return reasons
+
+
+class Supervision:
+    """One launch under watch: the progress server, the watcher thread, and how to stop the launch."""
+
+    def __init__(self, spark, world: int, stall_timeout_s: float, start_timeout: float = 0):
+        self.spark, self.world, self.timeout, self.start_timeout = spark, world, stall_timeout_s, start_timeout
+        self.token = secrets.token_hex(16)
+        self.server = ProgressServer(self.token)
+        self.stall: str | None = None
+        self._done = threading.Event()
+        self._started = time.monotonic()
+        self._jobs_before = self._active_jobs()
+
+    def launch_env(self) -> dict[str, str]:
+        host = _driver_host(self.spark)
+        return {ADDRESS_ENV: f"{host}:{self.server.server_address[1]}", TOKEN_ENV: self.token,
+                INTERVAL_ENV: str(beat_interval(self.timeout))}
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, name="shardtrain-progress", daemon=True).start()
+        threading.Thread(target=self._watch, name="shardtrain-watch", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def ranks(self) -> dict[int, RankState]:
+        return self.server.snapshot()
+
+    def _watch(self) -> None:
+        while not self._done.wait(beat_interval(self.timeout)):
+            ranks = self.ranks()
+            reasons = find_stalled(ranks, self.world, self._started, time.monotonic(), self.timeout,
+                                   self.start_timeout)
+            if reasons:
+                self.stall = self._stall_message(reasons, ranks)
+                log.error("%s; stopping the launch", self.stall)
+                self._stop(ranks)
+                return
+
+    def _stall_message(self, reasons: list[tuple[int, str]], ranks: dict[int, RankState]) -> str:
+        # Silent ranks first: a rank blocked in a collective is usually waiting for one of them.
+        reasons = sorted(reasons, key=lambda item: ("sent nothing" not in item[1], item[0]))
+        named = {rank for rank, _ in reasons}
+        others = [ranks[r].describe() for r in sorted(ranks) if r not in named]
+        text = (f"rank {reasons[0][0]} stalled: no progress for launch.stall_timeout_s={self.timeout:g} s: "
+                + "; ".join(why for _, why in reasons))
+        if others:
+            text += "; the other ranks: " + ", ".join(others)
+        return text + ". Raise launch.stall_timeout_s if a step or a validation pass legitimately takes longer"
+
+    def _stop(self, ranks: dict[int, RankState]) -> None:
+        """Make every rank process of this launch go away, then end its Spark jobs."""
+        self.server.abort_all()  # live ranks exit themselves
+        here = socket.gethostname()
+        for state in ranks.values():
+            if state.host == here and state.pid and not state.done:
+                _kill(state.pid, state.created)  # a stopped process cannot read "abort"; SIGKILL still works
+        self._cancel_spark_jobs()
+
+    def _active_jobs(self) -> set[int]:
+        if self.spark is None:
+            return set()
+        return set(self.spark.sparkContext.statusTracker().getActiveJobsIds())
+
+    def _cancel_spark_jobs(self) -> None:
+        # The jobs this launch started (Horovod runs its job on its own thread, under its own group).
+        if self.spark is None:
+            return
+        sc = self.spark.sparkContext
+        for job in set(sc.statusTracker().getActiveJobsIds()) - self._jobs_before:
+            log.info("cancelling Spark job %d", job)
+            sc._jsc.sc().cancelJob(int(job))
+
+
+def _driver_host(spark) -> str:
+    if spark is None:
+        return "127.0.0.1"
+    return spark.sparkContext.getConf().get("spark.driver.host", None) or socket.gethostname()
+
+
+def _kill(pid: int, created: float | None) -> None:
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        if created is not None and abs(proc.create_time() - created) > 1:
+            return  # the pid was reused by an unrelated process
+        proc.send_signal(signal.SIGKILL)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
+# --- one launch, then relaunches ------------------------------------------------------------------
+
+def supervise(launch_fn: Callable, plan, spark, launch_cfg) -> list[dict]:
+    """``launch_fn`` in this thread (Horovod installs signal handlers, so it needs the main one)
+    while a watcher thread stops it if a rank stalls; failures are explained rank by rank."""
+    with Supervision(spark, plan.world_size, launch_cfg.stall_timeout_s, launch_cfg.start_timeout) as sup:
+        cfg = dataclasses.replace(launch_cfg, env={**launch_cfg.env, **sup.launch_env()})
+        try:
+            results = launch_fn(plan, spark, cfg)
+        except Exception as exc:  # noqa: BLE001 - re-raised as one typed error below
+            if sup.stall:
+                raise RankStalledError(sup.stall) from exc
+            explained = explain(exc, sup.ranks())
+            if explained is exc:
+                raise
+            raise explained from exc
+        if sup.stall:
+            raise RankStalledError(sup.stall)
+        return check_results(results)
+
+
+def explain(exc: Exception, ranks: dict[int, RankState]) -> Exception:
+    """Add what the ranks reported (the dead rank's last step, a rank's own error) to a launch error."""
+    if not isinstance(exc, LaunchError):
+        return exc
+    lost = sorted((s for s in ranks.values() if s.lost_at is not None), key=lambda s: s.lost_at)
+    errors = [s for s in ranks.values() if s.done and s.error and not s.secondary]
+    notes = []
+    if lost:
+        notes.append(f"rank {lost[0].rank} died " + ("before its first step" if lost[0].step is None
+                                                   else f"at step {lost[0].step}") + " without reporting an error")
+    notes += [f"rank {s.rank} reported {s.error}" for s in sorted(errors, key=lambda s: s.rank)]
+    if not notes:
+        return exc
+    # A rank whose connection dropped without a final report died, whatever the launcher made of it.
+    return LaunchError(f"{exc} ({'; '.join(notes)})", retryable=exc.retryable or bool(lost))
+
+
+def retryable(exc: Exception) -> bool:
+    """A failure a relaunch can fix: a rank's process died or stalled, or a connection broke."""
+    if isinstance(exc, RankStalledError):
+        return True
+    if isinstance(exc, RankFailedError):
+        primary = exc.failures[0]
+        return primary.exit_code == EXIT_RUNTIME and (primary.secondary or primary.type in _TRANSIENT_TYPES)
+    if isinstance(exc, LaunchError):
+        return exc.retryable
+    return False
+
+
+def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str) -> list[dict]:
+    """Launch, and relaunch up to ``launch_cfg.max_restarts`` times after a retryable failure; the
+    ranks resume from the newest complete checkpoint (``resume`` must be ``auto`` for that)."""
+    restarts = 0
+    while True:
+        try:
+            results = supervise(launch_fn, plan, spark, launch_cfg)
+        except ShardtrainError as exc:
+            if not retryable(exc):
+                raise
+            if restarts >= launch_cfg.max_restarts:
+                if launch_cfg.max_restarts:
+                    log.error("giving up after launch.max_restarts=%d restart(s)", launch_cfg.max_restarts)
+                raise
+            if resume != "auto":
+                log.error("not restarting the ranks: checkpoint.resume=%s would start again from step 0 "
+                          "(set checkpoint.resume=auto)", resume)
+                raise
+            restarts += 1
+            log.warning("ranks failed: %s", first_line(exc))
+            log.warning("restarting the ranks (restart %d of launch.max_restarts=%d); they resume from the newest "
+                        "complete checkpoint", restarts, launch_cfg.max_restarts)
+            continue
+        if restarts:
+            main = results[0]
+            log.warning("finished after %d restart(s); the last one resumed from %s (step %d)", restarts,
+                        main.get("resumed_from") or "the start (no checkpoint yet)", main.get("resumed_step") or 0)
+        return results
+
+
+__all__ = ["ProgressServer", "RankState", "Reporter", "Supervision", "beat_interval", "explain", "find_stalled",
+           "retryable", "run_supervised", "supervise"]
