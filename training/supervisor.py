@@ -35,7 +35,7 @@ import socket
 import socketserver
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from common.errors import EXIT_RUNTIME, LaunchError, RankFailedError, RankStalledError, ShardtrainError, first_line
