@@ -1,20 +1,21 @@
-"""The arithmetic of splits and balanced shards, as pure functions (unit-tested without Spark).
+"""The arithmetic of splits and balanced shards: the Spark SQL the job evaluates per row, and the
+driver-side numbers it checks the written files against. Tests run these same expressions on
+real Spark (tests/pipelines/test_shard_balance.py).
 
 Split: a row's key hashes to u in [0, 1) (53 bits of xxhash64(seed, key)); the row goes to the
-first split, in declared order, whose cumulative fraction exceeds u. The Spark expression in
-shard_job.py and ``split_of`` here implement the same rule.
+first split, in declared order, whose cumulative fraction exceeds u (``split_index_sql``).
 
 Shards: within a split, rows are ranked 0..N-1 by a seeded shuffle key; rank ``idx`` goes to
-shard ``idx % num_shards`` at position ``idx // num_shards``. Shard sizes then differ by at most
-one (the first ``N % num_shards`` shards get the extra row), whatever N is, as long as
-N >= num_shards.
+shard ``idx % num_shards`` at position ``idx // num_shards`` (``shard_sql``, ``row_index_sql``).
+Shard sizes then differ by at most one (the first ``N % num_shards`` shards get the extra row),
+whatever N is, as long as N >= num_shards.
 """
 
 from __future__ import annotations
 
 from common.errors import InputDataError
 
-HASH_BITS = 53  # a double holds 53 bits exactly, so u is exact in Spark and in Python
+HASH_BITS = 53  # a double holds 53 bits exactly, so u is exact
 BUCKET_BITS = 12  # the shuffle key's top bits: 4096 buckets per split, ranked in parallel
 DEFAULT_ROW_GROUP_MB = 16.0
 
@@ -29,11 +30,17 @@ def split_bounds(fractions: dict[str, float]) -> list[tuple[str, float]]:
     return bounds
 
 
-def split_of(u: float, fractions: dict[str, float]) -> str:
-    for name, upper in split_bounds(fractions):
-        if u < upper:
-            return name
-    return list(fractions)[-1]
+def split_draw_sql(key_sql: str, seed: int) -> str:
+    """u in [0, 1) for the key: 53 bits of xxhash64(seed, key), exact as a double."""
+    return f"(CAST(xxhash64({int(seed)}, {key_sql}) & {(1 << HASH_BITS) - 1} AS DOUBLE) / {float(1 << HASH_BITS)!r})"
+
+
+def split_index_sql(key_sql: str, seed: int, fractions: dict[str, float]) -> str:
+    """The split's index in declared order: the first whose cumulative bound exceeds u."""
+    u = split_draw_sql(key_sql, seed)
+    cases = " ".join(f"WHEN {u} < {upper!r} THEN {i}" for i, (_, upper) in enumerate(split_bounds(fractions)[:-1]))
+    last = len(fractions) - 1
+    return f"CAST({'CASE ' + cases + f' ELSE {last} END' if cases else last} AS INT)"
 
 
 def shard_sizes(rows: int, num_shards: int) -> list[int]:
@@ -41,20 +48,16 @@ def shard_sizes(rows: int, num_shards: int) -> list[int]:
     return [base + (1 if s < extra else 0) for s in range(num_shards)]
 
 
-def shard_of(idx: int, num_shards: int) -> tuple[int, int]:
-    """Rank in the split -> (shard, position in the shard)."""
-    return idx % num_shards, idx // num_shards
+def shard_sql(num_shards, idx: str = "_idx") -> str:
+    """The shard (0-based, within the split) of the row ranked ``idx``: ranks are dealt round-robin."""
+    return f"pmod({idx}, {num_shards})"
 
 
-def shard_offset(shard: int, rows: int, num_shards: int) -> int:
-    """Rows in shards before ``shard``: the ``_row`` of its first row."""
-    base, extra = divmod(rows, num_shards)
-    return shard * base + min(shard, extra)
-
-
-def row_group_sizes(rows: int, rows_per_row_group: int) -> list[int]:
-    full, rest = divmod(rows, rows_per_row_group)
-    return [rows_per_row_group] * full + ([rest] if rest else [])
+def row_index_sql(num_shards, idx: str = "_idx", base: str = "_base", extra: str = "_extra") -> str:
+    """The row's ``_row``: rows in earlier shards of the split plus its position in its shard.
+    ``base``/``extra``: the split's rows divmod num_shards (the first ``extra`` shards hold one more)."""
+    shard = shard_sql(num_shards, idx)
+    return f"{shard} * {base} + least({shard}, {extra}) + ({idx} DIV {num_shards})"
 
 
 def check_split_rows(split: str, rows: int, num_shards: int) -> None:

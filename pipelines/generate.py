@@ -86,81 +86,167 @@ def generate_dataset(spark, path: str, rows: int, *, seed: int = 0,
                 null_fraction, bad_rows, mode)
     partitions = partitions or max(2, math.ceil(rows / 1_000_000))
     shape = [int(d) for d in array_shape] if array_shape else []
-    length = math.prod(shape) if shape else 0
-    num_names = [f"x{j}" for j in range(numeric)]
-    cat_names = [f"c{j}" for j in range(categorical)]
     kinds = _bad_kinds(format, bool(shape))
-    every = rows // bad_rows if bad_rows else 0
 
-    df = spark.range(0, rows, 1, partitions).selectExpr(
-        "id", *[f"{_normal(seed, 10 + j)} AS _z{j}" for j in range(numeric)],
-        *[f"CAST(floor(pow({_uniform(seed, 50 + j)}, 2) * {vocab_size}) AS INT) AS _v{j}" for j in range(categorical)],
-        f"{_normal(seed, 99)} AS _noise",
-        (f"CAST(({_bad_condition(every, bad_rows)}) AS BOOLEAN) AS _bad" if bad_rows else "false AS _bad"),
-        (f"CAST(pmod(id DIV {every}, {len(kinds)}) AS INT) AS _kind" if bad_rows else "0 AS _kind"),
-    )
+    draws = spark.range(0, rows, 1, partitions).selectExpr(
+        "id", *_latent_draws(seed, numeric, categorical, vocab_size), *_bad_row_picks(rows, bad_rows, kinds))
     if shape:
-        # Element i is a normal draw from (seed, id, 1000 + i); the label sees the array's mean.
-        element = _normal(seed, "1000 + i")
-        df = df.selectExpr("*", f"transform(sequence(0, {length - 1}), i -> CAST({element} AS FLOAT)) AS _arr")
-        df = df.selectExpr("*", f"aggregate(_arr, 0D, (acc, v) -> acc + v) / {math.sqrt(length)} AS _arr_score")
+        draws = _with_array_draws(draws, seed, shape)
+    draws = draws.selectExpr("*", f"{_score(numeric, categorical, bool(shape))} AS _score")
+    label = _label(numeric, categorical, bool(shape), task, num_classes, kinds)
+    table = draws.selectExpr(
+        "id", *_numeric_columns(seed, numeric, null_fraction, kinds),
+        *_categorical_columns(seed, categorical, null_fraction), *_array_columns(shape, kinds),
+        f"{label} AS {LABEL_COLUMN}", f"{_malformed(kinds)} AS _malformed")
 
-    # A score the features explain: linear in the numerics, a per-category effect, the array mean.
+    with spark_errors(f"writing the generated dataset to {path}"):
+        _write(table, to_spark_path(path), format, mode)
+    return GeneratedDataset(
+        path=path, format=format, rows=rows, seed=seed, numeric=_numeric_names(numeric),
+        categorical=_categorical_names(categorical), arrays={ARRAY_COLUMN: shape} if shape else {},
+        label=LABEL_COLUMN, task=task, num_classes=num_classes if task == "classification" else None,
+        schema_ddl=_schema_ddl(numeric, categorical, bool(shape), task), bad_by_reason=_bad_counts(kinds, bad_rows))
+
+
+def _numeric_names(numeric: int) -> list[str]:
+    return [f"x{j}" for j in range(numeric)]
+
+
+def _categorical_names(categorical: int) -> list[str]:
+    return [f"c{j}" for j in range(categorical)]
+
+
+# Columns: hidden draws first (``_z``, ``_v``, ``_noise``, ``_arr``), from which the written
+# columns and the label are built, so a feature and the label see the same value.
+
+def _latent_draws(seed: int, numeric: int, categorical: int, vocab_size: int) -> list[str]:
+    """A standard normal per numeric feature, a skewed category index per categorical one, label noise."""
+    return [*[f"{_normal(seed, 10 + j)} AS _z{j}" for j in range(numeric)],
+            *[f"CAST(floor(pow({_uniform(seed, 50 + j)}, 2) * {vocab_size}) AS INT) AS _v{j}"
+              for j in range(categorical)],
+            f"{_normal(seed, 99)} AS _noise"]
+
+
+def _with_array_draws(draws, seed: int, shape: list[int]):
+    """``_arr``: element i is a normal draw from (seed, id, 1000 + i); ``_arr_score``: its scaled sum, for the label."""
+    length = math.prod(shape)
+    element = _normal(seed, "1000 + i")
+    draws = draws.selectExpr("*", f"transform(sequence(0, {length - 1}), i -> CAST({element} AS FLOAT)) AS _arr")
+    return draws.selectExpr("*", f"aggregate(_arr, 0D, (acc, v) -> acc + v) / {math.sqrt(length)} AS _arr_score")
+
+
+def _numeric_columns(seed: int, numeric: int, null_fraction: float, kinds: list[str]) -> list[str]:
+    cols = []
+    for j, name in enumerate(_numeric_names(numeric)):
+        value = f"(_z{j} * {1 + j * 0.5} + {j * 2.0})"  # different scales, so standardizing matters
+        value = _with_nulls(seed, 20 + j, null_fraction, value)
+        if j == 0:
+            value = _inject(kinds, "non_finite:x0", "double('Infinity')", value)
+        cols.append(f"{value} AS {name}")
+    return cols
+
+
+def _categorical_columns(seed: int, categorical: int, null_fraction: float) -> list[str]:
+    return [f"{_with_nulls(seed, 30 + j, null_fraction, _category_value(j))} AS {name}"
+            for j, name in enumerate(_categorical_names(categorical))]
+
+
+def _category_value(j: int) -> str:
+    return f"concat('v', _v{j})"
+
+
+def _array_columns(shape: list[int], kinds: list[str]) -> list[str]:
+    if not shape:
+        return []
+    return [f"{_inject(kinds, f'bad_shape:{ARRAY_COLUMN}', 'concat(_arr, array(CAST(0 AS FLOAT)))', '_arr')} "
+            f"AS {ARRAY_COLUMN}"]
+
+
+def _with_nulls(seed: int, stream: int, null_fraction: float, value: str) -> str:
+    return f"CASE WHEN {_uniform(seed, stream)} < {null_fraction} THEN NULL ELSE {value} END"
+
+
+# The label: a score the features explain (linear in the numerics, a per-category effect, the
+# array's mean), plus noise, so a model can learn it.
+
+def _score(numeric: int, categorical: int, has_array: bool) -> str:
     terms = [f"{(-1) ** j * (1.0 / (1 + j)):.6f} * _z{j}" for j in range(numeric)]
     terms += [f"(pmod(_v{j}, 3) - 1) * 0.7" for j in range(categorical)]
-    if shape:
+    if has_array:
         terms.append("0.8 * _arr_score")
-    variance = sum((1.0 / (1 + j)) ** 2 for j in range(numeric)) + 0.49 * (2 / 3) * categorical + (0.64 if shape else 0)
-    df = df.selectExpr("*", f"({' + '.join(terms) or '0'}) AS _score")
-    sd = math.sqrt(variance + 0.25)
+    return f"({' + '.join(terms) or '0'})"
+
+
+def _score_std(numeric: int, categorical: int, has_array: bool) -> float:
+    """About the std of ``_score + 0.5 * _noise`` (independent terms; categories taken as uniform)."""
+    variance = (sum((1.0 / (1 + j)) ** 2 for j in range(numeric)) + 0.49 * (2 / 3) * categorical
+                + (0.64 if has_array else 0))
+    return math.sqrt(variance + 0.25)
+
+
+def _label(numeric: int, categorical: int, has_array: bool, task: str, num_classes: int, kinds: list[str]) -> str:
     if task == "classification":
         # Logistic approximation of the normal CDF: classes come out roughly balanced.
+        sd = _score_std(numeric, categorical, has_array)
         prob = f"1 / (1 + exp(-1.702 * (_score + 0.5 * _noise) / {sd:.6f}))"
         label = f"CAST(least(floor({prob} * {num_classes}), {num_classes - 1}) AS BIGINT)"
+        invalid = f"CAST({num_classes + 1} AS BIGINT)"
     else:
         label = "(_score + 0.5 * _noise)"
+        invalid = "double('NaN')"
+    label = _inject(kinds, "null_label", "NULL", label)
+    return _inject(kinds, "invalid_label", invalid, label)
 
-    cols = ["id"]
-    for j, name in enumerate(num_names):
-        value = f"(_z{j} * {1 + j * 0.5} + {j * 2.0})"  # different scales, so standardizing matters
-        value = f"CASE WHEN {_uniform(seed, 20 + j)} < {null_fraction} THEN NULL ELSE {value} END"
-        if j == 0 and "non_finite:x0" in kinds:
-            value = f"CASE WHEN {_is_kind(kinds, 'non_finite:x0')} THEN double('Infinity') ELSE {value} END"
-        cols.append(f"{value} AS {name}")
-    for j, name in enumerate(cat_names):
-        cols.append(f"CASE WHEN {_uniform(seed, 30 + j)} < {null_fraction} THEN NULL "
-                    f"ELSE concat('v', _v{j}) END AS {name}")
-    if shape:
-        arr = "_arr"
-        bad_shape = f"bad_shape:{ARRAY_COLUMN}"
-        if bad_shape in kinds:
-            arr = f"CASE WHEN {_is_kind(kinds, bad_shape)} THEN concat(_arr, array(CAST(0 AS FLOAT))) ELSE _arr END"
-        cols.append(f"{arr} AS {ARRAY_COLUMN}")
-    if "null_label" in kinds:
-        label = f"CASE WHEN {_is_kind(kinds, 'null_label')} THEN NULL ELSE {label} END"
-    if "invalid_label" in kinds:
-        invalid = f"CAST({num_classes + 1} AS BIGINT)" if task == "classification" else "double('NaN')"
-        label = f"CASE WHEN {_is_kind(kinds, 'invalid_label')} THEN {invalid} ELSE {label} END"
-    cols.append(f"{label} AS {LABEL_COLUMN}")
-    cols.append("_bad AND _kind = " + str(kinds.index("malformed_record")) + " AS _malformed"
-                if "malformed_record" in kinds else "false AS _malformed")
-    table = df.selectExpr(*cols)
 
-    label_type = "BIGINT" if task == "classification" else "DOUBLE"
-    ddl = ", ".join(["id BIGINT", *[f"{n} DOUBLE" for n in num_names], *[f"{n} STRING" for n in cat_names],
-                     *([f"{ARRAY_COLUMN} ARRAY<FLOAT>"] if shape else []), f"{LABEL_COLUMN} {label_type}"])
-    target = to_spark_path(path)
-    with spark_errors(f"writing the generated dataset to {path}"):
-        _write(table, target, format, mode)
+# Bad rows: exactly ``bad_rows`` of them, spread evenly over the id range; the n-th bad row gets
+# kind n % len(kinds), and each column's builder swaps in the bad value for its own kind.
 
+def _bad_kinds(format: str, has_array: bool) -> list[str]:
+    kinds = ["null_label", "invalid_label", "non_finite:x0"]
+    if has_array:
+        kinds.append(f"bad_shape:{ARRAY_COLUMN}")
+    if format in ("csv", "json"):
+        kinds.append("malformed_record")
+    return kinds
+
+
+def _bad_row_picks(rows: int, bad_rows: int, kinds: list[str]) -> list[str]:
+    """``_bad``: the row is one of the bad ones (ids every-1, 2*every-1, ...); ``_kind``: which kind."""
+    if not bad_rows:
+        return ["false AS _bad", "0 AS _kind"]
+    every = rows // bad_rows
+    return [f"CAST((pmod(id, {every}) = {every - 1} AND id DIV {every} < {bad_rows}) AS BOOLEAN) AS _bad",
+            f"CAST(pmod(id DIV {every}, {len(kinds)}) AS INT) AS _kind"]
+
+
+def _inject(kinds: list[str], kind: str, bad_value: str, value: str) -> str:
+    """``value``, except on the bad rows of ``kind``, which get ``bad_value``."""
+    if kind not in kinds:
+        return value
+    return f"CASE WHEN {_is_kind(kinds, kind)} THEN {bad_value} ELSE {value} END"
+
+
+def _is_kind(kinds: list[str], kind: str) -> str:
+    return f"(_bad AND _kind = {kinds.index(kind)})"
+
+
+def _malformed(kinds: list[str]) -> str:
+    """Whether ``_write`` must spoil the row's record (CSV/JSON only)."""
+    return _is_kind(kinds, "malformed_record") if "malformed_record" in kinds else "false"
+
+
+def _bad_counts(kinds: list[str], bad_rows: int) -> dict[str, int]:
     counts = {kind: 0 for kind in kinds}
     for i in range(bad_rows):
         counts[kinds[i % len(kinds)]] += 1
-    return GeneratedDataset(
-        path=path, format=format, rows=rows, seed=seed, numeric=num_names, categorical=cat_names,
-        arrays={ARRAY_COLUMN: shape} if shape else {}, label=LABEL_COLUMN, task=task,
-        num_classes=num_classes if task == "classification" else None, schema_ddl=ddl,
-        bad_by_reason={k: v for k, v in counts.items() if v})
+    return {k: v for k, v in counts.items() if v}
+
+
+def _schema_ddl(numeric: int, categorical: int, has_array: bool, task: str) -> str:
+    label_type = "BIGINT" if task == "classification" else "DOUBLE"
+    return ", ".join(["id BIGINT", *[f"{n} DOUBLE" for n in _numeric_names(numeric)],
+                      *[f"{n} STRING" for n in _categorical_names(categorical)],
+                      *([f"{ARRAY_COLUMN} ARRAY<FLOAT>"] if has_array else []), f"{LABEL_COLUMN} {label_type}"])
 
 
 def _write(table, target: str, format: str, mode: str) -> None:
@@ -190,24 +276,6 @@ def _normal(seed: int, stream) -> str:
     u1 = _uniform(seed, f"2 * ({stream})")
     u2 = _uniform(seed, f"2 * ({stream}) + 1")
     return f"(sqrt(-2 * ln({u1})) * cos(2 * pi() * {u2}))"
-
-
-def _bad_condition(every: int, bad_rows: int) -> str:
-    # Exactly bad_rows rows, spread evenly over the id range: ids every-1, 2*every-1, ...
-    return f"pmod(id, {every}) = {every - 1} AND id DIV {every} < {bad_rows}"
-
-
-def _bad_kinds(format: str, has_array: bool) -> list[str]:
-    kinds = ["null_label", "invalid_label", "non_finite:x0"]
-    if has_array:
-        kinds.append(f"bad_shape:{ARRAY_COLUMN}")
-    if format in ("csv", "json"):
-        kinds.append("malformed_record")
-    return kinds
-
-
-def _is_kind(kinds: list[str], kind: str) -> str:
-    return f"(_bad AND _kind = {kinds.index(kind)})"
 
 
 def _check_args(rows, format, numeric, categorical, vocab_size, array_shape, task, num_classes,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipelines.balance import BUCKET_BITS, HASH_BITS, split_bounds
+from pipelines.balance import BUCKET_BITS, split_index_sql
 from common.errors import InputDataError, first_line
 from common.dataset import LABEL_NAME, NULL_INDEX, RESERVED_INDICES, ROW_INDEX, UNSEEN_INDEX
 from common.dataset import stored_schema as dataset_schema
@@ -111,10 +111,7 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     seed = int(split.seed)
     cols = [q(c) for c in table.columns]
     key = f"CAST({sql_expr(split.key, fields)} AS STRING)"
-    u = f"(CAST(xxhash64({seed}, {key}) & {(1 << HASH_BITS) - 1} AS DOUBLE) / {float(1 << HASH_BITS)!r})"
-    cases = " ".join(f"WHEN {u} < {upper!r} THEN {i}" for i, (_, upper) in enumerate(split_bounds(split.fractions)[:-1]))
-    last = len(split.fractions) - 1
-    cols.append(f"CAST({'CASE ' + cases + f' ELSE {last} END' if cases else last} AS INT) AS _split")
+    cols.append(f"{split_index_sql(key, seed, split.fractions)} AS _split")
     # The seeded shuffle key hashes the key and every used value, so rows of one group still shuffle.
     used = [q(c) for c in feats.all_columns]
     if label.column is not None:
@@ -168,13 +165,16 @@ def fit(clean_train, cfg: ShardConfig, moments: list[tuple[int, float, float]]) 
     ``moments``: (count, mean, m2) of each of ``moment_values(cfg)`` over those rows, computed
     with the row counts (``grouped_moments``), so fitting costs no extra pass for them.
     """
-    from pyspark.sql import functions as F
-    from pyspark.sql import Window
-
-    feats, label = cfg.features, cfg.label
     moments = list(moments)
-    label_moments = moments.pop() if label.task == "regression" else None
+    label_moments = moments.pop() if cfg.label.task == "regression" else None
+    vocabularies, class_counts = _count_values(clean_train, cfg)
+    return FittedStats(numeric=_numeric_stats(cfg.features, moments),
+                       categorical=_categorical_stats(cfg.features, vocabularies),
+                       label=_label_stats(cfg.label, class_counts, label_moments))
 
+
+def _numeric_stats(feats, moments: list[tuple[int, float, float]]) -> list[dict]:
+    """Mean, std and fill of each numeric feature from its train moments."""
     numeric = []
     for name, (count, mean, m2) in zip(feats.numeric, moments):
         std = math.sqrt(m2 / count) if count else 0.0
@@ -183,39 +183,57 @@ def fit(clean_train, cfg: ShardConfig, moments: list[tuple[int, float, float]]) 
         std = std if std > 0 else 1.0
         fill = float(feats.impute[name]) if name in feats.impute else mean
         numeric.append({"name": name, "mean": mean, "std": std, "fill": fill})
+    return numeric
 
-    # One pass for every vocabulary (and the class counts): (column, value) -> count, top-k per column.
-    stacked = []
-    for name in feats.categorical:
-        stacked.append(F.struct(F.lit(name).alias("column"), F.col(cat_col(name)).alias("value")))
+
+# The class counts ride in the vocabulary pass under a column name no feature can have.
+_LABEL_KEY = "\u0000label"
+
+
+def _count_values(clean_train, cfg: ShardConfig) -> tuple[dict[str, list[str]], list[int]]:
+    """Each categorical feature's vocabulary (most frequent first, ties by value, at most
+    max_vocab values seen at least min_count times) and, for classification, the train rows per
+    class: one pass, (column, value) -> count, then the top values per column."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import Window
+
+    feats, label = cfg.features, cfg.label
+    stacked = [F.struct(F.lit(name).alias("column"), F.col(cat_col(name)).alias("value")) for name in feats.categorical]
     if label.task == "classification":
-        stacked.append(F.struct(F.lit("\u0000label").alias("column"), F.col("_label").cast("string").alias("value")))
-    vocab: dict[str, list[tuple[str, int]]] = {name: [] for name in feats.categorical}
+        stacked.append(F.struct(F.lit(_LABEL_KEY).alias("column"), F.col("_label").cast("string").alias("value")))
+    ranked: dict[str, list[tuple[int, str]]] = {name: [] for name in feats.categorical}
     class_counts = [0] * (label.num_classes or 0)
-    if stacked:
-        counts = (clean_train.select(F.explode(F.array(*stacked)).alias("e")).select("e.column", "e.value")
-                  .where(F.col("value").isNotNull()).groupBy("column", "value").count())
-        rank = F.row_number().over(Window.partitionBy("column").orderBy(F.desc("count"), F.asc("value")))
-        top = (counts.where((F.col("count") >= feats.min_count) | (F.col("column") == "\u0000label"))
-               .withColumn("rank", rank)
-               .where((F.col("rank") <= feats.max_vocab) | (F.col("column") == "\u0000label")))
-        for row in top.collect():
-            if row["column"] == "\u0000label":
-                class_counts[int(row["value"])] = int(row["count"])
-            else:
-                vocab[row["column"]].append((int(row["rank"]), row["value"]))
-    categorical = []
-    for name in feats.categorical:
-        values = [v for _, v in sorted(vocab[name])]
-        categorical.append({"name": name, "vocab": values, "num_embeddings": len(values) + RESERVED_INDICES})
+    if not stacked:
+        return {}, class_counts
+    counts = (clean_train.select(F.explode(F.array(*stacked)).alias("e")).select("e.column", "e.value")
+              .where(F.col("value").isNotNull()).groupBy("column", "value").count())
+    rank = F.row_number().over(Window.partitionBy("column").orderBy(F.desc("count"), F.asc("value")))
+    is_label = F.col("column") == _LABEL_KEY
+    top = (counts.where((F.col("count") >= feats.min_count) | is_label)
+           .withColumn("rank", rank)
+           .where((F.col("rank") <= feats.max_vocab) | is_label))
+    for row in top.collect():  # at most max_vocab values per column, plus num_classes
+        if row["column"] == _LABEL_KEY:
+            class_counts[int(row["value"])] = int(row["count"])
+        else:
+            ranked[row["column"]].append((int(row["rank"]), row["value"]))
+    return {name: [v for _, v in sorted(values)] for name, values in ranked.items()}, class_counts
 
-    label_spec = {"name": LABEL_NAME, "task": label.task, "source": label.column or label.expr}
+
+def _categorical_stats(feats, vocabularies: dict[str, list[str]]) -> list[dict]:
+    return [{"name": name, "vocab": vocabularies[name], "num_embeddings": len(vocabularies[name]) + RESERVED_INDICES}
+            for name in feats.categorical]
+
+
+def _label_stats(label, class_counts: list[int], label_moments: tuple[int, float, float] | None) -> dict:
+    """The manifest's label entry: class counts for classification, mean and std for regression."""
+    spec = {"name": LABEL_NAME, "task": label.task, "source": label.column or label.expr}
     if label.task == "classification":
-        label_spec.update(num_classes=label.num_classes, train_class_counts=class_counts)
+        spec.update(num_classes=label.num_classes, train_class_counts=class_counts)
     else:
         count, mean, m2 = label_moments
-        label_spec.update(train_mean=mean if count else 0.0, train_std=math.sqrt(m2 / count) if count else 0.0)
-    return FittedStats(numeric=numeric, categorical=categorical, label=label_spec)
+        spec.update(train_mean=mean if count else 0.0, train_std=math.sqrt(m2 / count) if count else 0.0)
+    return spec
 
 
 def moment_values(cfg: ShardConfig) -> list[str]:

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 
 from common import __version__
-from pipelines.balance import check_split_rows, rows_per_row_group, shard_sizes
+from pipelines.balance import check_split_rows, row_index_sql, rows_per_row_group, shard_sizes, shard_sql
 from common.config import dump_yaml, to_dict
 from common.plugins import load_callable
 from common.errors import AccountingError, InputDataError, OutputExistsError, QualityGateError, first_line
@@ -277,9 +277,8 @@ def _write_shards(spark, encoded, cfg: ShardConfig, counts: RowCounts, columns: 
               .selectExpr("*", "_offset + _rn - 1 AS _idx"))
     placed = ranked.selectExpr(
         *[q(c) for c in data_cols],
-        f"CAST(_split * {n} + pmod(_idx, {n}) AS INT) AS {TARGET_COLUMN}",
-        # _row: rows in earlier shards of the split + position within this shard.
-        f"pmod(_idx, {n}) * _base + least(pmod(_idx, {n}), _extra) + (_idx DIV {n}) AS {ROW_INDEX}",
+        f"CAST(_split * {n} + {shard_sql(n)} AS INT) AS {TARGET_COLUMN}",
+        f"{row_index_sql(n)} AS {ROW_INDEX}",
     ).selectExpr("*", f"element_at({key_array}, {TARGET_COLUMN} + 1) AS _pkey")
     targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
     writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets,

@@ -86,12 +86,47 @@ def s3_bucket(s3_endpoint, monkeypatch):
     storage._FS_CACHE.clear()
 
 
+# Set on purpose by the session fixtures above and by Spark itself, and kept for later tests;
+# PYTEST_CURRENT_TEST is pytest's own (it names the running phase).
+ENV_SET_ON_PURPOSE = {"PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP", "SPARK_HOME", "PYSPARK_GATEWAY_PORT",
+                      "PYSPARK_GATEWAY_SECRET", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE", "PYTHONHASHSEED",
+                      "PYTEST_CURRENT_TEST"}
+
+
 @pytest.fixture(autouse=True)
 def _no_env_leak():
+    """A test that adds, removes or changes an environment variable fails; either way the
+    environment is put back, so one leak does not change (or fail) the tests after it."""
     before = dict(os.environ)
     yield
-    # Spark and our own fixtures set a few on purpose; anything else a test set is a leak.
-    allowed = {"PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP", "SPARK_HOME", "PYSPARK_GATEWAY_PORT",
-               "PYSPARK_GATEWAY_SECRET", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE", "PYTHONHASHSEED"}
-    leaked = {k for k in set(os.environ) ^ set(before) if k not in allowed}
-    assert not leaked, f"test leaked environment variables: {sorted(leaked)}"
+    after = dict(os.environ)
+    leaked = sorted(k for k in set(before) | set(after)
+                    if before.get(k) != after.get(k) and k not in ENV_SET_ON_PURPOSE)
+    for key in leaked:
+        if key in before:
+            os.environ[key] = before[key]
+        else:
+            del os.environ[key]
+    assert not leaked, f"test leaked environment variables: {leaked}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that start worker JVMs (a standalone cluster, or Spark's local-cluster master) must be
+    marked ``cluster``, so ``-m "not cluster"`` (make test-fast) really leaves them out."""
+    unmarked = [item.nodeid for item in items if _starts_cluster(item) and item.get_closest_marker("cluster") is None]
+    if unmarked:
+        raise pytest.UsageError("these tests start a Spark cluster but are not marked @pytest.mark.cluster: "
+                                + ", ".join(unmarked))
+
+
+def _starts_cluster(item) -> bool:
+    import inspect
+
+    if "standalone_cluster" in getattr(item, "fixturenames", ()):
+        return True
+    func = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(func) if func is not None else ""
+    except (OSError, TypeError):
+        return False
+    return "local-cluster[" in source or "spark://" in source

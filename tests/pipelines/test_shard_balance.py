@@ -1,32 +1,107 @@
-"""Pure logic: split bounds, shard sizes and positions, row groups, config validation (no Spark)."""
+"""Split and shard placement as the job computes them: the SQL expressions from pipelines/balance.py
+evaluated on real Spark over many (rows, shards) pairs and many keys; config validation (no Spark)."""
 
 import pytest
 
-from pipelines.balance import (check_split_rows, row_group_sizes, rows_per_row_group, shard_of, shard_offset,
-                               shard_sizes, split_bounds, split_of)
 from common.config import from_dict
 from common.errors import ConfigError, InputDataError
+from pipelines.balance import (check_split_rows, row_index_sql, rows_per_row_group, shard_sizes, shard_sql,
+                               split_bounds, split_draw_sql, split_index_sql)
+from pipelines.preprocess import row_columns
 from pipelines.shard_config import ShardConfig, load_shard_config
+from shard_testdata import config, simple_rows, write_parquet
 
 
 @pytest.mark.parametrize("rows,shards", [(1, 1), (7, 7), (10, 3), (100, 8), (1001, 4), (99_999, 16)])
 def test_shard_sizes_differ_by_at_most_one_and_cover_every_row(rows, shards):
-    sizes = shard_sizes(rows, shards)
+    sizes = shard_sizes(rows, shards)  # the job checks every written split against these
     assert len(sizes) == shards and sum(sizes) == rows
     assert max(sizes) - min(sizes) <= 1
     assert sizes == sorted(sizes, reverse=True)  # the extra rows go to the first shards
 
 
-@pytest.mark.parametrize("rows,shards", [(10, 3), (17, 4), (8, 8), (23, 5)])
-def test_rank_to_shard_position_and_row_index_is_a_bijection(rows, shards):
-    sizes = shard_sizes(rows, shards)
-    seen = set()
-    for idx in range(rows):
-        shard, pos = shard_of(idx, shards)
-        assert pos < sizes[shard]
-        row = shard_offset(shard, rows, shards) + pos  # _row: files concatenated in order
-        seen.add(row)
-    assert seen == set(range(rows))
+# Every num_shards from 1 to 12 with every split size from num_shards to num_shards + 80, and a few
+# large splits: about 1,000 (rows, shards) pairs.
+PAIRS = [(rows, n) for n in range(1, 13) for rows in range(n, n + 81)] + [(1001, 4), (99_999, 16), (100_003, 7)]
+
+
+@pytest.mark.spark
+def test_placement_sql_gives_each_shard_a_contiguous_block_of_row_indices(spark):
+    """The job's placement expressions, run on every rank of each split: shard s of a split holds
+    shard_sizes(rows, n)[s] rows whose _row values are exactly the next block after shard s-1's,
+    in rank order, so the files read in order give _row = 0..rows-1, each once."""
+    from pyspark.sql import functions as F
+
+    pairs = spark.createDataFrame(PAIRS, "rows BIGINT, n BIGINT")
+    # The job's layout columns: _base/_extra are the split's rows divmod num_shards.
+    ranked = pairs.selectExpr("rows", "n", "explode(sequence(0L, rows - 1)) AS _idx",
+                              "rows DIV n AS _base", "pmod(rows, n) AS _extra")
+    placed = ranked.selectExpr("rows", "n", "_idx", f"{shard_sql('n')} AS shard", f"{row_index_sql('n')} AS row")
+    ordered = placed.selectExpr(
+        "*", "row - lag(row) OVER (PARTITION BY rows, n, shard ORDER BY _idx) AS step")
+    per_shard = ordered.groupBy("rows", "n", "shard").agg(
+        F.count("*").alias("count"), F.min("row").alias("first"),
+        F.min("step").alias("min_step"), F.max("step").alias("max_step"))
+    got = {(r["rows"], r["n"], r["shard"]): (r["count"], r["first"], r["min_step"], r["max_step"])
+           for r in per_shard.collect()}
+
+    for rows, n in PAIRS:
+        sizes = shard_sizes(rows, n)
+        first = 0
+        for shard, size in enumerate(sizes):
+            count, smallest, min_step, max_step = got.pop((rows, n, shard))
+            assert (count, smallest) == (size, first), (rows, n, shard)
+            # Each next rank in the shard takes the next _row: the block is contiguous, in rank order.
+            assert (min_step, max_step) in ((None, None), (1, 1)), (rows, n, shard)
+            first += size
+    assert not got, f"rows placed in shards that should not exist: {sorted(got)[:5]}"
+
+
+SPLITS = [{"train": 0.8, "val": 0.1, "test": 0.1}, {"train": 0.5, "test": 0.5}, {"train": 1.0},
+          {"holdout": 0.05, "train": 0.7, "val": 0.25}]
+KEYS = 200_000
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("fractions", SPLITS, ids=["80-10-10", "50-50", "all-train", "holdout-first"])
+def test_split_sql_sends_a_key_to_the_first_split_whose_bound_exceeds_its_draw(spark, fractions):
+    """Per split, the draws u of the keys it received lie inside its own [lower, upper) bound,
+    in declared order, and its share of 200,000 keys is its fraction."""
+    from pyspark.sql import functions as F
+
+    key = "CAST(id AS STRING)"
+    draws = spark.range(KEYS).selectExpr(f"{split_draw_sql(key, 5)} AS u", f"{split_index_sql(key, 5, fractions)} AS s")
+    got = {r["s"]: r for r in draws.groupBy("s").agg(F.count("*").alias("count"), F.min("u").alias("lo"),
+                                                     F.max("u").alias("hi")).collect()}
+    lower = 0.0
+    assert set(got) <= set(range(len(fractions)))
+    for i, (name, upper) in enumerate(split_bounds(fractions)):
+        row = got[i]
+        assert lower <= row["lo"] and row["hi"] < upper, (name, row)
+        assert abs(row["count"] / KEYS - fractions[name]) < 0.005, (name, row["count"])
+        lower = upper
+
+
+@pytest.mark.spark
+def test_the_job_splits_by_key_alone_and_the_seed_reshuffles(spark, tmp_path):
+    """row_columns (the job's per-row SQL) puts rows sharing a key in one split whatever their
+    other values, uses the split expression above, and split.seed changes the assignment."""
+    rows = simple_rows(3000)
+    rows["id"] = [i // 3 for i in rows["id"]]  # 1000 keys, 3 rows each with different values
+    src = write_parquet(tmp_path / "in", rows)
+    fractions = {"train": 0.6, "val": 0.2, "test": 0.2}
+    table = spark.read.parquet(src)
+
+    def splits(seed):
+        cfg = config(src, str(tmp_path / "out"), split={"key": "id", "fractions": fractions, "seed": seed})
+        return table.selectExpr(*row_columns(table, cfg)).selectExpr(
+            "id", "_split", f"{split_index_sql('CAST(`id` AS STRING)', seed, fractions)} AS expected")
+
+    first = splits(0)
+    assert first.where("_split <> expected").count() == 0
+    assert first.selectExpr("id", "_split").distinct().count() == 1000  # one split per key
+    moved = first.join(splits(1).selectExpr("id", "_split AS other"), "id").where("_split <> other").count()
+    assert moved > 0
 
 
 def test_fewer_rows_than_shards_names_the_split_and_what_to_change():
@@ -35,31 +110,7 @@ def test_fewer_rows_than_shards_names_the_split_and_what_to_change():
     check_split_rows("val", 4, 4)
 
 
-def test_split_bounds_follow_declared_order_and_end_at_one():
-    fractions = {"train": 0.7, "val": 0.2, "test": 0.1}
-    bounds = split_bounds(fractions)
-    assert [b[0] for b in bounds] == ["train", "val", "test"]
-    assert bounds[-1][1] == 1.0
-    assert split_of(0.0, fractions) == "train"
-    assert split_of(0.69999, fractions) == "train"
-    assert split_of(0.7, fractions) == "val"
-    assert split_of(0.95, fractions) == "test"
-    assert split_of(0.999999999, fractions) == "test"
-
-
-def test_split_fractions_are_respected_on_uniform_draws():
-    fractions = {"train": 0.8, "val": 0.1, "test": 0.1}
-    n = 10_000
-    counts = {}
-    for i in range(n):
-        s = split_of((i + 0.5) / n, fractions)
-        counts[s] = counts.get(s, 0) + 1
-    assert counts == {"train": 8000, "val": 1000, "test": 1000}
-
-
-def test_row_group_sizes_and_mb_conversion():
-    assert row_group_sizes(250, 100) == [100, 100, 50]
-    assert row_group_sizes(200, 100) == [100, 100]
+def test_row_group_mb_conversion():
     assert rows_per_row_group(123, None, 40) == 123
     assert rows_per_row_group(None, 1.0, 32) == (1 << 20) // 32
     assert rows_per_row_group(None, None, 1 << 30) == 1

@@ -1,10 +1,11 @@
 """The shard job under spark-submit: on local[2] and on a real standalone cluster (master + two
 1-core workers on 127.0.0.1) it writes the same bytes, and it still does when an executor JVM is
-killed in the middle of the job."""
+killed while it runs one of the job's tasks."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from pipelines.generate import generate_dataset
+from shard_slow import GATE_ENV, RELEASE
 from shard_testdata import file_hashes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,26 +41,72 @@ def job_input(spark, tmp_path_factory):
     return root, path
 
 
-def submit(master: str, config: Path, overrides: list[str], py_files: list[str] = (), timeout: float = 400):
-    env = spark_env()
+def submit(master: str, config: Path, overrides: list[str], log: Path, py_files: list[str] = (),
+           env: dict | None = None) -> subprocess.Popen:
+    """spark-submit the shard job; its output goes to ``log`` (a pipe nobody reads while the
+    test waits could fill up and stall the driver)."""
+    env = {**spark_env(), **(env or {})}
     cmd = [os.path.join(env["SPARK_HOME"], "bin", "spark-submit"), "--master", master,
            "--conf", "spark.task.maxFailures=4", "--conf", "spark.ui.enabled=false",
            "--conf", "spark.executor.memory=1g"]
     if py_files:
         cmd += ["--py-files", ",".join(py_files)]
     cmd += [str(JOB), "shard", "--config", str(config), *overrides]
-    return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
+def finish(proc: subprocess.Popen, log: Path, timeout: float = 400) -> str:
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"spark-submit did not finish in {timeout}s:\n{out[-4000:]}")
+        proc.wait()
+        pytest.fail(f"spark-submit did not finish in {timeout}s:\n{log.read_text(errors='replace')[-4000:]}")
+    out = log.read_text(errors="replace")
     assert proc.returncode == 0, f"spark-submit failed ({proc.returncode}):\n{out[-4000:]}"
     return out
+
+
+def wait_for(condition, what: str, proc: subprocess.Popen, log: Path, timeout: float = 300):
+    """Poll ``condition`` until it returns something truthy; fail if the job exits first or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if proc.poll() is not None:
+            pytest.fail(f"spark-submit exited ({proc.returncode}) while waiting for {what}:\n"
+                        + log.read_text(errors="replace")[-3000:])
+        time.sleep(0.2)
+    pytest.fail(f"no {what} within {timeout:.0f}s")
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # fields after "(comm)": state, ppid, ...
+
+
+def is_dead(pid: int) -> bool:
+    """Gone, or a zombie waiting for its parent (the Spark worker) to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def executor_running(python_pid: int, executors: list[int]) -> int | None:
+    """The executor JVM among ``executors`` that a task's Python worker descends from."""
+    pid = python_pid
+    while pid and pid > 1:
+        if pid in executors:
+            return pid
+        pid = parent_pid(pid)
+    return None
 
 
 def assert_ran_on_cluster(log: str) -> None:
@@ -70,49 +118,44 @@ def assert_ran_on_cluster(log: str) -> None:
 def local_hashes(job_input):
     root, config = job_input
     out = root / "local"
-    finish(submit("local[2]", config, [f"output.path={out}"]))
+    log = root / "local.log"
+    finish(submit("local[2]", config, [f"output.path={out}"], log), log)
     return file_hashes(str(out))
 
 
 def test_standalone_cluster_writes_the_same_files_as_local_mode(job_input, local_hashes, standalone_cluster):
     root, config = job_input
-    out = root / "cluster"
-    log = finish(submit(standalone_cluster.master_url, config, [f"output.path={out}"]))
-    assert "published" in log
-    assert_ran_on_cluster(log)
+    out, log = root / "cluster", root / "cluster.log"
+    text = finish(submit(standalone_cluster.master_url, config, [f"output.path={out}"], log), log)
+    assert "published" in text
+    assert_ran_on_cluster(text)
     assert file_hashes(str(out)) == local_hashes
     assert len(local_hashes) == 3 * 3 + 1  # 3 splits x 3 shards + the quarantine
 
 
-def test_killing_an_executor_mid_job_still_gives_the_same_files(job_input, local_hashes, standalone_cluster):
+def test_killing_an_executor_mid_job_still_gives_the_same_files(job_input, local_hashes, standalone_cluster, tmp_path):
     root, config = job_input
-    out = root / "fault"
-    proc = submit(standalone_cluster.master_url, config, [f"output.path={out}", "transform=shard_slow:sleepy"],
-                  py_files=[str(Path(__file__).with_name("shard_slow.py"))])
-    killed = None
+    out, log, gate = root / "fault", tmp_path / "fault.log", tmp_path / "gate"
+    gate.mkdir()
+    # Every task of the job's first pass over the input waits at the gate (shard_slow.py) until released.
+    proc = submit(standalone_cluster.master_url, config, [f"output.path={out}", "transform=shard_slow:gated"], log,
+                  py_files=[str(Path(__file__).with_name("shard_slow.py"))], env={GATE_ENV: str(gate)})
     try:
-        start = time.time()
-        deadline = start + 180
-        while time.time() < deadline and proc.poll() is None:
-            pids = standalone_cluster.executor_pids()
-            if len(pids) == 2:
-                break
-            time.sleep(0.5)
-        # The sleepy transform makes every pass over the input take several seconds; the job makes
-        # five passes, so 12 s after the executors start it is well inside the job.
-        time.sleep(12)
-        if proc.poll() is not None:
-            pytest.fail("the job finished before the executor could be killed; slow it down:\n"
-                        + proc.communicate()[0][-3000:])
-        killed = standalone_cluster.executor_pids()[0]
-        os.kill(killed, 9)
+        marker = wait_for(lambda: next(iter(sorted(gate.glob("started-*.pid"))), None), "task at the gate", proc, log)
+        task_pid = int(marker.read_text())
+        killed = wait_for(lambda: executor_running(task_pid, standalone_cluster.executor_pids()),
+                          f"executor JVM above the task's Python worker (pid {task_pid})", proc, log)
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: is_dead(killed), f"death of executor pid {killed}", proc, log, timeout=60)
+        assert proc.poll() is None  # the job is still running: its task was held at the gate
+        (gate / RELEASE).touch()
     except BaseException:
         proc.kill()
-        proc.communicate()
+        proc.wait()
         raise
-    log = finish(proc)
-    assert_ran_on_cluster(log)
+    text = finish(proc, log)
+    assert_ran_on_cluster(text)
     assert killed not in standalone_cluster.executor_pids()
-    assert "Lost executor" in log or "EXITED" in log, log[-3000:]  # Spark saw the executor die
+    assert "Lost executor" in text or "EXITED" in text, text[-3000:]  # Spark saw the executor die
     assert file_hashes(str(out)) == local_hashes
-    assert "published" in log
+    assert "published" in text

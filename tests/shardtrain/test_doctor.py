@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 CACHE = Path(os.environ.get("SHARDTRAIN_CACHE", Path.home() / ".cache" / "shardtrain"))
+TEST_WHEELS = CACHE / "test-wheels"  # filled by .ci/bootstrap
+PYARROW_15 = "15.0.2"
 
 
 def _doctor(*args, env=None):
@@ -33,12 +35,15 @@ def test_doctor_passes_here_including_a_real_two_rank_allreduce():
 
 
 @pytest.fixture(scope="module")
-def pyarrow15_dir():
-    """A real pyarrow 15 from PyPI, installed beside (not into) the venv and cached per machine."""
-    target = CACHE / "test-pyarrow-15.0.2"
-    if not (target / "pyarrow").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                        "pyarrow==15.0.2"], check=True, timeout=600)
+def pyarrow15_dir(tmp_path_factory):
+    """A real pyarrow 15, installed beside (not into) the venv from the wheel that .ci/bootstrap
+    fetched into the cache: tests never touch the network."""
+    wheels = sorted(TEST_WHEELS.glob(f"pyarrow-{PYARROW_15}-*.whl"))
+    if not wheels:
+        pytest.fail(f"no pyarrow {PYARROW_15} wheel in {TEST_WHEELS}; run `make setup` (.ci/bootstrap fetches it)")
+    target = tmp_path_factory.mktemp("pyarrow-15")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
+                    "--no-deps", "--target", str(target), str(wheels[0])], check=True, timeout=600)
     return target
 
 

@@ -121,6 +121,7 @@ def _spark_submit(args, cwd=ROOT, timeout=280):
     return subprocess.run([submit, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.cluster  # local-cluster starts worker JVMs
 def test_three_ranks_on_spark_assigned_gpus_via_the_job_file(uneven, tmp_path):
     """spark-submit shardtrain/job.py train on local-cluster: one worker with 3 cores and 3 fake
     GPUs; each rank must see the GPU address its own task was given (then fall back to CPU)."""
