@@ -1,6 +1,7 @@
 """``shardtrain inspect DATASET``: what a published dataset holds, read from its manifest only.
 
-Reads no data files and needs no Spark, so it is instant on any size of dataset.
+Reads no data files and needs no Spark, so it is instant on any size of dataset; except
+``verify_report`` (``inspect --verify``), which reads every file to check its sha256.
 """
 
 from __future__ import annotations
@@ -86,3 +87,17 @@ def describe_dataset(uri) -> str:
         lines.append(f"source    {name}: {src.get('format')} at {src.get('path')} "
                      f"({len(files)} files, {sum(f.get('size', 0) for f in files) / 2 ** 20:.1f} MB)")
     return "\n".join(lines)
+
+
+def verify_report(manifest: Manifest) -> tuple[str, int]:
+    """``inspect --verify``: every split and quarantine file checked against the manifest's
+    sha256; returns the report and the number of damaged files."""
+    from common.dataset import verify_dataset
+
+    problems = verify_dataset(manifest)
+    files = sum(manifest.num_shards(split) for split in manifest.split_names)
+    files += len((manifest.data.get("quarantine") or {}).get("files", []))
+    if not problems:
+        return f"\nverify    all {files} files match the manifest's sha256", 0
+    return "\n".join([f"\nverify    {len(problems)} of {files} files do NOT match the manifest:",
+                      *(f"  {line}" for line in problems)]), len(problems)

@@ -103,6 +103,7 @@ def _run_locked(spark, cfg: ShardConfig, out) -> ShardResult:
     _quality_gate(cfg, counts)
     for i, name in enumerate(split_names):
         check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
+    _check_numeric_coverage(cfg, counts)
 
     clean = rows.where("_reason IS NULL")
     with spark_errors("fitting statistics and vocabularies on the train split"):
@@ -250,6 +251,18 @@ def _quality_gate(cfg: ShardConfig, counts: RowCounts) -> None:
             f"{counts.quarantined} of {total} input rows ({fraction:.2%}) are bad, above "
             f"quality.max_bad_fraction={cfg.quality.max_bad_fraction:g}: {reasons}. Nothing was written; fix the "
             "input, or raise quality.max_bad_fraction to publish the good rows and quarantine the rest")
+
+
+def _check_numeric_coverage(cfg: ShardConfig, counts: RowCounts) -> None:
+    """A numeric feature with no value in any train row has nothing to learn statistics from:
+    storing it as all zeros would hide a broken input, unless the user says what to fill."""
+    empty = [name for name, (count, _, _) in zip(cfg.features.numeric, counts.train_moments)
+             if count == 0 and name not in cfg.features.impute]
+    if empty:
+        raise InputDataError(
+            f"numeric feature column(s) {empty} (features.numeric) have no value in any train row (all null or "
+            f"NaN); fix the input, remove the column from features.numeric, or give features.impute.{empty[0]} "
+            "a value to store")
 
 
 def _partition_keys(spark, num_partitions: int) -> list[int]:
