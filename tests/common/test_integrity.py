@@ -201,3 +201,23 @@ def test_editing_model_json_cannot_switch_the_program(model_copy):
     with pytest.raises(DatasetError, match=r"field 'model.arguments' is None"):
         load_model(model_copy)
     assert isinstance(load_model(model_copy, program=True).module, torch.jit.ScriptModule)
+
+
+@pytest.mark.horovod
+@pytest.mark.timeout(400)
+def test_a_damaged_shard_on_one_horovod_rank_keeps_exit_status_2(spark, dataset, tmp_path):
+    """Rank 1 of 2 reads train/part-00001; its DatasetError must come back through
+    horovod.spark.run as the job's error, with the dataset-contract exit status 2."""
+    from common.errors import RankFailedError
+    from training import load_train_config, train
+
+    shard = os.path.join(dataset, "train", "part-00001.parquet")
+    _flip(shard)
+    cfg = load_train_config(None, [f"data.path={dataset}", f"output.model_path={tmp_path / 'model'}",
+                                   "launch.num_proc=2", "launch.start_timeout=90", "train.epochs=1",
+                                   "train.batch_size=64", "model.hidden=[8]"])
+    with pytest.raises(RankFailedError) as err:
+        train(cfg, spark)
+    assert err.value.exit_code == 2
+    assert "training failed on rank 1: DatasetError" in str(err.value) and f"{shard}: sha256" in str(err.value)
+    assert not (tmp_path / "model").exists()
