@@ -194,3 +194,43 @@ def test_s3_lock_is_a_conditional_create(s3_bucket, s3_endpoint):
     with pytest.raises(OutputLockedError, match=rf"pid 1 on host elsewhere.*delete {lock.uri}"):
         _publish(uri, KIND_DATASET)
     lock.fs.rm(lock.path)
+
+
+# --- the training and run configs: checked before anything starts ---------------------------------
+
+def _train_cfg(tmp_path, *extra):
+    from training import load_train_config
+
+    return load_train_config(None, [f"data.path={tmp_path / 'ds'}", f"output.model_path={tmp_path / 'model'}",
+                                    *extra])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("output.model_path={tmp}/ds/model", r"output.model_path .*/ds/model is inside the training dataset \(data.path\)"),
+    ("output.run_dir={tmp}/ds", r"output.run_dir .*/ds is the same path as the training dataset"),
+    ("checkpoint.path={tmp}/model/ckpt", r"checkpoint.path .*/model/ckpt is inside output.model_path"),
+    ("output.run_dir={tmp}", r"output.run_dir .* contains the training dataset"),
+])
+def test_training_outputs_never_overlap_the_dataset_or_the_model(tmp_path, override, message):
+    from training.api import check_outputs
+
+    cfg = _train_cfg(tmp_path, override.format(tmp=tmp_path))
+    with pytest.raises(ConfigError, match=message):
+        check_outputs(cfg, {"the training dataset (data.path)": cfg.data.path})
+
+
+def test_run_refuses_a_model_path_inside_a_shard_source_before_spark_starts(tmp_path, monkeypatch):
+    from common import spark as spark_module
+    from shardtrain.run import load_run_config, run
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(spark_module, "get_or_create_session", no_spark)
+    (tmp_path / "raw").mkdir()
+    cfg = load_run_config("conf/run.yaml", [f"shard.sources.raw.path={tmp_path / 'raw'}",
+                                            f"shard.output.path={tmp_path / 'shards'}",
+                                            f"train.output.model_path={tmp_path / 'raw' / 'model'}"])
+    with pytest.raises(ConfigError, match=r"output.model_path .*/raw/model is inside shard source 'raw'"):
+        run(cfg)
+    assert os.listdir(tmp_path / "raw") == []
