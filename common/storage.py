@@ -18,8 +18,9 @@ One writer at a time: ``output_lock`` holds a lock file beside the output for th
 kernel releases when the holder dies, so a dead holder's lock is taken over without guessing.
 On S3 the lock is a conditional create (``If-None-Match: *``); a lock whose holder is on this
 host and whose pid is gone is taken over; a holder on another host cannot be checked, so its lock
-is reported and must be removed by hand if that job is dead. HDFS has no conditional create:
-there the lock is checked, then written (two writers starting in the same instant may both pass).
+is reported and must be removed by hand if that job is dead. HDFS (and a local mount without
+flock) has no conditional create: there the lock is checked, then written (two writers starting
+in the same instant may both pass).
 
 This module must stay free of Spark and torch: executors and training ranks import it.
 """
@@ -427,6 +428,7 @@ def _lock_file(lock: Location, record: dict):
 
     os.makedirs(os.path.dirname(lock.path) or "/", exist_ok=True)
     while True:
+        existed = os.path.exists(lock.path)
         fd = os.open(lock.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -434,6 +436,11 @@ def _lock_file(lock: Location, record: dict):
             holder = _parse_holder(os.pread(fd, 65536, 0))
             os.close(fd)
             raise _locked_error(lock, holder) from None
+        except OSError:  # no flock on this file system (some FUSE mounts): check, then write
+            os.close(fd)
+            if not existed:
+                os.unlink(lock.path)
+            return _lock_object(lock, record)
         # The holder may have released (unlinked) the file between our open and flock: then we
         # locked an orphan inode, and must start over on the file now at the path.
         try:
