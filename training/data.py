@@ -18,6 +18,10 @@ Rows skipped per epoch: ``N - W * steps_per_epoch * batch_size * grad_accum``, a
 than ``W * batch_size * grad_accum`` (plus nothing else: no row is repeated). Which rows are
 skipped changes every epoch, because the order is reshuffled with a per-epoch seed.
 
+Integrity: before a reader opens shard files it calls ``SplitLayout.verify_files`` with them,
+which checks each file against the manifest's sha256 the first time this rank opens it in the
+run (``data.verify``); any reader of shard files must call it.
+
 The order is a pure function of (seed, epoch, rank) when ``reader_workers == 1``, so a resume
 position is just (epoch, step). This module owns the data path and nothing else: no model, no
 Horovod, no Spark. Nothing here runs per row in Python.
