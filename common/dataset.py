@@ -38,6 +38,10 @@ features are int32 indices (0 = null, 1 = unseen, vocabulary from 2 in train-fre
 arrays are float32 lists of length prod(shape); the label is int64 (classification) or float32
 (regression); ``_row`` is the row's position in the split (files in order, rows in order).
 
+File paths are relative to the dataset root and stay inside it (``validate_manifest`` refuses
+absolute paths and ``..``). Every file's sha256 is recorded; readers check a file against it
+before using its rows (``verify_file``), and ``verify_dataset`` checks them all.
+
 ``FeatureSpec.transform`` applies the same preprocessing to raw pandas rows: training's
 ``load_model(...).predict`` uses it, so serving reproduces training exactly.
 """
@@ -53,8 +57,8 @@ from typing import Any
 import numpy as np
 
 from common import __version__
-from common.errors import DatasetError, StorageError
-from common.storage import Location, require_committed, resolve
+from common.errors import DatasetError, StorageError, StorageIOError
+from common.storage import Location, is_committed, require_committed, resolve, storage_errors
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT = "shardtrain.dataset"
@@ -168,8 +172,7 @@ class Manifest:
         return int(self._split(split)["rows"])
 
     def files(self, split: str) -> list[FileEntry]:
-        return [FileEntry(path=f["path"], rows=int(f["rows"]), row_groups=tuple(f["row_groups"]),
-                          bytes=int(f["bytes"]), sha256=f["sha256"]) for f in self._split(split)["files"]]
+        return [_file_entry(f) for f in self._split(split)["files"]]
 
     def file_uris(self, split: str) -> list[str]:
         return [self.root.join(f.path).uri for f in self.files(split)]
@@ -192,19 +195,85 @@ class Manifest:
 
 
 def read_manifest(uri: str | Location) -> Manifest:
-    """Read and validate a published dataset's manifest; refuses uncommitted datasets."""
+    """Read and validate a published dataset's manifest; refuses uncommitted datasets and
+    directories that are not shardtrain datasets at all."""
     loc = uri if isinstance(uri, Location) else resolve(uri)
+    with storage_errors("reading the dataset manifest", loc.uri):
+        _require_dataset(loc)
+        try:
+            data = json.loads(loc.read_text(MANIFEST_NAME))
+        except FileNotFoundError:
+            raise DatasetError(f"{loc.uri}: committed but has no {MANIFEST_NAME}; it is not a shardtrain dataset "
+                               "(give the path of a dataset published by `shardtrain shard`)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DatasetError(f"{loc.uri}/{MANIFEST_NAME}: not valid JSON ({exc})") from None
+    return Manifest(data, loc)
+
+
+def _require_dataset(loc: Location) -> None:
+    fs = loc.fs
+    if fs.exists(loc.path) and not fs.isdir(loc.path):
+        raise DatasetError(f"{loc.uri} is a file, not a shardtrain dataset (a directory published by "
+                           "`shardtrain shard`)")
+    if fs.isdir(loc.path) and not fs.exists(f"{loc.path}/{MANIFEST_NAME}") and not is_committed(loc):
+        raise DatasetError(f"{loc.uri} is not a shardtrain dataset (it has no {MANIFEST_NAME} and no _COMMITTED "
+                           "marker; raw Parquet goes in a shard config's sources, and training reads the "
+                           "dataset `shardtrain shard` publishes)")
     try:
         require_committed(loc, "dataset")
     except StorageError as exc:
         raise DatasetError(str(exc)) from None
+
+
+# --- integrity: every data file against the sha256 the shard job recorded ---------------------------
+
+def verify_file(root: Location, entry: FileEntry) -> None:
+    """Check a split or quarantine file against its manifest entry (size, then a streamed sha256);
+    a DatasetError names the file and says to re-run the shard job."""
+    verify_digest(root.join(entry.path), entry.sha256, entry.bytes)
+
+
+def verify_digest(loc: Location, sha256: str, size: int | None = None) -> None:
+    """``loc``'s bytes must hash to ``sha256`` (and number ``size``, when given): streamed in 1 MiB
+    blocks, so memory stays flat whatever the file size."""
+    digest = hashlib.sha256()
     try:
-        data = json.loads(loc.read_text(MANIFEST_NAME))
+        with loc.fs.open(loc.path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+            got_size = fh.tell()
     except FileNotFoundError:
-        raise DatasetError(f"{loc.uri}: committed but has no {MANIFEST_NAME}; it is not a shardtrain dataset") from None
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{loc.uri}/{MANIFEST_NAME}: not valid JSON ({exc})") from None
-    return Manifest(data, loc)
+        raise DatasetError(f"{loc.uri}: the file is missing, though the manifest lists it; re-run the shard job "
+                           "to rebuild the dataset") from None
+    except OSError as exc:
+        raise StorageIOError(f"{loc.uri}: reading the file to verify it failed: {exc}") from None
+    if size is not None and size >= 0 and got_size != size:
+        raise DatasetError(f"{loc.uri}: the file holds {got_size} bytes, but the manifest recorded {size}; it changed "
+                           "after the shard job wrote it (a damaged or replaced file): re-run the shard job")
+    if digest.hexdigest() != sha256:
+        raise DatasetError(f"{loc.uri}: sha256 {digest.hexdigest()[:16]}... does not match the manifest's "
+                           f"{str(sha256)[:16]}...; the file changed after the shard job wrote it (a damaged or "
+                           "replaced file): re-run the shard job")
+
+
+def verify_dataset(manifest: Manifest) -> list[str]:
+    """Every file the manifest lists (splits and quarantine), checked; returns the problems, one
+    line each naming the file (empty when the dataset is intact)."""
+    entries = [entry for split in manifest.split_names for entry in manifest.files(split)]
+    quarantine = manifest.data.get("quarantine") or {}
+    entries += [_file_entry(f) for f in quarantine.get("files", [])]
+    problems = []
+    for entry in entries:
+        try:
+            verify_file(manifest.root, entry)
+        except DatasetError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def _file_entry(f: dict) -> FileEntry:
+    return FileEntry(path=f["path"], rows=int(f["rows"]), row_groups=tuple(f["row_groups"]),
+                     bytes=int(f["bytes"]), sha256=f["sha256"])
 
 
 _DTYPE_BYTES = {"float32": 4, "int32": 4, "int64": 8}
@@ -235,6 +304,10 @@ def validate_manifest(data: dict, where: str) -> None:
     if missing:
         raise DatasetError(f"{where}: field 'schema' lacks column(s) {missing} that 'features'/'label' name")
     _validate_splits(data["splits"], where)
+    quarantine = data.get("quarantine") or {}
+    for i, entry in enumerate(quarantine.get("files") or []):
+        _validate_file_path(entry.get("path") if isinstance(entry, dict) else None,
+                            f"{where}: field 'quarantine.files[{i}].path'")
 
 
 def _validate_schema(schema: Any, where: str) -> None:
@@ -291,12 +364,27 @@ def _validate_splits(splits: Any, where: str) -> None:
             for key in ("path", "rows", "row_groups", "bytes", "sha256"):
                 if key not in entry:
                     raise DatasetError(f"{where}: field 'splits.{split}.files[{i}].{key}' is missing")
+            _validate_file_path(entry["path"], f"{where}: field 'splits.{split}.files[{i}].path'")
             if sum(entry["row_groups"]) != entry["rows"]:
                 raise DatasetError(f"{where}: field 'splits.{split}.files[{i}].row_groups' adds up to "
                                    f"{sum(entry['row_groups'])}, not its 'rows' ({entry['rows']})")
         if sum(int(e["rows"]) for e in info["files"]) != int(info["rows"]):
             raise DatasetError(f"{where}: field 'splits.{split}.rows' is {info['rows']}, but its files hold "
                                f"{sum(int(e['rows']) for e in info['files'])} rows")
+
+
+def _validate_file_path(path: Any, field: str) -> None:
+    """Files are named relative to the dataset root and stay inside it: a manifest must never
+    send a reader to another dataset or anywhere else on the file system."""
+    if not isinstance(path, str) or not path:
+        raise DatasetError(f"{field} is {path!r}; expected a path relative to the dataset")
+    if path.startswith("/") or "://" in path or ":" in path.split("/", 1)[0]:
+        raise DatasetError(f"{field} is {path!r}, an absolute path or URI; a manifest names its files relative to "
+                           "the dataset root")
+    parts = path.split("/")
+    if any(part in ("..", ".", "") for part in parts) or "\\" in path:
+        raise DatasetError(f"{field} is {path!r}; a manifest's file paths must stay inside the dataset (no '..', "
+                           "'.' or empty parts)")
 
 
 def stored_schema(features: dict, label: dict) -> list[dict]:

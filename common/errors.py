@@ -37,6 +37,18 @@ class StorageError(ShardtrainError):
     exit_code = EXIT_USAGE
 
 
+class StorageIOError(StorageError):
+    """Reading or writing a path failed (permissions, disk, network); the message names the path."""
+
+    exit_code = EXIT_RUNTIME
+
+
+class OutputLockedError(ShardtrainError):
+    """Another job holds the output's writer lock; the message names it. Retry when it is done."""
+
+    exit_code = EXIT_RUNTIME
+
+
 class DatasetError(ShardtrainError):
     """A dataset (its manifest) breaks the contract between pipelines/ and training/."""
 

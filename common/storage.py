@@ -8,6 +8,20 @@ then moved into place, and a ``_COMMITTED`` marker is written last. Readers call
 ``require_committed`` and refuse a directory without the marker, so a job that dies at any
 point leaves nothing a reader will accept.
 
+What an output may replace: the marker records the output's ``kind`` (``shardtrain.dataset``,
+``shardtrain.model``); ``overwrite`` replaces only an empty directory or a shardtrain output of
+the same kind (``check_replaceable``), never a user's file or directory. ``check_disjoint``
+refuses an output equal to, inside or containing an input.
+
+One writer at a time: ``output_lock`` holds a lock file beside the output for the whole job
+(``publish`` takes it too, re-entrantly). Locally it is an ``flock`` on the file, which the
+kernel releases when the holder dies, so a dead holder's lock is taken over without guessing.
+On S3 the lock is a conditional create (``If-None-Match: *``); a lock whose holder is on this
+host and whose pid is gone is taken over; a holder on another host cannot be checked, so its lock
+is reported and must be removed by hand if that job is dead. HDFS (and a local mount without
+flock) has no conditional create: there the lock is checked, then written (two writers starting
+in the same instant may both pass).
+
 This module must stay free of Spark and torch: executors and training ranks import it.
 """
 
@@ -15,8 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import posixpath
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,12 +41,20 @@ from urllib.parse import urlparse
 
 import fsspec
 
-from common.errors import StorageError
+from common.errors import OutputExistsError, OutputLockedError, StorageError, StorageIOError
 
 MARKER = "_COMMITTED"
+# Written with the files and removed after the marker: a directory holding it is our own output
+# whose commit died half-way (object stores copy file by file), so overwrite may replace it.
+PUBLISHING = "_PUBLISHING"
 STAGING_TAG = "._staging-"
+LOCK_TAG = ".shardtrain-lock"
+KIND_DATASET = "shardtrain.dataset"
+KIND_MODEL = "shardtrain.model"
 SCHEMES = ("file", "s3", "hdfs", "dbfs")
 DBFS_MOUNT = os.environ.get("SHARDTRAIN_DBFS_MOUNT", "/dbfs")
+
+log = logging.getLogger("shardtrain.storage")
 
 
 @dataclass(frozen=True)
@@ -60,9 +84,22 @@ class Location:
             return fh.read().decode("utf-8")
 
     def write_text(self, name: str, text: str) -> None:
-        self.fs.makedirs(self.path, exist_ok=True)
-        with self.open(name, "wb") as fh:
-            fh.write(text.encode("utf-8"))
+        with storage_errors(f"writing {name}", self.uri):
+            self.fs.makedirs(self.path, exist_ok=True)
+            with self.open(name, "wb") as fh:
+                fh.write(text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def storage_errors(what: str, uri: str) -> Iterator[None]:
+    """Turn an OSError from the file system into one line naming the path (exit status 1)."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise StorageIOError(f"{uri}: {what} failed: {type(exc).__name__}: {reason}") from None
 
 
 def resolve(uri: str) -> Location:
@@ -188,36 +225,45 @@ def read_marker(uri: str | Location) -> dict:
 def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterator[Location]:
     """Stage an output directory and commit it on success.
 
-    ``mode``: ``error`` refuses an existing output, ``overwrite`` replaces it. The caller writes
-    everything under the yielded staging Location; on normal exit the staging directory is moved
-    to ``uri`` and the marker is written last. On an exception the staging directory is removed
-    and ``uri`` is untouched (``error``) or untouched-and-still-committed (``overwrite``).
+    ``mode``: ``error`` refuses an existing output, ``overwrite`` replaces it if it is an output of
+    the same kind (``marker["kind"]``; see ``check_replaceable``). The caller writes everything
+    under the yielded staging Location; on normal exit the staging directory is moved to ``uri``
+    and the marker is written last. On an exception the staging directory is removed and ``uri``
+    is untouched. The output's lock is held throughout (re-entrant: a job holding it already,
+    as the shard job does, keeps it).
     """
-    from common.errors import OutputExistsError
-
     final = resolve(uri)
     fs = final.fs
+    marker = dict(marker or {})
+    kind = marker.get("kind")
     if mode not in ("error", "overwrite"):
         raise ValueError(f"publish mode must be error or overwrite, got {mode!r}")
-    if mode == "error" and fs.exists(final.path):
-        raise OutputExistsError(
-            f"{final.uri} already exists; set output.mode=overwrite to replace it "
-            "(or skip_if_exists to keep it)")
-    parent, name = posixpath.split(final.path.rstrip("/"))
-    token = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-    staging = Location(uri=_join_uri(_parent_uri(final.uri), f".{name}{STAGING_TAG}{token}"),
-                       scheme=final.scheme, path=posixpath.join(parent, f".{name}{STAGING_TAG}{token}"))
-    fs.makedirs(staging.path, exist_ok=True)
-    try:
-        yield staging
-    except BaseException:
-        _remove(fs, staging.path)
-        raise
-    commit(staging, final, marker or {})
+    with output_lock(final.uri):
+        if mode == "error" and fs.exists(final.path):
+            raise OutputExistsError(
+                f"{final.uri} already exists; set output.mode=overwrite to replace it "
+                "(or skip_if_exists to keep it)")
+        check_replaceable(final.uri, kind)
+        _remove_staging(final)  # left by writers of this output that died (we hold its lock)
+        parent, name = posixpath.split(final.path.rstrip("/"))
+        token = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        staging = Location(uri=_join_uri(_parent_uri(final.uri), f".{name}{STAGING_TAG}{token}"),
+                           scheme=final.scheme, path=posixpath.join(parent, f".{name}{STAGING_TAG}{token}"))
+        with storage_errors("creating the staging directory", staging.uri):
+            fs.makedirs(staging.path, exist_ok=True)
+        try:
+            yield staging
+        except BaseException:
+            _remove(fs, staging.path)
+            raise
+        with storage_errors("committing the output", final.uri):
+            commit(staging, final, marker, kind)
 
 
-def commit(staging: Location, final: Location, marker: dict) -> None:
+def commit(staging: Location, final: Location, marker: dict, kind: str | None = None) -> None:
     fs = final.fs
+    check_replaceable(final.uri, kind)  # again: the staged work took time
+    pending = json.dumps({"kind": kind})
     if fs.exists(final.path):
         # Unmark first: from here until the new marker lands, readers refuse the directory.
         marker_path = posixpath.join(final.path, MARKER)
@@ -225,28 +271,284 @@ def commit(staging: Location, final: Location, marker: dict) -> None:
             fs.rm(marker_path)
         _remove(fs, final.path)
     if final.scheme == "file":
+        staging.write_text(PUBLISHING, pending)
         os.makedirs(os.path.dirname(final.path) or "/", exist_ok=True)
         os.replace(staging.path, final.path)  # atomic on one file system
     else:
         # Object stores have no directory rename: copy each object, then drop the staging prefix.
         # Readers still see nothing until the marker below lands.
+        final.write_text(PUBLISHING, pending)
         for src in fs.find(staging.path):
             fs.copy(src, final.path + src[len(staging.path):])
         _remove(fs, staging.path)
     record = {"committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **marker}
     final.write_text(MARKER, json.dumps(record, indent=2, sort_keys=True))
+    fs.rm(posixpath.join(final.path, PUBLISHING))
+
+
+# --- what an output may replace, and what it must not touch ---------------------------------------
+
+def output_kind(uri: str | Location) -> tuple[bool, str | None]:
+    """(is a shardtrain output, its kind): from the marker, or from a commit that died half-way."""
+    loc = uri if isinstance(uri, Location) else resolve(uri)
+    for name in (MARKER, PUBLISHING):
+        if loc.fs.exists(posixpath.join(loc.path, name)):
+            try:
+                record = json.loads(loc.read_text(name))
+            except (OSError, ValueError):
+                return False, None
+            if not isinstance(record, dict):
+                return False, None
+            # Models published before markers carried a kind recorded it as "format".
+            return True, record.get("kind") or record.get("format")
+    return False, None
+
+
+def check_replaceable(uri: str, kind: str | None) -> None:
+    """Refuse (exit 2, naming the path and what it holds) to replace anything at ``uri`` but
+    nothing, an empty directory, or a shardtrain output of the same ``kind``."""
+    loc = resolve(uri)
+    fs = loc.fs
+    with storage_errors("checking what the output path holds", loc.uri):
+        if not fs.exists(loc.path):
+            return
+        what = kind or "output of this kind"
+        if not fs.isdir(loc.path):
+            raise OutputExistsError(
+                f"{loc.uri} is a regular file, not a shardtrain {what}; output.mode=overwrite replaces only "
+                "what shardtrain published there: move the file away or choose another output path")
+        entries = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(loc.path, detail=False))
+        if not entries:
+            return
+        ours, found = output_kind(loc)
+        if not ours:
+            shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+            raise OutputExistsError(
+                f"{loc.uri} holds {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} that shardtrain did not "
+                f"publish ({shown}); output.mode=overwrite replaces only a shardtrain {what}: move them away or "
+                "choose another output path")
+        if found != kind:
+            raise OutputExistsError(
+                f"{loc.uri} holds a {found or 'shardtrain output of another kind'}, not a {what}; "
+                "output.mode=overwrite replaces only an output of the same kind: choose another output path")
+
+
+def check_disjoint(output_uri: str, output_key: str, inputs: dict[str, str]) -> None:
+    """Refuse (exit 2) an output equal to, inside or containing an input; ``inputs`` maps a
+    description (naming the config key) to the input's URI."""
+    from common.errors import ConfigError
+
+    out = _comparable(output_uri)
+    for what, uri in inputs.items():
+        if not uri:
+            continue
+        inp = _comparable(uri)
+        if out[0] != inp[0]:
+            continue
+        if out[1] == inp[1]:
+            relation = "is the same path as"
+        elif out[1].startswith(inp[1].rstrip("/") + "/"):
+            relation = "is inside"
+        elif inp[1].startswith(out[1].rstrip("/") + "/"):
+            relation = "contains"
+        else:
+            continue
+        raise ConfigError(f"{output_key} {output_uri} {relation} {what} ({uri}); writing the output there would "
+                          "replace or mix with that input: choose an output path outside it")
+
+
+def _comparable(uri: str) -> tuple[str, str]:
+    """(file system, normalized path without glob parts) for comparing locations."""
+    loc = resolve(uri)
+    parts = []
+    for part in loc.path.split("/"):
+        if any(ch in part for ch in "*?["):
+            break
+        parts.append(part)
+    path = "/".join(parts) or "/"
+    if loc.scheme == "file":
+        return "file", os.path.realpath(path)
+    host = urlparse(loc.uri).netloc if loc.scheme == "hdfs" else ""
+    return f"{loc.scheme}://{host}", posixpath.normpath("/" + path)
+
+
+# --- one writer at a time ----------------------------------------------------------------------
+
+_HELD: dict[str, object] = {}  # lock path -> what releases it, for the locks this process holds
+
+
+def lock_location(uri: str | Location) -> Location:
+    """The lock file of an output: beside it, hidden (Spark and source listings skip dot-files)."""
+    final = uri if isinstance(uri, Location) else resolve(uri)
+    parent, name = posixpath.split(final.path.rstrip("/"))
+    return Location(uri=_join_uri(_parent_uri(final.uri), f".{name}{LOCK_TAG}"), scheme=final.scheme,
+                    path=posixpath.join(parent, f".{name}{LOCK_TAG}"))
+
+
+@contextlib.contextmanager
+def output_lock(uri: str) -> Iterator[dict]:
+    """Hold ``uri``'s writer lock; a second writer gets OutputLockedError (exit 1) naming the holder.
+    Re-entrant within a process. Yields this holder's record (host, pid, started_at, token)."""
+    lock = lock_location(uri)
+    if lock.path in _HELD:
+        yield _HELD[lock.path][0]
+        return
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "uri": resolve(uri).uri,
+              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "token": uuid.uuid4().hex}
+    with storage_errors("taking the writer lock", lock.uri):
+        release = _lock_file(lock, record) if lock.scheme == "file" else _lock_object(lock, record)
+    _HELD[lock.path] = (record, release)
+    try:
+        yield record
+    finally:
+        del _HELD[lock.path]
+        with storage_errors("releasing the writer lock", lock.uri):
+            release()
+
+
+def _locked_error(lock: Location, holder: dict | None, extra: str = "") -> OutputLockedError:
+    if holder:
+        who = (f"pid {holder.get('pid')} on host {holder.get('host')}, started {holder.get('started_at')}")
+    else:
+        who = "another process (its record is still being written)"
+    return OutputLockedError(f"{_output_of(lock)} is being written by {who} (lock {lock.uri}); wait for that job "
+                             f"to finish{extra}")
+
+
+def _output_of(lock: Location) -> str:
+    parent = _parent_uri(lock.uri)
+    name = lock.uri.rsplit("/", 1)[-1][1:-len(LOCK_TAG)]
+    return f"{parent}/{name}"
+
+
+def _lock_file(lock: Location, record: dict):
+    """flock on a local lock file: the kernel drops it when the holder dies, so a dead holder's
+    file is simply locked again (its record is logged as taken over)."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(lock.path) or "/", exist_ok=True)
+    while True:
+        existed = os.path.exists(lock.path)
+        fd = os.open(lock.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _parse_holder(os.pread(fd, 65536, 0))
+            os.close(fd)
+            raise _locked_error(lock, holder) from None
+        except OSError:  # no flock on this file system (some FUSE mounts): check, then write
+            os.close(fd)
+            if not existed:
+                os.unlink(lock.path)
+            return _lock_object(lock, record)
+        # The holder may have released (unlinked) the file between our open and flock: then we
+        # locked an orphan inode, and must start over on the file now at the path.
+        try:
+            current = os.stat(lock.path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    previous = _parse_holder(os.pread(fd, 65536, 0))
+    if previous:
+        log.warning("%s: taking over the writer lock of pid %s on host %s (started %s), which has exited",
+                    lock.uri, previous.get("pid"), previous.get("host"), previous.get("started_at"))
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode(), 0)
+    os.fsync(fd)
+
+    def release() -> None:
+        try:
+            os.unlink(lock.path)  # while still locked: the next writer finds no file, or a new one
+        finally:
+            os.close(fd)
+
+    return release
+
+
+def _lock_object(lock: Location, record: dict):
+    """A lock object created only if absent (S3 If-None-Match); HDFS: check, then write."""
+    fs = lock.fs
+    payload = json.dumps(record).encode()
+    for _ in range(2):  # the second try follows the removal of a dead holder's lock
+        try:
+            if lock.scheme == "s3":
+                with fs.open(lock.path, "xb") as fh:  # s3fs: PutObject with If-None-Match: *
+                    fh.write(payload)
+            else:
+                if fs.exists(lock.path):
+                    raise FileExistsError(lock.path)
+                with fs.open(lock.path, "wb") as fh:
+                    fh.write(payload)
+            break
+        except FileExistsError:
+            try:
+                holder = _parse_holder(fs.cat_file(lock.path))
+            except FileNotFoundError:
+                continue  # released between our create and our read: try again
+            if holder and holder.get("host") == socket.gethostname() and not _pid_alive(holder.get("pid")):
+                log.warning("%s: removing the writer lock of pid %s (started %s), which has exited",
+                            lock.uri, holder.get("pid"), holder.get("started_at"))
+                fs.rm(lock.path)
+                continue
+            raise _locked_error(lock, holder, "; if it is dead (another host cannot be checked from here), "
+                                              f"delete {lock.uri}") from None
+    else:
+        raise _locked_error(lock, None)
+
+    def release() -> None:
+        try:
+            holder = _parse_holder(fs.cat_file(lock.path))
+        except FileNotFoundError:
+            return
+        if holder and holder.get("token") == record["token"]:
+            fs.rm(lock.path)
+
+    return release
+
+
+def _parse_holder(raw: bytes) -> dict | None:
+    try:
+        holder = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _pid_alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, TypeError, ValueError):
+        return True  # another user's process, or no pid recorded: assume alive
+    return True
 
 
 def clean_stale_staging(uri: str) -> list[str]:
-    """Remove staging directories that dead jobs left beside ``uri``; returns what was removed."""
+    """Remove staging directories that dead jobs left beside ``uri``; returns what was removed.
+
+    Runs under ``output_lock(uri)`` (re-entrant): every writer of ``uri`` stages under that lock,
+    so while we hold it no live job owns a staging directory there.
+    """
     final = resolve(uri)
+    with output_lock(final.uri):
+        return _remove_staging(final)
+
+
+def _remove_staging(final: Location) -> list[str]:
     parent, name = posixpath.split(final.path.rstrip("/"))
     fs = final.fs
     pattern = posixpath.join(parent, f".{name}{STAGING_TAG}*")
     removed = []
-    for path in fs.glob(pattern):
-        _remove(fs, path)
-        removed.append(path)
+    with storage_errors("removing staging left by an earlier job", final.uri):
+        for path in fs.glob(pattern):
+            _remove(fs, path)
+            removed.append(path)
+    if removed:
+        log.info("%s: removed %d staging director%s left by earlier jobs", final.uri, len(removed),
+                 "y" if len(removed) == 1 else "ies")
     return removed
 
 

@@ -22,7 +22,7 @@ def shard_dataset(config, overrides=None, spark=None):
     from common.spark import get_or_create_session
     from common.storage import check_uri
     from pipelines.shard_config import ShardConfig, load_shard_config
-    from pipelines.shard_job import run_shard_job
+    from pipelines.shard_job import check_output_path, run_shard_job
 
     if isinstance(config, ShardConfig):
         if overrides:
@@ -37,6 +37,7 @@ def shard_dataset(config, overrides=None, spark=None):
         config = load_shard_config(config, list(overrides or []))
     for uri in config.uris:
         check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
+    check_output_path(config)
     spark = spark or get_or_create_session(config.spark)
     return run_shard_job(spark, config)
 

@@ -61,6 +61,11 @@ def row_index_sql(num_shards, idx: str = "_idx", base: str = "_base", extra: str
 
 
 def check_split_rows(split: str, rows: int, num_shards: int) -> None:
+    if rows == 0:
+        raise InputDataError(
+            f"split {split!r} has 0 rows: no clean input row's split.key falls into it; give "
+            f"split.fractions.{split} a larger share, remove the split, or add input rows (with few distinct "
+            "split.key values, a small split can end up empty)")
     if rows < num_shards:
         raise InputDataError(
             f"split {split!r} has {rows} rows, fewer than output.num_shards={num_shards}, so some shard would be "

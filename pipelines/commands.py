@@ -39,6 +39,8 @@ def register_commands(subparsers) -> None:
 
     p = subparsers.add_parser("inspect", help="print a dataset's manifest summary, shard balance and quarantine")
     p.add_argument("dataset", metavar="DATASET", help="URI of a published dataset")
+    p.add_argument("--verify", action="store_true",
+                   help="also read every file and check it against the manifest's sha256 (exit 2 if any differs)")
     p.set_defaults(handler=handle_inspect)
 
 
@@ -79,9 +81,19 @@ def handle_shard(args: argparse.Namespace) -> int:
 
 
 def handle_inspect(args: argparse.Namespace) -> int:
-    from pipelines.describe import describe_dataset
+    from common.dataset import read_manifest
+    from pipelines.describe import describe_dataset, verify_report
 
-    print(describe_dataset(args.dataset))
+    manifest = read_manifest(args.dataset)
+    print(describe_dataset(manifest))
+    if getattr(args, "verify", False):
+        from common.errors import DatasetError
+
+        report, problems = verify_report(manifest)
+        print(report)
+        if problems:
+            raise DatasetError(f"{manifest.root.uri}: {problems} file(s) do not match the manifest (listed above); "
+                               "re-run the shard job")
     return 0
 
 

@@ -1,7 +1,8 @@
 """``shardtrain inspect DATASET``: what a published dataset holds, read from its manifest only.
 
-Reads no data files and needs no Spark, so it is instant on any size of dataset. The report is
-a few sections, each from its own function: header, label and features, per-split balance,
+Reads no data files and needs no Spark, so it is instant on any size of dataset; except
+``verify_report`` (``inspect --verify``), which reads every file to check its sha256. The report
+is a few sections, each from its own function: header, label and features, per-split balance,
 row-group advice, accounting and quarantine, sources.
 """
 
@@ -109,3 +110,17 @@ def _sources(data: dict) -> list[str]:
         lines.append(f"source    {name}: {src.get('format')} at {src.get('path')} "
                      f"({len(files)} files, {sum(f.get('size', 0) for f in files) / 2 ** 20:.1f} MB)")
     return lines
+
+
+def verify_report(manifest: Manifest) -> tuple[str, int]:
+    """``inspect --verify``: every split and quarantine file checked against the manifest's
+    sha256; returns the report and the number of damaged files."""
+    from common.dataset import verify_dataset
+
+    problems = verify_dataset(manifest)
+    files = sum(manifest.num_shards(split) for split in manifest.split_names)
+    files += len((manifest.data.get("quarantine") or {}).get("files", []))
+    if not problems:
+        return f"\nverify    all {files} files match the manifest's sha256", 0
+    return "\n".join([f"\nverify    {len(problems)} of {files} files do NOT match the manifest:",
+                      *(f"  {line}" for line in problems)]), len(problems)

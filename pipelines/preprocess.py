@@ -9,7 +9,10 @@ Three steps, each a function of the config (and, for the last, of fitted statist
 3. ``encoded_columns``: the stored encodings from the statistics ``fit`` computed on the train
    split (aggregations only; the one collect is of vocabularies bounded by max_vocab).
 
-Reasons: ``null_label``, ``invalid_label``, ``bad_value:<col>`` (a string that is not a number),
+Reasons: ``bad_encoding`` (a used text value holds U+FFFD, which Spark's CSV/JSON readers put in
+place of bytes that are not valid UTF-8), ``null_label``, ``invalid_label``,
+``too_long:<col>`` (a category longer than features.max_category_bytes),
+``bad_value:<col>`` (a string that is not a number),
 ``non_finite:<col>`` (+/-inf in a numeric column; NaN/null/inf elements in an array column),
 ``bad_shape:<col>`` (null array or wrong length), and ``malformed_record`` (sources.py).
 NaN in a numeric column counts as missing and is imputed.
@@ -122,6 +125,13 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
                 " AS _bucket")
 
     reasons = []
+    text = [c for c in [*feats.numeric, *feats.categorical, *([label.column] if label.column else [])]
+            if isinstance(fields[c], T.StringType)]
+    if text:
+        # Spark decodes undecodable bytes as U+FFFD; such a value would enter the vocabulary as
+        # a different category than the one in the file.
+        replaced = " OR ".join(f"instr({q(c)}, '\ufffd') > 0" for c in text)
+        reasons.append(f"WHEN {replaced} THEN 'bad_encoding'")
     label_raw = sql_expr(label.column, fields) if label.column is not None else f"({label.expr})"
     label_d = f"try_cast({label_raw} AS DOUBLE)"
     reasons.append(f"WHEN {label_raw} IS NULL THEN 'null_label'")
@@ -141,6 +151,8 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
         reasons.append(f"WHEN abs({value}) = double('Infinity') THEN 'non_finite:{name}'")
         cols.append(f"CASE WHEN isnan({value}) THEN NULL ELSE {value} END AS {num_col(name)}")
     for name in feats.categorical:
+        reasons.append(f"WHEN octet_length(CAST({q(name)} AS STRING)) > {feats.max_category_bytes} "
+                       f"THEN 'too_long:{name}'")
         cols.append(f"CAST({q(name)} AS STRING) AS {cat_col(name)}")
     for name, shape in feats.arrays.items():
         length = math.prod(shape)

@@ -36,6 +36,9 @@ class FeaturesConfig:
     impute: dict[str, float] = field(default_factory=dict)
     max_vocab: int = 100_000
     min_count: int = 1
+    # A categorical value longer than this (UTF-8 bytes) is quarantined as too_long:<column>: such
+    # values are almost always a broken record, and each vocabulary entry lives in the manifest.
+    max_category_bytes: int = 1024
 
     def __post_init__(self):
         names = self.numeric + self.categorical + list(self.arrays)
@@ -48,6 +51,7 @@ class FeaturesConfig:
             require(name in self.numeric, f"impute.{name}", "names a column that is not in features.numeric")
         require(self.max_vocab >= 1, "max_vocab", "must be >= 1")
         require(self.min_count >= 1, "min_count", "must be >= 1")
+        require(self.max_category_bytes >= 1, "max_category_bytes", "must be >= 1")
 
     @property
     def all_columns(self) -> list[str]:

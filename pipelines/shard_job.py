@@ -4,7 +4,10 @@
 file and the notebook API all call it. The order is fixed so that nothing is written until every
 check that can fail has passed:
 
-1. mode check (``error`` refuses, ``skip_if_exists`` compares the input fingerprint and returns);
+0. the output may not be, contain or sit inside a source; the output's writer lock is taken
+   (held to the end) and staging left by killed jobs is removed;
+1. mode check (``error`` refuses, ``skip_if_exists`` compares the input fingerprint and returns,
+   ``overwrite`` accepts only a dataset at the path);
 2. read sources, build the table (query, transform), check columns and types;
 3. count rows per split, bucket and quarantine reason (one aggregation): quality gate, and every
    split must have at least num_shards rows;
@@ -44,7 +47,8 @@ from pipelines.preprocess import (check_table, encode, fit, grouped_moments, mer
 from pipelines.shard_config import ShardConfig
 from pipelines.shard_writer import RESULT_DDL, TARGET_COLUMN, write_empty, write_partition
 from pipelines.sources import read_sources, source_fingerprint
-from common.storage import is_committed, publish, resolve
+from common.storage import (KIND_DATASET, check_disjoint, check_replaceable, clean_stale_staging, is_committed,
+                            output_lock, publish, resolve)
 
 log = logging.getLogger("shardtrain.shard")
 
@@ -61,9 +65,23 @@ class ShardResult:
 
 
 def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
+    """Run the job under the output's writer lock (a second writer fails, naming this one)."""
+    out = resolve(cfg.output.path)
+    check_output_path(cfg)
+    with output_lock(out.uri):
+        clean_stale_staging(out.uri)  # left by killed jobs; we hold the lock, so no live job owns it
+        return _run_locked(spark, cfg, out)
+
+
+def check_output_path(cfg: ShardConfig) -> None:
+    """output.path must not be, contain or sit inside a source (exit 2, before any work)."""
+    check_disjoint(cfg.output.path, "output.path", {f"source {name!r} (sources.{name}.path)": src.path
+                                                    for name, src in cfg.sources.items()})
+
+
+def _run_locked(spark, cfg: ShardConfig, out) -> ShardResult:
     from common.spark import spark_errors
 
-    out = resolve(cfg.output.path)
     sources_fp = {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}
     input_fp = input_fingerprint(cfg, sources_fp)
     existing = _check_existing(out, cfg, input_fp)
@@ -85,6 +103,7 @@ def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
     _quality_gate(cfg, counts)
     for i, name in enumerate(split_names):
         check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
+    _check_numeric_coverage(cfg, counts)
 
     clean = rows.where("_reason IS NULL")
     with spark_errors("fitting statistics and vocabularies on the train split"):
@@ -96,7 +115,7 @@ def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
     columns = stored_schema(cfg)
     rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
     mode = "overwrite" if cfg.output.mode == "overwrite" else "error"
-    with publish(out.uri, mode=mode, marker={"kind": "shardtrain.dataset", "input_fingerprint": input_fp}) as staging:
+    with publish(out.uri, mode=mode, marker={"kind": KIND_DATASET, "input_fingerprint": input_fp}) as staging:
         with spark_errors("writing the balanced shards"):
             files = _write_shards(spark, encoded, cfg, counts, columns, rpg, staging.uri)
         timer.done("write balanced shards")
@@ -147,6 +166,7 @@ def _check_existing(out, cfg: ShardConfig, input_fp: str) -> Manifest | None:
             return manifest
         raise OutputExistsError(f"{out.uri} holds a different dataset (the config or the source files changed since "
                                 "it was written); set output.mode=overwrite to replace it")
+    check_replaceable(out.uri, KIND_DATASET)  # overwrite: only a dataset, never someone's files
     return None
 
 
@@ -231,6 +251,18 @@ def _quality_gate(cfg: ShardConfig, counts: RowCounts) -> None:
             f"{counts.quarantined} of {total} input rows ({fraction:.2%}) are bad, above "
             f"quality.max_bad_fraction={cfg.quality.max_bad_fraction:g}: {reasons}. Nothing was written; fix the "
             "input, or raise quality.max_bad_fraction to publish the good rows and quarantine the rest")
+
+
+def _check_numeric_coverage(cfg: ShardConfig, counts: RowCounts) -> None:
+    """A numeric feature with no value in any train row has nothing to learn statistics from:
+    storing it as all zeros would hide a broken input, unless the user says what to fill."""
+    empty = [name for name, (count, _, _) in zip(cfg.features.numeric, counts.train_moments)
+             if count == 0 and name not in cfg.features.impute]
+    if empty:
+        raise InputDataError(
+            f"numeric feature column(s) {empty} (features.numeric) have no value in any train row (all null or "
+            f"NaN); fix the input, remove the column from features.numeric, or give features.impute.{empty[0]} "
+            "a value to store")
 
 
 def _partition_keys(spark, num_partitions: int) -> list[int]:

@@ -36,6 +36,21 @@ class SourceFrames:
 
 def source_fingerprint(name: str, cfg: SourceConfig) -> dict:
     """Every data file of the source with its size and modification time, sorted by path."""
+    fs = resolve(cfg.path).fs
+    files = _data_files(name, cfg)
+    entries = []
+    for path in files:
+        info = fs.info(path)
+        mtime = info.get("mtime", info.get("LastModified", info.get("last_modified")))
+        entries.append({"path": path, "size": int(info.get("size") or 0),
+                        "mtime": mtime.isoformat() if hasattr(mtime, "isoformat") else mtime})
+    if not entries:
+        raise InputDataError(f"source {name!r}: {cfg.path} holds no data files (sources.{name}.path)")
+    return {"path": cfg.path, "format": cfg.format, "files": entries}
+
+
+def _data_files(name: str, cfg: SourceConfig) -> list[str]:
+    """The source's data files (file system paths), sorted, as Spark would read them."""
     loc = resolve(cfg.path)
     fs = loc.fs
     paths = fs.glob(loc.path) if globlib.has_magic(loc.path) else ([loc.path] if fs.exists(loc.path) else [])
@@ -52,15 +67,41 @@ def source_fingerprint(name: str, cfg: SourceConfig) -> dict:
                 files.append(path)
         else:
             files.append(top)
-    entries = []
-    for path in files:
-        info = fs.info(path)
-        mtime = info.get("mtime", info.get("LastModified", info.get("last_modified")))
-        entries.append({"path": path, "size": int(info.get("size") or 0),
-                        "mtime": mtime.isoformat() if hasattr(mtime, "isoformat") else mtime})
-    if not entries:
-        raise InputDataError(f"source {name!r}: {cfg.path} holds no data files (sources.{name}.path)")
-    return {"path": cfg.path, "format": cfg.format, "files": entries}
+    return files
+
+
+def check_csv_header(name: str, cfg: SourceConfig) -> None:
+    """A CSV header that names a column twice is an error, with or without a schema: Spark
+    renames duplicates (or, with a schema, ignores the header), so the job would silently read
+    columns other than the ones the file names. Reads the first line of the first file only
+    (Spark takes the column names from one file, too)."""
+    import csv
+    import io
+
+    options = {k.lower(): v for k, v in cfg.options.items()}
+    if cfg.format != "csv" or str(options.get("header", "false")).lower() != "true":
+        return
+    files = _data_files(name, cfg)
+    if not files:
+        return
+    fs = resolve(cfg.path).fs
+    with fs.open(files[0], "rb", compression="infer") as fh:
+        first = fh.readline(1 << 20)
+    encoding = str(options.get("encoding", options.get("charset", "utf-8")))
+    line = first.decode(encoding, errors="replace").rstrip("\r\n")
+    sep = str(options.get("sep", options.get("delimiter", ",")))
+    quote = str(options.get("quote", '"')) or '"'
+    header = next(csv.reader(io.StringIO(line), delimiter=sep[:1] or ",", quotechar=quote[:1]), [])
+    seen: dict[str, str] = {}
+    dups = []
+    for column in header:
+        key = column.strip().lower()  # Spark compares column names case-insensitively by default
+        if key in seen and column not in dups:
+            dups.append(column)
+        seen.setdefault(key, column)
+    if dups:
+        raise InputDataError(f"source {name!r}: the CSV header of {files[0]} names column(s) {dups} more than once; "
+                             f"give every column a distinct name in the file (sources.{name}.path)")
 
 
 def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
@@ -79,6 +120,7 @@ def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
             df = reader.parquet(path)
         return SourceFrames(name, cfg, df, None)
 
+    check_csv_header(name, cfg)
     options = {**options, "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
     with _input_errors(name, cfg), spark_errors(what):
         if cfg.schema:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from common.config import load_config, require
 from pipelines.shard_config import ShardConfig
-from training.api import TrainResult, session_for, train
+from training.api import TrainResult, check_outputs, session_for, train
 from training.config import TrainConfig
 
 
@@ -52,6 +52,11 @@ def run(cfg: RunConfig, spark=None) -> RunResult:
 
     for uri in [*cfg.shard.uris, cfg.train.output.model_path]:
         check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
+    # Training's outputs must not touch the dataset about to be written or the raw sources.
+    inputs = {"the shard output (shard.output.path)": cfg.shard.output.path,
+              **{f"shard source {name!r} (shard.sources.{name}.path)": src.path
+                 for name, src in cfg.shard.sources.items()}}
+    check_outputs(cfg.train, inputs)
     spark = spark or get_or_create_session(session_for(cfg.shard.spark, cfg.train.launch))
     shard = run_shard_job(spark, cfg.shard)
     train_cfg = copy.deepcopy(cfg.train)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from common.errors import OutputExistsError
-from common.storage import resolve
+from common.storage import KIND_MODEL, check_disjoint, check_replaceable, resolve
 from training.config import TrainConfig, load_train_config
 from training.launch import check_results, launch_in_process, launch_spark
 from training.plan import RankPlan, build_plan
@@ -86,8 +86,9 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None) -> TrainResult:
     return result
 
 
-def load_model(uri: str, program: bool | None = None):
-    """A published model (see training.export.load_model): ``.predict(frame)`` on raw feature columns."""
+def load_model(uri: str, program: bool = False):
+    """A published model (see training.export.load_model): ``.predict(frame)`` on raw feature
+    columns. ``program=True`` runs the TorchScript program (needed for plug-in models)."""
     from training.export import load_model as _load
 
     return _load(uri, program)
@@ -105,8 +106,23 @@ def handle_train(args) -> int:
 # --- internals ---------------------------------------------------------------------------------
 
 def _check_output(cfg: TrainConfig) -> None:
-    if cfg.output.mode == "error" and resolve(cfg.output.model_path).exists():
-        raise OutputExistsError(f"{cfg.output.model_path} already exists; set output.mode=overwrite to replace it")
+    check_outputs(cfg, {"the training dataset (data.path)": cfg.data.path})
+
+
+def check_outputs(cfg: TrainConfig, inputs: dict[str, str]) -> None:
+    """Before anything runs: no output (model, run directory, checkpoints) equal to, inside or
+    containing an input; the run directory and checkpoints not inside the model directory (a
+    publish replaces it whole); and what is at model_path may be replaced (exit 2 otherwise)."""
+    model = cfg.output.model_path
+    outputs = {"output.model_path": model, "output.run_dir": cfg.output.resolved_run_dir,
+               "checkpoint.path": cfg.checkpoint_path}
+    for key, uri in outputs.items():
+        check_disjoint(uri, key, inputs)
+    for key in ("output.run_dir", "checkpoint.path"):
+        check_disjoint(outputs[key], key, {"output.model_path, which a publish replaces whole,": model})
+    if cfg.output.mode == "error" and resolve(model).exists():
+        raise OutputExistsError(f"{model} already exists; set output.mode=overwrite to replace it")
+    check_replaceable(model, KIND_MODEL)
 
 
 def _session(cfg: TrainConfig):
@@ -145,4 +161,4 @@ def _result(plan: RankPlan, ranks: list[dict], seconds: float) -> TrainResult:
                        resumed_from=main.get("resumed_from"), checkpoint_problems=main.get("checkpoint_problems", []))
 
 
-__all__ = ["TrainResult", "handle_train", "load_model", "load_train_config", "session_for", "train"]
+__all__ = ["TrainResult", "check_outputs", "handle_train", "load_model", "load_train_config", "session_for", "train"]

@@ -29,6 +29,9 @@ class DataConfig:
     reader_workers: int = 1
     # Row groups decoded ahead of the training step (bounds the loader's memory).
     prefetch_row_groups: int = 4
+    # first_read: each rank checks every shard file it reads against the manifest's sha256 the
+    # first time it opens it in a run (a damaged file fails with exit 2, naming it). never: no check.
+    verify: Literal["first_read", "never"] = "first_read"
 
     def __post_init__(self):
         require(self.path is None or bool(self.path), "path", "must not be empty")

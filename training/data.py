@@ -18,6 +18,10 @@ Rows skipped per epoch: ``N - W * steps_per_epoch * batch_size * grad_accum``, a
 than ``W * batch_size * grad_accum`` (plus nothing else: no row is repeated). Which rows are
 skipped changes every epoch, because the order is reshuffled with a per-epoch seed.
 
+Integrity: before a reader opens shard files it calls ``SplitLayout.verify_files`` with them,
+which checks each file against the manifest's sha256 the first time this rank opens it in the
+run (``data.verify``); any reader of shard files must call it.
+
 The order is a pure function of (seed, epoch, rank) when ``reader_workers == 1``, so a resume
 position is just (epoch, step). This module owns the data path and nothing else: no model, no
 Horovod, no Spark. Nothing here runs per row in Python.
@@ -27,13 +31,14 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 
 from common.errors import DatasetError
-from common.dataset import ROW_INDEX, Manifest
+from common.dataset import ROW_INDEX, Manifest, verify_digest
+from common.storage import resolve
 
 log = logging.getLogger("shardtrain.data")
 
@@ -67,6 +72,8 @@ class ShardFile:
     uri: str
     first_row: int  # the `_row` of its first row
     rows: int
+    sha256: str = ""  # from the manifest; checked before the file's rows are used
+    bytes: int = -1
 
 
 @dataclass(frozen=True)
@@ -74,18 +81,34 @@ class SplitLayout:
     name: str
     rows: int
     files: tuple[ShardFile, ...]
+    verify: bool = True  # data.verify: first_read (True) or never
+    # Files this process has checked. A layout is unpickled once per rank per run, so this is
+    # "first read of each file in a run"; on the driver it stays empty.
+    verified: set = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
-    def from_manifest(cls, manifest: Manifest, split: str) -> "SplitLayout":
+    def from_manifest(cls, manifest: Manifest, split: str, verify: bool = True) -> "SplitLayout":
         files, first = [], 0
         for entry, uri in zip(manifest.files(split), manifest.file_uris(split)):
-            files.append(ShardFile(uri=uri, first_row=first, rows=entry.rows))
+            files.append(ShardFile(uri=uri, first_row=first, rows=entry.rows, sha256=entry.sha256, bytes=entry.bytes))
             first += entry.rows
         rows = manifest.rows(split)
         if first != rows:
             raise DatasetError(f"{manifest.root.uri}: field 'splits.{split}.rows' is {rows} but its files hold "
                                f"{first} rows; the manifest is inconsistent, re-shard the data")
-        return cls(name=split, rows=rows, files=tuple(files))
+        return cls(name=split, rows=rows, files=tuple(files), verify=verify)
+
+    def verify_files(self, files) -> None:
+        """The integrity hook: every reader calls it with the files it is about to open. Each file
+        is checked against the manifest's sha256 the first time (a DatasetError, exit 2, names a
+        damaged file); ``data.verify: never`` turns it off."""
+        if not self.verify:
+            return
+        for shard in files:
+            if shard.uri in self.verified or not shard.sha256:
+                continue
+            verify_digest(resolve(shard.uri), shard.sha256, shard.bytes)
+            self.verified.add(shard.uri)
 
     def files_overlapping(self, lo: int, hi: int) -> list[ShardFile]:
         return [f for f in self.files if f.rows and f.first_row < hi and f.first_row + f.rows > lo]
@@ -254,8 +277,7 @@ class RankLoader:
     def _open_reader(self, epoch: int):
         from petastorm import make_batch_reader
 
-        from common.storage import resolve
-
+        self.layout.verify_files(self.files)
         locations = [resolve(f.uri) for f in self.files]
         urls = [f"file://{loc.path}" if loc.scheme == "file" else loc.uri for loc in locations]
         # The same storage settings as everything else in shardtrain: petastorm would otherwise
@@ -384,14 +406,13 @@ def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[s
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from common.storage import resolve
-
     tables, have = [], 0
     for shard in layout.files:
         if have >= count:
             break
         if not shard.rows:
             continue
+        layout.verify_files([shard])
         loc = resolve(shard.uri)
         with loc.fs.open(loc.path, "rb") as fh:
             # Only the row groups that hold the wanted rows: reading the whole shard made the

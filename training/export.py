@@ -7,15 +7,23 @@
   (``FeatureSpec.transform`` output) and returns class probabilities or regression values;
 * ``model.json``: how to rebuild and use it: resolved config, feature spec (vocabularies,
   normalization statistics), label spec, per-epoch metrics, baseline, the dataset manifest's
-  fingerprint and library versions.
+  fingerprint, library versions, and the sha256 and size of each file above (``files``).
 
-``load_model(uri)`` never unpickles arbitrary objects: the built-in MLP is rebuilt from
-model.json and safetensors; a plug-in model is loaded as TorchScript (code + tensors only).
-``.predict(frame)`` applies the training preprocessing to raw feature columns.
+The ``_COMMITTED`` marker records ``kind: shardtrain.model`` (so ``overwrite`` replaces only a
+model) and model.json's own sha256.
+
+``load_model(uri, program=False)`` verifies every file it reads against those digests (a
+DatasetError names the damaged file) and never unpickles arbitrary objects. The caller chooses
+what runs: by default the built-in MLP, rebuilt from model.json and safetensors (a plug-in model
+is refused with the advice to pass ``program=True``); ``program=True`` loads the TorchScript
+program (code + tensors only). No field of model.json switches between them, so an edited
+model.json cannot change which code runs. ``.predict(frame)`` applies the training
+preprocessing to raw feature columns.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import platform
@@ -25,12 +33,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.errors import DatasetError
+from common.errors import DatasetError, StorageError
 from common.dataset import FeatureSpec
-from common.storage import publish, require_committed
+from common.storage import MARKER as MARKER_NAME
+from common.storage import KIND_MODEL, Location, publish, read_marker, require_committed, storage_errors
 
-MODEL_FORMAT = "shardtrain.model"
-MODEL_FORMAT_VERSION = 1
+MODEL_FORMAT = KIND_MODEL
+MODEL_FORMAT_VERSION = 2  # 2: model.json records each file's sha256; the marker records model.json's
 WEIGHTS, PROGRAM, META = "model.safetensors", "model.torchscript.pt", "model.json"
 
 
@@ -71,13 +80,17 @@ def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch
     program = _program(serving, {k: v.to("cpu") for k, v in example_batch.items()})
     from safetensors.torch import save as save_safetensors
 
-    record = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, **meta, "versions": versions()}
-    with publish(uri, mode=mode, marker={"format": MODEL_FORMAT}) as staging:
-        with staging.open(WEIGHTS, "wb") as fh:
-            fh.write(save_safetensors(weights))
-        with staging.open(PROGRAM, "wb") as fh:
-            fh.write(program)
-        staging.write_text(META, json.dumps(record, indent=2, sort_keys=True))
+    blobs = {WEIGHTS: save_safetensors(weights), PROGRAM: program}
+    files = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in blobs.items()}
+    record = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, **meta, "versions": versions(),
+              "files": files}
+    text = json.dumps(record, indent=2, sort_keys=True)
+    marker = {"kind": KIND_MODEL, "format": MODEL_FORMAT, "model_json_sha256": hashlib.sha256(text.encode()).hexdigest()}
+    with publish(uri, mode=mode, marker=marker) as staging:
+        for name, data in blobs.items():
+            with storage_errors(f"writing {name}", staging.uri), staging.open(name, "wb") as fh:
+                fh.write(data)
+        staging.write_text(META, text)
     return uri
 
 
@@ -135,30 +148,97 @@ class LoadedModel:
             return self.module(batch).float().numpy()
 
 
-def load_model(uri: str, program: bool | None = None) -> LoadedModel:
-    """Load a published model. ``program``: force (True) or avoid (False) the TorchScript program;
-    by default the built-in MLP is rebuilt from safetensors and plug-ins use TorchScript."""
+def load_model(uri: str, program: bool = False) -> LoadedModel:
+    """Load a published model, verifying each file it reads against the recorded sha256.
+
+    ``program=False`` (default): the built-in MLP, rebuilt from model.json and safetensors; a
+    plug-in model is refused (it has no built-in architecture). ``program=True``: the TorchScript
+    program. The choice is the caller's alone; no field of model.json can switch it.
+    """
     try:
         loc = require_committed(uri, "model")
-    except Exception as exc:  # StorageError: keep its message, but as the dataset-contract exit status 2
+    except StorageError as exc:  # keep its message, but as the dataset-contract exit status 2
         raise DatasetError(str(exc)) from None
-    meta = json.loads(loc.read_text(META))
-    if meta.get("format") != MODEL_FORMAT or meta.get("format_version") != MODEL_FORMAT_VERSION:
-        raise DatasetError(f"{loc.uri}/{META}: format {meta.get('format')!r} version {meta.get('format_version')!r} "
-                           f"is not a model this shardtrain reads ({MODEL_FORMAT} v{MODEL_FORMAT_VERSION})")
-    arguments = meta["model"].get("arguments")
-    if program or (program is None and arguments is None):
-        with loc.open(PROGRAM, "rb") as fh:
-            module = torch.jit.load(io.BytesIO(fh.read()), map_location="cpu")
+    meta = _read_meta(loc)
+    if program:
+        module = _load_program(loc, _verified_bytes(loc, meta, PROGRAM))
         return LoadedModel(module, meta)
+    name = (meta.get("model") or {}).get("name")
+    arguments = (meta.get("model") or {}).get("arguments")
+    if name != "mlp":
+        raise DatasetError(f"{loc.uri}: model {name!r} is a plug-in model with no built-in architecture; load its "
+                           "TorchScript program with load_model(uri, program=True)")
+    if not isinstance(arguments, dict):
+        raise DatasetError(f"{loc.uri}/{META}: field 'model.arguments' is {arguments!r}, but the built-in model needs "
+                           "its arguments; the file was edited or damaged: re-train, or load the program with "
+                           "load_model(uri, program=True)")
+    from safetensors import SafetensorError
     from safetensors.torch import load as load_safetensors
 
     from training.models import TabularMLP
 
-    net = TabularMLP(**arguments)
-    with loc.open(WEIGHTS, "rb") as fh:
-        net.load_state_dict(load_safetensors(fh.read()))
+    data = _verified_bytes(loc, meta, WEIGHTS)
+    try:
+        net = TabularMLP(**arguments)
+        net.load_state_dict(load_safetensors(data))
+    except (SafetensorError, RuntimeError, TypeError, ValueError) as exc:
+        raise DatasetError(f"{loc.uri}/{WEIGHTS}: cannot be loaded as the built-in model's weights "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); re-train or "
+                           "re-publish the model") from None
     return LoadedModel(serving_model(net, meta["label"]), meta)
+
+
+def _read_meta(loc: Location) -> dict:
+    with storage_errors(f"reading {META}", loc.uri):
+        try:
+            with loc.open(META, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            raise DatasetError(f"{loc.uri}: committed but has no {META}; it is not a shardtrain model") from None
+        marker = read_marker(loc)
+    if marker.get("kind", marker.get("format")) != MODEL_FORMAT:
+        raise DatasetError(f"{loc.uri}: holds a {marker.get('kind') or 'output of another kind'}, not a {MODEL_FORMAT}")
+    recorded = marker.get("model_json_sha256")
+    if recorded and hashlib.sha256(raw).hexdigest() != recorded:
+        raise DatasetError(f"{loc.uri}/{META}: does not match the sha256 recorded when the model was published; it was "
+                           "edited or damaged: re-train, or re-publish the model")
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DatasetError(f"{loc.uri}/{META}: not valid JSON ({exc})") from None
+    if meta.get("format") != MODEL_FORMAT or meta.get("format_version") != MODEL_FORMAT_VERSION:
+        raise DatasetError(f"{loc.uri}/{META}: format {meta.get('format')!r} version {meta.get('format_version')!r} "
+                           f"is not a model this shardtrain reads ({MODEL_FORMAT} v{MODEL_FORMAT_VERSION}); re-train "
+                           "it with this version")
+    if not recorded:
+        raise DatasetError(f"{loc.uri}: its {MARKER_NAME} marker records no sha256 for {META}; re-publish the model")
+    return meta
+
+
+def _verified_bytes(loc: Location, meta: dict, name: str) -> bytes:
+    """The file's bytes, after checking them against the sha256 and size model.json records."""
+    entry = (meta.get("files") or {}).get(name)
+    if not isinstance(entry, dict) or "sha256" not in entry:
+        raise DatasetError(f"{loc.uri}/{META}: field 'files.{name}.sha256' is missing, so {name} cannot be verified; "
+                           "re-publish the model")
+    with storage_errors(f"reading {name}", loc.uri):
+        try:
+            with loc.open(name, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            raise DatasetError(f"{loc.uri}/{name}: missing from the published model; re-train it") from None
+    if len(data) != entry.get("bytes", len(data)) or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise DatasetError(f"{loc.uri}/{name}: does not match the sha256 recorded in {META}; the file was damaged or "
+                           "replaced after the model was published: re-train, or restore the file")
+    return data
+
+
+def _load_program(loc: Location, data: bytes) -> nn.Module:
+    try:
+        return torch.jit.load(io.BytesIO(data), map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/ValueError subclasses for bad archives
+        raise DatasetError(f"{loc.uri}/{PROGRAM}: cannot be loaded as a TorchScript program "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 __all__ = ["LoadedModel", "ServingModel", "load_model", "publish_model", "serving_model", "target_scaling"]

@@ -55,7 +55,8 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
     where = f"{manifest.root.uri}/{MANIFEST_NAME}"
     _check_spec(manifest, cfg, where)
 
-    train = SplitLayout.from_manifest(manifest, cfg.data.train_split)
+    verify = cfg.data.verify == "first_read"
+    train = SplitLayout.from_manifest(manifest, cfg.data.train_split, verify)
     shards = manifest.num_shards(cfg.data.train_split)
     if shards < world:
         raise DatasetError(f"{where}: field 'splits.{train.name}.files' lists {shards} shard(s), fewer than "
@@ -68,7 +69,7 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
 
     val = None
     if cfg.data.val_split:
-        val = SplitLayout.from_manifest(manifest, cfg.data.val_split)
+        val = SplitLayout.from_manifest(manifest, cfg.data.val_split, verify)
         if val.rows < world:
             raise DatasetError(f"{where}: field 'splits.{val.name}.rows' is {val.rows}: fewer than one row per rank "
                                f"({world}); set data.val_split=null to train without validation")

@@ -1,0 +1,236 @@
+"""Outputs replace only what they own, never an input; one writer at a time; storage errors are
+one line naming the path. Storage-level tests (no Spark): real files, real processes, real
+flock, and the loopback S3 endpoint for the conditional-create lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from common import storage
+from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageIOError
+from common.storage import (KIND_DATASET, KIND_MODEL, MARKER, check_disjoint, check_replaceable, lock_location,
+                            output_lock, publish, resolve)
+
+
+def _publish(uri: str, kind: str | None, files=("a.txt",), mode="overwrite"):
+    with publish(uri, mode=mode, marker={"kind": kind} if kind else {}) as staging:
+        for name in files:
+            with staging.open(name, "wb") as fh:
+                fh.write(name.encode())
+
+
+# --- what overwrite may replace -----------------------------------------------------------------
+
+def test_overwrite_replaces_an_output_of_the_same_kind(tmp_path):
+    target = str(tmp_path / "ds")
+    _publish(target, KIND_DATASET, ["old.txt"])
+    _publish(target, KIND_DATASET, ["new.txt"])
+    assert sorted(os.listdir(target)) == [MARKER, "new.txt"]
+    assert storage.read_marker(target)["kind"] == KIND_DATASET
+
+
+def test_overwrite_refuses_a_regular_file(tmp_path):
+    target = tmp_path / "model"
+    target.write_bytes(b"precious")
+    with pytest.raises(OutputExistsError, match=rf"{target} is a regular file, not a shardtrain {KIND_MODEL}") as err:
+        _publish(str(target), KIND_MODEL)
+    assert err.value.exit_code == 2
+    assert target.read_bytes() == b"precious"
+
+
+def test_overwrite_refuses_a_user_directory_even_one_that_looks_empty(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / ".keep").write_text("mine")  # `ls` shows nothing
+    with pytest.raises(OutputExistsError, match=r"holds 1 entry that shardtrain did not publish \(\.keep\)"):
+        _publish(str(target), KIND_DATASET)
+    assert (target / ".keep").read_text() == "mine"
+    # A truly empty directory holds nothing to lose: it is replaced.
+    (target / ".keep").unlink()
+    _publish(str(target), KIND_DATASET)
+    assert storage.is_committed(str(target))
+
+
+def test_overwrite_refuses_an_output_of_another_kind(tmp_path):
+    target = str(tmp_path / "ds")
+    _publish(target, KIND_DATASET, ["part.parquet"])
+    with pytest.raises(OutputExistsError, match=rf"holds a {KIND_DATASET}, not a {KIND_MODEL}"):
+        _publish(target, KIND_MODEL)
+    assert sorted(os.listdir(target)) == [MARKER, "part.parquet"]
+    with pytest.raises(OutputExistsError, match=rf"holds a {KIND_DATASET}"):
+        check_replaceable(target, KIND_MODEL)
+
+
+def test_a_commit_that_died_half_way_is_ours_to_replace(tmp_path):
+    # On an object store the commit copies file by file; a crash leaves files and _PUBLISHING.
+    target = tmp_path / "ds"
+    target.mkdir()
+    (target / "part.parquet").write_bytes(b"half")
+    (target / storage.PUBLISHING).write_text(json.dumps({"kind": KIND_DATASET}))
+    assert not storage.is_committed(str(target))
+    _publish(str(target), KIND_DATASET, ["new.txt"])
+    assert sorted(os.listdir(target)) == [MARKER, "new.txt"]
+
+
+@pytest.mark.parametrize("output, relation", [("src", "is the same path as"), ("src/out", "is inside"),
+                                              (".", "contains")])
+def test_outputs_never_overlap_inputs(tmp_path, output, relation):
+    src = tmp_path / "src"
+    src.mkdir()
+    out = os.path.normpath(str(tmp_path / output))
+    with pytest.raises(ConfigError, match=rf"output.path {out} {relation} source 'raw'") as err:
+        check_disjoint(out, "output.path", {"source 'raw'": str(src)})
+    assert err.value.exit_code == 2
+    check_disjoint(str(tmp_path / "elsewhere"), "output.path", {"source 'raw'": str(src)})  # siblings are fine
+    check_disjoint(str(tmp_path / "src2"), "output.path", {"source 'raw'": str(src)})  # a shared prefix is not nesting
+
+
+def test_overlap_sees_through_globs_and_symlinks(tmp_path):
+    (tmp_path / "raw").mkdir()
+    os.symlink(tmp_path / "raw", tmp_path / "alias")
+    with pytest.raises(ConfigError, match="is inside"):
+        check_disjoint(str(tmp_path / "raw" / "out"), "output.path", {"source": str(tmp_path / "raw" / "*.csv")})
+    with pytest.raises(ConfigError, match="is the same path as"):
+        check_disjoint(str(tmp_path / "alias"), "output.path", {"source": str(tmp_path / "raw")})
+
+
+# --- one writer at a time -------------------------------------------------------------------------
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from common.storage import output_lock
+    with output_lock(sys.argv[1]):
+        print("held", flush=True)
+        sys.stdin.readline()  # held until the test closes stdin (or kills us)
+""")
+
+
+def _start_holder(uri: str, env=None) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, uri], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    line = proc.stdout.readline()  # blocks until the lock is held (or the process died)
+    assert line.strip() == "held", f"holder did not take the lock (rc={proc.poll()})"
+    return proc
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL  # the holder is dead
+
+
+def test_second_writer_is_refused_naming_the_holder_and_a_dead_holder_is_taken_over(tmp_path):
+    uri = str(tmp_path / "ds")
+    holder = _start_holder(uri)
+    try:
+        with pytest.raises(OutputLockedError, match=rf"{uri} is being written by pid {holder.pid} on host "
+                                                    rf"{os.uname().nodename}") as err:
+            _publish(uri, KIND_DATASET)
+        assert err.value.exit_code == 1
+        assert not os.path.exists(uri)
+    finally:
+        _kill(holder)
+    # The dead holder's lock file is still there, with its record; the next writer takes it over.
+    lock = lock_location(uri).path
+    assert json.loads(open(lock).read())["pid"] == holder.pid
+    with output_lock(uri) as record:
+        assert json.loads(open(lock).read())["token"] == record["token"]
+        _publish(uri, KIND_DATASET)  # re-entrant: publish inside the job's own lock
+    assert storage.is_committed(uri)
+    assert not os.path.exists(lock)  # released
+
+
+def test_staging_left_by_a_killed_writer_is_removed_by_the_next_run_but_not_while_a_writer_lives(tmp_path):
+    uri = str(tmp_path / "ds")
+    stale = tmp_path / f".ds{storage.STAGING_TAG}20260101-dead"
+    stale.mkdir()
+    (stale / "part.parquet").write_bytes(b"x")
+    holder = _start_holder(uri)
+    try:
+        with pytest.raises(OutputLockedError):
+            storage.clean_stale_staging(uri)  # a live writer may own it
+        assert stale.exists()
+    finally:
+        _kill(holder)
+    _publish(uri, KIND_DATASET)
+    assert not stale.exists()
+    assert sorted(os.listdir(tmp_path)) == ["ds"]
+
+
+def test_storage_errors_are_one_line_naming_the_path(tmp_path):
+    # A path under a regular file cannot be created: the OSError becomes one line with the path.
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StorageIOError, match=rf"^{tmp_path}/file/.*failed: (FileExistsError|NotADirectoryError)") as err:
+        _publish(str(tmp_path / "file" / "ds"), KIND_DATASET)
+    assert "\n" not in str(err.value) and err.value.exit_code == 1
+
+
+@pytest.mark.s3
+def test_s3_lock_is_a_conditional_create(s3_bucket, s3_endpoint):
+    uri = f"{s3_bucket}/ds"
+    env = dict(os.environ)
+    holder = _start_holder(uri, env=env)
+    lock = lock_location(uri)
+    try:
+        assert json.loads(lock.fs.cat_file(lock.path))["pid"] == holder.pid
+        with pytest.raises(OutputLockedError, match=rf"{uri} is being written by pid {holder.pid}"):
+            _publish(uri, KIND_DATASET)
+        assert not resolve(uri).exists()
+    finally:
+        _kill(holder)
+    # Same host, pid gone: taken over.
+    _publish(uri, KIND_DATASET)
+    assert storage.is_committed(uri)
+    assert not lock.fs.exists(lock.path)
+    # A holder on another host cannot be checked: refused, with how to clear it.
+    with lock.fs.open(lock.path, "wb") as fh:
+        fh.write(json.dumps({"host": "elsewhere", "pid": 1, "started_at": "then", "token": "t"}).encode())
+    with pytest.raises(OutputLockedError, match=rf"pid 1 on host elsewhere.*delete {lock.uri}"):
+        _publish(uri, KIND_DATASET)
+    lock.fs.rm(lock.path)
+
+
+# --- the training and run configs: checked before anything starts ---------------------------------
+
+def _train_cfg(tmp_path, *extra):
+    from training import load_train_config
+
+    return load_train_config(None, [f"data.path={tmp_path / 'ds'}", f"output.model_path={tmp_path / 'model'}",
+                                    *extra])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("output.model_path={tmp}/ds/model", r"output.model_path .*/ds/model is inside the training dataset \(data.path\)"),
+    ("output.run_dir={tmp}/ds", r"output.run_dir .*/ds is the same path as the training dataset"),
+    ("checkpoint.path={tmp}/model/ckpt", r"checkpoint.path .*/model/ckpt is inside output.model_path"),
+    ("output.run_dir={tmp}", r"output.run_dir .* contains the training dataset"),
+])
+def test_training_outputs_never_overlap_the_dataset_or_the_model(tmp_path, override, message):
+    from training.api import check_outputs
+
+    cfg = _train_cfg(tmp_path, override.format(tmp=tmp_path))
+    with pytest.raises(ConfigError, match=message):
+        check_outputs(cfg, {"the training dataset (data.path)": cfg.data.path})
+
+
+def test_run_refuses_a_model_path_inside_a_shard_source_before_spark_starts(tmp_path, monkeypatch):
+    from common import spark as spark_module
+    from shardtrain.run import load_run_config, run
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(spark_module, "get_or_create_session", no_spark)
+    (tmp_path / "raw").mkdir()
+    cfg = load_run_config("conf/run.yaml", [f"shard.sources.raw.path={tmp_path / 'raw'}",
+                                            f"shard.output.path={tmp_path / 'shards'}",
+                                            f"train.output.model_path={tmp_path / 'raw' / 'model'}"])
+    with pytest.raises(ConfigError, match=r"output.model_path .*/raw/model is inside shard source 'raw'"):
+        run(cfg)
+    assert os.listdir(tmp_path / "raw") == []

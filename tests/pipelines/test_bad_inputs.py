@@ -1,0 +1,103 @@
+"""Bad inputs that used to be published silently (issue 9, item 7), each on real Spark: an
+all-null numeric feature, undecodable bytes, an overlong category, duplicate CSV header names,
+an empty split, and a raw Parquet directory given to training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from common.dataset import read_manifest
+from common.errors import DatasetError, InputDataError
+from pipelines.shard_job import run_shard_job
+from shard_testdata import config, quarantine, read_split, simple_rows, write_parquet
+
+pytestmark = pytest.mark.spark
+
+
+def _csv(path: Path, header: bytes, lines: list[bytes]) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "d.csv").write_bytes(header + b"\n" + b"\n".join(lines) + b"\n")
+    return str(path)
+
+
+def test_an_all_null_numeric_feature_is_an_error_naming_it_unless_imputed(spark, tmp_path):
+    rows = simple_rows(40)
+    rows["empty"] = [None] * 40
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float64()), ("c", pa.string()), ("y", pa.int64()),
+                        ("empty", pa.float64())])
+    src = write_parquet(tmp_path / "in", rows, schema=schema)
+    out = tmp_path / "out"
+    features = {"numeric": ["x", "empty"], "categorical": ["c"]}
+    with pytest.raises(InputDataError, match=r"numeric feature column\(s\) \['empty'\] \(features.numeric\) have no "
+                                             r"value in any train row") as err:
+        run_shard_job(spark, config(src, str(out), features=features))
+    assert err.value.exit_code == 2
+    assert not out.exists()
+    # With features.impute the user says what to store: every row holds that value.
+    result = run_shard_job(spark, config(src, str(out), features={**features, "impute": {"empty": 3.5}}))
+    assert set(read_split(result.uri, "train").column("empty").to_pylist()) == {3.5}
+
+
+def test_undecodable_bytes_quarantine_the_row_as_bad_encoding(spark, tmp_path):
+    lines = [f"{i},{i % 7}.0,k{i % 3},{i % 2}".encode() for i in range(30)]
+    lines[5] = b"5,5.0,caf\xe9,1"  # Latin-1 e-acute: not valid UTF-8
+    src = _csv(tmp_path / "in", b"id,x,c,y", lines)
+    cfg = config(src, str(tmp_path / "out"), fmt="csv",
+                 sources={"raw": {"path": src, "format": "csv", "options": {"header": True},
+                                  "schema": "id BIGINT, x DOUBLE, c STRING, y INT"}})
+    result = run_shard_job(spark, cfg)
+    assert result.manifest.data["quarantine"]["by_reason"] == {"bad_encoding": 1}
+    q = quarantine(result.uri)
+    assert json.loads(q["raw"].iloc[0])["id"] == 5
+    vocab = result.manifest.data["features"]["categorical"][0]["vocab"]
+    assert sorted(vocab) == ["k0", "k1", "k2"] and not any("\ufffd" in v for v in vocab)
+
+
+def test_a_category_longer_than_max_category_bytes_is_quarantined(spark, tmp_path):
+    rows = simple_rows(30)
+    rows["c"][3] = "v" * 2000
+    rows["c"][4] = "é" * 600  # 1200 UTF-8 bytes: the limit counts bytes, not characters
+    src = write_parquet(tmp_path / "in", rows)
+    result = run_shard_job(spark, config(src, str(tmp_path / "out")))
+    assert result.manifest.data["quarantine"]["by_reason"] == {"too_long:c": 2}
+    vocab = result.manifest.data["features"]["categorical"][0]["vocab"]
+    assert max(len(v.encode()) for v in vocab) <= 1024
+    # The limit is a config key.
+    result = run_shard_job(spark, config(src, str(tmp_path / "out2"), features={"max_category_bytes": 4000}))
+    assert result.manifest.data["quarantine"]["rows"] == 0
+
+
+@pytest.mark.parametrize("schema", [None, "id BIGINT, x DOUBLE, c STRING, y INT"])
+def test_duplicate_csv_header_names_are_an_error_even_with_a_schema(spark, tmp_path, schema):
+    lines = [f"{i},{i % 7}.0,k{i % 3},{i % 2}".encode() for i in range(30)]
+    src = _csv(tmp_path / "in", b"id,x,X,y", lines)
+    source = {"path": src, "format": "csv", "options": {"header": True}}
+    if schema:
+        source["schema"] = schema
+    out = tmp_path / "out"
+    with pytest.raises(InputDataError, match=r"source 'raw': the CSV header of .*d.csv names column\(s\) \['X'\] "
+                                             r"more than once") as err:
+        run_shard_job(spark, config(src, str(out), fmt="csv", sources={"raw": source}))
+    assert err.value.exit_code == 2 and not out.exists()
+
+
+def test_a_split_with_no_rows_says_so(spark, tmp_path):
+    rows = simple_rows(40)
+    rows["id"] = [7] * 40  # one split key: every row lands in the same split
+    src = write_parquet(tmp_path / "in", rows)
+    cfg = config(src, str(tmp_path / "out"), split={"key": "id", "fractions": {"train": 0.5, "val": 0.5}})
+    with pytest.raises(InputDataError, match=r"split '(train|val)' has 0 rows") as err:
+        run_shard_job(spark, cfg)
+    assert "lower output.num_shards" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_raw_parquet_directory_is_not_a_shardtrain_dataset(tmp_path):
+    src = write_parquet(tmp_path / "raw", simple_rows(10))
+    with pytest.raises(DatasetError, match=rf"{src} is not a shardtrain dataset") as err:
+        read_manifest(src)
+    assert "incomplete" not in str(err.value) and err.value.exit_code == 2

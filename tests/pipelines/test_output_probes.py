@@ -1,0 +1,150 @@
+"""The issue's probes, re-run through the commands: outputs never replace inputs or what they do
+not own, and two concurrent shard jobs on one output publish exactly one complete dataset."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common.dataset import read_manifest, verify_dataset
+from common.storage import KIND_DATASET, lock_location, read_marker
+from pipelines.generate import generate_dataset
+from shardtrain.cli import main
+
+pytestmark = pytest.mark.spark
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _tree(root) -> dict[str, str]:
+    """sha256 of every file under ``root`` (or of ``root`` itself, when it is a file)."""
+    if os.path.isfile(root):
+        return {"": hashlib.sha256(open(root, "rb").read()).hexdigest()}
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            out[os.path.relpath(path, root)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def raw(spark, tmp_path_factory):
+    """A CSV source directory with an unrelated file beside the data (as in the issue's probe)."""
+    root = tmp_path_factory.mktemp("probes")
+    generate_dataset(spark, str(root / "raw"), 1500, seed=2, numeric=2, categorical=1, format="csv")
+    (root / "raw" / "NOTES.txt").write_text("not data, but mine")
+    return str(root / "raw")
+
+
+def _shard_args(source: str, out: str, *extra) -> list[str]:
+    return ["shard", "--config", "conf/shard.yaml", f"sources.raw.path={source}", "sources.raw.format=csv",
+            "sources.raw.options.header=true", "sources.raw.options.inferSchema=true",
+            f"output.path={out}", "output.num_shards=2", "features.numeric=[x0,x1]", "features.categorical=[c0]", "features.arrays={}",
+            *extra]
+
+
+@pytest.mark.parametrize("where", ["same", "inside"])
+def test_shard_into_its_own_source_is_refused_and_the_input_survives(raw, capsys, where):
+    before = _tree(raw)
+    out = raw if where == "same" else os.path.join(raw, "shards")
+    assert main(_shard_args(raw, out, "output.mode=overwrite")) == 2
+    err = capsys.readouterr().err
+    relation = "is the same path as" if where == "same" else "is inside"
+    assert f"output.path {out} {relation} source 'raw'" in err
+    assert _tree(raw) == before  # byte-identical, NOTES.txt included
+
+
+@pytest.fixture(scope="module")
+def dataset(raw, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ds") / "ds")
+    assert main(_shard_args(raw, out)) == 0
+    return out
+
+
+def _train_args(dataset: str, model: str, *extra) -> list[str]:
+    return ["train", "--config", "conf/train.yaml", f"data.path={dataset}", f"output.model_path={model}",
+            "output.mode=overwrite", "launch.mode=in_process", "launch.num_proc=1", "train.epochs=1", *extra]
+
+
+def test_train_over_a_published_dataset_is_refused_and_the_dataset_survives(dataset, tmp_path, capsys):
+    other = str(tmp_path / "other")
+    shutil.copytree(dataset, other)
+    before = _tree(other)
+    assert main(_train_args(dataset, other, f"output.run_dir={tmp_path / 'run'}")) == 2
+    err = capsys.readouterr().err
+    assert f"{other} holds a shardtrain.dataset, not a shardtrain.model" in err
+    assert _tree(other) == before
+    # Its own input as model_path: refused as an overlap, before anything runs.
+    assert main(_train_args(dataset, dataset)) == 2
+    assert f"output.model_path {dataset} is the same path as the training dataset (data.path)" in capsys.readouterr().err
+
+
+def test_train_over_a_regular_file_or_a_user_directory_is_refused(dataset, tmp_path, capsys):
+    precious = tmp_path / "model"
+    precious.write_bytes(b"not a model")
+    assert main(_train_args(dataset, str(precious))) == 2
+    assert f"{precious} is a regular file, not a shardtrain shardtrain.model" in capsys.readouterr().err
+    assert precious.read_bytes() == b"not a model"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "weights.bin").write_bytes(b"x")
+    assert main(_train_args(dataset, str(mine))) == 2
+    assert "holds 1 entry that shardtrain did not publish (weights.bin)" in capsys.readouterr().err
+    assert (mine / "weights.bin").read_bytes() == b"x"
+
+
+def _wait_for(condition, what: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_two_concurrent_shard_jobs_publish_exactly_one_complete_dataset(raw, tmp_path):
+    out = str(tmp_path / "ds")
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    env = {**os.environ, "SHARDTRAIN_TEST_BARRIER": str(barrier),
+           "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "tests", "pipelines"), os.environ.get("PYTHONPATH", "")])}
+    args = [sys.executable, "-m", "shardtrain", *_shard_args(raw, out, "output.mode=overwrite",
+                                                            "transform=shard_barrier:hold", "spark.master=local[1]",
+                                                            "spark.conf.spark.driver.memory=1g")]
+    first = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The first job holds the lock and is parked inside the job (it reached the transform).
+        _wait_for(lambda: any(n.startswith("reached-") for n in os.listdir(barrier)) or first.poll() is not None,
+                  "the first job to reach its transform")
+        assert first.poll() is None, first.communicate()
+        holder = json.loads(open(lock_location(out).path).read())
+        assert holder["pid"] == first.pid
+        second = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert second.returncode == 1, second.stderr[-2000:]
+        assert f"{out} is being written by pid {first.pid} on host" in second.stderr
+        assert "published" not in second.stdout
+        assert not os.path.exists(out)  # the refused job wrote nothing
+        (barrier / "release").write_text("go")
+        stdout, stderr = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, stderr[-2000:]
+    assert stdout.startswith(f"published {out}")
+    # Complete and consistent: one commit, every file as its manifest says, rows accounted for.
+    manifest = read_manifest(out)
+    assert read_marker(out)["kind"] == KIND_DATASET
+    assert read_marker(out)["input_fingerprint"] == manifest.data["input_fingerprint"]
+    assert verify_dataset(manifest) == []
+    accounting = manifest.data["accounting"]
+    assert accounting["input_rows"] == 1500 == accounting["published_rows"] + accounting["quarantined_rows"]
+    assert not os.path.exists(lock_location(out).path)
+    assert sorted(os.listdir(tmp_path)) == ["barrier", "ds"]  # no staging, no lock left behind
