@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardtrain", description="Raw data on Spark -> balanced Parquet shards -> Horovod PyTorch training.")
     parser.add_argument("--version", action="version", version=f"shardtrain {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and Spark's own logging (quiet otherwise)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     register_commands(sub)  # generate, shard, inspect
