@@ -201,3 +201,19 @@ def test_readme_step(step, fresh_copy):
             match = FIRST_LINE.search(first)
             assert match and match.group(1) == job, f"{step.command}: first log line {first!r}"
     fresh_copy["failed"] = None
+
+
+def test_an_unmarked_block_runs_and_a_failing_or_noisy_one_fails(tmp_path):
+    """What keeps this honest: a block nobody marked is run, and its failure or Spark chatter fails."""
+    readme = tmp_path / "README.md"
+    readme.write_text("\n".join([
+        "<!-- readme-test: skip: a real cluster -->", "```bash", "spark-submit --master spark://host:7077 x.py", "```",
+        "```bash", "echo ok  # runs", "false", "echo '26/12/01 01:16:15 WARN NativeCodeLoader: Unable to load'", "```",
+        "```yaml", "not: a command", "```"]))
+    steps = readme_steps(readme_blocks(str(readme)))
+    assert [step.command for step in steps] == [
+        "echo ok  # runs", "false", "echo '26/12/01 01:16:15 WARN NativeCodeLoader: Unable to load'"]
+    check_ran("echo", run_shell(steps[0].command, str(tmp_path)))
+    for step in steps[1:]:
+        with pytest.raises(AssertionError):
+            check_ran(step.command, run_shell(step.command, str(tmp_path)))
