@@ -12,6 +12,8 @@ import logging
 import sys
 from typing import Callable
 
+from common import __version__
+from common.config import config_fingerprint
 from common.errors import ShardtrainError
 
 log = logging.getLogger("shardtrain")
@@ -20,6 +22,13 @@ log = logging.getLogger("shardtrain")
 def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--config", "-c", required=required, metavar="FILE", help="YAML config file (see conf/)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config values")
+
+
+def log_job_start(command: str, cfg, config_source: str | None, overrides: list[str] | None = None) -> None:
+    """A job's first log line: what ran (version, command, config file, overrides and the resolved
+    config's fingerprint), so a scheduler's log alone says which code and config produced a run."""
+    source = " ".join([config_source or "<defaults>", *(overrides or [])])
+    log.info("shardtrain %s %s: config %s; fingerprint %s", __version__, command, source, config_fingerprint(cfg))
 
 
 def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -34,6 +43,11 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
 
 
 def setup_logging(verbose: bool = False) -> None:
+    """Our log lines on stderr (INFO; DEBUG when verbose). Verbose also gives Spark's JVM its own
+    logging back (common.spark quiets it by default)."""
+    from common.spark import set_spark_verbose
+
+    set_spark_verbose(verbose)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("py4j", "petastorm", "botocore", "s3fs", "urllib3", "fsspec"):
@@ -49,4 +63,4 @@ def _drop_py4j_reconnect(record: logging.LogRecord) -> bool:
     return not (record.levelno <= logging.INFO and record.getMessage() == "Exception while sending command.")
 
 
-__all__ = ["add_config_arguments", "run_command", "setup_logging"]
+__all__ = ["add_config_arguments", "log_job_start", "run_command", "setup_logging"]

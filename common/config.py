@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 import difflib
+import hashlib
+import json
 import types
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -138,6 +140,13 @@ def to_dict(cfg: Any) -> Any:
     return cfg
 
 
+def config_fingerprint(cfg: Any) -> str:
+    """12 hex digits of the sha256 of the resolved config: in a job's first log line, it says
+    which config ran. The config saved beside an output, loaded again, has the same fingerprint."""
+    text = json.dumps(to_dict(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
 def deep_merge(base: dict, update: dict) -> dict:
     out = _deep_copy(base)
     for key, value in update.items():
@@ -244,6 +253,6 @@ def dump_yaml(cfg: Any) -> str:
 
 
 __all__ = [
-    "SparkConfig", "apply_overrides", "deep_merge", "dump_yaml", "from_dict", "load_config", "parse_override",
+    "SparkConfig", "apply_overrides", "config_fingerprint", "deep_merge", "dump_yaml", "from_dict", "load_config", "parse_override",
     "read_yaml", "require", "to_dict",
 ]

@@ -1,6 +1,11 @@
 """The one SparkSession factory (jobs, notebooks, tests, benchmarks and ``doctor`` all use it), and
 turning Spark's Java errors into readable ones.
 
+It also owns how much Spark says on the console. A session it creates is quiet: the driver JVM
+gets log4j2-quiet.properties (warnings and errors only, on stderr; no start-up banner) and no
+console progress bars, so a command's output is shardtrain's own lines. ``set_spark_verbose(True)``
+(the command's -v/--verbose) leaves Spark's own logging as Spark configures it.
+
 Driver-only: executors never import this module.
 """
 
@@ -15,12 +20,24 @@ from typing import Iterator
 from common.config import SparkConfig
 from common.errors import ShardtrainError, SparkJobError
 
+QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
+_DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+# Process-wide, like the logging configuration it mirrors: set once by the command line.
+_spark_verbose = False
 
-def get_or_create_session(cfg: SparkConfig | None = None, log_level: str = "WARN"):
+
+def set_spark_verbose(verbose: bool) -> None:
+    """Verbose: sessions created from now on keep Spark's own logging (INFO and its banner)."""
+    global _spark_verbose
+    _spark_verbose = bool(verbose)
+
+
+def get_or_create_session(cfg: SparkConfig | None = None, log_level: str | None = None):
     """Return the active SparkSession (a notebook's, spark-submit's) or build one from ``cfg``.
 
     ``cfg.conf`` applies only to a session this call creates: an existing session's static
-    settings cannot change, and silently half-applying them would be worse.
+    settings cannot change, and silently half-applying them would be worse. ``log_level``: the
+    JVM's level once the session runs (default WARN, or INFO when verbose).
     """
     from pyspark.sql import SparkSession
 
@@ -42,11 +59,51 @@ def get_or_create_session(cfg: SparkConfig | None = None, log_level: str = "WARN
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
-    for key, value in {**defaults, **cfg.conf}.items():
+    conf = {**defaults, **cfg.conf}
+    if not _spark_verbose and not _operator_log4j_config():
+        conf = _quiet_driver_logging(conf)
+    for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel(log_level)
+    session.sparkContext.setLogLevel(log_level or ("INFO" if _spark_verbose else "WARN"))
     return session
+
+
+def _quiet_driver_logging(conf: dict) -> dict:
+    """Give the driver JVM our log4j2 configuration before it logs anything.
+
+    Launched from Python (the shardtrain command, tests, benchmarks), the JVM does not exist yet:
+    pyspark's launcher passes spark.driver.extraJavaOptions to the java command line. Under
+    spark-submit the JVM already runs, and has only logged its own start-up; we reconfigure its
+    log4j2 context before the SparkContext starts logging.
+    """
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        _reconfigure_running_jvm()
+        return conf
+    options = str(conf.get(_DRIVER_JAVA_OPTIONS, ""))
+    if "log4j2.configurationFile" in options:
+        return conf  # the config names its own
+    location = f"file:{QUIET_LOG4J}"
+    flag = f'"-Dlog4j2.configurationFile={location}"' if " " in location else f"-Dlog4j2.configurationFile={location}"
+    return {**conf, _DRIVER_JAVA_OPTIONS: f"{options} {flag}".strip()}
+
+
+def _reconfigure_running_jvm() -> None:
+    from pyspark import SparkContext
+
+    SparkContext._ensure_initialized()
+    jvm = SparkContext._jvm
+    if jvm.java.lang.System.getProperty("log4j2.configurationFile"):
+        return  # spark-submit --driver-java-options named one
+    context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
+    context.setConfigLocation(jvm.java.io.File(QUIET_LOG4J).toURI())
+
+
+def _operator_log4j_config() -> bool:
+    """A log4j2.properties in Spark's conf directory is the operator's choice: we leave it alone."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None)
+    return bool(conf_dir) and os.path.isfile(os.path.join(conf_dir, "log4j2.properties"))
 
 
 def _submitted_with_master() -> bool:

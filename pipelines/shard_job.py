@@ -99,7 +99,7 @@ def _run_locked(spark, cfg: ShardConfig, out) -> ShardResult:
     timer = _PhaseTimer()
     with spark_errors("counting rows per split and quarantine reason"):
         counts = _count(rows, frames, cfg)
-    timer.done("count rows per split/reason")
+    timer.done("count rows per split/reason", counts.input_rows)
     _quality_gate(cfg, counts)
     for i, name in enumerate(split_names):
         check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
@@ -108,7 +108,7 @@ def _run_locked(spark, cfg: ShardConfig, out) -> ShardResult:
     clean = rows.where("_reason IS NULL")
     with spark_errors("fitting statistics and vocabularies on the train split"):
         stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg, counts.train_moments)
-    timer.done("fit statistics and vocabularies on train")
+    timer.done("fit statistics and vocabularies on train", counts.split_rows.get(split_names.index("train"), 0))
     with spark_errors("building the fitted encodings"):
         encoded = encode(clean, cfg, stats)
 
@@ -118,10 +118,10 @@ def _run_locked(spark, cfg: ShardConfig, out) -> ShardResult:
     with publish(out.uri, mode=mode, marker={"kind": KIND_DATASET, "input_fingerprint": input_fp}) as staging:
         with spark_errors("writing the balanced shards"):
             files = _write_shards(spark, encoded, cfg, counts, columns, rpg, staging.uri)
-        timer.done("write balanced shards")
+        timer.done("write balanced shards", sum(counts.split_rows.values()))
         with spark_errors("writing the quarantine"):
             qfiles = _write_quarantine(spark, cfg, rows, table.columns, frames, counts, staging.uri)
-        timer.done("write quarantine")
+        timer.done("write quarantine", counts.quarantined)
         splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
         accounting = _check_accounting(counts, splits, qfiles)
         features = {"numeric": stats.numeric, "categorical": stats.categorical,
@@ -384,12 +384,15 @@ def _check_accounting(counts: RowCounts, splits: dict, qfiles: list[dict]) -> di
 
 
 class _PhaseTimer:
+    """One log line per finished phase: the rows it went through, its seconds and rows/s."""
+
     def __init__(self):
         self.last = time.perf_counter()
 
-    def done(self, what: str) -> None:
+    def done(self, what: str, rows: int) -> None:
         now = time.perf_counter()
-        log.info("%s: %.1fs", what, now - self.last)
+        seconds = now - self.last
+        log.info("%s: %s rows in %.1fs (%s rows/s)", what, f"{rows:,}", seconds, f"{rows / max(seconds, 1e-9):,.0f}")
         self.last = now
 
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from common import __version__
-from common.cli import add_config_arguments, run_command, setup_logging
+from common.cli import add_config_arguments, log_job_start, run_command, setup_logging
 
 
 def _train(args):
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardtrain", description="Raw data on Spark -> balanced Parquet shards -> Horovod PyTorch training.")
     parser.add_argument("--version", action="version", version=f"shardtrain {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and Spark's own logging (quiet otherwise)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     register_commands(sub)  # generate, shard, inspect
@@ -75,7 +75,37 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
-    return run_command(args.handler, args)
+    return run_command(_announce_then(args.handler), args)
+
+
+def _announce_then(handler):
+    """The handler, preceded for job commands by their first log line (version, config fingerprint)."""
+    def announced(args) -> int:
+        cfg = _job_config(args)
+        if cfg is not None:
+            log_job_start(args.command, cfg, args.config, args.overrides)
+        return handler(args)
+
+    return announced
+
+
+def _job_config(args):
+    # Loading is cheap and pure, so the handler loading it again gets the same config; a config
+    # error surfaces here, before anything starts, exactly as it would in the handler. The demo
+    # announces its own (conf/run.yaml with its paths).
+    if args.command == "shard":
+        from pipelines.shard_config import load_shard_config
+
+        return load_shard_config(args.config, args.overrides)
+    if args.command == "train":
+        from training.config import load_train_config
+
+        return load_train_config(args.config, args.overrides)
+    if args.command == "run":
+        from shardtrain.run import load_run_config
+
+        return load_run_config(args.config, args.overrides)
+    return None
 
 
 if __name__ == "__main__":

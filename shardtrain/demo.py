@@ -15,7 +15,8 @@ DEMO_ROWS = 200_000
 
 
 def run_demo(workdir: str = "artifacts", overrides: list[str] | None = None, rows: int = DEMO_ROWS, spark=None):
-    from pipelines.generate import generate_dataset
+    from common.cli import log_job_start
+    from pipelines.generate import ARRAY_COLUMN, generate_dataset
     from common.spark import get_or_create_session
     from shardtrain.run import load_run_config, run
 
@@ -23,9 +24,12 @@ def run_demo(workdir: str = "artifacts", overrides: list[str] | None = None, row
     paths = [f"shard.sources.raw.path={workdir}/raw", f"shard.output.path={workdir}/shards",
              f"train.output.model_path={workdir}/model"]
     cfg = load_run_config(CONF, [*paths, *(overrides or [])])
+    log_job_start("demo", cfg, CONF, overrides)
     spark = spark or get_or_create_session(cfg.shard.spark)
+    # The raw data has every column the example configs declare (conf/shard.yaml reads it as is).
+    array_shape = cfg.shard.features.arrays.get(ARRAY_COLUMN)
     print(f"[demo] generating {rows} rows at {workdir}/raw", flush=True)
-    generate_dataset(spark, f"{workdir}/raw", rows, seed=0, mode="overwrite")
+    generate_dataset(spark, f"{workdir}/raw", rows, seed=0, array_shape=array_shape, mode="overwrite")
     print("[demo] sharding, then training "
           f"{cfg.train.launch.num_proc} Horovod rank(s) with {cfg.train.train.precision}", flush=True)
     result = run(cfg, spark)

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from common.config import dump_yaml, load_config, parse_override, to_dict
+from common.config import config_fingerprint, dump_yaml, load_config, parse_override, to_dict
 from common.errors import EXIT_USAGE, ConfigError
 from pipelines.shard_config import ShardConfig, load_shard_config
 
@@ -120,3 +120,16 @@ def test_resolved_config_round_trips(config_file, tmp_path):
     saved.write_text(dump_yaml(cfg))
     again = load_config(ShardConfig, saved)
     assert to_dict(again) == to_dict(cfg)
+
+
+def test_fingerprint_names_the_resolved_config(config_file, tmp_path):
+    """The fingerprint in a job's first log line: the same for the config saved beside its output,
+    different as soon as any value differs (an override included)."""
+    cfg = load_shard_config(config_file, ["output.num_shards=5"])
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(dump_yaml(cfg))
+    fingerprint = config_fingerprint(cfg)
+    assert len(fingerprint) == 12 and int(fingerprint, 16) >= 0
+    assert config_fingerprint(load_config(ShardConfig, saved)) == fingerprint
+    assert config_fingerprint(load_shard_config(config_file, ["output.num_shards=5", "split.seed=1"])) != fingerprint
+    assert config_fingerprint(load_shard_config(config_file)) != fingerprint

@@ -4,6 +4,7 @@ naming the file, key or URI, and exit status 2 (usage/config), distinct from 1 (
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 SHARDTRAIN = os.path.join(os.path.dirname(sys.executable), "shardtrain")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # test_readme's noise patterns
 
 
 def shardtrain(*args, env=None):
@@ -77,3 +79,69 @@ def test_usage_errors_exit_2():
     assert proc.returncode == 2 and "--config" in proc.stderr
     proc = subprocess.run([SHARDTRAIN, "--version"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("shardtrain ")
+
+
+# --- quiet by default: only shardtrain's own lines, the first naming version and config ---------
+
+@pytest.fixture(scope="module")
+def tiny_raw(spark, tmp_path_factory):
+    from pipelines.generate import generate_dataset
+
+    path = str(tmp_path_factory.mktemp("quiet") / "raw")
+    generate_dataset(spark, path, 2_000, array_shape=[8])
+    return path
+
+
+def _job(tiny_raw, out, *extra):
+    # conf/shard.yaml as shipped, on the tiny data: the shuffle stays small, 2 shards per split.
+    return ["shard", "--config", "conf/shard.yaml", f"sources.raw.path={tiny_raw}", f"output.path={out}",
+            "output.num_shards=2", *extra]
+
+
+def _run(argv, env=None):
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.spark
+def test_a_spark_job_prints_only_its_own_lines(tiny_raw, tmp_path):
+    from common.config import config_fingerprint
+    from pipelines.shard_config import load_shard_config
+    from test_readme import FIRST_LINE, noise
+
+    args = _job(tiny_raw, tmp_path / "ds")
+    code, out, err = _run([SHARDTRAIN, *args])
+    assert code == 0, err
+    assert (tmp_path / "ds" / "_COMMITTED").exists()  # the job really ran Spark
+    assert noise(out + err) == [], out + err
+    first = err.splitlines()[0]
+    assert FIRST_LINE.search(first), first
+    assert first.endswith(config_fingerprint(load_shard_config(os.path.join(ROOT, "conf/shard.yaml"), args[3:])))
+    # Each phase reports its rows and rate, as training reports steps/s.
+    assert re.search(r"INFO shardtrain.shard: write balanced shards: 2,000 rows in [\d.]+s \([\d,]+ rows/s\)", err), err
+
+
+@pytest.mark.spark
+def test_verbose_gives_spark_its_logging_back(tiny_raw, tmp_path):
+    code, out, err = _run([SHARDTRAIN, "-v", *_job(tiny_raw, tmp_path / "ds")])
+    assert code == 0, err
+    assert (tmp_path / "ds" / "_COMMITTED").exists()
+    assert re.search(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO SparkContext: ", err, re.M), err[-3000:]
+
+
+@pytest.mark.spark
+def test_spark_submit_job_file_is_quiet_after_its_first_line(tiny_raw, tmp_path):
+    """Under spark-submit the JVM is running before our Python starts: common.spark reconfigures
+    its logging before the SparkContext starts, so the job's log is still only shardtrain's own
+    (spark-submit relays the Python process's stderr on its stdout)."""
+    from test_readme import FIRST_LINE, noise
+
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    code, out, err = _run([submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+                           "shardtrain/job.py", *_job(tiny_raw, tmp_path / "ds")], env=env)
+    assert code == 0, err
+    assert (tmp_path / "ds" / "_COMMITTED").exists()
+    assert FIRST_LINE.search(out.splitlines()[0]), out
+    assert noise(out + err) == [], out + err

@@ -1,0 +1,219 @@
+"""The README's command blocks run as shown, in order, in a fresh folder, and print only
+shardtrain's own lines: the README cannot drift from the code.
+
+Every fenced ``bash``/``sh`` and ``python`` block of README.md is run, unless an HTML comment on
+the line just above it says otherwise:
+
+    <!-- readme-test: skip: REASON -->         not run (a real cluster, the test suite itself)
+    <!-- readme-test: instead: SHELL LINE -->  this line is run in the block's place
+    <!-- readme-test: local: URI_PREFIX -->    (python) URI_PREFIX is replaced by a local folder
+
+Shell blocks run line by line (``bash -c``) in one working folder holding a copy of conf/ and a
+link to this .venv, so each command sees what the ones above it left. Python blocks run as a
+notebook cell would: in one fresh interpreter, with ``spark`` already defined.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from common import __version__
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+README = os.path.join(ROOT, "README.md")
+SHELL = ("bash", "sh", "shell")
+MARKER = re.compile(r"^<!--\s*readme-test:\s*(skip|instead|local):\s*(.*?)\s*-->\s*$")
+FENCE = re.compile(r"^```(\S*)\s*$")
+
+# What a quiet command never prints: Spark's start-up banner, Hadoop's native-library warning,
+# console progress bars, any line in log4j's layout, and Python warnings or tracebacks.
+NOISE = [
+    re.compile(r"Setting default log level to"),
+    re.compile(r"To adjust logging level use sc\.setLogLevel"),
+    re.compile(r"NativeCodeLoader"),
+    re.compile(r"\[Stage \d+:"),
+    re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR) "),
+    re.compile(r"^Traceback \(most recent call last\)"),
+    re.compile(r"\w+Warning: "),
+]
+JOB_COMMANDS = ("shard", "train", "run", "demo")
+FIRST_LINE = re.compile(rf"INFO shardtrain: shardtrain {re.escape(__version__)} (\w+): config \S+.*; "
+                        r"fingerprint [0-9a-f]{12}$")
+
+
+@dataclass
+class Block:
+    line: int       # 1-based line of the opening fence in README.md
+    language: str
+    text: str
+    marker: tuple[str, str] | None  # (kind, argument) from the comment above, if any
+
+
+def readme_blocks(path: str = README) -> list[Block]:
+    lines = open(path, encoding="utf-8").read().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        start, body = i, []
+        i += 1
+        while i < len(lines) and not lines[i].startswith("```"):
+            body.append(lines[i])
+            i += 1
+        i += 1
+        marker = MARKER.match(lines[start - 1]) if start > 0 else None
+        blocks.append(Block(start + 1, fence.group(1).lower(), "\n".join(body),
+                            (marker.group(1), marker.group(2)) if marker else None))
+    return blocks
+
+
+def command_lines(text: str) -> list[str]:
+    """A shell block's commands: continuation lines joined, blank and comment-only lines dropped."""
+    commands, current = [], ""
+    for raw in text.splitlines():
+        current += raw.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        if current.strip() and not current.strip().startswith("#"):
+            commands.append(current.strip())
+        current = ""
+    return commands
+
+
+def noise(output: str) -> list[str]:
+    return [line for line in output.splitlines() if any(p.search(line) for p in NOISE)]
+
+
+def job_command(command: str) -> str | None:
+    """``shard`` for '.venv/bin/shardtrain shard --config ...' (None for inspect, doctor, ...)."""
+    words = command.split("#")[0].split()
+    for i, word in enumerate(words):
+        if os.path.basename(word) == "shardtrain":
+            rest = [w for w in words[i + 1:] if not w.startswith("-")]
+            return rest[0] if rest and rest[0] in JOB_COMMANDS else None
+    return None
+
+
+def run_shell(command: str, cwd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=900)
+
+
+def run_python(code: str, cwd: str) -> subprocess.CompletedProcess:
+    # A notebook has a session before its first cell runs; the factory builds it as the CLI does.
+    prelude = "from common.spark import get_or_create_session\nspark = get_or_create_session()\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], cwd=cwd, capture_output=True, text=True,
+                          timeout=900)
+
+
+def check_ran(what: str, proc: subprocess.CompletedProcess) -> None:
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{what} exited {proc.returncode}:\n{output[-6000:]}"
+    assert not noise(output), f"{what} printed more than shardtrain's own lines:\n" + "\n".join(noise(output))
+
+
+@dataclass
+class Step:
+    block: Block
+    command: str  # a shell line, or a python block's code
+
+    @property
+    def id(self) -> str:
+        words = self.command.split("#")[0].split()[:3] if self.block.language != "python" else ["python"]
+        return f"line{self.block.line}-" + "-".join(os.path.basename(w) for w in words)
+
+
+def readme_steps(blocks: list[Block]) -> list[Step]:
+    """What runs, in README order: each shell line (or its ``instead`` line), each python block."""
+    steps = []
+    for block in blocks:
+        kind, argument = block.marker or ("run", "")
+        if block.language not in (*SHELL, "python") or kind == "skip":
+            continue
+        if block.language == "python":
+            steps.append(Step(block, block.text))
+        else:
+            steps += [Step(block, line) for line in command_lines(argument if kind == "instead" else block.text)]
+    return steps
+
+
+STEPS = readme_steps(readme_blocks())
+
+
+@pytest.fixture(scope="module")
+def fresh_copy(tmp_path_factory):
+    """What a fresh clone has after `make setup`: conf/ and .venv (the README's commands use both).
+    One folder for all steps, in order, so each sees what the ones above it left."""
+    work = tmp_path_factory.mktemp("readme") / "clone"
+    work.mkdir()
+    subprocess.run(["cp", "-r", os.path.join(ROOT, "conf"), str(work / "conf")], check=True)
+    os.symlink(os.path.dirname(os.path.dirname(sys.executable)), work / ".venv")
+    return {"path": work, "failed": None}
+
+
+def test_every_block_runs_or_says_why_not():
+    """A marker names its reason or its replacement; the Quick start's demo, the Commands examples
+    and the notebook snippet are among what runs."""
+    blocks = [b for b in readme_blocks() if b.language in (*SHELL, "python")]
+    for block in blocks:
+        if block.marker:
+            kind, argument = block.marker
+            assert argument, f"README.md line {block.line}: 'readme-test: {kind}:' needs a reason or a command"
+            assert kind != "local" or block.language == "python", f"README.md line {block.line}: local is for python"
+    commands = [step.command for step in STEPS]
+    for expected in ("shardtrain demo", "shardtrain shard --config conf/shard.yaml",
+                     "shardtrain train --config conf/train.yaml", "shardtrain doctor"):
+        assert any(expected in c for c in commands), (expected, commands)
+    assert any(step.block.language == "python" for step in STEPS)
+
+
+@pytest.mark.spark
+@pytest.mark.horovod
+@pytest.mark.parametrize("step", STEPS, ids=[step.id for step in STEPS])
+def test_readme_step(step, fresh_copy):
+    if fresh_copy["failed"]:
+        pytest.fail(f"not run: an earlier README step failed ({fresh_copy['failed']})")
+    work = fresh_copy["path"]
+    where = f"README.md block at line {step.block.line}"
+    fresh_copy["failed"] = step.id  # until it passes
+    if step.block.language == "python":
+        code = step.command
+        kind, argument = step.block.marker or ("run", "")
+        if kind == "local":
+            local = work / "local-uri"
+            local.mkdir(exist_ok=True)
+            code = code.replace(argument, str(local))
+        check_ran(where, run_python(code, str(work)))
+    else:
+        proc = run_shell(step.command, str(work))
+        check_ran(f"{where}: {step.command}", proc)
+        job = job_command(step.command)
+        if job:
+            first = proc.stderr.splitlines()[0] if proc.stderr else ""
+            match = FIRST_LINE.search(first)
+            assert match and match.group(1) == job, f"{step.command}: first log line {first!r}"
+    fresh_copy["failed"] = None
+
+
+def test_an_unmarked_block_runs_and_a_failing_or_noisy_one_fails(tmp_path):
+    """What keeps this honest: a block nobody marked is run, and its failure or Spark chatter fails."""
+    readme = tmp_path / "README.md"
+    readme.write_text("\n".join([
+        "<!-- readme-test: skip: a real cluster -->", "```bash", "spark-submit --master spark://host:7077 x.py", "```",
+        "```bash", "echo ok  # runs", "false", "echo '26/12/01 01:16:15 WARN NativeCodeLoader: Unable to load'", "```",
+        "```yaml", "not: a command", "```"]))
+    steps = readme_steps(readme_blocks(str(readme)))
+    assert [step.command for step in steps] == [
+        "echo ok  # runs", "false", "echo '26/12/01 01:16:15 WARN NativeCodeLoader: Unable to load'"]
+    check_ran("echo", run_shell(steps[0].command, str(tmp_path)))
+    for step in steps[1:]:
+        with pytest.raises(AssertionError):
+            check_ran(step.command, run_shell(step.command, str(tmp_path)))
