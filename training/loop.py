@@ -52,6 +52,9 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
 
     torch.manual_seed(t["seed"])
     model = build_model(cfg["model"], plan.feature_spec, plan.label_spec).to(device)
+    # What the step calls: DDP/FSDP on the torch backend, ``model`` itself elsewhere. ``model``
+    # stays the plain module for state dicts, validation and export, the same on every backend.
+    step_model = group.wrap_model(model)
     optimizer = group.distributed_optimizer(_make_optimizer(model, t, plan.lr), model, t["grad_accum"])
     precision = Precision(t["precision"], device.type)
     checkpoints = CheckpointManager(plan.checkpoint_uri, plan.steps_per_epoch, cfg["checkpoint"]["every_steps"],
@@ -89,7 +92,7 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
         batches = timer.timed(train_loader.epoch(epoch, skip_batches=skip_steps * t["grad_accum"]))
         for micro_batches in _grouped(batches, t["grad_accum"]):
             _set_lr(optimizer, plan.lr, step, total_steps, t)
-            loss = train_step(model, [_to_device(b, device) for b in micro_batches], optimizer, precision,
+            loss = train_step(step_model, [_to_device(b, device) for b in micro_batches], optimizer, precision,
                               group, t["clip_norm"], plan.task, plan.label_spec, timer=timer)
             step += 1
             guard.observe(loss, step)
@@ -133,11 +136,12 @@ def train_step(model, micro_batches: list[dict], optimizer, precision: Precision
     loss on this rank as a device tensor (reading it would be a CPU-GPU sync point)."""
     accum = len(micro_batches)
     total = torch.zeros((), device=micro_batches[0]["label"].device)
-    for batch in micro_batches:
-        with precision.autocast():
-            # Divided by accum so the summed gradients are those of the mean over the whole step.
-            loss = loss_fn(model(batch), batch["label"], task, label_spec) / accum
-        precision.backward(loss)  # Horovod starts the allreduce after the last micro-batch's backward
+    for i, batch in enumerate(micro_batches):
+        with group.accumulate(model, sync=i == accum - 1):  # DDP: allreduce only in the last backward
+            with precision.autocast():
+                # Divided by accum so the summed gradients are those of the mean over the whole step.
+                loss = loss_fn(model(batch), batch["label"], task, label_spec) / accum
+            precision.backward(loss)  # Horovod starts the allreduce after the last micro-batch's backward
         total += loss.detach().float()
     sync_started = time.perf_counter()
     group.synchronize(optimizer)  # the averaged gradients are in place after this
@@ -352,7 +356,7 @@ def _loader(plan: RankPlan, layout, group, batch_size: int, accum: int, shuffle:
     d = plan.config["data"]
     return RankLoader(layout, plan.columns, group.rank, group.size, batch_size, accum, seed=plan.config["train"]["seed"],
                       shuffle=shuffle, shuffle_buffer_rows=d["shuffle_buffer_rows"], reader_workers=d["reader_workers"],
-                      prefetch_row_groups=d["prefetch_row_groups"])
+                      prefetch_row_groups=d["prefetch_row_groups"], reader=d.get("reader") or "petastorm")
 
 
 def _run_identity(plan: RankPlan) -> dict:
