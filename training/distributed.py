@@ -31,6 +31,19 @@ class LocalGroup:
     def distributed_optimizer(self, optimizer, model, backward_passes_per_step: int):
         return optimizer
 
+    def model_state_dict(self, model) -> dict:
+        return model.state_dict()
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load_state_dicts(self, model, optimizer, model_state: dict, optimizer_state: dict) -> None:
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+
+    def unsharded(self, model, build):
+        return model
+
     def synchronize(self, optimizer) -> None:
         pass
 
@@ -70,6 +83,19 @@ class HorovodGroup:
 
     def accumulate(self, model, sync: bool):
         return contextlib.nullcontext()  # the DistributedOptimizer counts backward passes itself
+
+    def model_state_dict(self, model) -> dict:
+        return model.state_dict()
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load_state_dicts(self, model, optimizer, model_state: dict, optimizer_state: dict) -> None:
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+
+    def unsharded(self, model, build):
+        return model
 
     def distributed_optimizer(self, optimizer, model, backward_passes_per_step: int):
         # Gradients are summed locally for backward_passes_per_step micro-batches, then averaged
@@ -165,6 +191,51 @@ class TorchGroup:
     def distributed_optimizer(self, optimizer, model, backward_passes_per_step: int):
         return optimizer
 
+    # Checkpoints and exports hold full state dicts in the plain module's format whatever the
+    # sharding, so a run saved under FSDP resumes under DDP or Horovod and exports the same model.
+
+    def model_state_dict(self, model) -> dict:
+        """The plain module's state dict (FSDP: gathered, complete on rank 0 only, which writes)."""
+        if self.parallel != "fsdp":
+            return model.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        if self.parallel != "fsdp":
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        full = get_optimizer_state_dict(model, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return _by_index(full) if full else full
+
+    def load_state_dicts(self, model, optimizer, model_state: dict, optimizer_state: dict) -> None:
+        if self.parallel != "fsdp":
+            model.load_state_dict(model_state)
+            optimizer.load_state_dict(optimizer_state)
+            return
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, model_state, options=options)
+        names = [name for name, _ in model.named_parameters()]
+        set_optimizer_state_dict(model, optimizer, _by_name(optimizer_state, names), options=options)
+
+    def unsharded(self, model, build):
+        """A plain module with the trained weights for export (FSDP: every rank takes part in the
+        gather; rank 0, which exports, gets a module built by ``build`` holding them)."""
+        if self.parallel != "fsdp":
+            return model
+        state = self.model_state_dict(model)
+        if self.rank != 0:
+            return None
+        plain = build()
+        plain.load_state_dict(state)
+        return plain
+
     def synchronize(self, optimizer) -> None:
         pass  # DDP's backward already left the averaged gradients in place
 
@@ -179,7 +250,10 @@ class TorchGroup:
         (Adam's step count included) and train to identical weights.
         """
         if self.parallel == "fsdp":
-            return  # every rank built the same seeded model and loaded the same checkpoint
+            # Every rank built the same seeded model and loaded the same checkpoint.
+            if not optimizer.state_dict()["state"]:
+                _initialise_optimizer_state(optimizer)
+            return
         with torch.no_grad():
             for tensor in model.state_dict().values():
                 self.dist.broadcast(tensor, src=0)
@@ -227,6 +301,21 @@ def _initialise_optimizer_state(optimizer) -> None:
                 p.grad = torch.zeros_like(p)
     optimizer.step()
     optimizer.zero_grad()
+
+
+def _by_index(full: dict) -> dict:
+    """torch.distributed's full optimizer state dict (keyed by parameter name) in the format of
+    ``optimizer.state_dict()`` (keyed by position), the format DDP and Horovod checkpoints hold."""
+    names = [name for group in full["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(names)}
+    return {"state": {index[name]: value for name, value in full["state"].items()},
+            "param_groups": [{**group, "params": [index[n] for n in group["params"]]} for group in full["param_groups"]]}
+
+
+def _by_name(state: dict, names: list[str]) -> dict:
+    """The inverse of ``_by_index``: positions are those of ``model.named_parameters()``."""
+    return {"state": {names[i]: value for i, value in state["state"].items()},
+            "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]]}
 
 
 @contextlib.contextmanager

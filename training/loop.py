@@ -64,7 +64,7 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
     restored = _restore(plan, group, checkpoints, meta)
     step, history, epoch_loss = 0, [], 0.0
     if restored["state"]:
-        step, history, epoch_loss = _load_state(restored["state"], model, optimizer, precision, group.rank)
+        step, history, epoch_loss = _load_state(restored["state"], model, optimizer, precision, group)
     group.broadcast_model(model, optimizer)  # one starting point on every rank
     if is_main:
         _write_run_files(plan)
@@ -75,7 +75,8 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
     progress = Progress(plan, group.size, total_steps, step) if is_main else None
 
     def state_fn():
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": precision.state_dict(),
+        return {"model": group.model_state_dict(model), "optimizer": group.optimizer_state_dict(model, optimizer),
+                "scaler": precision.state_dict(),
                 # Per rank: RNG states and the rank's own partial loss sum of the current epoch
                 # (a rank-0-only sum, broadcast on resume, would count rank 0's share W times).
                 "ranks": group.allgather_object({"rng": _rng_state(device), "epoch_loss": float(epoch_loss_sum)}),
@@ -125,8 +126,10 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
               "gpu_addresses": spark_gpu_addresses(), "steps": step, "steps_per_epoch": plan.steps_per_epoch,
               "epoch_stats": epoch_stats, "resumed_from": restored["uri"], "resumed_step": restored["step"],
               "checkpoint_problems": restored["problems"]}
+    # FSDP: all ranks gather the weights; rank 0 gets a plain module to export.
+    final = group.unsharded(model, lambda: build_model(cfg["model"], plan.feature_spec, plan.label_spec).to(device))
     if is_main:
-        result.update(_finish(plan, model, history, device))
+        result.update(_finish(plan, final, history, device))
     return result
 
 
@@ -392,11 +395,10 @@ def _restore(plan: RankPlan, group, checkpoints: CheckpointManager, meta: dict) 
     return outcome
 
 
-def _load_state(state: dict, model, optimizer, precision: Precision, rank: int):
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+def _load_state(state: dict, model, optimizer, precision: Precision, group):
+    group.load_state_dicts(model, optimizer, state["model"], state["optimizer"])
     precision.load_state_dict(state["scaler"])
-    mine = state["ranks"][rank]
+    mine = state["ranks"][group.rank]
     torch.set_rng_state(mine["rng"]["cpu"])
     if "cuda" in mine["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state(mine["rng"]["cuda"])

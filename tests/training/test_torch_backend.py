@@ -121,3 +121,32 @@ def test_horovod_and_torch_train_identically_and_resume_each_other(spark, uneven
         resumed = train(_cfg(uneven, tmp_path / f"{first}-{second}", "train.epochs=2", ck, backend=second), spark)
         assert resumed.resumed_from and resumed.resumed_from.startswith(f"{tmp_path}/ck-{first}")
         _assert_identical(resumed, horovod_run)
+
+
+def _last_checkpoint(result):
+    import glob
+
+    import torch
+
+    newest = sorted(glob.glob(os.path.join(result.run_dir, "checkpoints", "step-*", "state.pt")))[-1]
+    return torch.load(newest, map_location="cpu", weights_only=False)
+
+
+def test_fsdp_trains_like_ddp_and_saves_the_same_formats(spark, uneven, tmp_path):
+    # SGD: a fresh optimizer's zero-gradient first step (see TorchGroup.broadcast_model) leaves
+    # its state as if untouched, so only sharded vs whole-tensor float sums differ.
+    common = ("train.epochs=1", "train.optimizer=sgd", "data.reader=arrow")
+    ddp = train(_cfg(uneven, tmp_path / "ddp", *common), spark)
+    fsdp = train(_cfg(uneven, tmp_path / "fsdp", "train.parallel=fsdp", *common), spark)
+    _assert_equal_steps(fsdp, 1)
+    assert abs(fsdp.final["train_loss"] - ddp.final["train_loss"]) < 1e-4
+    wd, wf = _weights(ddp), _weights(fsdp)
+    assert wd.keys() == wf.keys()
+    for name in wd:
+        np.testing.assert_allclose(wf[name], wd[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    # Full, unsharded state dicts in the checkpoint, in the format DDP (and Horovod) write.
+    cd, cf = _last_checkpoint(ddp), _last_checkpoint(fsdp)
+    assert {k: tuple(v.shape) for k, v in cf["model"].items()} == {k: tuple(v.shape) for k, v in cd["model"].items()}
+    assert all(type(v).__name__ == "Tensor" for v in cf["model"].values())
+    assert cf["optimizer"]["param_groups"][0]["params"] == cd["optimizer"]["param_groups"][0]["params"]
+    assert cf["optimizer"]["state"].keys() == cd["optimizer"]["state"].keys()
