@@ -18,9 +18,6 @@ from training.data import RankLoader, SplitLayout, columns_for
 # Files of unequal row groups (one empty file) that divide evenly by neither 2 nor 3 ranks.
 UNEVEN = {"train": [[300, 77], [13], [500, 111, 2], [0], [250]], "val": [[90], [33]]}
 
-pytestmark = pytest.mark.current
-
-
 @pytest.fixture(scope="module")
 def uneven(tmp_path_factory):
     ds = write_dataset(str(tmp_path_factory.mktemp("arrow") / "ds"), UNEVEN, array_shape=(2, 3))

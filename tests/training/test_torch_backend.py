@@ -20,7 +20,7 @@ from training.data import rank_row_range
 HERE = os.path.dirname(os.path.abspath(__file__))
 UNEVEN = {"train": [[700, 301], [13], [900, 111, 2], [0], [455]], "val": [[190], [77]]}
 
-pytestmark = [pytest.mark.spark, pytest.mark.current, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
