@@ -359,7 +359,7 @@ def _loader(plan: RankPlan, layout, group, batch_size: int, accum: int, shuffle:
     d = plan.config["data"]
     return RankLoader(layout, plan.columns, group.rank, group.size, batch_size, accum, seed=plan.config["train"]["seed"],
                       shuffle=shuffle, shuffle_buffer_rows=d["shuffle_buffer_rows"], reader_workers=d["reader_workers"],
-                      prefetch_row_groups=d["prefetch_row_groups"], reader=d.get("reader") or "petastorm")
+                      prefetch_row_groups=d["prefetch_row_groups"], reader=d["reader"])
 
 
 def _run_identity(plan: RankPlan) -> dict:
