@@ -3,6 +3,11 @@
 Each check returns a Check(name, ok, detail, fix). The checks import what they test lazily, so a
 broken package fails its own line instead of the whole command. The last check launches two
 real Horovod ranks on local Spark and allreduces a tensor: if that completes, training can run.
+
+Horovod and petastorm are optional (the current-stack profile has neither): one that is not
+installed passes its line with what is used instead (``launch.backend`` and ``data.reader``
+default to what is installed); one that is installed but broken fails, because the defaults pick
+it. The ``backends`` and ``readers`` lines say which of each this environment can use, and why not.
 """
 
 from __future__ import annotations
@@ -60,13 +65,16 @@ def check_pyspark() -> Check:
         import pyspark
     except ImportError as exc:
         return Check("pyspark", False, f"not importable ({exc})", "run .ci/bootstrap")
-    ok = _version_tuple(pyspark.__version__)[:2] == (3, 5)
-    return Check("pyspark", ok, pyspark.__version__, "" if ok else "pip install -c .ci/constraints.txt pyspark")
+    ok = (3, 5) <= _version_tuple(pyspark.__version__)[:2] < (5, 0)
+    return Check("pyspark", ok, pyspark.__version__,
+                 "" if ok else "pip install -c .ci/constraints.txt pyspark  (3.5; or 4.x in the current profile)")
 
 
 def check_pyarrow_petastorm() -> Check:
     """petastorm 0.12 uses pyarrow APIs removed in 15; prove it by reading a real Parquet file."""
     fix = "pip install -c .ci/constraints.txt pyarrow petastorm  (pyarrow==14.0.2, petastorm==0.12.1)"
+    if not _installed("petastorm"):
+        return Check("pyarrow+petastorm", True, "petastorm not installed: data.reader defaults to arrow")
     try:
         import pyarrow
     except ImportError as exc:
@@ -107,6 +115,8 @@ def check_torch() -> Check:
 
 def check_horovod() -> Check:
     fix = "run .ci/bootstrap (it builds Horovod 0.28.1 from source with Gloo)"
+    if not _installed("horovod"):
+        return Check("horovod", True, "not installed: launch.backend defaults to torch")
     try:
         import horovod
         import horovod.torch as hvd
@@ -139,6 +149,8 @@ def _allreduce_rank():
 
 def check_horovod_on_spark(num_proc: int = 2) -> Check:
     fix = "see README 'Troubleshooting'; run with -v for Spark and Horovod logs"
+    if not _installed("horovod"):
+        return Check("horovod-on-spark", True, "skipped: Horovod not installed")
     try:
         import horovod.spark
         from pyspark.sql import SparkSession
@@ -165,8 +177,76 @@ def check_horovod_on_spark(num_proc: int = 2) -> Check:
                  f"{[r[2] for r in results]} (expected {expected:g})", "" if ok else fix)
 
 
+def _installed(module: str) -> bool:
+    from training.config import installed
+
+    return installed(module)
+
+
+def backend_status() -> dict[str, str]:
+    """launch.backend -> "" where this environment can use it, else why not."""
+    status = {}
+    horovod = check_horovod()
+    status["horovod"] = "" if horovod.ok and _installed("horovod") else (
+        "not installed" if horovod.ok else f"{horovod.detail}; fix: {horovod.fix}")
+    try:
+        import torch.distributed as dist
+        from pyspark.ml.torch.distributor import TorchDistributor  # noqa: F401 - pyspark >= 3.4
+
+        status["torch"] = "" if dist.is_available() and dist.is_gloo_available() else \
+            "this torch build has no torch.distributed with Gloo"
+    except Exception as exc:  # noqa: BLE001 - the reason is the finding
+        status["torch"] = f"cannot import torch.distributed / pyspark's TorchDistributor ({exc})"
+    return status
+
+
+def reader_status() -> dict[str, str]:
+    """data.reader -> "" where this environment can use it, else why not."""
+    petastorm = check_pyarrow_petastorm()
+    status = {"petastorm": "" if petastorm.ok and _installed("petastorm") else (
+        "not installed" if petastorm.ok else f"{petastorm.detail}; fix: {petastorm.fix}")}
+    try:
+        import numpy as np
+        import pyarrow
+        import pyarrow.parquet as pq
+
+        from training.arrow_reader import ArrowRowGroupReader
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "p.parquet")
+            pq.write_table(pyarrow.table({"x": np.arange(10, dtype=np.float32)}), path, row_group_size=4)
+            reader = ArrowRowGroupReader([path], ["x"], shuffle=True, seed=0)
+            rows = sum(t.num_rows for t in reader)
+            reader.join()
+        status["arrow"] = "" if rows == 10 else f"read {rows}/10 rows of a test file"
+    except Exception as exc:  # noqa: BLE001
+        status["arrow"] = f"reading Parquet with pyarrow failed: {exc!r}"
+    return status
+
+
+def _choices(kind: str, key: str, status: dict[str, str], default: str) -> Check:
+    usable = [name for name, why in status.items() if not why]
+    parts = [f"{name}: {'yes' if not why else 'no (' + why + ')'}" for name, why in status.items()]
+    ok = default in usable
+    return Check(kind, ok, f"{'; '.join(parts)}; default {key}={default}",
+                 "" if ok else f"fix {default} as said, or set {key}={usable[0]}" if usable else "run .ci/bootstrap")
+
+
+def check_backends() -> Check:
+    from training.config import LaunchConfig
+
+    return _choices("backends", "launch.backend", backend_status(), LaunchConfig().backend)
+
+
+def check_readers() -> Check:
+    from training.config import DataConfig
+
+    return _choices("readers", "data.reader", reader_status(), DataConfig().reader)
+
+
 CHECKS: list[Callable[[], Check]] = [check_python, check_java, check_pyspark, check_pyarrow_petastorm,
-                                     check_torch, check_horovod, check_horovod_on_spark]
+                                     check_torch, check_horovod, check_backends, check_readers,
+                                     check_horovod_on_spark]
 
 
 def run_doctor(as_json: bool = False, skip_launch: bool = False) -> int:

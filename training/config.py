@@ -9,6 +9,7 @@ This module must stay free of torch and horovod: the driver imports it before an
 
 from __future__ import annotations
 
+import importlib.util
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,8 +33,13 @@ class DataConfig:
     # first_read: each rank checks every shard file it reads against the manifest's sha256 the
     # first time it opens it in a run (a damaged file fails with exit 2, naming it). never: no check.
     verify: Literal["first_read", "never"] = "first_read"
+    # petastorm (needs pyarrow 14) or arrow (plain pyarrow, any version); both yield the same
+    # batches for the same seed. null: petastorm where it is installed, else arrow.
+    reader: Literal["petastorm", "arrow"] | None = None
 
     def __post_init__(self):
+        if self.reader is None:
+            self.reader = "petastorm" if installed("petastorm") else "arrow"
         require(self.path is None or bool(self.path), "path", "must not be empty")
         require(bool(self.train_split), "train_split", "must name a split")
         require(self.shuffle_buffer_rows >= 1, "shuffle_buffer_rows", "must be >= 1")
@@ -79,6 +85,9 @@ class TrainLoopConfig:
     seed: int = 0
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     log_every_steps: int = 50
+    # ddp: every rank holds the whole model. fsdp (launch.backend=torch only): parameters,
+    # gradients and optimizer state sharded across ranks (FSDP2), for models larger than one device.
+    parallel: Literal["ddp", "fsdp"] = "ddp"
     # fp16 only: consecutive non-finite losses tolerated (the scaler skips those steps) before
     # training stops, because the loss scale cannot recover from a diverged model.
     max_skipped_steps: int = 20
@@ -113,8 +122,13 @@ class LaunchConfig:
     # Relaunches after a rank's process died, stalled or lost its connection; the ranks resume from
     # the newest complete checkpoint (checkpoint.resume=auto). Config and data errors never retry.
     max_restarts: int = 2
+    # horovod (horovod.spark.run) or torch (pyspark's TorchDistributor + torch.distributed).
+    # null: horovod where horovod.torch is installed, else torch (resolved here, on the driver).
+    backend: Literal["horovod", "torch"] | None = None
 
     def __post_init__(self):
+        if self.backend is None:
+            self.backend = "horovod" if installed("horovod.torch") else "torch"
         require(self.num_proc >= 1, "num_proc", f"must be >= 1, got {self.num_proc}")
         require(self.gpus_per_proc >= 0, "gpus_per_proc", "must be >= 0")
         require(self.start_timeout >= 1, "start_timeout", "must be >= 1")
@@ -166,10 +180,21 @@ class TrainConfig:
     def __post_init__(self):
         require(self.data.val_split != self.data.train_split, "data.val_split",
                 "must differ from data.train_split")
+        require(self.train.parallel == "ddp" or self.launch.backend == "torch", "train.parallel",
+                f"fsdp needs launch.backend=torch (got launch.backend={self.launch.backend})")
 
     @property
     def checkpoint_path(self) -> str:
         return self.checkpoint.path or posixpath.join(self.output.resolved_run_dir, "checkpoints")
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be found, without importing it (``horovod.torch`` imports only the
+    small ``horovod`` package to look; ``shardtrain doctor`` does the full import)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def load_train_config(path=None, overrides=None, defaults: dict | None = None) -> TrainConfig:
@@ -180,5 +205,5 @@ def load_train_config(path=None, overrides=None, defaults: dict | None = None) -
 
 __all__ = [
     "CheckpointConfig", "DataConfig", "LaunchConfig", "ModelConfig", "TrainConfig", "TrainLoopConfig",
-    "TrainOutputConfig", "load_train_config",
+    "TrainOutputConfig", "installed", "load_train_config",
 ]

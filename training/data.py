@@ -172,12 +172,13 @@ class RankLoader:
 
     def __init__(self, layout: SplitLayout, columns: Columns, rank: int, world_size: int, batch_size: int,
                  grad_accum: int = 1, seed: int = 0, shuffle: bool = True, shuffle_buffer_rows: int = 65_536,
-                 reader_workers: int = 1, prefetch_row_groups: int = 4):
+                 reader_workers: int = 1, prefetch_row_groups: int = 4, reader: str = "petastorm"):
         self.layout, self.columns = layout, columns
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.grad_accum, self.seed, self.shuffle = batch_size, grad_accum, seed, shuffle
         self.shuffle_buffer_rows = max(shuffle_buffer_rows, batch_size)
         self.reader_workers, self.prefetch_row_groups = reader_workers, prefetch_row_groups
+        self.reader = reader  # "petastorm" or "arrow" (training.arrow_reader): the same tables in the same order
         self.lo, self.hi = rank_row_range(layout.rows, rank, world_size)
         self.steps_per_epoch = steps_per_epoch(layout.rows, world_size, batch_size, grad_accum)
         self.batches_per_epoch = self.steps_per_epoch * grad_accum
@@ -275,6 +276,11 @@ class RankLoader:
             reader.join()
 
     def _open_reader(self, epoch: int):
+        if self.reader == "arrow":
+            from training.arrow_reader import ArrowRowGroupReader
+
+            return ArrowRowGroupReader([f.uri for f in self.files], self.columns.stored, self.shuffle,
+                                       epoch_seed(self.seed, epoch, self.rank), self.prefetch_row_groups)
         from petastorm import make_batch_reader
 
         self.layout.verify_files(self.files)

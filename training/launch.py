@@ -65,7 +65,12 @@ def launch_in_process(plan, on_step=None) -> list[dict]:
 
 
 def launch_spark(plan, spark, launch_cfg) -> list[dict]:
-    """``launch_cfg.num_proc`` Horovod ranks as Spark tasks of ``spark``'s application."""
+    """``launch_cfg.num_proc`` ranks as Spark tasks of ``spark``'s application: Horovod, or
+    torch.distributed under TorchDistributor (training.torch_launch) for launch.backend=torch."""
+    if launch_cfg.backend == "torch":
+        from training.torch_launch import launch_torch
+
+        return launch_torch(plan, spark, launch_cfg)
     check_capacity(spark, launch_cfg.num_proc, launch_cfg.gpus_per_proc)
     import horovod.spark
 

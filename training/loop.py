@@ -79,8 +79,11 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
               "epoch_stats": [stats.__dict__ for stats in train_loader.stats],
               "resumed_from": restored["uri"], "resumed_step": restored["step"],
               "checkpoint_problems": restored["problems"]}
+    # FSDP: all ranks gather the weights; rank 0 gets a plain module to export.
+    final = run.group.unsharded(run.model, lambda: build_model(plan.config.model, plan.feature_spec,
+                                                               plan.label_spec).to(device))
     if group.rank == 0:
-        result.update(_finish(plan, run.model, state.history, device))
+        result.update(_finish(plan, final, state.history, device))
     return result
 
 
@@ -91,7 +94,8 @@ class RankRun:
     plan: RankPlan
     group: Any  # training.distributed: LocalGroup or HorovodGroup
     device: torch.device
-    model: torch.nn.Module
+    model: torch.nn.Module  # the plain module: state dicts, validation and export, the same on every backend
+    step_model: torch.nn.Module  # what a training step calls: DDP/FSDP on the torch backend, else ``model``
     optimizer: torch.optim.Optimizer
     precision: Precision
     checkpoints: CheckpointManager
@@ -126,8 +130,7 @@ class TrainState:
     @classmethod
     def resume(cls, saved: dict, run: RankRun) -> "TrainState":
         """Load a checkpoint's model, optimizer, scaler and this rank's RNG; the state it was saved at."""
-        run.model.load_state_dict(saved["model"])
-        run.optimizer.load_state_dict(saved["optimizer"])
+        run.group.load_state_dicts(run.model, run.optimizer, saved["model"], saved["optimizer"])
         run.precision.load_state_dict(saved["scaler"])
         mine = saved["ranks"][run.group.rank]
         torch.set_rng_state(mine["rng"]["cpu"])
@@ -152,7 +155,8 @@ class TrainState:
         to produce one from a non-finite loss or non-finite weights, so a retry never resumes poison."""
         run.guard.check(run.group, model=run.model, step=self.step)
         ranks = run.group.allgather_object({"rng": _rng_state(run.device), "epoch_loss": float(self.epoch_loss_sum)})
-        return {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        return {"model": run.group.model_state_dict(run.model),
+                "optimizer": run.group.optimizer_state_dict(run.model, run.optimizer),
                 "scaler": run.precision.state_dict(), "ranks": ranks, "meta": run.meta, "history": self.history}
 
 
@@ -170,7 +174,8 @@ def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
     batches = run.timer.timed(loader.epoch(epoch, skip_batches=done * t.grad_accum))
     for micro_batches in _grouped(batches, t.grad_accum):
         _set_lr(run.optimizer, plan.lr, state.step, run.total_steps, t)
-        loss = train_step(run.model, [_to_device(b, run.device) for b in micro_batches], run.optimizer, run.precision,
+        loss = train_step(run.step_model, [_to_device(b, run.device) for b in micro_batches], run.optimizer,
+                          run.precision,
                           run.group, t.clip_norm, plan.task, plan.label_spec, timer=run.timer)
         state.add_step(loss)
         run.guard.observe(loss, state.step)
@@ -207,10 +212,11 @@ def _build(plan: RankPlan, group, device) -> RankRun:
     cfg, t = plan.config, plan.config.train
     torch.manual_seed(t.seed)
     model = build_model(cfg.model, plan.feature_spec, plan.label_spec).to(device)
+    step_model = group.wrap_model(model)
     optimizer = group.distributed_optimizer(_make_optimizer(model, t, plan.lr), model, t.grad_accum)
     checkpoints = CheckpointManager(plan.checkpoint_uri, plan.steps_per_epoch, cfg.checkpoint.every_steps,
                                     cfg.checkpoint.every_epochs, cfg.checkpoint.keep, is_writer=group.rank == 0)
-    return RankRun(plan=plan, group=group, device=device, model=model, optimizer=optimizer,
+    return RankRun(plan=plan, group=group, device=device, model=model, step_model=step_model, optimizer=optimizer,
                    precision=Precision(t.precision, device.type), checkpoints=checkpoints,
                    guard=NonFiniteGuard(t.max_skipped_steps if t.precision == "fp16" else 0),
                    meta=_run_identity(plan))
@@ -222,11 +228,12 @@ def train_step(model, micro_batches: list[dict], optimizer, precision: Precision
     loss on this rank as a device tensor (reading it would be a CPU-GPU sync point)."""
     accum = len(micro_batches)
     total = torch.zeros((), device=micro_batches[0]["label"].device)
-    for batch in micro_batches:
-        with precision.autocast():
-            # Divided by accum so the summed gradients are those of the mean over the whole step.
-            loss = loss_fn(model(batch), batch["label"], task, label_spec) / accum
-        precision.backward(loss)  # Horovod starts the allreduce after the last micro-batch's backward
+    for i, batch in enumerate(micro_batches):
+        with group.accumulate(model, sync=i == accum - 1):  # DDP: allreduce only in the last backward
+            with precision.autocast():
+                # Divided by accum so the summed gradients are those of the mean over the whole step.
+                loss = loss_fn(model(batch), batch["label"], task, label_spec) / accum
+            precision.backward(loss)  # Horovod starts the allreduce after the last micro-batch's backward
         total += loss.detach().float()
     sync_started = time.perf_counter()
     group.synchronize(optimizer)  # the averaged gradients are in place after this
@@ -329,7 +336,8 @@ class NonFiniteGuard:
 
 
 def _all_finite(model: torch.nn.Module) -> bool:
-    tensors = [t for t in model.state_dict().values() if t.is_floating_point()]
+    # Under FSDP each rank checks its own shard (DTensor.to_local); the check is a collective anyway.
+    tensors = [getattr(t, "to_local", lambda t=t: t)() for t in model.state_dict().values() if t.is_floating_point()]
     # One reduction and one read (a CPU-GPU sync point), only at checkpoint steps.
     return not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
@@ -458,7 +466,7 @@ def _loader(plan: RankPlan, layout, group, accum: int, shuffle: bool) -> RankLoa
     d, t = plan.config.data, plan.config.train
     return RankLoader(layout, plan.columns, group.rank, group.size, t.batch_size, accum, seed=t.seed, shuffle=shuffle,
                       shuffle_buffer_rows=d.shuffle_buffer_rows, reader_workers=d.reader_workers,
-                      prefetch_row_groups=d.prefetch_row_groups)
+                      prefetch_row_groups=d.prefetch_row_groups, reader=d.reader)
 
 
 def _run_identity(plan: RankPlan) -> dict:

@@ -1,0 +1,98 @@
+"""The arrow reader (data.reader=arrow): plain pyarrow, no petastorm, yet for the same seed, epoch
+and rank it yields the batches petastorm's path yields, so runs and checkpoints do not depend on
+which reader a profile has. Where petastorm is not installed (the current-stack profile) the
+comparisons skip and the reader's own promises are still checked."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from common.dataset import read_manifest
+from common.errors import DatasetError
+from tabular_data import write_dataset
+from training.arrow_reader import row_group_order
+from training.data import RankLoader, SplitLayout, columns_for
+
+# Files of unequal row groups (one empty file) that divide evenly by neither 2 nor 3 ranks.
+UNEVEN = {"train": [[300, 77], [13], [500, 111, 2], [0], [250]], "val": [[90], [33]]}
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory):
+    ds = write_dataset(str(tmp_path_factory.mktemp("arrow") / "ds"), UNEVEN, array_shape=(2, 3))
+    return ds, read_manifest(ds.uri)
+
+
+def _batches(manifest, reader, rank, world, epoch, shuffle=True, split="train", batch=32, skip=0):
+    loader = RankLoader(SplitLayout.from_manifest(manifest, split), columns_for(manifest), rank, world, batch,
+                        seed=11, shuffle=shuffle, shuffle_buffer_rows=150, reader=reader)
+    return [{k: v.numpy().copy() for k, v in b.items()} for b in loader.epoch(epoch, skip_batches=skip)]
+
+
+def _assert_same(a, b):
+    assert len(a) == len(b) and a
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_arrow_and_petastorm_yield_identical_batches(uneven, world):
+    pytest.importorskip("petastorm")
+    _, manifest = uneven
+    for rank in range(world):
+        for epoch in (0, 1):
+            _assert_same(_batches(manifest, "arrow", rank, world, epoch), _batches(manifest, "petastorm", rank, world, epoch))
+    # Unshuffled (validation) order too.
+    _assert_same(_batches(manifest, "arrow", 0, 2, 0, shuffle=False, split="val", batch=8),
+                 _batches(manifest, "petastorm", 0, 2, 0, shuffle=False, split="val", batch=8))
+
+
+def test_order_depends_on_epoch_and_rank_and_resumes(uneven):
+    _, manifest = uneven
+    first = _batches(manifest, "arrow", 1, 2, 0)
+    _assert_same(first, _batches(manifest, "arrow", 1, 2, 0))  # a pure function of (seed, epoch, rank)
+    assert not np.array_equal(first[0]["_row"], _batches(manifest, "arrow", 1, 2, 1)[0]["_row"])
+    _assert_same(first[3:], _batches(manifest, "arrow", 1, 2, 0, skip=3))  # resume position = batch count
+    rows = np.concatenate([b["_row"] for b in first])
+    assert len(np.unique(rows)) == len(rows)  # no row twice in an epoch
+
+
+def test_row_group_order_is_petastorms_ventilator_order():
+    # petastorm's ventilator shuffles its list of row-group items in place with RandomState(seed).
+    items = [{"piece": (f, g)} for f, n in enumerate([2, 1, 3]) for g in range(n)]
+    np.random.RandomState(7).shuffle(items)
+    assert row_group_order([2, 1, 3], True, 7) == [item["piece"] for item in items]
+    assert row_group_order([2, 0, 1], False, 7) == [(0, 0), (0, 1), (2, 0)]
+
+
+def test_a_broken_shard_names_itself_and_stops_the_thread(uneven, tmp_path):
+    import shutil
+    import threading
+
+    ds, manifest = uneven
+    copy = tmp_path / "ds"
+    shutil.copytree(ds.uri, copy)
+    victim = copy / "train" / "part-00002.parquet"
+    data = victim.read_bytes()
+    victim.write_bytes(data[:4] + b"\0" * 64 + data[68:])  # corrupt the first page, keep the footer
+    assert victim.read_bytes() != data
+    broken = read_manifest(str(copy))
+    before = threading.active_count()
+    with pytest.raises(DatasetError, match="part-00002.parquet: row group"):
+        _batches(broken, "arrow", 0, 1, 0)
+    assert threading.active_count() == before
+
+
+def test_arrow_path_never_imports_petastorm(uneven):
+    ds, _ = uneven
+    code = ("import sys; sys.path.insert(0, 'tests/training')\n"
+            "from common.dataset import read_manifest\n"
+            "from training.data import RankLoader, SplitLayout, columns_for\n"
+            f"m = read_manifest({ds.uri!r})\n"
+            "loader = RankLoader(SplitLayout.from_manifest(m, 'train'), columns_for(m), 0, 2, 32, reader='arrow')\n"
+            "assert sum(1 for _ in loader.epoch(0)) == loader.batches_per_epoch\n"
+            "assert 'petastorm' not in sys.modules, 'petastorm was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

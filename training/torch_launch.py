@@ -1,0 +1,130 @@
+"""Starting the ranks on the torch backend: pyspark's ``TorchDistributor`` runs one barrier Spark
+task per rank (``local_mode=False``), each task one ``torchrun`` process, and every rank runs the
+same loop as on Horovod (``training.loop.run_rank``) on a ``TorchGroup``.
+
+TorchDistributor hands back only rank 0's return value, so every rank puts its result (or its
+failure, with its own traceback) in the torch.distributed key-value store torchrun already runs,
+and rank 0 returns all of them: the driver gets one record per rank, as from ``launch_spark``.
+The store, not a collective, carries them because after a failure the collectives are broken.
+
+``torch_rank_entry`` is what executors run: module-level, given only the plain ``RankPlan``,
+importing torch when it runs. This module imports neither torch nor horovod at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import traceback
+
+from common.errors import LaunchError
+
+log = logging.getLogger("shardtrain.train")
+
+_RESULT_KEY = "shardtrain/result/{rank}"
+
+
+def launch_torch(plan, spark, launch_cfg) -> list[dict]:
+    """``launch_cfg.num_proc`` torch.distributed ranks as barrier tasks of ``spark``'s application."""
+    from training.launch import check_capacity
+
+    check_capacity(spark, launch_cfg.num_proc, launch_cfg.gpus_per_proc)
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    conf = spark.sparkContext.getConf()
+    # TorchDistributor refuses use_gpu=True unless tasks are given GPUs; with it off it hides
+    # every GPU from the ranks (CUDA_VISIBLE_DEVICES="").
+    use_gpu = bool(launch_cfg.gpus_per_proc) or conf.get("spark.task.resource.gpu.amount", None) is not None
+    env = {"PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in launch_cfg.env.items()}}
+    try:
+        distributor = TorchDistributor(num_processes=launch_cfg.num_proc, local_mode=False, use_gpu=use_gpu)
+        results = distributor.run(torch_rank_entry, plan, env, launch_cfg.start_timeout)
+    except Exception as exc:  # noqa: BLE001 - mapped to one typed error with the cause in words
+        from common.spark import explain_java_error
+
+        text = explain_java_error(exc)
+        if "barrier" in text.lower() and "slots" in text.lower():
+            raise LaunchError(
+                f"TorchDistributor could not start {launch_cfg.num_proc} rank(s): {text}. Each rank needs its own "
+                "Spark task slot at the same time (barrier stage: executor cores / spark.task.cpus)") from exc
+        # A barrier task that died (a rank's process killed, an executor lost) fails the whole stage.
+        raise LaunchError(f"TorchDistributor failed running {launch_cfg.num_proc} rank(s): {text}; the ranks' own "
+                          "output above says more", retryable=True) from exc
+    if not isinstance(results, list) or len(results) != launch_cfg.num_proc:
+        raise LaunchError(f"TorchDistributor returned {results!r} instead of {launch_cfg.num_proc} rank results")
+    return results
+
+
+def torch_rank_entry(plan, env: dict, result_timeout: int):
+    """Runs in every torchrun process. Never raises: a failure becomes this rank's record."""
+    os.environ.update(env)
+    # PYTHONPATH in launch.env must reach this already-running interpreter too (plugin models).
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    rank = int(os.environ.get("RANK", "-1"))
+    from training.supervisor import Reporter
+
+    # Progress to the driver's supervisor (stall detection, restarts), as Horovod ranks report.
+    reporter = Reporter.from_env(rank, plan.steps_per_epoch)
+    group = None
+    try:
+        group = _start_group(plan)
+        from training.loop import run_rank
+
+        result = {"ok": True, **run_rank(plan, group, on_step=reporter.on_step)}
+        reporter.finished(None)
+    except BaseException as exc:  # noqa: BLE001 - reported to the driver as data, like rank_entry
+        from training.launch import failure_record
+
+        record = failure_record(rank, exc, traceback.format_exc())
+        reporter.finished(f"{record.type}: {record.message}", record.secondary)
+        result = {"ok": False, "failure": record.to_dict()}
+    finally:
+        if group is not None:
+            # Closing the connections now tells ranks still inside a collective that this one is
+            # gone (rather than after the collective timeout).
+            group.shutdown()
+    return _exchange_results(rank, result, result_timeout)
+
+
+def _start_group(plan):
+    import torch
+
+    from training.distributed import TorchGroup, resolve_device, spark_gpu_addresses
+
+    device, _ = resolve_device(spark_gpu_addresses(), torch.cuda.is_available(),
+                               os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    t = plan.config["train"]
+    return TorchGroup(device.split(":")[0], parallel=t.get("parallel", "ddp"), precision=t["precision"])
+
+
+def _exchange_results(rank: int, result: dict, timeout: int):
+    """Every rank's result to rank 0 through torchrun's store; rank 0 returns the list."""
+    import datetime
+
+    import torch.distributed as dist
+
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    store.set(_RESULT_KEY.format(rank=rank), pickle.dumps(result))
+    if rank != 0:
+        return None
+    results = []
+    for other in range(world):
+        key = _RESULT_KEY.format(rank=other)
+        try:
+            store.wait([key])
+            results.append(pickle.loads(store.get(key)))
+        except Exception as exc:  # noqa: BLE001 - a rank that died without a word
+            from training.launch import failure_record
+
+            text = f"rank {other} sent no result within {timeout}s: {exc}"
+            results.append({"ok": False, "failure": failure_record(other, RuntimeError(text), text).to_dict()})
+    return results
+
+
+__all__ = ["launch_torch", "torch_rank_entry"]
