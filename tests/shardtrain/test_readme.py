@@ -207,7 +207,7 @@ def test_an_unmarked_block_runs_and_a_failing_or_noisy_one_fails(tmp_path):
     """What keeps this honest: a block nobody marked is run, and its failure or Spark chatter fails."""
     readme = tmp_path / "README.md"
     readme.write_text("\n".join([
-        "<!-- readme-test: skip: a real cluster -->", "```bash", "spark-submit --master spark://host:7077 x.py", "```",
+        "<!-- readme-test: skip: a real cluster -->", "```bash", "spark-submit --master yarn x.py", "```",
         "```bash", "echo ok  # runs", "false", "echo '26/12/01 01:16:15 WARN NativeCodeLoader: Unable to load'", "```",
         "```yaml", "not: a command", "```"]))
     steps = readme_steps(readme_blocks(str(readme)))
