@@ -51,7 +51,8 @@ def submit(master: str, config: Path, overrides: list[str], log: Path, py_files:
            "--conf", "spark.executor.memory=1g"]
     if py_files:
         cmd += ["--py-files", ",".join(py_files)]
-    cmd += [str(JOB), "shard", "--config", str(config), *overrides]
+    # -v: Spark logs at INFO again, which is how this test sees where the executors ran.
+    cmd += [str(JOB), "-v", "shard", "--config", str(config), *overrides]
     with open(log, "wb") as out:
         return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
 
