@@ -1,6 +1,7 @@
 """examples/airflow/shardtrain_dag.py under a real Airflow 2.10 (its own venv, built by setup):
 ``airflow dags test`` runs shard -> train on local Spark with this venv's shardtrain and publishes
-a model; a bad config (exit 2) fails the task at once though retries are configured.
+a model; a bad config (exit 2) fails the task at once though retries are configured; a job that
+finds another writer holding its output (exit 1) is retried.
 """
 
 from __future__ import annotations
@@ -51,21 +52,23 @@ def workdir(tmp_path_factory, spark):
     return work
 
 
-def airflow_env(home) -> dict[str, str]:
+def airflow_env(home, **more: str) -> dict[str, str]:
     # Airflow's environment, as a scheduler would have it: nothing of this test's Python or Spark.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYSPARK_", "SPARK_", "AIRFLOW")) and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env.update(AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
                AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"), SHARDTRAIN_DAG_RETRIES="2")
+    env.update(more)
     return env
 
 
-def airflow(home, *args, timeout=900) -> subprocess.CompletedProcess:
-    return subprocess.run([AIRFLOW, *args], env=airflow_env(home), capture_output=True, text=True, timeout=timeout)
+def airflow(home, *args, env: dict | None = None, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run([AIRFLOW, *args], env=airflow_env(home, **(env or {})), capture_output=True, text=True,
+                          timeout=timeout)
 
 
-def dags_test(home, conf: dict) -> subprocess.CompletedProcess:
-    return airflow(home, "dags", "test", "shardtrain", DATE, "--conf", json.dumps(conf))
+def dags_test(home, conf: dict, env: dict | None = None) -> subprocess.CompletedProcess:
+    return airflow(home, "dags", "test", "shardtrain", DATE, "--conf", json.dumps(conf), env=env)
 
 
 def task_states(home) -> dict[str, tuple[str, int, int]]:
@@ -112,3 +115,20 @@ def test_a_bad_config_fails_the_task_without_retries(airflow_home, workdir):
     assert max_tries == 2, "retries were configured, and exit status 2 skipped them"
     assert task_states(airflow_home)["train"][0] == "upstream_failed"
     assert not (workdir / "datasets-bad").exists()
+
+
+def test_a_retryable_failure_is_retried(airflow_home, workdir):
+    from common.storage import output_lock
+
+    # A real second writer: this test holds the dataset's writer lock, so every shard attempt
+    # exits 1 ("is being written by pid ..."), which Airflow must retry.
+    dataset = workdir / "datasets-locked" / DATE
+    with output_lock(str(dataset)):
+        proc = dags_test(airflow_home, params(workdir, dataset_path=str(workdir / "datasets-locked" / "{ds}")),
+                         env={"SHARDTRAIN_DAG_RETRIES": "1", "SHARDTRAIN_DAG_RETRY_DELAY_S": "1"})
+    output = proc.stdout + proc.stderr
+
+    assert output.count(f"is being written by pid {os.getpid()}") >= 2, output[-6000:]
+    state, tries, max_tries = task_states(airflow_home)["shard"]
+    assert (state, tries, max_tries) == ("failed", 2, 1), f"shard: {state} after {tries} try(s):\n{output[-6000:]}"
+    assert not (dataset / "_manifest.json").exists()
