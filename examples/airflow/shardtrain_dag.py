@@ -34,11 +34,12 @@ import pendulum
 
 try:  # Airflow 3.x: the Task SDK
     from airflow.sdk import DAG, Param, task
+    from airflow.sdk.exceptions import AirflowFailException
 except ImportError:  # Airflow 2.10
     from airflow import DAG
     from airflow.decorators import task
+    from airflow.exceptions import AirflowFailException
     from airflow.models.param import Param
-from airflow.exceptions import AirflowFailException
 
 log = logging.getLogger(__name__)
 
