@@ -10,7 +10,7 @@ VENV_CURRENT ?= .venv-current
 CURRENT_TESTS ?= tests/common tests/pipelines tests/training/test_torch_backend.py \
 	tests/training/test_arrow_reader.py tests/training/test_train_in_process.py tests/shardtrain/test_doctor_stacks.py
 
-.PHONY: setup setup-current demo test test-current test-fast doctor bench clean
+.PHONY: setup setup-current demo test test-current test-fast doctor bench wheel clean
 
 setup:
 	@.ci/bootstrap
@@ -42,6 +42,13 @@ bench: setup  # each prints JSON lines; results and machines in benchmarks/RESUL
 	$(PY) benchmarks/loader_throughput.py
 	$(PY) benchmarks/train_step_breakdown.py
 	$(PY) benchmarks/shard_throughput.py --rows 1000000
+
+# dist/shardtrain-<version>-py3-none-any.whl: what a cluster installs (README: Databricks notebooks).
+# No dependencies inside: the cluster's runtime or the install command brings them.
+wheel: setup
+	rm -rf build dist/shardtrain-*.whl
+	$(PY) -m pip wheel --disable-pip-version-check -q --no-deps --no-build-isolation -w dist .
+	@ls dist/shardtrain-*.whl
 
 clean:
 	rm -rf artifacts spark-warehouse metastore_db derby.log .pytest_cache

@@ -97,8 +97,8 @@ def _start_group(plan):
                                os.environ.get("CUDA_VISIBLE_DEVICES"))
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-    t = plan.config["train"]
-    return TorchGroup(device.split(":")[0], parallel=t.get("parallel", "ddp"), precision=t["precision"])
+    t = plan.config.train  # the typed TrainConfig the plan carries
+    return TorchGroup(device.split(":")[0], parallel=t.parallel, precision=t.precision)
 
 
 def _exchange_results(rank: int, result: dict, timeout: int):

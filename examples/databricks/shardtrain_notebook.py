@@ -1,0 +1,121 @@
+# Databricks notebook source
+# MAGIC %md
+# MAGIC # shardtrain on Databricks: shard, train, load, predict
+# MAGIC
+# MAGIC Runs on the notebook's own `spark` session (the `spark:` section of a config is then ignored):
+# MAGIC
+# MAGIC 1. raw data: a small generated dataset, or your own through a shard config (the `shard_config` widget),
+# MAGIC 2. the shard job: balanced Parquet shards + manifest under `<workdir>/shards`,
+# MAGIC 3. training on the cluster's executors (`num_proc` ranks; Horovod where installed, else TorchDistributor),
+# MAGIC 4. the model at `<workdir>/model`, loaded back, predicting on a few raw rows.
+# MAGIC
+# MAGIC Install shardtrain on the cluster first (a cluster library, or `%pip install` of the wheel `make wheel`
+# MAGIC builds; see the README's "Databricks notebooks" part). On Databricks Runtime 16+ ML (no Horovod) it trains
+# MAGIC with the torch backend and the arrow reader by itself.
+
+# COMMAND ----------
+
+# The paths and sizes, as widgets: set them at the top of the notebook, or pass them to a job run.
+dbutils.widgets.text("workdir", "dbfs:/tmp/shardtrain", "Work folder (URI)")
+dbutils.widgets.text("shard_config", "", "Shard config YAML (empty: generated data)")
+dbutils.widgets.text("train_config", "", "Train config YAML (empty: defaults)")
+dbutils.widgets.text("rows", "20000", "Rows to generate")
+dbutils.widgets.text("num_proc", "2", "Training ranks (launch.num_proc)")
+dbutils.widgets.text("epochs", "2", "Epochs")
+dbutils.widgets.dropdown("backend", "auto", ["auto", "horovod", "torch"], "launch.backend")
+
+workdir = dbutils.widgets.get("workdir").rstrip("/")
+shard_config_path = dbutils.widgets.get("shard_config").strip()
+train_config_path = dbutils.widgets.get("train_config").strip()
+rows = int(dbutils.widgets.get("rows"))
+num_proc = int(dbutils.widgets.get("num_proc"))
+epochs = int(dbutils.widgets.get("epochs"))
+backend = dbutils.widgets.get("backend")
+
+raw_uri, shards_uri, model_uri = f"{workdir}/raw", f"{workdir}/shards", f"{workdir}/model"
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Raw data and the shard config
+# MAGIC With no `shard_config`, a synthetic dataset (numeric and categorical columns with nulls, an 8-value
+# MAGIC array, a learnable binary label) is generated at `<workdir>/raw`. With one, its `sources`, `features`,
+# MAGIC `label` and `split` are used as they are; only `output.path` is set here.
+
+# COMMAND ----------
+
+from pipelines import generate_dataset
+from pipelines.shard_config import load_shard_config
+
+if shard_config_path:
+    shard_cfg = load_shard_config(shard_config_path, [f"output.path={shards_uri}", "output.mode=overwrite"])
+else:
+    generated = generate_dataset(raw_uri, rows=rows, array_shape=[8], spark=spark, mode="overwrite")
+    shard_cfg = load_shard_config(defaults=generated.shard_config(shards_uri, output={"mode": "overwrite"}))
+print("sources:", {name: source.path for name, source in shard_cfg.sources.items()})
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Shard, then inspect
+
+# COMMAND ----------
+
+from pipelines import describe_dataset, shard_dataset
+
+sharded = shard_dataset(shard_cfg, spark=spark)
+print(describe_dataset(sharded.uri))
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Train
+# MAGIC `num_proc` ranks run as Spark tasks on the executors: keep it at most the cluster's task slots
+# MAGIC (workers x cores, or GPUs with `spark.task.resource.gpu.amount`).
+
+# COMMAND ----------
+
+from training import load_train_config, train
+
+train_overrides = [f"data.path={sharded.uri}", f"output.model_path={model_uri}", "output.mode=overwrite",
+                   f"launch.num_proc={num_proc}", f"train.epochs={epochs}",
+                   "checkpoint.resume=never"]  # each run of the notebook trains from scratch
+if backend != "auto":
+    train_overrides.append(f"launch.backend={backend}")
+if train_config_path:
+    train_cfg = load_train_config(train_config_path, train_overrides)
+else:
+    train_cfg = load_train_config(None, train_overrides, defaults={"model": {"hidden": [64, 32]}})
+trained = train(train_cfg, spark=spark)
+print(trained.summary())
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Load the model and predict on raw rows
+# MAGIC The model takes the raw feature columns (it applies the shard job's imputation, scaling and
+# MAGIC vocabularies itself), so the rows come from the sources, through the config's `query` if it has one.
+
+# COMMAND ----------
+
+from common.spark import to_spark_path
+from training import load_model
+
+model = load_model(trained.model_uri)
+for name, source in shard_cfg.sources.items():
+    reader = spark.read.format(source.format).options(**source.options)
+    if source.schema:
+        reader = reader.schema(source.schema)
+    reader.load(to_spark_path(source.path)).createOrReplaceTempView(name)
+table = spark.sql(shard_cfg.query) if shard_cfg.query else spark.table(next(iter(shard_cfg.sources)))
+sample = table.limit(8).toPandas()  # a handful of rows to look at; batch scoring belongs in a Spark job
+
+scores = model.predict(sample)
+shown = sample[[c for c in ("id", shard_cfg.label.column) if c and c in sample.columns]].copy()
+if model.task == "classification":
+    shown["predicted_class"] = scores.argmax(axis=1)
+    shown["probability"] = scores.max(axis=1).round(4)
+else:
+    shown["predicted"] = scores.round(4)
+predictions = spark.createDataFrame(shown)
+display(predictions)

@@ -1,0 +1,134 @@
+"""examples/airflow/shardtrain_dag.py under a real Airflow 2.10 (its own venv, built by setup):
+``airflow dags test`` runs shard -> train on local Spark with this venv's shardtrain and publishes
+a model; a bad config (exit 2) fails the task at once though retries are configured; a job that
+finds another writer holding its output (exit 1) is retried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+
+import pandas as pd
+import pytest
+
+from examples_env import EXAMPLES, ROOT, SHARDTRAIN
+
+AIRFLOW_VERSION = "2.10.5"
+AIRFLOW_VENV = os.path.join(os.environ.get("SHARDTRAIN_CACHE", os.path.expanduser("~/.cache/shardtrain")),
+                            f"venv-airflow-{AIRFLOW_VERSION}")
+AIRFLOW = os.path.join(AIRFLOW_VENV, "bin", "airflow")
+DAG_FILE = os.path.join(EXAMPLES, "airflow", "shardtrain_dag.py")
+DATE = "2026-01-02"
+
+pytestmark = [pytest.mark.spark, pytest.mark.horovod]
+
+
+@pytest.fixture(scope="module")
+def airflow_home(tmp_path_factory):
+    """A fresh AIRFLOW_HOME (SQLite) whose DAGs folder holds a copy of the example, migrated."""
+    if not os.access(AIRFLOW, os.X_OK):
+        pytest.fail(f"Airflow {AIRFLOW_VERSION} is not installed at {AIRFLOW_VENV}: run make setup "
+                    "(.ci/bootstrap builds it there)")
+    home = tmp_path_factory.mktemp("airflow")
+    (home / "dags").mkdir()
+    shutil.copy(DAG_FILE, home / "dags")
+    proc = airflow(home, "db", "migrate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return home
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, spark):
+    """What a deployment has: the project's configs, and raw data where conf/shard.yaml reads it."""
+    from pipelines import generate_dataset
+
+    work = tmp_path_factory.mktemp("deploy")
+    shutil.copytree(os.path.join(ROOT, "conf"), work / "conf")
+    generate_dataset(str(work / "artifacts" / "raw"), rows=4000, array_shape=[8], spark=spark)
+    return work
+
+
+def airflow_env(home, **more: str) -> dict[str, str]:
+    # Airflow's environment, as a scheduler would have it: nothing of this test's Python or Spark.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYSPARK_", "SPARK_", "AIRFLOW")) and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+               AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"), SHARDTRAIN_DAG_RETRIES="2")
+    env.update(more)
+    return env
+
+
+def airflow(home, *args, env: dict | None = None, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run([AIRFLOW, *args], env=airflow_env(home, **(env or {})), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def dags_test(home, conf: dict, env: dict | None = None) -> subprocess.CompletedProcess:
+    return airflow(home, "dags", "test", "shardtrain", DATE, "--conf", json.dumps(conf), env=env)
+
+
+def task_states(home) -> dict[str, tuple[str, int, int]]:
+    """task_id -> (state, try_number, max_tries) of the latest run, from Airflow's own database."""
+    with sqlite3.connect(home / "airflow.db") as db:
+        rows = db.execute("SELECT task_id, state, try_number, max_tries FROM task_instance "
+                          "WHERE dag_id = 'shardtrain' ORDER BY run_id").fetchall()
+    return {task: (state, tries, max_tries) for task, state, tries, max_tries in rows}
+
+
+def params(workdir, **more) -> dict:
+    return {"shardtrain": SHARDTRAIN, "workdir": str(workdir), "spark_master": "local[2]",
+            "dataset_path": str(workdir / "datasets" / "{ds}"), "model_path": str(workdir / "models" / "{ds}"),
+            "train_overrides": ["train.epochs=1", "launch.num_proc=2"], **more}
+
+
+def test_the_dag_shards_then_trains_and_publishes_a_model(airflow_home, workdir):
+    from common.storage import MARKER
+    from training import load_model
+
+    proc = dags_test(airflow_home, params(workdir))
+    output = proc.stdout + proc.stderr
+    assert task_states(airflow_home) == {"shard": ("success", 1, 2), "train": ("success", 1, 2)}, output[-6000:]
+
+    dataset, model = workdir / "datasets" / DATE, workdir / "models" / DATE
+    assert (dataset / MARKER).is_file() and (model / MARKER).is_file(), output[-6000:]
+    assert "output.mode=skip_if_exists" in output  # the shard step never replaces a finished date
+    loaded = load_model(str(model))
+    rows = pd.read_parquet(workdir / "artifacts" / "raw").head(5)
+    assert loaded.predict(rows).shape == (5, 2)
+
+
+def test_a_bad_config_fails_the_task_without_retries(airflow_home, workdir):
+    # An unknown key: shardtrain exits 2 ("fix the input") before any Spark work.
+    bad = workdir / "conf" / "bad-shard.yaml"
+    bad.write_text((workdir / "conf" / "shard.yaml").read_text().replace("num_shards:", "num_shard:"))
+    proc = dags_test(airflow_home, params(workdir, shard_config=str(bad),
+                                          dataset_path=str(workdir / "datasets-bad" / "{ds}")))
+    output = proc.stdout + proc.stderr
+
+    assert "unknown key 'output.num_shard'" in output, output[-6000:]
+    state, tries, max_tries = task_states(airflow_home)["shard"]
+    assert (state, tries) == ("failed", 1), f"shard: {state} after {tries} try(s):\n{output[-6000:]}"
+    assert max_tries == 2, "retries were configured, and exit status 2 skipped them"
+    assert task_states(airflow_home)["train"][0] == "upstream_failed"
+    assert not (workdir / "datasets-bad").exists()
+
+
+def test_a_retryable_failure_is_retried(airflow_home, workdir):
+    from common.storage import output_lock
+
+    # A real second writer: this test holds the dataset's writer lock, so every shard attempt
+    # exits 1 ("is being written by pid ..."), which Airflow must retry.
+    dataset = workdir / "datasets-locked" / DATE
+    with output_lock(str(dataset)):
+        proc = dags_test(airflow_home, params(workdir, dataset_path=str(workdir / "datasets-locked" / "{ds}")),
+                         env={"SHARDTRAIN_DAG_RETRIES": "1", "SHARDTRAIN_DAG_RETRY_DELAY_S": "1"})
+    output = proc.stdout + proc.stderr
+
+    assert output.count(f"is being written by pid {os.getpid()}") >= 2, output[-6000:]
+    state, tries, max_tries = task_states(airflow_home)["shard"]
+    assert (state, tries, max_tries) == ("failed", 2, 1), f"shard: {state} after {tries} try(s):\n{output[-6000:]}"
+    assert not (dataset / "_manifest.json").exists()
