@@ -276,6 +276,7 @@ class RankLoader:
             reader.join()
 
     def _open_reader(self, epoch: int):
+        self.layout.verify_files(self.files)  # both readers: no row of a damaged file is ever used
         if self.reader == "arrow":
             from training.arrow_reader import ArrowRowGroupReader
 
@@ -283,7 +284,6 @@ class RankLoader:
                                        epoch_seed(self.seed, epoch, self.rank), self.prefetch_row_groups)
         from petastorm import make_batch_reader
 
-        self.layout.verify_files(self.files)
         locations = [resolve(f.uri) for f in self.files]
         urls = [f"file://{loc.path}" if loc.scheme == "file" else loc.uri for loc in locations]
         # The same storage settings as everything else in shardtrain: petastorm would otherwise

@@ -72,10 +72,13 @@ def _train(dataset, out, capsys, *extra) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-def test_flipped_bytes_in_a_shard_fail_training_naming_the_file(dataset, tmp_path, capsys):
+@pytest.mark.parametrize("reader", ["petastorm", "arrow"])
+def test_flipped_bytes_in_a_shard_fail_training_naming_the_file(dataset, tmp_path, capsys, reader):
+    if reader == "petastorm":
+        pytest.importorskip("petastorm")
     shard = os.path.join(dataset, "train", "part-00001.parquet")
     _flip(shard)
-    code, err = _train(dataset, tmp_path / "model", capsys)
+    code, err = _train(dataset, tmp_path / "model", capsys, f"data.reader={reader}")
     assert code == 2
     assert f"{shard}: sha256" in err and "re-run the shard job" in err
     assert not (tmp_path / "model").exists()
