@@ -49,7 +49,11 @@ class ArrowRowGroupReader:
                 loc = resolve(uri)
                 handle = loc.fs.open(loc.path, "rb")
                 self._handles.append(handle)
-                self._files.append(pq.ParquetFile(handle))
+                try:
+                    self._files.append(pq.ParquetFile(handle))
+                except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError: no Parquet footer
+                    raise DatasetError(f"{uri}: not a readable Parquet file ({exc}); the dataset is damaged, "
+                                       "re-run the shard job") from None
         except BaseException:
             self._close()
             raise

@@ -96,6 +96,16 @@ def test_garbage_in_a_shard_fails_training_naming_the_file(dataset, tmp_path, ca
     assert "Corrupt snappy" not in err
 
 
+def test_garbage_without_the_checksum_check_is_still_named_by_the_arrow_reader(dataset, tmp_path, capsys):
+    shard = os.path.join(dataset, "train", "part-00000.parquet")
+    with open(shard, "wb") as fh:
+        fh.write(b"not parquet" * 100)
+    assert open(shard, "rb").read(11) == b"not parquet"
+    code, err = _train(dataset, tmp_path / "model", capsys, "data.reader=arrow", "data.verify=never")
+    assert code == 2
+    assert f"{shard}: not a readable Parquet file" in err and "re-run the shard job" in err
+
+
 def test_inspect_verify_checks_every_file(dataset, capsys):
     assert main(["inspect", "--verify", dataset]) == 0
     manifest = read_manifest(dataset)
