@@ -209,14 +209,20 @@ def test_a_live_rank_process_exits_when_the_driver_aborts_the_launch():
     with Supervision(None, world=2, stall_timeout_s=1) as sup:
         env = sup.launch_env()
         host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
-        silent = socket.create_connection((host, int(port)))
-        silent.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": 1,
-                                    "step": None, "phase": STARTING}) + "\n").encode())
         rank_0 = subprocess.Popen([sys.executable, "-c", (
             "import sys, threading\n"
             "from training.supervisor import Reporter\n"
             "Reporter(sys.argv[1], sys.argv[2], rank=0, steps_per_epoch=10, interval=0.1)\n"
             "threading.Event().wait(120)\n"), env["SHARDTRAIN_SUPERVISOR"], env["SHARDTRAIN_SUPERVISOR_TOKEN"]])
+        # Rank 1 goes silent only once rank 0 is connected: a slow interpreter start on a loaded
+        # machine must not let the stall (and the abort) happen before rank 0 can hear it.
+        deadline = time.monotonic() + 60
+        while 0 not in sup.ranks() and time.monotonic() < deadline and rank_0.poll() is None:
+            time.sleep(0.05)
+        assert 0 in sup.ranks(), "rank 0's reporter never connected"
+        silent = socket.create_connection((host, int(port)))
+        silent.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": 1,
+                                    "step": None, "phase": STARTING}) + "\n").encode())
         try:
             assert rank_0.wait(timeout=60) == 1
         finally:
