@@ -206,7 +206,9 @@ def test_a_live_rank_process_exits_when_the_driver_aborts_the_launch():
     import subprocess
     import sys
 
-    with Supervision(None, world=2, stall_timeout_s=1) as sup:
+    # 3 s: rank 0 reports every 0.1 s, so only rank 1's silence can last that long, even when a
+    # loaded machine delays rank 0's reports by a second (at 1 s it was once itself judged silent).
+    with Supervision(None, world=2, stall_timeout_s=3) as sup:
         env = sup.launch_env()
         host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
         rank_0 = subprocess.Popen([sys.executable, "-c", (
