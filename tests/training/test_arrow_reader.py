@@ -24,8 +24,8 @@ def uneven(tmp_path_factory):
     return ds, read_manifest(ds.uri)
 
 
-def _batches(manifest, reader, rank, world, epoch, shuffle=True, split="train", batch=32, skip=0):
-    loader = RankLoader(SplitLayout.from_manifest(manifest, split), columns_for(manifest), rank, world, batch,
+def _batches(manifest, reader, rank, world, epoch, shuffle=True, split="train", batch=32, skip=0, verify=True):
+    loader = RankLoader(SplitLayout.from_manifest(manifest, split, verify), columns_for(manifest), rank, world, batch,
                         seed=11, shuffle=shuffle, shuffle_buffer_rows=150, reader=reader)
     return [{k: v.numpy().copy() for k, v in b.items()} for b in loader.epoch(epoch, skip_batches=skip)]
 
@@ -81,9 +81,12 @@ def test_a_broken_shard_names_itself_and_stops_the_thread(uneven, tmp_path):
     assert victim.read_bytes() != data
     broken = read_manifest(str(copy))
     before = threading.active_count()
+    # The sha256 check (data.verify) would refuse the file first; this is the reader's own path.
     with pytest.raises(DatasetError, match="part-00002.parquet: row group"):
-        _batches(broken, "arrow", 0, 1, 0)
+        _batches(broken, "arrow", 0, 1, 0, verify=False)
     assert threading.active_count() == before
+    with pytest.raises(DatasetError, match="part-00002.parquet: sha256"):
+        _batches(broken, "arrow", 0, 1, 0)
 
 
 def test_arrow_path_never_imports_petastorm(uneven):
