@@ -133,7 +133,7 @@ def test_ranks_report_steps_errors_and_death_over_loopback():
 
 
 def test_a_silent_rank_is_named_and_live_ranks_are_told_to_abort():
-    with Supervision(None, world=2, stall_timeout_s=1) as sup:
+    with Supervision(None, world=2, stall_timeout_s=2) as sup:
         env = sup.launch_env()
         host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
         ranks = []
@@ -144,11 +144,15 @@ def test_a_silent_rank_is_named_and_live_ranks_are_told_to_abort():
             ranks.append(conn)
         stop = threading.Event()
 
-        def keep_rank_0_alive():
+        def keep_rank_0_training():
+            # Rank 0 makes steps: a rank that only beats inside an epoch is stalled too, and which
+            # of the two the watcher names first would then be a race.
+            step = 4
             while not stop.wait(0.1):
-                ranks[0].sendall((json.dumps({"event": "beat", "rank": 0, "step": 4, "phase": TRAINING}) + "\n")
+                step += 1
+                ranks[0].sendall((json.dumps({"event": "beat", "rank": 0, "step": step, "phase": TRAINING}) + "\n")
                                  .encode())
-        threading.Thread(target=keep_rank_0_alive, daemon=True).start()
+        threading.Thread(target=keep_rank_0_training, daemon=True).start()
         assert _wait(lambda: sup.stall is not None)
         stop.set()
         assert sup.stall.startswith("rank 1 stalled"), sup.stall
