@@ -19,17 +19,9 @@ import torch
 log = logging.getLogger("shardtrain.train")
 
 
-class LocalGroup:
-    rank, size, local_rank, local_size = 0, 1, 0, 1
-
-    def wrap_model(self, model):
-        return model
-
-    def accumulate(self, model, sync: bool):
-        return contextlib.nullcontext()
-
-    def distributed_optimizer(self, optimizer, model, backward_passes_per_step: int):
-        return optimizer
+class _WholeModelOnEveryRank:
+    """State dicts, loading and export for groups where each rank holds the whole, unwrapped
+    model (one process, Horovod): the module's own state is the full state."""
 
     def model_state_dict(self, model) -> dict:
         return model.state_dict()
@@ -43,6 +35,19 @@ class LocalGroup:
 
     def unsharded(self, model, build):
         return model
+
+
+class LocalGroup(_WholeModelOnEveryRank):
+    rank, size, local_rank, local_size = 0, 1, 0, 1
+
+    def wrap_model(self, model):
+        return model
+
+    def accumulate(self, model, sync: bool):
+        return contextlib.nullcontext()
+
+    def distributed_optimizer(self, optimizer, model, backward_passes_per_step: int):
+        return optimizer
 
     def synchronize(self, optimizer) -> None:
         pass
@@ -69,7 +74,7 @@ class LocalGroup:
         pass
 
 
-class HorovodGroup:
+class HorovodGroup(_WholeModelOnEveryRank):
     def __init__(self):
         import horovod.torch as hvd
 
@@ -83,19 +88,6 @@ class HorovodGroup:
 
     def accumulate(self, model, sync: bool):
         return contextlib.nullcontext()  # the DistributedOptimizer counts backward passes itself
-
-    def model_state_dict(self, model) -> dict:
-        return model.state_dict()
-
-    def optimizer_state_dict(self, model, optimizer) -> dict:
-        return optimizer.state_dict()
-
-    def load_state_dicts(self, model, optimizer, model_state: dict, optimizer_state: dict) -> None:
-        model.load_state_dict(model_state)
-        optimizer.load_state_dict(optimizer_state)
-
-    def unsharded(self, model, build):
-        return model
 
     def distributed_optimizer(self, optimizer, model, backward_passes_per_step: int):
         # Gradients are summed locally for backward_passes_per_step micro-batches, then averaged
