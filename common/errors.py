@@ -81,6 +81,12 @@ class AccountingError(ShardtrainError):
     """Input rows != published + quarantined rows: a bug or a non-deterministic input; nothing is published."""
 
 
+class RunDirError(ShardtrainError):
+    """A training run directory is missing, or lacks or garbles a file a report reads; names the path."""
+
+    exit_code = EXIT_USAGE
+
+
 class CorruptCheckpoint(Exception):
     """A checkpoint file cannot be read back; the manager falls back to the previous one."""
 

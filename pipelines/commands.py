@@ -41,6 +41,8 @@ def register_commands(subparsers) -> None:
     p.add_argument("dataset", metavar="DATASET", help="URI of a published dataset")
     p.add_argument("--verify", action="store_true",
                    help="also read every file and check it against the manifest's sha256 (exit 2 if any differs)")
+    p.add_argument("--html", default=None, metavar="OUT.html",
+                   help="also write the report as one self-contained HTML file with charts (any storage URI)")
     p.set_defaults(handler=handle_inspect)
 
 
@@ -86,6 +88,10 @@ def handle_inspect(args: argparse.Namespace) -> int:
 
     manifest = read_manifest(args.dataset)
     print(describe_dataset(manifest))
+    if getattr(args, "html", None):
+        from pipelines.describe import write_dataset_report
+
+        print(f"\nwrote {write_dataset_report(manifest, args.html)}")
     if getattr(args, "verify", False):
         from common.errors import DatasetError
 

@@ -3,7 +3,8 @@
 Reads no data files and needs no Spark, so it is instant on any size of dataset; except
 ``verify_report`` (``inspect --verify``), which reads every file to check its sha256. The report
 is a few sections, each from its own function: header, label and features, per-split balance,
-row-group advice, accounting and quarantine, sources.
+row-group advice, accounting and quarantine, sources. ``dataset_report_html`` (``inspect --html``)
+shows the same with charts: rows per shard and split, quarantine counts by reason, feature statistics.
 """
 
 from __future__ import annotations
@@ -52,18 +53,22 @@ def _label_and_features(data: dict) -> list[str]:
     return lines
 
 
+def _split_stats(manifest: Manifest, split: str) -> dict:
+    files = manifest.files(split)
+    sizes = [f.rows for f in files]
+    return {"rows": manifest.rows(split), "shards": len(files), "min": min(sizes, default=0),
+            "max": max(sizes, default=0), "spread": (max(sizes) - min(sizes)) if sizes else 0,
+            "row_groups": sum(len(f.row_groups) for f in files), "mb": sum(f.bytes for f in files) / 2 ** 20}
+
+
 def _split_balance(manifest: Manifest) -> list[str]:
     """One table row per split (rows, shards, smallest/largest shard, spread), then every file."""
     lines = [f"{'split':<8} {'rows':>12} {'shards':>6} {'min':>10} {'max':>10} {'spread':>6} "
              f"{'row groups':>10} {'MB':>9}"]
     for split in manifest.split_names:
-        files = manifest.files(split)
-        sizes = [f.rows for f in files]
-        groups = sum(len(f.row_groups) for f in files)
-        mb = sum(f.bytes for f in files) / 2 ** 20
-        spread = (max(sizes) - min(sizes)) if sizes else 0
-        lines.append(f"{split:<8} {manifest.rows(split):>12,} {len(files):>6} {min(sizes, default=0):>10,} "
-                     f"{max(sizes, default=0):>10,} {spread:>6} {groups:>10} {mb:>9.2f}")
+        st = _split_stats(manifest, split)
+        lines.append(f"{split:<8} {st['rows']:>12,} {st['shards']:>6} {st['min']:>10,} {st['max']:>10,} "
+                     f"{st['spread']:>6} {st['row_groups']:>10} {st['mb']:>9.2f}")
     for split in manifest.split_names:
         lines.append(f"  {split}: " + ", ".join(f"{f.path.rsplit('/', 1)[-1]}={f.rows}" +
                                                  (f" ({len(f.row_groups)} rg)" if len(f.row_groups) > 1 else "")
@@ -71,11 +76,11 @@ def _split_balance(manifest: Manifest) -> list[str]:
     return lines
 
 
-def _row_group_guidance(manifest: Manifest) -> list[str]:
+def _row_group_line(manifest: Manifest) -> str | None:
     width = row_bytes(manifest.data["schema"])
     groups = [g for split in manifest.split_names for f in manifest.files(split) for g in f.row_groups]
     if not groups or not width:
-        return []
+        return None
     largest = max(groups)
     mib = largest * width / 2 ** 20
     line = f"row groups up to {largest:,} rows = {mib:.1f} MiB of stored data"
@@ -83,7 +88,12 @@ def _row_group_guidance(manifest: Manifest) -> list[str]:
     if split_by_size and mib < SMALL_ROW_GROUP_MIB:
         line += (f"; below {SMALL_ROW_GROUP_MIB:g} MiB the training loader slows down (petastorm pays a fixed cost "
                  "per row group): re-shard with a larger output.row_group_mb (default 16)")
-    return ["", line]
+    return line
+
+
+def _row_group_guidance(manifest: Manifest) -> list[str]:
+    line = _row_group_line(manifest)
+    return ["", line] if line else []
 
 
 def _quarantine_summary(manifest: Manifest) -> list[str]:
@@ -98,9 +108,15 @@ def _quarantine_summary(manifest: Manifest) -> list[str]:
     if not rows:
         return lines + ["quarantine none"]
     lines.append(f"quarantine {rows:,} rows at {manifest.root.join(quarantine.get('path', '_quarantine')).uri}")
-    for reason, count in sorted(quarantine.get("by_reason", {}).items(), key=lambda kv: (-kv[1], kv[0])):
+    for reason, count in _quarantine_reasons(manifest):
         lines.append(f"  {reason:<28} {count:>10,}")
     return lines
+
+
+def _quarantine_reasons(manifest: Manifest) -> list[tuple[str, int]]:
+    """(reason, rows), most frequent first."""
+    by_reason = (manifest.data.get("quarantine") or {}).get("by_reason", {})
+    return sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def _sources(data: dict) -> list[str]:
@@ -110,6 +126,96 @@ def _sources(data: dict) -> list[str]:
         lines.append(f"source    {name}: {src.get('format')} at {src.get('path')} "
                      f"({len(files)} files, {sum(f.get('size', 0) for f in files) / 2 ** 20:.1f} MB)")
     return lines
+
+
+# --- inspect --html ------------------------------------------------------------------------------
+
+def write_dataset_report(uri, output: str) -> str:
+    """``inspect --html``: the dataset report as one self-contained HTML file at ``output``; its URI."""
+    from common.html_report import write_page
+
+    manifest = uri if isinstance(uri, Manifest) else read_manifest(uri)
+    return write_page(output, dataset_report_html(manifest))
+
+
+def dataset_report_html(manifest: Manifest) -> str:
+    from common.html_report import Page, key_values, preformatted
+
+    data = manifest.data
+    page = Page(f"shardtrain dataset: {manifest.root.uri}")
+    page.add("Dataset", key_values([
+        ("dataset", manifest.root.uri), ("format", f"{data['format']} v{data['format_version']}"),
+        ("written by", f"shardtrain {data.get('shardtrain_version', '?')} at {data.get('created_at', '?')}"),
+        ("fingerprint", manifest.fingerprint), ("label", data["label"]["name"]), ("task", data["label"].get("task"))]))
+    page.add("Rows per split and shard", *_html_splits(manifest))
+    page.add("Quarantine", *_html_quarantine(manifest))
+    page.add("Label", *_html_label(data["label"]))
+    page.add("Feature statistics (from the train split)", *_html_features(data["features"]))
+    if data.get("sources"):
+        page.add("Sources", preformatted("\n".join(_sources(data))))
+    return page.render()
+
+
+def _html_splits(manifest: Manifest) -> list[str]:
+    from common.html_report import bar_chart, paragraph, table
+
+    parts = [table(["split", "rows", "shards", "smallest shard", "largest shard", "spread", "row groups", "MB"],
+                   [[split, *_split_stats(manifest, split).values()] for split in manifest.split_names])]
+    for split in manifest.split_names:
+        files = manifest.files(split)
+        names = [f.path.rsplit("/", 1)[-1] for f in files]
+        parts.append(bar_chart(f"Rows per shard: {split}", names, [f.rows for f in files], "rows"))
+        parts.append(table(["file", "rows", "row groups", "rows per row group", "MB"],
+                           [[f.path, f.rows, len(f.row_groups), ", ".join(map(str, f.row_groups)),
+                             f.bytes / 2 ** 20] for f in files]))
+    line = _row_group_line(manifest)
+    return parts + ([paragraph(line, note=True)] if line else [])
+
+
+def _html_quarantine(manifest: Manifest) -> list[str]:
+    from common.html_report import bar_chart, key_values, paragraph, table
+
+    accounting = manifest.data.get("accounting") or {}
+    parts = [key_values([("input rows", accounting.get("input_rows")),
+                         ("published rows", accounting.get("published_rows")),
+                         ("quarantined rows", accounting.get("quarantined_rows"))])] if accounting else []
+    reasons = _quarantine_reasons(manifest)
+    if not reasons:
+        return parts + [paragraph("No row was quarantined.")]
+    quarantine = manifest.data["quarantine"]
+    parts.append(paragraph(f"Quarantined rows are kept, with their reason and raw record, at "
+                           f"{manifest.root.join(quarantine.get('path', '_quarantine')).uri}"))
+    return parts + [table(["reason", "rows"], reasons),
+                    bar_chart("Quarantined rows by reason", [r for r, _ in reasons], [c for _, c in reasons], "rows")]
+
+
+def _html_label(label: dict) -> list[str]:
+    from common.html_report import bar_chart, key_values
+
+    if label.get("task") == "classification":
+        counts = label.get("train_class_counts") or []
+        parts = [key_values([("classes", label.get("num_classes")), ("train class counts", counts)])]
+        if counts:
+            parts.append(bar_chart("Train rows per class", [str(i) for i in range(len(counts))], counts, "rows"))
+        return parts
+    return [key_values([("train mean", label.get("train_mean")), ("train std", label.get("train_std"))])]
+
+
+def _html_features(features: dict) -> list[str]:
+    from common.html_report import paragraph, table
+
+    parts = []
+    if features.get("numeric"):
+        parts.append(table(["numeric feature", "train mean", "train std", "null filled with"],
+                           [[f["name"], f.get("mean"), f.get("std"), f.get("fill")] for f in features["numeric"]]))
+    if features.get("categorical"):
+        parts.append(table(["categorical feature", "vocabulary", "embedding rows", "most frequent values"],
+                           [[f["name"], len(f["vocab"]), f.get("num_embeddings"), ", ".join(map(str, f["vocab"][:8]))]
+                            for f in features["categorical"]]))
+    if features.get("arrays"):
+        parts.append(table(["array feature", "shape"], [[f["name"], "x".join(map(str, f["shape"]))]
+                                                        for f in features["arrays"]]))
+    return parts or [paragraph("No feature columns.", note=True)]
 
 
 def verify_report(manifest: Manifest) -> tuple[str, int]:

@@ -21,6 +21,12 @@ def _train(args):
     return handle_train(args)
 
 
+def _report(args):
+    from training.report import handle_report
+
+    return handle_report(args)
+
+
 def _run(args):
     from shardtrain.run import handle_run
 
@@ -53,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model from a published dataset (Horovod on Spark)")
     add_config_arguments(p)
     p.set_defaults(handler=_train)
+
+    p = sub.add_parser("report", help="write a training run directory's report.html (charts, throughput, config)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory (output.run_dir: <model_path>.run)")
+    p.add_argument("--output", "-o", default=None, metavar="FILE", help="where to write it (default: RUN_DIR/report.html)")
+    p.set_defaults(handler=_report)
 
     p = sub.add_parser("run", help="shard, then train, in one Spark application")
     add_config_arguments(p)

@@ -20,6 +20,7 @@ from common.storage import KIND_MODEL, check_disjoint, check_replaceable, resolv
 from training.config import TrainConfig, load_train_config
 from training.launch import check_results, launch_in_process, launch_spark
 from training.plan import RankPlan, build_plan
+from training.run_record import record_restart
 from training.supervisor import run_supervised
 
 log = logging.getLogger("shardtrain.train")
@@ -79,7 +80,8 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None) -> TrainResult:
         results = launch_in_process(plan, on_step=on_step)
     else:
         spark = spark or _session(cfg)
-        results = run_supervised(launch_spark, plan, spark, cfg.launch, cfg.checkpoint.resume)
+        results = run_supervised(launch_spark, plan, spark, cfg.launch, cfg.checkpoint.resume,
+                                 on_restart=lambda n, why: record_restart(plan.run_dir, n, cfg.launch.max_restarts, why))
     ranks = check_results(results)
     result = _result(plan, ranks, time.perf_counter() - started)
     _write_summary(result)

@@ -168,6 +168,26 @@ class TrainOutputConfig:
 
 
 @dataclass
+class MlflowConfig:
+    """Where rank 0 records the finished run (training.tracking); any failure there only warns."""
+
+    # null: MLflow's own default (MLFLOW_TRACKING_URI; on Databricks, the workspace's server).
+    tracking_uri: str | None = None
+    experiment: str | None = None  # null: MLflow's default experiment (MLFLOW_EXPERIMENT_NAME/_ID, else Default)
+    run_name: str | None = None  # null: MLflow makes one up
+
+    def __post_init__(self):
+        for key in ("tracking_uri", "experiment", "run_name"):
+            value = getattr(self, key)
+            require(value is None or bool(value.strip()), key, "must not be empty (null: MLflow's default)")
+
+
+@dataclass
+class TrackingConfig:
+    mlflow: MlflowConfig | None = None  # null: no tracking; {} tracks with MLflow's defaults
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -176,6 +196,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: TrainOutputConfig = field(default_factory=TrainOutputConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self):
         require(self.data.val_split != self.data.train_split, "data.val_split",
@@ -204,6 +225,6 @@ def load_train_config(path=None, overrides=None, defaults: dict | None = None) -
 
 
 __all__ = [
-    "CheckpointConfig", "DataConfig", "LaunchConfig", "ModelConfig", "TrainConfig", "TrainLoopConfig",
-    "TrainOutputConfig", "installed", "load_train_config",
+    "CheckpointConfig", "DataConfig", "LaunchConfig", "MlflowConfig", "ModelConfig", "TrackingConfig", "TrainConfig",
+    "TrainLoopConfig", "TrainOutputConfig", "installed", "load_train_config",
 ]

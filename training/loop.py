@@ -43,6 +43,7 @@ from training.export import publish_model, serving_model, target_scaling
 from training.models import build_model, mlp_arguments
 from training.plan import RankPlan
 from training.precision import Precision
+from training.run_record import write_run_info, write_steps
 
 log = logging.getLogger("shardtrain.train")
 
@@ -84,6 +85,7 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
                                                                plan.label_spec).to(device))
     if group.rank == 0:
         result.update(_finish(plan, final, state.history, device))
+        _report_and_track(plan, state.history)
     return result
 
 
@@ -182,7 +184,8 @@ def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
         if state.step % t.log_every_steps == 0:
             run.guard.check(run.group)  # collective, at the same steps on every rank
             if run.progress:
-                run.progress.log(state.step, epoch, float(loss), run.timer.data_wait_seconds)
+                run.progress.log(state.step, epoch, float(loss), run.timer.data_wait_seconds,
+                                 run.timer.allreduce_wait_seconds)
         if state.step % plan.steps_per_epoch:  # an epoch's last step is saved by _end_epoch
             run.checkpoints.save(state.step, epoch, lambda: state.checkpoint(run))
         if on_step:
@@ -204,6 +207,7 @@ def _end_epoch(run: RankRun, state: TrainState, epoch: int, record: dict) -> Non
     state.history.append(record)
     if run.group.rank == 0:
         _append_metrics(run.plan, record)
+        write_steps(run.plan.run_dir, run.progress.records, run.progress.start_step)
         log.info("epoch %d/%d: %s", epoch + 1, run.config.train.epochs, _describe(record))
     run.checkpoints.save(state.step, epoch, lambda: state.checkpoint(run), last=state.step == run.total_steps)
 
@@ -381,16 +385,20 @@ class StepTimer:
 
 
 class Progress:
-    """Rank 0's progress lines: steps/s, samples/s, loss, ETA."""
+    """Rank 0's progress lines: steps/s, samples/s, loss, ETA; ``records`` keeps each line's values
+    (for steps.jsonl, training.run_record)."""
 
     def __init__(self, plan: RankPlan, world: int, total_steps: int, start_step: int):
         t = plan.config.train
         self.samples_per_step = world * t.batch_size * t.grad_accum
         self.total_steps, self.epochs = total_steps, t.epochs
         self.steps_per_epoch = plan.steps_per_epoch
-        self.last_step, self.last_time, self.last_wait = start_step, time.perf_counter(), 0.0
+        self.start_step = start_step
+        self.last_step, self.last_time, self.last_wait, self.last_sync = start_step, time.perf_counter(), 0.0, 0.0
+        self.records: list[dict] = []
 
-    def log(self, step: int, epoch: int, loss: float, data_wait_seconds: float = 0.0) -> None:
+    def log(self, step: int, epoch: int, loss: float, data_wait_seconds: float = 0.0,
+            allreduce_wait_seconds: float = 0.0) -> None:
         now = time.perf_counter()
         elapsed = max(now - self.last_time, 1e-9)
         rate = (step - self.last_step) / elapsed
@@ -399,7 +407,12 @@ class Progress:
         log.info("step %d/%d (epoch %d/%d) loss %.4f | %.1f steps/s, %.0f samples/s, data wait %.0f%% | ETA %s",
                  step, self.total_steps, epoch + 1, self.epochs, loss, rate, rate * self.samples_per_step,
                  100 * wait, _duration(eta))
+        self.records.append({"step": step, "epoch": epoch + 1, "loss": loss, "steps_per_s": round(rate, 4),
+                             "samples_per_s": round(rate * self.samples_per_step, 2),
+                             "data_wait_fraction": round(wait, 4),
+                             "allreduce_wait_fraction": round((allreduce_wait_seconds - self.last_sync) / elapsed, 4)})
         self.last_step, self.last_time, self.last_wait = step, now, data_wait_seconds
+        self.last_sync = allreduce_wait_seconds
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -512,6 +525,7 @@ def _rng_state(device) -> dict:
 def _write_run_files(plan: RankPlan) -> None:
     run = resolve(plan.run_dir)
     run.write_text("config.yaml", dump_yaml(plan.config))
+    write_run_info(plan)
 
 
 def _append_metrics(plan: RankPlan, record: dict) -> None:
@@ -549,6 +563,17 @@ def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
     publish_model(plan.model_path, plan.output_mode, model, meta, example)
     log.info("model published at %s; metrics in %s/metrics.jsonl", plan.model_path, plan.run_dir)
     return {"model_uri": plan.model_path, "metrics": history, "reference": reference}
+
+
+def _report_and_track(plan: RankPlan, history: list[dict]) -> None:
+    """Rank 0, once the model is published: the run report, then MLflow; each warns, never fails the run."""
+    from training.report import write_run_report_or_warn
+
+    report = write_run_report_or_warn(plan.run_dir)
+    if plan.config.tracking.mlflow is not None:
+        from training.tracking import track_run_or_warn
+
+        track_run_or_warn(plan, history, report)
 
 
 def _describe(record: dict) -> str:

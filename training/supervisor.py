@@ -422,9 +422,11 @@ def retryable(exc: Exception) -> bool:
     return False
 
 
-def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str) -> list[dict]:
+def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str,
+                   on_restart: Callable[[int, str], None] | None = None) -> list[dict]:
     """Launch, and relaunch up to ``launch_cfg.max_restarts`` times after a retryable failure; the
-    ranks resume from the newest complete checkpoint (``resume`` must be ``auto`` for that)."""
+    ranks resume from the newest complete checkpoint (``resume`` must be ``auto`` for that).
+    ``on_restart(restart, reason)`` runs before each relaunch (the run directory's restart log)."""
     restarts = 0
     while True:
         try:
@@ -444,6 +446,8 @@ def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str) ->
             log.warning("ranks failed: %s", first_line(exc))
             log.warning("restarting the ranks (restart %d of launch.max_restarts=%d); they resume from the newest "
                         "complete checkpoint", restarts, launch_cfg.max_restarts)
+            if on_restart:
+                on_restart(restarts, first_line(exc))
             continue
         if restarts:
             main = results[0]

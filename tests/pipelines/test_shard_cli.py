@@ -44,10 +44,39 @@ def test_generate_shard_inspect_commands(spark, tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err
     assert run(["shard", "--config", "conf/shard.yaml", *overrides, "output.mode=skip_if_exists"]) == 0
     assert "unchanged, skipped" in capsys.readouterr().out
-    assert run(["inspect", str(out)]) == 0
+    page = tmp_path / "reports" / "ds.html"
+    assert run(["inspect", "--html", str(page), str(out)]) == 0
     text = capsys.readouterr().out
     assert "accounting input 2,000 = published 1,992 + quarantined 8" in text
     assert "train" in text and "spread" in text and "null_label" in text
+    assert text.rstrip().endswith(f"wrote {page}")
+    _check_dataset_page(page.read_text(encoding="utf-8"), read_manifest(str(out)))
+
+
+def _check_dataset_page(html_text: str, manifest) -> None:
+    """inspect --html: self-contained, charts that decode as PNG, every quarantine reason with its
+    count and every shard with its rows, as the manifest records them."""
+    import base64
+    import html
+    import io
+    import re
+
+    from PIL import Image
+
+    assert not re.search(r'(src|href)="(?!data:)', html_text)
+    payloads = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html_text)
+    assert len(payloads) >= len(manifest.split_names) + 1  # rows per shard of each split, quarantine reasons
+    for payload in payloads:
+        image = Image.open(io.BytesIO(base64.b64decode(payload, validate=True)))
+        image.load()
+        assert image.format == "PNG"
+    cells = re.findall(r"<td>([^<]*)</td>", html_text)
+    pairs = set(zip(map(html.unescape, cells), cells[1:]))
+    by_reason = manifest.data["quarantine"]["by_reason"]
+    assert by_reason and all((reason, str(count)) in pairs for reason, count in by_reason.items())
+    for split in manifest.split_names:
+        assert all((f.path, str(f.rows)) in pairs for f in manifest.files(split))
+    assert manifest.fingerprint in html_text
 
 
 def test_shard_command_errors_are_one_line_with_the_exit_code_of_their_class(spark, tmp_path, capsys):

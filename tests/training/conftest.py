@@ -6,6 +6,9 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# MLflow (test_tracking.py) starts usage telemetry, which calls out to the network, when it is
+# imported outside a running test (at collection); tests never touch the network.
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from common.errors import EXIT_RUNTIME, LaunchError, RankStalledError
+from run_report_checks import assert_run_report
 from tabular_data import write_dataset
 from training import load_train_config, train
 
@@ -162,6 +163,8 @@ def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(sp
     for ours_epoch, theirs_epoch in zip(result.metrics, reference.metrics, strict=True):
         for key in ("train_loss", "val_loss", "val_accuracy"):
             assert ours_epoch[key] == theirs_epoch[key], (key, ours_epoch, theirs_epoch)
+    report = assert_run_report(result.run_dir, dataset.manifest["fingerprint"], 2, result.metrics, restarts=1)
+    assert "killed by SIGKILL" in report  # the restart log names why the ranks were relaunched
     wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from common.errors import EXIT_RUNTIME
+from run_report_checks import assert_run_report
 from tabular_data import write_dataset
 from training import load_model, load_train_config, train
 from training.data import rank_row_range
@@ -68,6 +69,7 @@ def test_two_ranks_fp16_grad_accum_uneven_layout(spark, uneven, tmp_path):
     summary = json.load(open(os.path.join(result.run_dir, "summary.json")))
     assert summary["steps_per_rank"] == result.steps_per_rank
     assert all(r["device"] == "cpu" and r["gpu_addresses"] == [] for r in result.ranks)
+    assert_run_report(result.run_dir, uneven.manifest["fingerprint"], 2, result.metrics)  # written by rank 0
 
 
 def test_a_failing_rank_reports_its_own_traceback(spark, uneven, tmp_path):

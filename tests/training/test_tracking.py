@@ -1,0 +1,105 @@
+"""MLflow tracking (tracking.mlflow) against a real SQLite tracking store in tmp_path, read back
+with MlflowClient: parameters, per-epoch metrics at their steps, the fingerprint tag, the model and
+report.html as artifacts. A tracking server nobody answers at, or no mlflow at all, only warns:
+`shardtrain train` still exits 0 and publishes the model. In-process runs: tracking is rank 0's
+alone, the same code on every backend."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from common.errors import ConfigError
+from tabular_data import write_dataset
+from training import load_train_config, train
+
+pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_dataset(str(tmp_path_factory.mktemp("tracking") / "ds"), {"train": [[300], [340]], "val": [[100]]})
+
+
+def _overrides(ds, out, *extra):
+    return [f"data.path={ds.uri}", "launch.mode=in_process", "launch.num_proc=1", f"output.model_path={out}/model",
+            "train.epochs=3", "train.batch_size=32", "model.hidden=[8]", *extra]
+
+
+def test_a_finished_run_is_in_mlflow_with_params_metrics_tag_and_artifacts(dataset, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a new experiment's artifacts go to ./mlruns, MLflow's default
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = train(load_train_config(None, _overrides(
+        dataset, tmp_path, f"tracking.mlflow.tracking_uri={uri}", "tracking.mlflow.experiment=shardtrain-test",
+        "tracking.mlflow.run_name=nightly")))
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("shardtrain-test")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "nightly" and run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["train.epochs"] == "3" and params["model.hidden"] == "[8]" and params["data.path"] == dataset.uri
+    assert params["tracking.mlflow.experiment"] == "shardtrain-test" and params["launch.env"] == "{}"
+    assert run.data.tags["dataset_fingerprint"] == dataset.manifest["fingerprint"]
+    run_id = run.info.run_id
+    assert [e["step"] for e in result.metrics] == [20, 40, 60]
+    expected = {key: [e[key] for e in result.metrics] for key in ("train_loss", "val_loss", "val_accuracy", "samples")}
+    expected["samples_per_s"] = [e["samples"] / e["seconds"] for e in result.metrics]
+    for key, values in expected.items():  # one value per epoch, at the optimizer step the epoch ended on
+        history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+        assert [m.step for m in history] == [20, 40, 60], key
+        assert [m.value for m in history] == pytest.approx(values), key
+
+    top = {a.path for a in client.list_artifacts(run_id)}
+    assert top == {"model", "report.html"}
+    model_files = {a.path for a in client.list_artifacts(run_id, "model")}
+    assert {"model/model.json", "model/model.safetensors", "model/_COMMITTED"} <= model_files
+    local = client.download_artifacts(run_id, "model/model.json", str(tmp_path / "back"))
+    assert json.load(open(local)) == json.load(open(os.path.join(result.model_uri, "model.json")))
+    report = client.download_artifacts(run_id, "report.html", str(tmp_path / "back"))
+    assert open(report).read() == open(os.path.join(result.run_dir, "report.html")).read()
+
+
+def _refused_port() -> int:
+    """A loopback port nothing listens on, proven by a refused connection."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    return port
+
+
+@pytest.mark.parametrize("case", ["unreachable server", "mlflow not installed"])
+def test_tracking_that_cannot_work_warns_once_and_training_exits_0_with_the_model(dataset, tmp_path, case):
+    port = _refused_port()
+    overrides = _overrides(dataset, tmp_path, "train.epochs=1", f"tracking.mlflow.tracking_uri=http://127.0.0.1:{port}")
+    # "not installed": the interpreter's import of mlflow fails as it does where it is absent.
+    hide = "import sys; sys.modules['mlflow'] = None; " if case == "mlflow not installed" else ""
+    code = f"{hide}import sys; from shardtrain.cli import main; sys.exit(main(sys.argv[1:]))"
+    (tmp_path / "train.yaml").write_text("train:\n  log_every_steps: 5\n")
+    proc = subprocess.run([sys.executable, "-c", code, "train", "--config", "train.yaml", *overrides],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in proc.stderr.splitlines() if "MLflow tracking skipped" in line]
+    assert len(warnings) == 1, proc.stderr[-3000:]
+    why = f"127.0.0.1:{port}" if case == "unreachable server" else "mlflow is not installed"
+    assert why in warnings[0] and " WARNING " in warnings[0]
+    assert os.path.exists(tmp_path / "model" / "_COMMITTED") and os.path.exists(tmp_path / "model.run" / "report.html")
+    assert not os.path.exists(tmp_path / "mlruns")  # nothing was tracked anywhere else instead
+
+
+def test_tracking_keys_are_typed_and_checked_naming_the_key():
+    base = ["data.path=/data/ds"]
+    assert load_train_config(None, base).tracking.mlflow is None  # no tracking unless asked for
+    cfg = load_train_config(None, [*base, "tracking.mlflow={}"])
+    assert (cfg.tracking.mlflow.tracking_uri, cfg.tracking.mlflow.experiment, cfg.tracking.mlflow.run_name) == \
+        (None, None, None)  # MLflow's own defaults: nothing is set
+    with pytest.raises(ConfigError, match=r"tracking\.mlflow\.experiment must not be empty"):
+        load_train_config(None, [*base, "tracking.mlflow.experiment=' '"])
+    with pytest.raises(ConfigError, match=r"did you mean 'tracking\.mlflow\.tracking_uri'"):
+        load_train_config(None, [*base, "tracking.mlflow.tracking_url=http://x"])

@@ -1,0 +1,167 @@
+"""MLflow tracking of a finished training run (``tracking.mlflow``), by rank 0 once the model is
+published: one MLflow run with the resolved config as parameters (dotted keys), every epoch's
+metrics at its optimizer step, the dataset fingerprint as a tag, the model directory and the run
+report as artifacts.
+
+Tracking is a convenience, so it never fails training: without mlflow, with an unreachable
+server or any error from MLflow, rank 0 logs one warning with the reason and the run goes on.
+
+It uses an ``MlflowClient`` for the configured URI and never ``mlflow.set_tracking_uri``: a
+notebook's own MLflow setup is left as it was. Without ``tracking_uri`` the client takes MLflow's
+default (``MLFLOW_TRACKING_URI``; on Databricks, the workspace's tracking server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import tempfile
+import time
+from typing import Iterator
+from urllib.parse import urlparse
+
+from common import __version__
+from common.config import to_dict
+from common.errors import first_line
+from common.storage import resolve
+from training.config import MlflowConfig
+from training.run_record import epoch_rates
+
+log = logging.getLogger("shardtrain.train")
+
+MAX_PARAMS_PER_BATCH = 100  # MLflow's limits for one log_batch
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAM_LENGTH = 6000  # MLflow's limit for a param value
+CONNECT_TIMEOUT_S = 10
+
+
+class TrackingUnavailable(Exception):
+    """MLflow cannot be used for this run (not installed, server unreachable); the message says why."""
+
+
+def track_run_or_warn(plan, history: list[dict], report_uri: str | None) -> str | None:
+    """Track the run as ``plan.config.tracking.mlflow`` says; the MLflow run id, or None after one warning."""
+    cfg = plan.config.tracking.mlflow
+    try:
+        run_id = track_run(cfg, plan, history, report_uri)
+    except Exception as exc:  # noqa: BLE001 - tracking must never fail training (module docstring)
+        log.warning("MLflow tracking skipped, the training run is unaffected: %s", _reason(exc))
+        return None
+    log.info("MLflow run %s recorded (tracking URI %s)", run_id, cfg.tracking_uri or "MLflow's default")
+    return run_id
+
+
+def track_run(cfg: MlflowConfig, plan, history: list[dict], report_uri: str | None) -> str:
+    client = _client(cfg)
+    run = client.create_run(_experiment_id(client, cfg.experiment), run_name=cfg.run_name,
+                            tags={"dataset_fingerprint": plan.fingerprint, "dataset_uri": plan.dataset_uri,
+                                  "model_uri": plan.model_path, "shardtrain_version": __version__})
+    run_id = run.info.run_id
+    try:
+        _log_params(client, run_id, flatten(to_dict(plan.config)))
+        _log_metrics(client, run_id, history, plan.world_size * plan.config.train.batch_size
+                     * plan.config.train.grad_accum)
+        with local_copy(plan.model_path) as model_dir:
+            client.log_artifacts(run_id, model_dir, artifact_path="model")
+        if report_uri:
+            with local_copy(report_uri) as report:
+                client.log_artifact(run_id, report)
+    except BaseException:
+        client.set_terminated(run_id, status="FAILED")
+        raise
+    client.set_terminated(run_id, status="FINISHED")
+    return run_id
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, str]:
+    """{"train": {"lr": 0.1}} -> {"train.lr": "0.1"}; lists and empty mappings as JSON, null as "null"."""
+    flat = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+            flat[name] = text[:MAX_PARAM_LENGTH]
+    return flat
+
+
+@contextlib.contextmanager
+def local_copy(uri: str) -> Iterator[str]:
+    """A local path holding ``uri`` (a file or a directory): the path itself for local storage, a
+    temporary copy otherwise (MLflow uploads artifacts from local paths)."""
+    loc = resolve(uri)
+    if loc.scheme == "file":
+        yield loc.path
+        return
+    with tempfile.TemporaryDirectory(prefix="shardtrain-mlflow-") as tmp:
+        target = os.path.join(tmp, loc.path.rstrip("/").rsplit("/", 1)[-1])
+        loc.fs.get(loc.path, target, recursive=loc.fs.isdir(loc.path))
+        yield target
+
+
+def _client(cfg: MlflowConfig):
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError as exc:
+        raise TrackingUnavailable(f"mlflow is not installed ({exc}); pip install 'shardtrain[mlflow]'") from None
+    client = MlflowClient(tracking_uri=cfg.tracking_uri)
+    _check_reachable(client.tracking_uri)
+    return client
+
+
+def _check_reachable(tracking_uri: str) -> None:
+    """Fail in seconds on a server nobody answers at: MLflow itself would retry for minutes."""
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise TrackingUnavailable(f"the tracking server {tracking_uri} is unreachable: cannot connect to "
+                                  f"{parsed.hostname}:{port}: {exc}") from None
+
+
+def _experiment_id(client, name: str | None) -> str:
+    if name is None:
+        # MLflow's own choice: MLFLOW_EXPERIMENT_ID / _NAME, a Databricks notebook's experiment, else Default.
+        from mlflow.tracking.fluent import _get_experiment_id
+
+        return _get_experiment_id()
+    experiment = client.get_experiment_by_name(name)
+    return experiment.experiment_id if experiment else client.create_experiment(name)
+
+
+def _log_params(client, run_id: str, params: dict[str, str]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(key, value) for key, value in sorted(params.items())]
+    for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=items[start:start + MAX_PARAMS_PER_BATCH])
+
+
+def _log_metrics(client, run_id: str, history: list[dict], samples_per_step: int) -> None:
+    """Each epoch's numeric values and rates, at the optimizer step the epoch ended on."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = []
+    for record in history:
+        values = {**record, **epoch_rates(record, samples_per_step)}
+        metrics += [Metric(key, float(value), now, int(record["step"])) for key, value in sorted(values.items())
+                    if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)]
+    for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TrackingUnavailable):
+        return str(exc)
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+__all__ = ["TrackingUnavailable", "flatten", "local_copy", "track_run", "track_run_or_warn"]
