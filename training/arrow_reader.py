@@ -10,9 +10,10 @@ resumes on either. Files are opened through ``common.storage`` (local, s3, hdfs,
 One background thread decodes up to ``prefetch_row_groups`` row groups ahead of the training
 step and, given ``prepare``, also runs it on each table there (``training.data`` passes the mask
 to the rank's rows and the conversion to batch arrays): pyarrow and numpy release the GIL for the
-bulk of that work, so it overlaps the training step instead of adding to it. Local files are
-opened by path (pyarrow's own reads, memory-mapped, no Python file object taking the GIL per
-read); other schemes through their ``common.storage`` file system. This module owns reading row
+bulk of that work, so it overlaps the training step instead of adding to it. Local files (and
+dbfs:/ through its mount) are opened by path: pyarrow's own reads, no Python file object taking
+the GIL per read (a third less decode CPU, benchmarks/RESULTS.md); other schemes through their
+``common.storage`` file system. This module owns reading row
 groups, nothing else: which columns make a batch, shuffling rows and batching stay in
 ``training.data``.
 """
@@ -60,7 +61,7 @@ class ArrowRowGroupReader:
                     source = loc.fs.open(loc.path, "rb")
                     self._handles.append(source)
                 try:
-                    self._files.append(pq.ParquetFile(source, memory_map=loc.scheme == "file"))
+                    self._files.append(pq.ParquetFile(source))
                 except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError: no Parquet footer
                     raise DatasetError(f"{uri}: not a readable Parquet file ({exc}); the dataset is damaged, "
                                        "re-run the shard job") from None
@@ -124,7 +125,7 @@ class ArrowRowGroupReader:
 
     def _close(self) -> None:
         for parquet_file in self._files:
-            parquet_file.close()  # also unmaps a memory-mapped local file
+            parquet_file.close()  # the files pyarrow opened by path
         for handle in self._handles:
             handle.close()
         self._files, self._handles = [], []
