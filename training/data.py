@@ -247,23 +247,24 @@ class RankLoader:
     def _shuffled_batches(self, epoch: int, stats: EpochStats, keep_last: bool = False) -> Iterator[dict]:
         """Full batches of numpy arrays in this epoch's order (and the partial rest, if ``keep_last``).
 
-        Arrow tables are collected until the shuffle buffer is full and only then converted, all
-        at once, straight into the buffer's arrays (no per-table arrays to concatenate later);
-        each batch is then one ``np.take`` per array with a slice of the buffer's permutation.
+        Each row group becomes a chunk of batch arrays (``_prepare``: masked to this rank's rows,
+        converted), in the arrow reader's own thread or here for petastorm. Chunks are collected
+        until the shuffle buffer is full and joined once with the rows left over from the previous
+        buffer; each batch is then one ``np.take`` per array with a slice of the buffer's permutation.
         """
         rng = np.random.default_rng(epoch_seed(self.seed, epoch, self.rank))
-        pending: list = []  # masked Arrow tables not yet converted
+        pending: list[dict] = []  # chunks not yet shuffled
         pending_rows = 0
-        carry = None  # rows left over from the previous buffer (fewer than a batch), already converted
+        carry = None  # rows left over from the previous buffer (fewer than a batch)
         reader = self._open_reader(epoch)
+        chunks = reader if self.reader == "arrow" else map(self._prepare, reader)
         try:
-            for table in reader:
-                stats.rows_read += table.num_rows
-                table = self._mask(table)
-                if not table.num_rows:
+            for rows_read, chunk in chunks:
+                stats.rows_read += rows_read
+                if chunk is None:
                     continue
-                pending.append(table)
-                pending_rows += table.num_rows
+                pending.append(chunk)
+                pending_rows += len(chunk[ROW_INDEX])
                 if pending_rows >= self.shuffle_buffer_rows:
                     carry = yield from self._emit(pending, carry, rng)
                     pending, pending_rows = [], len(carry[ROW_INDEX]) if carry else 0
@@ -275,13 +276,20 @@ class RankLoader:
             reader.stop()
             reader.join()
 
+    def _prepare(self, table) -> tuple[int, dict | None]:
+        """A row group -> (rows read, its rows of this rank as batch arrays, or None if it has none)."""
+        rows_read = table.num_rows
+        table = self._mask(table)
+        return rows_read, (tables_to_arrays([table], self.columns) if table.num_rows else None)
+
     def _open_reader(self, epoch: int):
         self.layout.verify_files(self.files)  # both readers: no row of a damaged file is ever used
         if self.reader == "arrow":
             from training.arrow_reader import ArrowRowGroupReader
 
             return ArrowRowGroupReader([f.uri for f in self.files], self.columns.stored, self.shuffle,
-                                       epoch_seed(self.seed, epoch, self.rank), self.prefetch_row_groups)
+                                       epoch_seed(self.seed, epoch, self.rank), self.prefetch_row_groups,
+                                       prepare=self._prepare)
         from petastorm import make_batch_reader
 
         locations = [resolve(f.uri) for f in self.files]
@@ -322,10 +330,10 @@ class RankLoader:
 
         return table.filter(pa.array(keep))
 
-    def _emit(self, tables: list, carry: dict | None, rng: np.random.Generator):
-        """Shuffle ``carry`` and the rows of ``tables`` together and yield full batches; return
-        the leftover rows (same order as concatenating carry then tables, then permuting)."""
-        merged = tables_to_arrays(tables, self.columns, head=carry)
+    def _emit(self, chunks: list[dict], carry: dict | None, rng: np.random.Generator):
+        """Shuffle ``carry`` and the rows of ``chunks`` together and yield full batches; return
+        the leftover rows (same order as concatenating carry then chunks, then permuting)."""
+        merged = _joined([carry, *chunks] if carry else chunks)
         total = len(merged[ROW_INDEX])
         size = self.batch_size
         full = total // size * size
@@ -346,51 +354,49 @@ class RankLoader:
         return {name: np.take(value, rest, axis=0) for name, value in items}
 
 
+def _joined(chunks: list[dict]) -> dict[str, np.ndarray]:
+    """Chunks of batch arrays as one (one contiguous copy per array; none for a single chunk)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in chunks[0]}
+
+
 def table_to_arrays(table, columns: Columns) -> dict[str, np.ndarray]:
     """Arrow table of stored columns -> the batch arrays (columns stacked as the model wants them)."""
     return tables_to_arrays([table], columns)
 
 
-def tables_to_arrays(tables: list, columns: Columns, head: dict | None = None) -> dict[str, np.ndarray]:
-    """The rows of ``head`` (arrays as this function returns them) followed by those of the Arrow
-    ``tables``, as batch arrays; each value is written once into its final array."""
+def tables_to_arrays(tables: list, columns: Columns) -> dict[str, np.ndarray]:
+    """The rows of the Arrow ``tables`` as batch arrays; each value is written once into its final array."""
     sizes = [t.num_rows for t in tables]
-    n_head = len(head[ROW_INDEX]) if head else 0
-    n = n_head + sum(sizes)
+    n = sum(sizes)
     out: dict[str, np.ndarray] = {
-        "numeric": _stacked(tables, columns.numeric, np.float32, n, head["numeric"] if head else None),
-        "categorical": _stacked(tables, columns.categorical, np.int64, n, head["categorical"] if head else None),
+        "numeric": _stacked(tables, columns.numeric, np.float32, n),
+        "categorical": _stacked(tables, columns.categorical, np.int64, n),
     }
     for name, shape in columns.arrays:
         values = np.empty((n, *shape), dtype=np.float32)
-        pos = n_head
-        if head:
-            values[:n_head] = head[name]
+        pos = 0
         for table, rows in zip(tables, sizes):
             values[pos:pos + rows] = _list_column(table, name, shape)
             pos += rows
         out[name] = values
     for name, key, dtype in ((columns.label, "label", np.dtype(columns.label_dtype)), (ROW_INDEX, ROW_INDEX, np.int64)):
         values = np.empty(n, dtype=dtype)
-        if head:
-            values[:n_head] = head[key]
-        _fill_column(values[n_head:], tables, name)
+        _fill_column(values, tables, name)
         out[key] = values
     return out
 
 
-def _stacked(tables: list, names, dtype, n: int, head: np.ndarray | None) -> np.ndarray:
-    """Columns ``names`` of ``tables`` (after ``head``) as one C-contiguous [n, len(names)] array.
+def _stacked(tables: list, names, dtype, n: int) -> np.ndarray:
+    """Columns ``names`` of ``tables`` as one C-contiguous [n, len(names)] array.
 
     Filled column by column into a [k, n] array (contiguous writes) and transposed once at the
     end: about 3x cheaper than writing each column into a strided slice of an [n, k] array.
     """
     columnwise = np.empty((len(names), n), dtype=dtype)
-    n_head = 0 if head is None else len(head)
-    if n_head:
-        columnwise[:, :n_head] = head.T
     for j, name in enumerate(names):
-        _fill_column(columnwise[j, n_head:], tables, name)
+        _fill_column(columnwise[j], tables, name)
     return np.ascontiguousarray(columnwise.T)
 
 

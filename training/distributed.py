@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 
 import torch
 
@@ -51,6 +52,9 @@ class LocalGroup(_WholeModelOnEveryRank):
 
     def synchronize(self, optimizer) -> None:
         pass
+
+    def allreduce_wait(self, synchronize_started: float) -> float:
+        return 0.0  # one process: nothing to wait for
 
     def skip_synchronize(self, optimizer):
         return contextlib.nullcontext()
@@ -98,6 +102,11 @@ class HorovodGroup(_WholeModelOnEveryRank):
 
     def synchronize(self, optimizer) -> None:
         optimizer.synchronize()
+
+    def allreduce_wait(self, synchronize_started: float) -> float:
+        """Seconds the step waited for the gradient allreduce backward did not hide: Horovod
+        starts it during backward and ``synchronize`` waits for the rest, so its duration."""
+        return time.perf_counter() - synchronize_started
 
     def skip_synchronize(self, optimizer):
         return optimizer.skip_synchronize()
@@ -152,13 +161,16 @@ class TorchGroup:
         mine = hosts[self.rank]
         self.local_rank = hosts[:self.rank].count(mine)
         self.local_size = hosts.count(mine)
+        self._last_bucket_started: float | None = None  # set by _timed_allreduce (DDP)
 
     def wrap_model(self, model):
         if self.parallel == "fsdp":
             return self._fully_shard(model)
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)
+        ddp = DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)
+        ddp.register_comm_hook(self, _timed_allreduce)
+        return ddp
 
     def _fully_shard(self, model):
         """FSDP2: each Linear and Embedding its own unit (gathered only while it computes), then
@@ -231,6 +243,15 @@ class TorchGroup:
     def synchronize(self, optimizer) -> None:
         pass  # DDP's backward already left the averaged gradients in place
 
+    def allreduce_wait(self, synchronize_started: float) -> float:
+        """Seconds the step waited for the gradient allreduce backward did not hide. DDP waits
+        inside backward, so timing ``synchronize`` reads 0: instead, the time from the start of
+        the step's last bucket allreduce (all gradients computed by then) to the end of backward
+        (``synchronize_started``), i.e. the communication still in flight when compute ran out.
+        FSDP's reduce-scatters are not timed (0)."""
+        started, self._last_bucket_started = self._last_bucket_started, None
+        return max(0.0, synchronize_started - started) if started is not None else 0.0
+
     def skip_synchronize(self, optimizer):
         return contextlib.nullcontext()
 
@@ -283,6 +304,15 @@ class TorchGroup:
     def shutdown(self) -> None:
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
+
+
+def _timed_allreduce(group: TorchGroup, bucket):
+    """DDP's own allreduce (each rank's gradients divided by the world size, then summed), noting
+    when each bucket starts it; the last one of a backward starts once every gradient is computed."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    group._last_bucket_started = time.perf_counter()
+    return allreduce_hook(None, bucket)
 
 
 def _initialise_optimizer_state(optimizer) -> None:

@@ -242,7 +242,7 @@ def train_step(model, micro_batches: list[dict], optimizer, precision: Precision
     sync_started = time.perf_counter()
     group.synchronize(optimizer)  # the averaged gradients are in place after this
     if timer:
-        timer.allreduce_wait_seconds += time.perf_counter() - sync_started
+        timer.allreduce_wait_seconds += group.allreduce_wait(sync_started)
     precision.unscale_(optimizer)
     if clip_norm:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
@@ -347,8 +347,9 @@ def _all_finite(model: torch.nn.Module) -> bool:
 
 
 class StepTimer:
-    """Host wall time the loop spends blocked in the loader's ``next()`` and in
-    ``optimizer.synchronize()`` (the part of the gradient allreduce that backward did not hide).
+    """Host wall time the loop spends blocked in the loader's ``next()`` and waiting for the part
+    of the gradient allreduce that backward did not hide (``group.allreduce_wait``: Horovod's
+    ``optimizer.synchronize()``; under DDP, the wait inside backward after its last bucket started).
 
     Only ``time.perf_counter`` around host calls: no CUDA event or synchronize is added. On a
     GPU the host runs ahead of the device, so ``data_wait_seconds`` is time the host could not
