@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from common.errors import OutputExistsError
 from common.storage import KIND_MODEL, check_disjoint, check_replaceable, resolve
+from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
 from training.launch import check_results, launch_in_process, launch_spark
 from training.plan import RankPlan, build_plan
@@ -112,7 +113,8 @@ def _check_output(cfg: TrainConfig) -> None:
 def check_outputs(cfg: TrainConfig, inputs: dict[str, str]) -> None:
     """Before anything runs: no output (model, run directory, checkpoints) equal to, inside or
     containing an input; the run directory and checkpoints not inside the model directory (a
-    publish replaces it whole); and what is at model_path may be replaced (exit 2 otherwise)."""
+    publish replaces it whole); what is at model_path may be replaced, and checkpoint.path holds
+    no other kind of output (exit 2 otherwise)."""
     model = cfg.output.model_path
     outputs = {"output.model_path": model, "output.run_dir": cfg.output.resolved_run_dir,
                "checkpoint.path": cfg.checkpoint_path}
@@ -123,6 +125,7 @@ def check_outputs(cfg: TrainConfig, inputs: dict[str, str]) -> None:
     if cfg.output.mode == "error" and resolve(model).exists():
         raise OutputExistsError(f"{model} already exists; set output.mode=overwrite to replace it")
     check_replaceable(model, KIND_MODEL)
+    check_checkpoint_root(cfg.checkpoint_path)
 
 
 def _session(cfg: TrainConfig):

@@ -41,13 +41,26 @@ def rank_entry(plan) -> dict:
 
         group = HorovodGroup()
         rank = group.rank
-        result = {"ok": True, **run_rank(plan, group, on_step=reporter.on_step)}
+        result = {"ok": True, **run_rank(plan, group, on_step=reporter.on_step, on_validation=reporter.on_validation)}
+        _test_kill_after_publish(rank)
         reporter.finished(None)
         return result
     except BaseException as exc:  # noqa: BLE001 - reported to the driver as data, see module docstring
         record = failure_record(rank, exc, traceback.format_exc())
         reporter.finished(f"{record.type}: {record.message}", record.secondary)
         return {"ok": False, "failure": record.to_dict()}
+
+
+def _test_kill_after_publish(rank: int) -> None:
+    """Fault injection for tests/training/test_failures.py: with ``SHARDTRAIN_TEST_KILL_AFTER_PUBLISH``
+    naming a file that does not exist yet, rank 0 writes its pid there and kills itself (SIGKILL)
+    just after publishing the model: the one moment a test cannot reliably hit from outside."""
+    flag = os.environ.get("SHARDTRAIN_TEST_KILL_AFTER_PUBLISH")
+    if rank != 0 or not flag or os.path.exists(flag):
+        return
+    with open(flag, "w") as fh:
+        fh.write(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def failure_record(rank: int, exc: BaseException, text: str) -> RankFailure:

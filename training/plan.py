@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 
 from common.errors import DatasetError
 from common.dataset import MANIFEST_NAME, Manifest, read_manifest
@@ -43,6 +44,9 @@ class RankPlan:
     model_path: str
     output_mode: str
     reference_rows: int = 32  # val rows rank 0 predicts at the end (load_model round trip)
+    # One per train() call, kept across relaunches: recorded with the published model, so ranks
+    # relaunched after the publish recognise their own run's model (training.export.published_by).
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def task(self) -> str:
