@@ -156,10 +156,12 @@ def _write_summary(result: TrainResult) -> None:
 
 
 def _result(plan: RankPlan, ranks: list[dict], seconds: float) -> TrainResult:
+    ranks = sorted(ranks, key=lambda r: r["rank"])  # launch.elastic returns them in no fixed order
     main = ranks[0]
+    final = plan.for_world(len(ranks))  # launch.elastic: the world size the run finished at
     return TrainResult(model_uri=main["model_uri"], run_dir=plan.run_dir, metrics=main["metrics"],
-                       steps_per_rank=[r["steps"] for r in ranks], steps_per_epoch=plan.steps_per_epoch,
-                       skipped_rows_per_epoch=plan.skipped_rows_per_epoch, world_size=plan.world_size,
+                       steps_per_rank=[r["steps"] for r in ranks], steps_per_epoch=final.steps_per_epoch,
+                       skipped_rows_per_epoch=final.skipped_rows_per_epoch, world_size=final.world_size,
                        seconds=seconds, ranks=ranks, reference=main.get("reference"),
                        resumed_from=main.get("resumed_from"), checkpoint_problems=main.get("checkpoint_problems", []))
 

@@ -37,11 +37,13 @@ def rank_entry(plan) -> dict:
     reporter = Reporter.from_env(rank, plan.steps_per_epoch)
     try:
         from training.distributed import HorovodGroup
+        from training.elastic import run_rank_elastic
         from training.loop import run_rank
 
         group = HorovodGroup()
         rank = group.rank
-        result = {"ok": True, **run_rank(plan, group, on_step=reporter.on_step, on_validation=reporter.on_validation)}
+        run = run_rank_elastic if plan.config.launch.elastic else run_rank
+        result = {"ok": True, **run(plan, group, on_step=reporter.on_step, on_validation=reporter.on_validation)}
         _test_kill_after_publish(rank)
         reporter.finished(None)
         return result
@@ -89,9 +91,16 @@ def launch_spark(plan, spark, launch_cfg) -> list[dict]:
 
     env = {"PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in launch_cfg.env.items()}}
     try:
-        results = horovod.spark.run(rank_entry, args=(plan,), num_proc=launch_cfg.num_proc,
-                                    start_timeout=launch_cfg.start_timeout, env=env, verbose=launch_cfg.verbose,
-                                    use_gloo=True)
+        if launch_cfg.elastic:
+            # Survivors of a dead rank go on (training.elastic); Spark may re-run its task, which rejoins.
+            results = horovod.spark.run_elastic(
+                rank_entry, args=(plan,), num_proc=launch_cfg.num_proc, min_num_proc=launch_cfg.min_num_proc,
+                max_num_proc=launch_cfg.num_proc, start_timeout=launch_cfg.start_timeout,
+                elastic_timeout=launch_cfg.start_timeout, env=env, verbose=launch_cfg.verbose)
+        else:
+            results = horovod.spark.run(rank_entry, args=(plan,), num_proc=launch_cfg.num_proc,
+                                        start_timeout=launch_cfg.start_timeout, env=env, verbose=launch_cfg.verbose,
+                                        use_gloo=True)
     except Exception as exc:  # noqa: BLE001 - mapped to one typed error with the cause in words
         raise launch_error(exc, launch_cfg.num_proc) from exc
     return list(results)

@@ -13,6 +13,7 @@ Driver-only; imports neither torch nor horovod.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -51,6 +52,16 @@ class RankPlan:
     @property
     def task(self) -> str:
         return self.label_spec["task"]
+
+    def for_world(self, world: int) -> "RankPlan":
+        """This plan for ``world`` ranks: the split's rows divided into equal steps again (and the
+        learning rate scaled again), as Horovod elastic needs after a rank left. Same run id."""
+        t = self.config.train
+        lr = t.lr * (world if t.lr_scale == "linear" else 1)
+        return dataclasses.replace(
+            self, world_size=world, lr=lr,
+            steps_per_epoch=steps_per_epoch(self.train.rows, world, t.batch_size, t.grad_accum),
+            skipped_rows_per_epoch=skipped_rows_per_epoch(self.train.rows, world, t.batch_size, t.grad_accum))
 
 
 def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:

@@ -264,10 +264,11 @@ class _ReportHandler(socketserver.StreamRequestHandler):
 
 
 def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: float, timeout: float,
-                 start_timeout: float = 0) -> list[tuple[int, str]]:
+                 start_timeout: float = 0, elastic: bool = False) -> list[tuple[int, str]]:
     """(rank, why) for each stalled rank; empty while every rank moves, has finished, or is within the
     timeout. A rank that has not reported yet gets ``start_timeout`` more: the launcher's own wait
-    for task slots comes first."""
+    for task slots comes first. ``elastic``: a rank whose process died is not waited for (the
+    others go on without it; Horovod's elastic_timeout bounds a wait for too few ranks)."""
     reasons = []
     for rank in range(world):
         state = ranks.get(rank)
@@ -280,7 +281,7 @@ def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: f
         if state.done:
             continue
         if state.lost_at is not None:
-            if now - state.lost_at > timeout:
+            if not elastic and now - state.lost_at > timeout:
                 reasons.append((rank, f"rank {rank}'s process died {at} and the launch did not end"))
         elif now - state.last_seen > timeout:
             reasons.append((rank, f"rank {rank} sent nothing for {now - state.last_seen:.0f} s, {at} (its process "
@@ -298,8 +299,10 @@ def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: f
 class Supervision:
     """One launch under watch: the progress server, the watcher thread, and how to stop the launch."""
 
-    def __init__(self, spark, world: int, stall_timeout_s: float, start_timeout: float = 0):
+    def __init__(self, spark, world: int, stall_timeout_s: float, start_timeout: float = 0, elastic: bool = False):
         self.spark, self.world, self.timeout, self.start_timeout = spark, world, stall_timeout_s, start_timeout
+        self.elastic = elastic
+        self._announced: set[int] = set()  # lost ranks already logged (launch.elastic)
         self.token = secrets.token_hex(16)
         self.server = ProgressServer(self.token)
         self.stall: str | None = None
@@ -328,13 +331,24 @@ class Supervision:
     def _watch(self) -> None:
         while not self._done.wait(beat_interval(self.timeout)):
             ranks = self.ranks()
+            if self.elastic:
+                self._announce_lost(ranks)
             reasons = find_stalled(ranks, self.world, self._started, time.monotonic(), self.timeout,
-                                   self.start_timeout)
+                                   self.start_timeout, self.elastic)
             if reasons:
                 self.stall = self._stall_message(reasons, ranks)
                 log.error("%s; stopping the launch", self.stall)
                 self._stop(ranks)
                 return
+
+    def _announce_lost(self, ranks: dict[int, RankState]) -> None:
+        for state in ranks.values():
+            if state.lost_at is not None and state.rank not in self._announced:
+                self._announced.add(state.rank)
+                alive = sum(1 for s in ranks.values() if s.lost_at is None)
+                log.warning("rank %d left: its process died %s without reporting an error; launch.elastic: the %d "
+                            "other rank(s) go on without it at world size %d", state.rank,
+                            "before its first step" if state.step is None else f"at step {state.step}", alive, alive)
 
     def _stall_message(self, reasons: list[tuple[int, str]], ranks: dict[int, RankState]) -> str:
         # Silent ranks first, then the one stuck longest: a rank blocked in a collective is usually
@@ -396,7 +410,8 @@ def _kill(pid: int, created: float | None) -> None:
 def supervise(launch_fn: Callable, plan, spark, launch_cfg) -> list[dict]:
     """``launch_fn`` in this thread (Horovod installs signal handlers, so it needs the main one)
     while a watcher thread stops it if a rank stalls; failures are explained rank by rank."""
-    with Supervision(spark, plan.world_size, launch_cfg.stall_timeout_s, launch_cfg.start_timeout) as sup:
+    with Supervision(spark, plan.world_size, launch_cfg.stall_timeout_s, launch_cfg.start_timeout,
+                     launch_cfg.elastic) as sup:
         cfg = dataclasses.replace(launch_cfg, env={**launch_cfg.env, **sup.launch_env()})
         try:
             results = launch_fn(plan, spark, cfg)

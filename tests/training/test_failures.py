@@ -35,12 +35,15 @@ def dataset(tmp_path_factory):
     return write_dataset(str(tmp_path_factory.mktemp("failures") / "ds"), LAYOUT)
 
 
+def _overrides(ds, out, marker, *extra) -> list[str]:
+    return [f"data.path={ds.uri}", f"output.model_path={out}/model", "launch.num_proc=2", "launch.start_timeout=120",
+            f"launch.env.PYTHONPATH={HERE}", f"launch.env.{MARKER}={marker}", "train.batch_size=32",
+            "train.epochs=2", "train.log_every_steps=100", "data.shuffle_buffer_rows=200", "model.hidden=[16]",
+            "checkpoint.every_steps=20", "checkpoint.keep=3", *extra]
+
+
 def _cfg(ds, out, marker, *extra):
-    return load_train_config(None, [
-        f"data.path={ds.uri}", f"output.model_path={out}/model", "launch.num_proc=2", "launch.start_timeout=120",
-        f"launch.env.PYTHONPATH={HERE}", f"launch.env.{MARKER}={marker}", "train.batch_size=32",
-        "train.epochs=2", "train.log_every_steps=100", "data.shuffle_buffer_rows=200", "model.hidden=[16]",
-        "checkpoint.every_steps=20", "checkpoint.keep=3", *extra])
+    return load_train_config(None, _overrides(ds, out, marker, *extra))
 
 
 def rank_process(marker: str, rank: int, exclude: frozenset = frozenset()) -> psutil.Process | None:
@@ -258,4 +261,42 @@ def test_ranks_failing_after_the_publish_finish_the_run_without_publishing_again
     with pytest.raises(OutputExistsError, match="already exists"):
         train(cfg, spark)
     assert not published_by(str(model), "another run")
+    wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
+
+
+def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_new_world_size(dataset, tmp_path):
+    """launch.elastic: 2 ranks, rank 1 killed (SIGKILL by pid) mid-epoch; rank 0 goes on at world
+    size 1 without a relaunch, repeating the interrupted epoch in the steps of a 1-rank plan. Its own
+    process with local[2,4]: Horovod elastic needs Spark task retries (the shared session has none:
+    the dead rank's failed task would fail the Spark job). If Spark re-runs the task in time, the
+    rank rejoins and the run finishes at world size 2; either way every rank ran the steps of the
+    final world size's plan. (3 -> 2 ranks on local[3,4]: benchmarks/elastic_probe.py.)"""
+    import json
+    import subprocess
+    import sys
+
+    from training.data import steps_per_epoch
+
+    marker = uuid.uuid4().hex
+    saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGKILL)
+    saboteur.start()
+    job = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom training import load_train_config, train\n"
+                               "train(load_train_config(None, sys.argv[1:]))\n",
+         *_overrides(dataset, tmp_path, marker, "launch.elastic=true", "launch.max_restarts=0",
+                     "spark.master=local[2,4]")],
+        capture_output=True, text=True, timeout=540)
+    saboteur.join()
+    assert saboteur.error is None and gone(saboteur.proc)  # rank 1 really died
+    assert job.returncode == 0, job.stderr[-3000:]
+
+    assert "rank 1 left: its process died at step" in job.stderr
+    assert "elastic reset: world size 2 -> 1" in job.stderr
+    assert "restarting the ranks" not in job.stderr  # no relaunch
+    summary = json.load(open(tmp_path / "model.run" / "summary.json"))
+    world = summary["world_size"]
+    per_rank = steps_per_epoch(sum(map(sum, LAYOUT["train"])), world, 32)
+    assert summary["steps_per_epoch"] == per_rank
+    assert summary["steps_per_rank"] == [2 * per_rank] * world  # equal on every rank, in the final size's steps
+    assert len(summary["metrics"]) == 2 and load_model(str(tmp_path / "model")).metrics == summary["metrics"]
     wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)

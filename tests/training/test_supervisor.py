@@ -24,6 +24,11 @@ def test_launch_keys_are_checked_naming_the_key():
     with pytest.raises(ConfigError, match="max_restarts"):
         LaunchConfig(max_restarts=-1)
     assert (LaunchConfig().stall_timeout_s, LaunchConfig().max_restarts) == (600, 2)
+    assert LaunchConfig(num_proc=3, elastic=True, backend="horovod").min_num_proc == 2
+    with pytest.raises(ConfigError, match="min_num_proc"):
+        LaunchConfig(num_proc=2, elastic=True, backend="horovod", min_num_proc=3)
+    with pytest.raises(ConfigError, match="elastic"):
+        LaunchConfig(elastic=True, backend="torch")
 
 
 def _state(rank, step, phase, seen, progress, **extra):
@@ -49,6 +54,8 @@ def test_stall_rule_counts_steps_inside_epochs_and_signs_of_life_outside():
     assert "sent nothing for 61 s" in stalled[1]
     assert "never reported" in stalled[6]
     ranks[5].lost_at = now - 61
+    # launch.elastic: the others go on without a dead rank, so it is never a stall.
+    assert 5 not in dict(find_stalled(ranks, world=9, started=now - 100, now=now, timeout=timeout, elastic=True))
     assert 5 in dict(find_stalled(ranks, world=9, started=now - 100, now=now, timeout=timeout))
     assert find_stalled({}, world=2, started=now - 10, now=now, timeout=timeout) == []
     # Not reported yet, but the launcher may still be waiting for task slots.
