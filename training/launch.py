@@ -6,7 +6,8 @@ takes only the plain ``RankPlan``, and imports torch and horovod when it runs. I
 exception escape: a failure comes back as a ``RankFailure`` record with the rank's own traceback,
 so the driver can say what went wrong instead of showing a bare Py4JJavaError. While it trains it
 reports its step to the driver (``training.supervisor.Reporter``), which stops a stalled launch and
-relaunches after a rank's process died.
+relaunches after a rank's process died. With ``launch.elastic`` the launch is
+``horovod.spark.run_elastic`` and the rank runs ``training.elastic.run_rank_elastic``.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ process that sends nothing at all (stopped, hung in a call that holds the GIL, h
 stalled in any phase. The heartbeat runs on its own thread, so it proves the process is alive,
 not that the training thread moves: that is why the step and batch rules apply inside epochs and
 validation passes, and the message lists every other rank's step beside the stalled ones.
+
+With ``launch.elastic`` a rank whose process died is logged (``rank N left ...``) and not waited
+for: the others go on without it (training.elastic).
 """
 
 from __future__ import annotations
