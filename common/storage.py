@@ -9,9 +9,9 @@ then moved into place, and a ``_COMMITTED`` marker is written last. Readers call
 point leaves nothing a reader will accept.
 
 What an output may replace: the marker records the output's ``kind`` (``shardtrain.dataset``,
-``shardtrain.model``); ``overwrite`` replaces only an empty directory or a shardtrain output of
-the same kind (``check_replaceable``), never a user's file or directory. ``check_disjoint``
-refuses an output equal to, inside or containing an input.
+``shardtrain.model``, ``shardtrain.checkpoint``); ``overwrite`` replaces only an empty directory or
+a shardtrain output of the same kind (``check_replaceable``), never a user's file or directory.
+``check_disjoint`` refuses an output equal to, inside or containing an input.
 
 One writer at a time: ``output_lock`` holds a lock file beside the output for the whole job
 (``publish`` takes it too, re-entrantly). Locally it is an ``flock`` on the file, which the
@@ -51,6 +51,7 @@ STAGING_TAG = "._staging-"
 LOCK_TAG = ".shardtrain-lock"
 KIND_DATASET = "shardtrain.dataset"
 KIND_MODEL = "shardtrain.model"
+KIND_CHECKPOINT = "shardtrain.checkpoint"
 SCHEMES = ("file", "s3", "hdfs", "dbfs")
 DBFS_MOUNT = os.environ.get("SHARDTRAIN_DBFS_MOUNT", "/dbfs")
 
@@ -99,6 +100,8 @@ def storage_errors(what: str, uri: str) -> Iterator[None]:
         raise
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
+        if exc.filename and str(exc.filename) not in reason:
+            reason += f": {exc.filename}"  # the file inside ``uri`` that failed, when the error knows it
         raise StorageIOError(f"{uri}: {what} failed: {type(exc).__name__}: {reason}") from None
 
 

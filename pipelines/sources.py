@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from common.errors import ConfigError, InputDataError, first_line
 from pipelines.preprocess import q
 from pipelines.shard_config import ShardConfig, SourceConfig
-from common.storage import resolve
+from common.storage import resolve, storage_errors
 
 CORRUPT_COLUMN = "_corrupt_record"
 MALFORMED = "malformed_record"
@@ -40,7 +40,8 @@ def source_fingerprint(name: str, cfg: SourceConfig) -> dict:
     files = _data_files(name, cfg)
     entries = []
     for path in files:
-        info = fs.info(path)
+        with storage_errors(f"reading the size and time of source {name!r}'s file", path):
+            info = fs.info(path)
         mtime = info.get("mtime", info.get("LastModified", info.get("last_modified")))
         entries.append({"path": path, "size": int(info.get("size") or 0),
                         "mtime": mtime.isoformat() if hasattr(mtime, "isoformat") else mtime})
@@ -53,13 +54,17 @@ def _data_files(name: str, cfg: SourceConfig) -> list[str]:
     """The source's data files (file system paths), sorted, as Spark would read them."""
     loc = resolve(cfg.path)
     fs = loc.fs
-    paths = fs.glob(loc.path) if globlib.has_magic(loc.path) else ([loc.path] if fs.exists(loc.path) else [])
+    with storage_errors(f"listing source {name!r} (sources.{name}.path)", cfg.path):
+        paths = fs.glob(loc.path) if globlib.has_magic(loc.path) else ([loc.path] if fs.exists(loc.path) else [])
     if not paths:
         raise InputDataError(f"source {name!r}: path {cfg.path} does not exist (sources.{name}.path)")
     files = []
     for top in sorted(paths):
-        if fs.isdir(top):
-            for path in sorted(fs.find(top)):
+        with storage_errors(f"listing source {name!r} (sources.{name}.path)", top):
+            # on_error: fsspec would otherwise skip an unreadable subdirectory, and its files, in silence.
+            listed = sorted(fs.find(top, on_error="raise")) if fs.isdir(top) else None
+        if listed is not None:
+            for path in listed:
                 rel = posixpath.relpath(path, top)
                 # Spark skips files and directories whose names start with _ or . (markers, staging).
                 if any(part.startswith(("_", ".")) for part in rel.split("/")):
@@ -85,7 +90,8 @@ def check_csv_header(name: str, cfg: SourceConfig) -> None:
     if not files:
         return
     fs = resolve(cfg.path).fs
-    with fs.open(files[0], "rb", compression="infer") as fh:
+    with storage_errors(f"reading the CSV header of source {name!r}", files[0]), \
+            fs.open(files[0], "rb", compression="infer") as fh:
         first = fh.readline(1 << 20)
     encoding = str(options.get("encoding", options.get("charset", "utf-8")))
     line = first.decode(encoding, errors="replace").rstrip("\r\n")

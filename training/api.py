@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from common.errors import OutputExistsError
 from common.storage import KIND_MODEL, check_disjoint, check_replaceable, resolve
+from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
 from training.launch import check_results, launch_in_process, launch_spark
 from training.plan import RankPlan, build_plan
@@ -114,7 +115,8 @@ def _check_output(cfg: TrainConfig) -> None:
 def check_outputs(cfg: TrainConfig, inputs: dict[str, str]) -> None:
     """Before anything runs: no output (model, run directory, checkpoints) equal to, inside or
     containing an input; the run directory and checkpoints not inside the model directory (a
-    publish replaces it whole); and what is at model_path may be replaced (exit 2 otherwise)."""
+    publish replaces it whole); what is at model_path may be replaced, and checkpoint.path holds
+    no other kind of output (exit 2 otherwise)."""
     model = cfg.output.model_path
     outputs = {"output.model_path": model, "output.run_dir": cfg.output.resolved_run_dir,
                "checkpoint.path": cfg.checkpoint_path}
@@ -125,6 +127,7 @@ def check_outputs(cfg: TrainConfig, inputs: dict[str, str]) -> None:
     if cfg.output.mode == "error" and resolve(model).exists():
         raise OutputExistsError(f"{model} already exists; set output.mode=overwrite to replace it")
     check_replaceable(model, KIND_MODEL)
+    check_checkpoint_root(cfg.checkpoint_path)
 
 
 def _session(cfg: TrainConfig):
@@ -155,10 +158,12 @@ def _write_summary(result: TrainResult) -> None:
 
 
 def _result(plan: RankPlan, ranks: list[dict], seconds: float) -> TrainResult:
+    ranks = sorted(ranks, key=lambda r: r["rank"])  # launch.elastic returns them in no fixed order
     main = ranks[0]
+    final = plan.for_world(len(ranks))  # launch.elastic: the world size the run finished at
     return TrainResult(model_uri=main["model_uri"], run_dir=plan.run_dir, metrics=main["metrics"],
-                       steps_per_rank=[r["steps"] for r in ranks], steps_per_epoch=plan.steps_per_epoch,
-                       skipped_rows_per_epoch=plan.skipped_rows_per_epoch, world_size=plan.world_size,
+                       steps_per_rank=[r["steps"] for r in ranks], steps_per_epoch=final.steps_per_epoch,
+                       skipped_rows_per_epoch=final.skipped_rows_per_epoch, world_size=final.world_size,
                        seconds=seconds, ranks=ranks, reference=main.get("reference"),
                        resumed_from=main.get("resumed_from"), checkpoint_problems=main.get("checkpoint_problems", []))
 

@@ -7,8 +7,10 @@ collectives (the loop's non-finite check, which raises rather than let NaN weigh
 the per-rank RNG gather); only the writer (rank 0) writes.
 
 Layout: ``<path>/step-000000120/state.pt`` published with common.storage.publish (staging,
-rename, ``_COMMITTED`` marker last, carrying the file's sha256). ``state.pt`` holds tensors and
-primitives only and is read with ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+rename, ``_COMMITTED`` marker last, carrying the file's sha256 and ``kind: shardtrain.checkpoint``).
+The kind is what lets a save replace only a checkpoint and ``check_checkpoint_root`` (on the
+driver, before launching) refuse a ``checkpoint.path`` that holds another output. ``state.pt``
+holds tensors and primitives only and is read with ``torch.load(weights_only=True)``: a checkpoint cannot run code.
 On resume, a checkpoint without its marker (a crash mid-write) or whose bytes do not match the
 marker (corruption) is reported and the previous complete one is used.
 """
@@ -24,8 +26,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from common.errors import CorruptCheckpoint
-from common.storage import MARKER, STAGING_TAG, is_committed, publish, resolve
+from common.errors import CorruptCheckpoint, OutputExistsError
+from common.storage import (KIND_CHECKPOINT, MARKER, STAGING_TAG, is_committed, output_kind, publish, resolve,
+                            storage_errors)
 
 log = logging.getLogger("shardtrain.checkpoint")
 
@@ -39,6 +42,32 @@ class Restored:
     uri: str
     step: int
     problems: list[str] = field(default_factory=list)  # checkpoints skipped on the way, and why
+
+
+def check_checkpoint_root(uri: str, key: str = "checkpoint.path") -> None:
+    """Refuse (exit 2, naming the path and what it holds) a checkpoint directory that is another
+    shardtrain output, or whose ``step-*`` entries are outputs of another kind: resuming would
+    read them, and saving and pruning would write and delete inside them. Checkpoints written
+    before markers carried a kind (no kind) are accepted."""
+    root = resolve(uri)
+    with storage_errors(f"checking what {key} holds", root.uri):
+        if not root.exists():
+            return
+        ours, kind = output_kind(root)
+        if ours:
+            raise OutputExistsError(f"{root.uri} ({key}) holds a {kind or 'shardtrain output'}, not checkpoints; "
+                                    f"choose another {key}")
+        if not root.fs.isdir(root.path):
+            raise OutputExistsError(f"{root.uri} ({key}) is a regular file, not a checkpoint directory; "
+                                    f"choose another {key}")
+        for path in root.fs.ls(root.path, detail=False):
+            name = posixpath.basename(path.rstrip("/"))
+            if not _NAME.match(name):
+                continue
+            ours, kind = output_kind(root.join(name))
+            if ours and kind not in (None, KIND_CHECKPOINT):
+                raise OutputExistsError(f"{root.uri}/{name} ({key}) holds a {kind}, not a checkpoint; "
+                                        f"choose another {key}")
 
 
 class CheckpointManager:
@@ -71,8 +100,8 @@ class CheckpointManager:
         torch.save({**state, "step": step, "epoch": epoch}, buffer)
         payload = buffer.getvalue()
         target = f"{self.uri}/step-{step:09d}"
-        with publish(target, mode="overwrite",
-                     marker={"step": step, "epoch": epoch, "sha256": hashlib.sha256(payload).hexdigest()}) as staging:
+        marker = {"kind": KIND_CHECKPOINT, "step": step, "epoch": epoch, "sha256": hashlib.sha256(payload).hexdigest()}
+        with publish(target, mode="overwrite", marker=marker) as staging:
             with staging.open(STATE_FILE, "wb") as fh:
                 fh.write(payload)
         self._prune()
@@ -137,4 +166,4 @@ class CheckpointManager:
             root.fs.rm(path, recursive=True)  # left by a writer that died mid-save
 
 
-__all__ = ["CheckpointManager", "Restored"]
+__all__ = ["CheckpointManager", "Restored", "check_checkpoint_root"]

@@ -125,6 +125,11 @@ class LaunchConfig:
     # horovod (horovod.spark.run) or torch (pyspark's TorchDistributor + torch.distributed).
     # null: horovod where horovod.torch is installed, else torch (resolved here, on the driver).
     backend: Literal["horovod", "torch"] | None = None
+    # Horovod elastic (horovod.spark.run_elastic): when a rank dies, the others go on without a
+    # relaunch, at the smaller world size (at least min_num_proc; null: num_proc - 1), repeating
+    # the interrupted epoch with its rows divided into equal steps for that size (training.elastic).
+    elastic: bool = False
+    min_num_proc: int | None = None
 
     def __post_init__(self):
         if self.backend is None:
@@ -136,6 +141,13 @@ class LaunchConfig:
         require(self.max_restarts >= 0, "max_restarts", f"must be >= 0, got {self.max_restarts}")
         require(self.mode == "spark" or self.num_proc == 1, "num_proc",
                 f"must be 1 with launch.mode=in_process (got {self.num_proc})")
+        if self.elastic:
+            require(self.backend == "horovod" and self.mode == "spark", "elastic",
+                    "needs launch.backend=horovod and launch.mode=spark")
+            if self.min_num_proc is None:
+                self.min_num_proc = max(1, self.num_proc - 1)
+        require(self.min_num_proc is None or 1 <= self.min_num_proc <= self.num_proc, "min_num_proc",
+                f"must be between 1 and launch.num_proc={self.num_proc}, got {self.min_num_proc}")
 
 
 @dataclass

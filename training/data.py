@@ -30,6 +30,7 @@ Horovod, no Spark. Nothing here runs per row in Python.
 from __future__ import annotations
 
 import logging
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -38,7 +39,7 @@ import numpy as np
 
 from common.errors import DatasetError
 from common.dataset import ROW_INDEX, Manifest, verify_digest
-from common.storage import resolve
+from common.storage import resolve, storage_errors
 
 log = logging.getLogger("shardtrain.data")
 
@@ -245,6 +246,13 @@ class RankLoader:
     # -- internals --
 
     def _shuffled_batches(self, epoch: int, stats: EpochStats, keep_last: bool = False) -> Iterator[dict]:
+        """``_batches``, with a storage error (a shard gone or unreadable mid-run, with either
+        reader) as one line naming the path, not the reader's traceback."""
+        where = posixpath.dirname(self.files[0].uri) if self.files else self.layout.name
+        with storage_errors(f"rank {self.rank} reading split {self.layout.name!r}", where):
+            yield from self._batches(epoch, stats, keep_last)
+
+    def _batches(self, epoch: int, stats: EpochStats, keep_last: bool = False) -> Iterator[dict]:
         """Full batches of numpy arrays in this epoch's order (and the partial rest, if ``keep_last``).
 
         Each row group becomes a chunk of batch arrays (``_prepare``: masked to this rank's rows,
@@ -426,7 +434,8 @@ def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[s
             continue
         layout.verify_files([shard])
         loc = resolve(shard.uri)
-        with loc.fs.open(loc.path, "rb") as fh:
+        with storage_errors(f"reading the first rows of split {layout.name!r}", shard.uri), \
+                loc.fs.open(loc.path, "rb") as fh:
             # Only the row groups that hold the wanted rows: reading the whole shard made the
             # rank's peak memory grow with the shard size (benchmarks/memory_flat.py).
             for batch in pq.ParquetFile(fh).iter_batches(batch_size=count - have, columns=columns.stored):

@@ -84,6 +84,11 @@ class HorovodGroup(_WholeModelOnEveryRank):
 
         hvd.init()
         self.hvd = hvd
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read rank and size again: Horovod elastic renumbers the ranks after one left."""
+        hvd = self.hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
 

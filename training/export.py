@@ -10,7 +10,9 @@
   fingerprint, library versions, and the sha256 and size of each file above (``files``).
 
 The ``_COMMITTED`` marker records ``kind: shardtrain.model`` (so ``overwrite`` replaces only a
-model) and model.json's own sha256.
+model), model.json's own sha256, and the id of the training run that published it (model.json
+has it as ``run_id`` too): ranks relaunched after a failure that came after the publish find
+their own run's model there (``published_by``) and finish without publishing again.
 
 ``load_model(uri, program=False)`` verifies every file it reads against those digests (a
 DatasetError names the damaged file) and never unpickles arbitrary objects. The caller chooses
@@ -36,7 +38,8 @@ from torch import nn
 from common.errors import DatasetError, StorageError
 from common.dataset import FeatureSpec
 from common.storage import MARKER as MARKER_NAME
-from common.storage import KIND_MODEL, Location, publish, read_marker, require_committed, storage_errors
+from common.storage import (KIND_MODEL, Location, is_committed, publish, read_marker, require_committed, resolve,
+                            storage_errors)
 
 MODEL_FORMAT = KIND_MODEL
 MODEL_FORMAT_VERSION = 2  # 2: model.json records each file's sha256; the marker records model.json's
@@ -72,8 +75,9 @@ def serving_model(net: nn.Module, label_spec: dict) -> ServingModel:
     return ServingModel(net, label_spec.get("task") != "classification", mean, std)
 
 
-def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch: dict) -> str:
-    """Write the model directory at ``uri`` atomically; ``meta`` becomes model.json (plus versions)."""
+def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch: dict, run_id: str) -> str:
+    """Write the model directory at ``uri`` atomically; ``meta`` becomes model.json (plus versions).
+    ``run_id``: the training run publishing it (``RankPlan.run_id``)."""
     net = net.to("cpu").eval()
     serving = serving_model(net, meta["label"])
     weights = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
@@ -83,15 +87,26 @@ def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch
     blobs = {WEIGHTS: save_safetensors(weights), PROGRAM: program}
     files = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in blobs.items()}
     record = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, **meta, "versions": versions(),
-              "files": files}
+              "files": files, "run_id": run_id}
     text = json.dumps(record, indent=2, sort_keys=True)
-    marker = {"kind": KIND_MODEL, "format": MODEL_FORMAT, "model_json_sha256": hashlib.sha256(text.encode()).hexdigest()}
+    marker = {"kind": KIND_MODEL, "format": MODEL_FORMAT, "run_id": run_id,
+              "model_json_sha256": hashlib.sha256(text.encode()).hexdigest()}
     with publish(uri, mode=mode, marker=marker) as staging:
         for name, data in blobs.items():
             with storage_errors(f"writing {name}", staging.uri), staging.open(name, "wb") as fh:
                 fh.write(data)
         staging.write_text(META, text)
     return uri
+
+
+def published_by(uri: str, run_id: str) -> bool:
+    """Whether ``uri`` holds a committed model that the training run ``run_id`` published."""
+    loc = resolve(uri)
+    with storage_errors("checking what the model path holds", loc.uri):
+        if not is_committed(loc):
+            return False
+        marker = read_marker(loc)
+    return marker.get("kind") == KIND_MODEL and marker.get("run_id") == run_id
 
 
 def _program(serving: ServingModel, example: dict) -> bytes:
@@ -241,4 +256,5 @@ def _load_program(loc: Location, data: bytes) -> nn.Module:
                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-__all__ = ["LoadedModel", "ServingModel", "load_model", "publish_model", "serving_model", "target_scaling"]
+__all__ = ["LoadedModel", "ServingModel", "load_model", "publish_model", "published_by", "serving_model",
+           "target_scaling"]

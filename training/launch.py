@@ -6,7 +6,8 @@ takes only the plain ``RankPlan``, and imports torch and horovod when it runs. I
 exception escape: a failure comes back as a ``RankFailure`` record with the rank's own traceback,
 so the driver can say what went wrong instead of showing a bare Py4JJavaError. While it trains it
 reports its step to the driver (``training.supervisor.Reporter``), which stops a stalled launch and
-relaunches after a rank's process died.
+relaunches after a rank's process died. With ``launch.elastic`` the launch is
+``horovod.spark.run_elastic`` and the rank runs ``training.elastic.run_rank_elastic``.
 """
 
 from __future__ import annotations
@@ -37,17 +38,32 @@ def rank_entry(plan) -> dict:
     reporter = Reporter.from_env(rank, plan.steps_per_epoch)
     try:
         from training.distributed import HorovodGroup
+        from training.elastic import run_rank_elastic
         from training.loop import run_rank
 
         group = HorovodGroup()
         rank = group.rank
-        result = {"ok": True, **run_rank(plan, group, on_step=reporter.on_step)}
+        run = run_rank_elastic if plan.config.launch.elastic else run_rank
+        result = {"ok": True, **run(plan, group, on_step=reporter.on_step, on_validation=reporter.on_validation)}
+        _test_kill_after_publish(rank)
         reporter.finished(None)
         return result
     except BaseException as exc:  # noqa: BLE001 - reported to the driver as data, see module docstring
         record = failure_record(rank, exc, traceback.format_exc())
         reporter.finished(f"{record.type}: {record.message}", record.secondary)
         return {"ok": False, "failure": record.to_dict()}
+
+
+def _test_kill_after_publish(rank: int) -> None:
+    """Fault injection for tests/training/test_failures.py: with ``SHARDTRAIN_TEST_KILL_AFTER_PUBLISH``
+    naming a file that does not exist yet, rank 0 writes its pid there and kills itself (SIGKILL)
+    just after publishing the model: the one moment a test cannot reliably hit from outside."""
+    flag = os.environ.get("SHARDTRAIN_TEST_KILL_AFTER_PUBLISH")
+    if rank != 0 or not flag or os.path.exists(flag):
+        return
+    with open(flag, "w") as fh:
+        fh.write(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def failure_record(rank: int, exc: BaseException, text: str) -> RankFailure:
@@ -76,9 +92,16 @@ def launch_spark(plan, spark, launch_cfg) -> list[dict]:
 
     env = {"PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in launch_cfg.env.items()}}
     try:
-        results = horovod.spark.run(rank_entry, args=(plan,), num_proc=launch_cfg.num_proc,
-                                    start_timeout=launch_cfg.start_timeout, env=env, verbose=launch_cfg.verbose,
-                                    use_gloo=True)
+        if launch_cfg.elastic:
+            # Survivors of a dead rank go on (training.elastic); Spark may re-run its task, which rejoins.
+            results = horovod.spark.run_elastic(
+                rank_entry, args=(plan,), num_proc=launch_cfg.num_proc, min_num_proc=launch_cfg.min_num_proc,
+                max_num_proc=launch_cfg.num_proc, start_timeout=launch_cfg.start_timeout,
+                elastic_timeout=launch_cfg.start_timeout, env=env, verbose=launch_cfg.verbose)
+        else:
+            results = horovod.spark.run(rank_entry, args=(plan,), num_proc=launch_cfg.num_proc,
+                                        start_timeout=launch_cfg.start_timeout, env=env, verbose=launch_cfg.verbose,
+                                        use_gloo=True)
     except Exception as exc:  # noqa: BLE001 - mapped to one typed error with the cause in words
         raise launch_error(exc, launch_cfg.num_proc) from exc
     return list(results)

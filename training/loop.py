@@ -39,7 +39,7 @@ from training.checkpoint import CheckpointManager
 from training.config import TrainConfig, TrainLoopConfig
 from training.data import RankLoader, read_first_rows
 from training.distributed import LocalGroup, resolve_device, set_threads, spark_gpu_addresses
-from training.export import publish_model, serving_model, target_scaling
+from training.export import publish_model, published_by, serving_model, target_scaling
 from training.models import build_model, mlp_arguments
 from training.plan import RankPlan
 from training.precision import Precision
@@ -48,9 +48,11 @@ from training.run_record import write_run_info, write_steps
 log = logging.getLogger("shardtrain.train")
 
 
-def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None = None) -> dict:
+def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None = None,
+             on_validation: Callable[[int | None], None] | None = None) -> dict:
     """Train on this rank; returns plain values (per-rank step counts, loader stats, metrics).
-    ``on_step(step)`` runs after every optimizer step (and its mid-epoch checkpoint, if due)."""
+    ``on_step(step)`` runs after every optimizer step (and its mid-epoch checkpoint, if due);
+    ``on_validation(batches)`` during each validation pass (see ``evaluate``)."""
     group = group or LocalGroup()
     _quiet_libraries()
     device, device_reason = _pick_device(group, plan)
@@ -72,7 +74,7 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
     for epoch in range(state.step // plan.steps_per_epoch, t.epochs):
         record = train_epoch(run, state, train_loader, epoch, on_step)
         if val_loader:
-            record.update(evaluate(run.model, val_loader, run.precision, group, plan, device))
+            record.update(evaluate(run.model, val_loader, run.precision, group, plan, device, on_validation))
         _end_epoch(run, state, epoch, record)
 
     result = {"rank": group.rank, "device": str(device), "device_reason": device_reason,
@@ -260,9 +262,15 @@ def loss_fn(output: torch.Tensor, label: torch.Tensor, task: str, label_spec: di
     return F.mse_loss(output.float(), (label.float() - mean) / std)
 
 
-def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankPlan, device) -> dict:
+def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankPlan, device,
+             on_batch: Callable[[int | None], None] | None = None) -> dict:
     """Validation metrics over every row of the split (each rank its own range, the last batch
-    partial), and the trivial baseline on the same rows; one allreduce of sums at the end."""
+    partial), and the trivial baseline on the same rows; one allreduce of sums at the end.
+    ``on_batch(n)``: n batches done so far (0 at the start), then ``None`` once the pass is over:
+    the supervisor's measure of progress here, as the step is in training."""
+    on_batch = on_batch or (lambda batches: None)
+    on_batch(0)
+    done = 0
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, metric, rows, baseline metric
     classification = plan.task == "classification"
@@ -285,8 +293,11 @@ def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankP
                 sums[1] += ((output.float() * std + mean) - label).abs().sum()
                 sums[3] += (label - mean).abs().sum()
             sums[2] += rows
+            done += 1
+            on_batch(done)
     model.train()
     total = group.allreduce_sum(sums.cpu())
+    on_batch(None)
     loss, metric, rows, baseline = (float(v) for v in total)
     name = "accuracy" if classification else "mae"
     return {"val_loss": loss / rows, f"val_{name}": metric / rows, f"baseline_{name}": baseline / rows,
@@ -561,9 +572,16 @@ def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
             "dataset": {"uri": plan.dataset_uri, "fingerprint": plan.fingerprint},
             "inputs": {"numeric": list(plan.columns.numeric), "categorical": list(plan.columns.categorical),
                        "arrays": {name: list(shape) for name, shape in plan.columns.arrays}}}
-    publish_model(plan.model_path, plan.output_mode, model, meta, example)
-    log.info("model published at %s; metrics in %s/metrics.jsonl", plan.model_path, plan.run_dir)
-    return {"model_uri": plan.model_path, "metrics": history, "reference": reference}
+    published = not published_by(plan.model_path, plan.run_id)
+    if not published:
+        # A relaunch after ranks failed once this run had published (resumed from the last checkpoint):
+        # the model there is this run's own, so the run is finished, in either output.mode.
+        log.warning("model at %s was already published by this run (run id %s) before the ranks were relaunched; "
+                    "not publishing it again", plan.model_path, plan.run_id)
+    else:
+        publish_model(plan.model_path, plan.output_mode, model, meta, example, plan.run_id)
+        log.info("model published at %s; metrics in %s/metrics.jsonl", plan.model_path, plan.run_dir)
+    return {"model_uri": plan.model_path, "metrics": history, "reference": reference, "published": published}
 
 
 def _report_and_track(plan: RankPlan, history: list[dict]) -> None:

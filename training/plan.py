@@ -13,8 +13,10 @@ Driver-only; imports neither torch nor horovod.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 
 from common.errors import DatasetError
 from common.dataset import MANIFEST_NAME, Manifest, read_manifest
@@ -43,10 +45,23 @@ class RankPlan:
     model_path: str
     output_mode: str
     reference_rows: int = 32  # val rows rank 0 predicts at the end (load_model round trip)
+    # One per train() call, kept across relaunches: recorded with the published model, so ranks
+    # relaunched after the publish recognise their own run's model (training.export.published_by).
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def task(self) -> str:
         return self.label_spec["task"]
+
+    def for_world(self, world: int) -> "RankPlan":
+        """This plan for ``world`` ranks: the split's rows divided into equal steps again (and the
+        learning rate scaled again), as Horovod elastic needs after a rank left. Same run id."""
+        t = self.config.train
+        lr = t.lr * (world if t.lr_scale == "linear" else 1)
+        return dataclasses.replace(
+            self, world_size=world, lr=lr,
+            steps_per_epoch=steps_per_epoch(self.train.rows, world, t.batch_size, t.grad_accum),
+            skipped_rows_per_epoch=skipped_rows_per_epoch(self.train.rows, world, t.batch_size, t.grad_accum))
 
 
 def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:

@@ -13,14 +13,18 @@ sends a JSON line after each step (at most ten a second) and every ``beat_interv
 step, phase, pid and host. The first line carries a per-launch token. The driver may answer
 ``abort``: a live rank then exits at once.
 
-What counts as progress: inside an epoch, a rank must advance its step. Before its first step
-(start-up, restoring a checkpoint, opening readers) and after an epoch's last step (validation,
-publishing the model) there are no steps to count, so a rank's heartbeat is enough there. A
+What counts as progress: inside an epoch, a rank must advance its step; inside a validation pass,
+the number of validation batches it has done (the loop reports both; a rank that finished its
+batches and waits in the pass's allreduce for a stuck peer makes no progress either). Before its
+first step (start-up, restoring a checkpoint, opening readers) and between the passes (checkpoint
+writes, publishing the model) there is nothing to count, so a rank's heartbeat is enough there. A
 process that sends nothing at all (stopped, hung in a call that holds the GIL, host gone) is
 stalled in any phase. The heartbeat runs on its own thread, so it proves the process is alive,
-not that the training thread moves: that is why the step rule applies inside epochs. So a rank that
-is alive but stuck outside an epoch (a deadlock inside validation) is not caught; a stopped or dead
-rank is, in any phase, and the message lists every other rank's step beside it.
+not that the training thread moves: that is why the step and batch rules apply inside epochs and
+validation passes, and the message lists every other rank's step beside the stalled ones.
+
+With ``launch.elastic`` a rank whose process died is logged (``rank N left ...``) and not waited
+for: the others go on without it (training.elastic).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ ADDRESS_ENV = "SHARDTRAIN_SUPERVISOR"  # host:port of the driver's ProgressServe
 TOKEN_ENV = "SHARDTRAIN_SUPERVISOR_TOKEN"
 INTERVAL_ENV = "SHARDTRAIN_SUPERVISOR_INTERVAL"  # seconds between a rank's reports
 
-STARTING, TRAINING, BETWEEN_EPOCHS = "starting", "training", "between_epochs"
+STARTING, TRAINING, VALIDATING, BETWEEN_EPOCHS = "starting", "training", "validating", "between_epochs"
 
 # Rank failures that say "the connection to another rank or to storage broke": a relaunch can fix
 # them. A rank's own exception (a bug in a model, bad data) would fail the same way again.
@@ -70,6 +74,7 @@ class Reporter:
         self.rank, self.steps_per_epoch, self.interval = rank, steps_per_epoch, interval
         self.token = token
         self.step: int | None = None  # None until this process finishes its first step
+        self.validation_batches: int | None = None  # batches done in the current validation pass, if in one
         self._sock = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -91,6 +96,11 @@ class Reporter:
         self.step = step
         self._wake.set()  # report soon: a rank that dies next should be known at this step
 
+    def on_validation(self, batches: int | None) -> None:
+        """``batches`` done in the current validation pass; ``None`` when the pass is over."""
+        self.validation_batches = batches
+        self._wake.set()
+
     def finished(self, error: str | None, secondary: bool = False) -> None:
         """Last report: done, with the rank's own error line if it failed (``secondary``: an error
         that only says another rank went away)."""
@@ -101,6 +111,8 @@ class Reporter:
 
     @property
     def phase(self) -> str:
+        if self.validation_batches is not None:
+            return VALIDATING
         if self.step is None:
             return STARTING
         return BETWEEN_EPOCHS if self.step % self.steps_per_epoch == 0 else TRAINING
@@ -121,7 +133,8 @@ class Reporter:
     def _send(self, message: dict) -> None:
         if not self._sock:
             return
-        message = {"rank": self.rank, "step": self.step, "phase": self.phase, **message}
+        message = {"rank": self.rank, "step": self.step, "phase": self.phase, "batches": self.validation_batches,
+                   **message}
         try:
             with self._lock:
                 self._sock.sendall((json.dumps(message) + "\n").encode())
@@ -172,6 +185,7 @@ class RankState:
     created: float | None = None
     step: int | None = None
     phase: str = STARTING
+    batches: int | None = None  # validation batches done, while phase is VALIDATING
     last_seen: float = 0.0
     last_progress: float = 0.0
     done: bool = False
@@ -207,9 +221,11 @@ class ProgressServer(socketserver.ThreadingTCPServer):
             state = self.ranks.setdefault(rank, RankState(rank, last_progress=now))
             if message.get("event") == "hello":
                 state.pid, state.host, state.created = message.get("pid"), message.get("host"), message.get("created")
-            if message.get("step") != state.step or message.get("phase") != state.phase:
+            if (message.get("step"), message.get("phase"), message.get("batches")) != (state.step, state.phase,
+                                                                                         state.batches):
                 state.last_progress = now
             state.step, state.phase, state.last_seen = message.get("step"), message.get("phase", STARTING), now
+            state.batches = message.get("batches")
             if message.get("event") == "done":
                 state.done, state.error, state.secondary = True, message.get("error"), bool(message.get("secondary"))
             return state
@@ -251,10 +267,11 @@ class _ReportHandler(socketserver.StreamRequestHandler):
 
 
 def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: float, timeout: float,
-                 start_timeout: float = 0) -> list[tuple[int, str]]:
+                 start_timeout: float = 0, elastic: bool = False) -> list[tuple[int, str]]:
     """(rank, why) for each stalled rank; empty while every rank moves, has finished, or is within the
     timeout. A rank that has not reported yet gets ``start_timeout`` more: the launcher's own wait
-    for task slots comes first."""
+    for task slots comes first. ``elastic``: a rank whose process died is not waited for (the
+    others go on without it; Horovod's elastic_timeout bounds a wait for too few ranks)."""
     reasons = []
     for rank in range(world):
         state = ranks.get(rank)
@@ -267,7 +284,7 @@ def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: f
         if state.done:
             continue
         if state.lost_at is not None:
-            if now - state.lost_at > timeout:
+            if not elastic and now - state.lost_at > timeout:
                 reasons.append((rank, f"rank {rank}'s process died {at} and the launch did not end"))
         elif now - state.last_seen > timeout:
             reasons.append((rank, f"rank {rank} sent nothing for {now - state.last_seen:.0f} s, {at} (its process "
@@ -275,14 +292,20 @@ def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: f
         elif state.phase == TRAINING and now - state.last_progress > timeout:
             reasons.append((rank, f"rank {rank} is alive but made no step for {now - state.last_progress:.0f} s, "
                                    f"{at} (stuck, or waiting for a rank that is)"))
+        elif state.phase == VALIDATING and now - state.last_progress > timeout:
+            reasons.append((rank, f"rank {rank} is alive but made no progress in validation for "
+                                   f"{now - state.last_progress:.0f} s, after {state.batches} validation batch(es) "
+                                   f"{at} (stuck, or waiting for a rank that is)"))
     return reasons
 
 
 class Supervision:
     """One launch under watch: the progress server, the watcher thread, and how to stop the launch."""
 
-    def __init__(self, spark, world: int, stall_timeout_s: float, start_timeout: float = 0):
+    def __init__(self, spark, world: int, stall_timeout_s: float, start_timeout: float = 0, elastic: bool = False):
         self.spark, self.world, self.timeout, self.start_timeout = spark, world, stall_timeout_s, start_timeout
+        self.elastic = elastic
+        self._announced: set[int] = set()  # lost ranks already logged (launch.elastic)
         self.token = secrets.token_hex(16)
         self.server = ProgressServer(self.token)
         self.stall: str | None = None
@@ -311,17 +334,30 @@ class Supervision:
     def _watch(self) -> None:
         while not self._done.wait(beat_interval(self.timeout)):
             ranks = self.ranks()
+            if self.elastic:
+                self._announce_lost(ranks)
             reasons = find_stalled(ranks, self.world, self._started, time.monotonic(), self.timeout,
-                                   self.start_timeout)
+                                   self.start_timeout, self.elastic)
             if reasons:
                 self.stall = self._stall_message(reasons, ranks)
                 log.error("%s; stopping the launch", self.stall)
                 self._stop(ranks)
                 return
 
+    def _announce_lost(self, ranks: dict[int, RankState]) -> None:
+        for state in ranks.values():
+            if state.lost_at is not None and state.rank not in self._announced:
+                self._announced.add(state.rank)
+                alive = sum(1 for s in ranks.values() if s.lost_at is None)
+                log.warning("rank %d left: its process died %s without reporting an error; launch.elastic: the %d "
+                            "other rank(s) go on without it at world size %d", state.rank,
+                            "before its first step" if state.step is None else f"at step {state.step}", alive, alive)
+
     def _stall_message(self, reasons: list[tuple[int, str]], ranks: dict[int, RankState]) -> str:
-        # Silent ranks first: a rank blocked in a collective is usually waiting for one of them.
-        reasons = sorted(reasons, key=lambda item: ("sent nothing" not in item[1], item[0]))
+        # Silent ranks first, then the one stuck longest: a rank blocked in a collective is usually
+        # waiting for one of them.
+        reasons = sorted(reasons, key=lambda item: ("sent nothing" not in item[1],
+                                                    getattr(ranks.get(item[0]), "last_progress", 0.0), item[0]))
         named = {rank for rank, _ in reasons}
         others = [ranks[r].describe() for r in sorted(ranks) if r not in named]
         text = (f"rank {reasons[0][0]} stalled: no progress for launch.stall_timeout_s={self.timeout:g} s: "
@@ -377,7 +413,8 @@ def _kill(pid: int, created: float | None) -> None:
 def supervise(launch_fn: Callable, plan, spark, launch_cfg) -> list[dict]:
     """``launch_fn`` in this thread (Horovod installs signal handlers, so it needs the main one)
     while a watcher thread stops it if a rank stalls; failures are explained rank by rank."""
-    with Supervision(spark, plan.world_size, launch_cfg.stall_timeout_s, launch_cfg.start_timeout) as sup:
+    with Supervision(spark, plan.world_size, launch_cfg.stall_timeout_s, launch_cfg.start_timeout,
+                     launch_cfg.elastic) as sup:
         cfg = dataclasses.replace(launch_cfg, env={**launch_cfg.env, **sup.launch_env()})
         try:
             results = launch_fn(plan, spark, cfg)
@@ -451,10 +488,13 @@ def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str,
             continue
         if restarts:
             main = results[0]
-            log.warning("finished after %d restart(s); the last one resumed from %s (step %d)", restarts,
-                        main.get("resumed_from") or "the start (no checkpoint yet)", main.get("resumed_step") or 0)
+            log.warning("finished after %d restart(s); the last one resumed from %s (step %d)%s", restarts,
+                        main.get("resumed_from") or "the start (no checkpoint yet)", main.get("resumed_step") or 0,
+                        "; the model was already published by this run before the ranks failed, so it was not "
+                        "published again" if main.get("published") is False else "")
         return results
 
 
-__all__ = ["ProgressServer", "RankState", "Reporter", "Supervision", "beat_interval", "explain", "find_stalled",
+__all__ = ["BETWEEN_EPOCHS", "STARTING", "TRAINING", "VALIDATING", "ProgressServer", "RankState", "Reporter",
+           "Supervision", "beat_interval", "explain", "find_stalled",
            "retryable", "run_supervised", "supervise"]

@@ -101,3 +101,21 @@ def test_a_raw_parquet_directory_is_not_a_shardtrain_dataset(tmp_path):
     with pytest.raises(DatasetError, match=rf"{src} is not a shardtrain dataset") as err:
         read_manifest(src)
     assert "incomplete" not in str(err.value) and err.value.exit_code == 2
+
+
+def test_a_source_file_that_cannot_be_read_is_one_line_naming_it(spark, tmp_path):
+    """Listing the source hits a file it cannot stat (a symbolic link to itself: ELOOP, which even
+    root gets; an unreadable directory would do for other users): one line naming that path, exit 1."""
+    from common.errors import EXIT_RUNTIME, StorageIOError
+
+    src = write_parquet(tmp_path / "in", simple_rows(20))
+    loop = tmp_path / "in" / "part-1.parquet"
+    loop.symlink_to(loop)
+    with pytest.raises(OSError):
+        loop.stat()  # proof the entry really cannot be read
+    with pytest.raises(StorageIOError) as err:
+        run_shard_job(spark, config(src, str(tmp_path / "out")))
+    message = str(err.value)
+    assert message.startswith(f"{loop}: ") and "Too many levels of symbolic links" in message, message
+    assert "\n" not in message and err.value.exit_code == EXIT_RUNTIME
+    assert not (tmp_path / "out").exists()

@@ -2,6 +2,7 @@
 the tests put this directory on PYTHONPATH for them."""
 
 import os
+import time
 
 import torch
 from torch import nn
@@ -118,3 +119,25 @@ class Spiky(nn.Module):
 
 def spiky(feature_spec, label_spec, row=0):
     return Spiky(feature_spec, label_spec, row)
+
+
+class SlowValidation(nn.Module):
+    """An MLP whose validation forward on one rank takes ``seconds`` per batch, after writing that
+    rank's pid to ``flag`` (once): a window in which a test can stop the rank mid-validation."""
+
+    def __init__(self, feature_spec, label_spec, rank: int, seconds: float, flag: str):
+        super().__init__()
+        self.net = TabularMLP(**mlp_arguments(feature_spec, label_spec, [8]))
+        self.rank, self.seconds, self.flag = rank, seconds, flag
+
+    def forward(self, batch):
+        if not self.training and int(os.environ.get("HOROVOD_RANK", "0")) == self.rank:
+            if not os.path.exists(self.flag):
+                with open(self.flag, "w") as fh:
+                    fh.write(str(os.getpid()))
+            time.sleep(self.seconds)
+        return self.net(batch)
+
+
+def slow_validation(feature_spec, label_spec, rank=1, seconds=1.0, flag=""):
+    return SlowValidation(feature_spec, label_spec, rank, seconds, flag)

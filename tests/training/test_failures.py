@@ -1,6 +1,7 @@
 """A rank that dies or stops, on real Horovod ranks under real Spark: the rank's process is
-killed (SIGKILL) or stopped (SIGSTOP) by pid while it trains, and the job must name the rank and
-the cause, never hang, and (with restarts) finish with the same model as an uninterrupted run.
+killed (SIGKILL) or stopped (SIGSTOP) by pid while it trains or validates, or kills itself just
+after publishing the model, and the job must name the rank and the cause, never hang, and (with
+restarts) finish with the same model as an uninterrupted run, never publishing twice.
 
 Rank processes are found by a marker in their environment (``launch.env``), so a test only ever
 signals the processes its own launch started."""
@@ -16,10 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.errors import EXIT_RUNTIME, LaunchError, RankStalledError
+from common.errors import EXIT_RUNTIME, LaunchError, OutputExistsError, RankStalledError
 from run_report_checks import assert_run_report
 from tabular_data import write_dataset
-from training import load_train_config, train
+from training import load_model, load_train_config, train
+from training.export import published_by
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Long enough (about 400 steps per rank) that a kill lands mid-epoch, well after the first checkpoint.
@@ -34,12 +36,15 @@ def dataset(tmp_path_factory):
     return write_dataset(str(tmp_path_factory.mktemp("failures") / "ds"), LAYOUT)
 
 
+def _overrides(ds, out, marker, *extra) -> list[str]:
+    return [f"data.path={ds.uri}", f"output.model_path={out}/model", "launch.num_proc=2", "launch.start_timeout=120",
+            f"launch.env.PYTHONPATH={HERE}", f"launch.env.{MARKER}={marker}", "train.batch_size=32",
+            "train.epochs=2", "train.log_every_steps=100", "data.shuffle_buffer_rows=200", "model.hidden=[16]",
+            "checkpoint.every_steps=20", "checkpoint.keep=3", *extra]
+
+
 def _cfg(ds, out, marker, *extra):
-    return load_train_config(None, [
-        f"data.path={ds.uri}", f"output.model_path={out}/model", "launch.num_proc=2", "launch.start_timeout=120",
-        f"launch.env.PYTHONPATH={HERE}", f"launch.env.{MARKER}={marker}", "train.batch_size=32",
-        "train.epochs=2", "train.log_every_steps=100", "data.shuffle_buffer_rows=200", "model.hidden=[16]",
-        "checkpoint.every_steps=20", "checkpoint.keep=3", *extra])
+    return load_train_config(None, _overrides(ds, out, marker, *extra))
 
 
 def rank_process(marker: str, rank: int, exclude: frozenset = frozenset()) -> psutil.Process | None:
@@ -193,3 +198,108 @@ def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path):
         for proc in marked_processes(marker):  # only after a failure above: leave no strays behind
             proc.send_signal(signal.SIGKILL)
             proc.send_signal(signal.SIGCONT)
+
+
+def test_a_rank_stopped_during_validation_ends_the_job_naming_it(spark, dataset, tmp_path):
+    marker = uuid.uuid4().hex
+    flag = tmp_path / "validating.pid"  # rank 1's pid, written by its first validation forward
+    stall = 20
+    stopped: dict = {}
+
+    def stop_rank_1_in_validation():
+        try:
+            pid = int(wait_for(lambda: flag.exists() and flag.read_text().strip(), "rank 1 to validate"))
+            os.kill(pid, signal.SIGSTOP)
+            stopped.update(pid=pid, at=time.monotonic())
+            wait_for(lambda: _proc_state(pid) == "T", "rank 1 to be stopped", timeout=30)  # proof: state 'T'
+            stopped["proved"] = True
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            stopped["error"] = exc
+    thread = threading.Thread(target=stop_rank_1_in_validation, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(RankStalledError) as info:
+            # Rank 1 takes a second per validation batch: the stop lands inside the pass.
+            train(_cfg(dataset, tmp_path, marker, f"launch.stall_timeout_s={stall}", "launch.max_restarts=0",
+                       "train.epochs=1", "model.name=plugin_models:slow_validation", f"model.kwargs.flag={flag}",
+                       "model.kwargs.seconds=1"), spark)
+        ended = time.monotonic()
+        thread.join()
+        assert "error" not in stopped and stopped.get("proved"), stopped
+        message = str(info.value)
+        assert message.startswith("rank 1 stalled"), message
+        assert "rank 1 sent nothing" in message and "rank 0 " in message
+        assert ended - stopped["at"] < stall + 60
+        wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
+        assert not psutil.pid_exists(stopped["pid"]) or gone(psutil.Process(stopped["pid"]))
+    finally:
+        for proc in marked_processes(marker):  # only after a failure above: leave no strays behind
+            proc.send_signal(signal.SIGKILL)
+            proc.send_signal(signal.SIGCONT)
+
+
+def test_ranks_failing_after_the_publish_finish_the_run_without_publishing_again(spark, dataset, tmp_path, caplog):
+    caplog.set_level("INFO", logger="shardtrain")
+    marker = uuid.uuid4().hex
+    flag = tmp_path / "killed-after-publish.pid"  # rank 0 writes its pid there, then SIGKILLs itself (once)
+    cfg = _cfg(dataset, tmp_path, marker, "output.mode=error", "train.epochs=1",
+               f"launch.env.SHARDTRAIN_TEST_KILL_AFTER_PUBLISH={flag}")
+    result = train(cfg, spark)
+
+    killed = int(flag.read_text())
+    assert not psutil.pid_exists(killed) or gone(psutil.Process(killed))
+    messages = [r.getMessage() for r in caplog.records]
+    failed = [m for m in messages if m.startswith("ranks failed:")]
+    assert len(failed) == 1 and "rank 0" in failed[0] and "killed by SIGKILL" in failed[0], failed
+    assert result.ranks[0]["published"] is False
+    assert any("finished after 1 restart" in m and "already published by this run" in m for m in messages)
+    model = tmp_path / "model"
+    # The relaunch published nothing (the marker is older than the kill) and retrained nothing (it
+    # resumed at the last step).
+    assert (model / "_COMMITTED").stat().st_mtime_ns <= flag.stat().st_mtime_ns
+    assert result.ranks[0]["resumed_step"] == result.steps_per_epoch
+    assert result.steps_per_rank == [result.steps_per_epoch] * 2
+    assert load_model(result.model_uri).metrics == result.metrics
+    # Another run's model at that path is still refused, before it starts and at the publish.
+    with pytest.raises(OutputExistsError, match="already exists"):
+        train(cfg, spark)
+    assert not published_by(str(model), "another run")
+    wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
+
+
+def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_new_world_size(dataset, tmp_path):
+    """launch.elastic: 2 ranks, rank 1 killed (SIGKILL by pid) mid-epoch; rank 0 goes on at world
+    size 1 without a relaunch, repeating the interrupted epoch in the steps of a 1-rank plan. Its own
+    process with local[2,4]: Horovod elastic needs Spark task retries (the shared session has none:
+    the dead rank's failed task would fail the Spark job). If Spark re-runs the task in time, the
+    rank rejoins and the run finishes at world size 2; either way every rank ran the steps of the
+    final world size's plan. (3 -> 2 ranks on local[3,4]: benchmarks/elastic_probe.py.)"""
+    import json
+    import subprocess
+    import sys
+
+    from training.data import steps_per_epoch
+
+    marker = uuid.uuid4().hex
+    saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGKILL)
+    saboteur.start()
+    job = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom training import load_train_config, train\n"
+                               "train(load_train_config(None, sys.argv[1:]))\n",
+         *_overrides(dataset, tmp_path, marker, "launch.elastic=true", "launch.max_restarts=0",
+                     "spark.master=local[2,4]")],
+        capture_output=True, text=True, timeout=540)
+    saboteur.join()
+    assert saboteur.error is None and gone(saboteur.proc)  # rank 1 really died
+    assert job.returncode == 0, job.stderr[-3000:]
+
+    assert "rank 1 left: its process died at step" in job.stderr
+    assert "elastic reset: world size 2 -> 1" in job.stderr
+    assert "restarting the ranks" not in job.stderr  # no relaunch
+    summary = json.load(open(tmp_path / "model.run" / "summary.json"))
+    world = summary["world_size"]
+    per_rank = steps_per_epoch(sum(map(sum, LAYOUT["train"])), world, 32)
+    assert summary["steps_per_epoch"] == per_rank
+    assert summary["steps_per_rank"] == [2 * per_rank] * world  # equal on every rank, in the final size's steps
+    assert len(summary["metrics"]) == 2 and load_model(str(tmp_path / "model")).metrics == summary["metrics"]
+    wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)

@@ -12,7 +12,7 @@ import pytest
 from common.errors import EXIT_USAGE, LaunchError, NonFiniteLossError, RankFailedError, RankFailure, RankStalledError
 from training.config import LaunchConfig
 from training.launch import describe_exit, launch_error
-from training.supervisor import (BETWEEN_EPOCHS, STARTING, TRAINING, RankState, Reporter, Supervision, explain,
+from training.supervisor import (BETWEEN_EPOCHS, STARTING, TRAINING, VALIDATING, RankState, Reporter, Supervision, explain,
                                  find_stalled, retryable, run_supervised)
 
 
@@ -24,6 +24,11 @@ def test_launch_keys_are_checked_naming_the_key():
     with pytest.raises(ConfigError, match="max_restarts"):
         LaunchConfig(max_restarts=-1)
     assert (LaunchConfig().stall_timeout_s, LaunchConfig().max_restarts) == (600, 2)
+    assert LaunchConfig(num_proc=3, elastic=True, backend="horovod").min_num_proc == 2
+    with pytest.raises(ConfigError, match="min_num_proc"):
+        LaunchConfig(num_proc=2, elastic=True, backend="horovod", min_num_proc=3)
+    with pytest.raises(ConfigError, match="elastic"):
+        LaunchConfig(elastic=True, backend="torch")
 
 
 def _state(rank, step, phase, seen, progress, **extra):
@@ -39,14 +44,19 @@ def test_stall_rule_counts_steps_inside_epochs_and_signs_of_life_outside():
         3: _state(3, None, STARTING, seen=now - 1, progress=now - 500),   # slow start-up: fine
         4: _state(4, 50, TRAINING, seen=now - 70, progress=now - 70, done=True),  # finished: fine
         5: _state(5, 12, TRAINING, seen=now - 30, progress=now - 30, lost_at=now - 30),  # died recently
+        7: _state(7, 50, VALIDATING, seen=now - 1, progress=now - 61, batches=3),  # alive, no batch: stalled
+        8: _state(8, 50, VALIDATING, seen=now - 1, progress=now - 59, batches=9),  # validating, moving: fine
     }
-    stalled = dict(find_stalled(ranks, world=7, started=now - 100, now=now, timeout=timeout))
-    assert sorted(stalled) == [0, 1, 6]
+    stalled = dict(find_stalled(ranks, world=9, started=now - 100, now=now, timeout=timeout))
+    assert sorted(stalled) == [0, 1, 6, 7]
+    assert "alive but made no progress in validation" in stalled[7] and "after 3 validation batch" in stalled[7]
     assert "alive but made no step" in stalled[0] and "at step 40" in stalled[0]
     assert "sent nothing for 61 s" in stalled[1]
     assert "never reported" in stalled[6]
     ranks[5].lost_at = now - 61
-    assert 5 in dict(find_stalled(ranks, world=7, started=now - 100, now=now, timeout=timeout))
+    # launch.elastic: the others go on without a dead rank, so it is never a stall.
+    assert 5 not in dict(find_stalled(ranks, world=9, started=now - 100, now=now, timeout=timeout, elastic=True))
+    assert 5 in dict(find_stalled(ranks, world=9, started=now - 100, now=now, timeout=timeout))
     assert find_stalled({}, world=2, started=now - 10, now=now, timeout=timeout) == []
     # Not reported yet, but the launcher may still be waiting for task slots.
     assert find_stalled({}, world=1, started=now - 100, now=now, timeout=timeout, start_timeout=120) == []
@@ -130,6 +140,46 @@ def test_ranks_report_steps_errors_and_death_over_loopback():
         assert ranks[1].done and ranks[1].error == "OSError: disk full"
         assert 5 not in ranks and sup.stall is None
         stranger.close()
+
+
+def test_the_reporter_says_validating_until_the_pass_ends():
+    reporter = Reporter(None, "", rank=0, steps_per_epoch=10, interval=1)
+    reporter.on_step(10)
+    assert reporter.phase == BETWEEN_EPOCHS
+    reporter.on_validation(0)
+    assert reporter.phase == VALIDATING
+    reporter.on_validation(None)  # the pass is over: checkpoint writes and the publish count beats only
+    assert reporter.phase == BETWEEN_EPOCHS
+
+
+def test_a_rank_alive_but_stuck_in_validation_is_named():
+    """Both ranks beat (their processes live); rank 0's validation batches advance, rank 1's do not."""
+    with Supervision(None, world=2, stall_timeout_s=2) as sup:
+        env = sup.launch_env()
+        host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
+        ranks = []
+        for rank in (0, 1):  # raw sockets: an in-process Reporter would exit this process on "abort"
+            conn = socket.create_connection((host, int(port)))
+            conn.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": rank,
+                                      "step": 10, "phase": VALIDATING, "batches": 0}) + "\n").encode())
+            ranks.append(conn)
+        stop = threading.Event()
+
+        def beat():
+            batches = 0
+            while not stop.wait(0.1):
+                batches += 1
+                for rank, done in ((0, batches), (1, 2)):
+                    ranks[rank].sendall((json.dumps({"event": "beat", "rank": rank, "step": 10, "phase": VALIDATING,
+                                                     "batches": done}) + "\n").encode())
+        threading.Thread(target=beat, daemon=True).start()
+        assert _wait(lambda: sup.stall is not None)
+        stop.set()
+        assert sup.stall.startswith("rank 1 stalled"), sup.stall
+        assert "rank 1 is alive but made no progress in validation" in sup.stall and "after 2 validation" in sup.stall
+        assert "rank 0 is alive" not in sup.stall
+        for conn in ranks:
+            conn.close()
 
 
 def test_a_silent_rank_is_named_and_live_ranks_are_told_to_abort():

@@ -91,6 +91,44 @@ def test_model_round_trip_and_run_files(dataset, tmp_path):
         assert 0 <= record["allreduce_wait_seconds"] <= record["seconds"]
     with pytest.raises(OutputExistsError):  # output.mode=error refuses before training
         train(_cfg(dataset.uri, tmp_path, "output.mode=error"))
+    marker = json.load(open(os.path.join(result.model_uri, "_COMMITTED")))
+    assert marker["run_id"] == meta["run_id"] and len(meta["run_id"]) == 32  # which run published it
+    checkpoints = os.path.join(result.run_dir, "checkpoints")
+    for step in os.listdir(checkpoints):
+        assert json.load(open(os.path.join(checkpoints, step, "_COMMITTED")))["kind"] == "shardtrain.checkpoint"
+
+
+def test_a_checkpoint_path_holding_another_output_is_refused(dataset, tmp_path):
+    model = train(_cfg(dataset.uri, tmp_path / "first", "train.epochs=1")).model_uri
+    before = sorted(os.listdir(model))
+    with pytest.raises(OutputExistsError, match=rf"^{model} \(checkpoint.path\) holds a shardtrain.model") as err:
+        train(_cfg(dataset.uri, tmp_path / "second", f"checkpoint.path={model}"))
+    assert err.value.exit_code == EXIT_USAGE and sorted(os.listdir(model)) == before
+    # A step directory that another output's marker claims: resuming would read it, pruning delete it.
+    foreign = tmp_path / "foreign"
+    os.makedirs(foreign / "step-000000005")
+    (foreign / "step-000000005" / "_COMMITTED").write_text(json.dumps({"kind": "shardtrain.dataset"}))
+    with pytest.raises(OutputExistsError, match=r"step-000000005 \(checkpoint.path\) holds a shardtrain.dataset"):
+        train(_cfg(dataset.uri, tmp_path / "third", f"checkpoint.path={foreign}"))
+
+
+@pytest.mark.parametrize("reader", ["petastorm", "arrow"])
+def test_a_shard_removed_mid_run_is_one_line_naming_it(tmp_path, reader):
+    from common.dataset import read_manifest
+    from common.errors import EXIT_RUNTIME, StorageIOError
+
+    ds = write_dataset(str(tmp_path / "ds"), {"train": [[200], [200]], "val": [[50]]})
+    victim = read_manifest(ds.uri).file_uris("train")[1]
+
+    def remove_a_shard(step):
+        if step == 3:  # epoch 1 of 2: the file was read and verified once already
+            os.remove(victim)
+    with pytest.raises(StorageIOError) as err:
+        train(_cfg(ds.uri, tmp_path, "train.epochs=2", f"data.reader={reader}"), on_step=remove_a_shard)
+    assert not os.path.exists(victim)  # the file really went away mid-run
+    message = str(err.value)
+    assert victim in message and "\n" not in message and "reading split 'train'" in message, message
+    assert err.value.exit_code == EXIT_RUNTIME and not os.path.exists(tmp_path / "model")
 
 
 def test_plugin_model_and_regression(tmp_path):
