@@ -9,7 +9,7 @@ then moved into place, and a ``_COMMITTED`` marker is written last. Readers call
 point leaves nothing a reader will accept.
 
 What an output may replace: the marker records the output's ``kind`` (``shardtrain.dataset``,
-``shardtrain.model``); ``overwrite`` replaces only an empty directory or a shardtrain output of
+``shardtrain.model``, ``shardtrain.scores``); ``overwrite`` replaces only an empty directory or a shardtrain output of
 the same kind (``check_replaceable``), never a user's file or directory. ``check_disjoint``
 refuses an output equal to, inside or containing an input.
 
@@ -51,6 +51,7 @@ STAGING_TAG = "._staging-"
 LOCK_TAG = ".shardtrain-lock"
 KIND_DATASET = "shardtrain.dataset"
 KIND_MODEL = "shardtrain.model"
+KIND_SCORES = "shardtrain.scores"
 SCHEMES = ("file", "s3", "hdfs", "dbfs")
 DBFS_MOUNT = os.environ.get("SHARDTRAIN_DBFS_MOUNT", "/dbfs")
 
