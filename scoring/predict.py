@@ -210,8 +210,7 @@ class _Scorer:
     def __call__(self, batches):
         model = worker_model(self.task)
         for batch in batches:
-            for start in range(0, batch.num_rows, self.task.batch_size):
-                yield score_batch(model, self.task, batch.slice(start, self.task.batch_size))
+            yield score_batch(model, self.task, batch)
 
 
 def worker_model(task: ScoreTask):
@@ -249,7 +248,9 @@ def worker_device() -> str:
 
 
 def score_batch(model, task: ScoreTask, batch):
-    """One Arrow batch -> the output batch: kept columns, predictions for clean rows, reasons."""
+    """One Arrow batch (spark.sql.execution.arrow.maxRecordsPerBatch rows) -> the output batch: kept
+    columns, predictions for the clean rows, reasons. The batch is preprocessed at once (one
+    Arrow -> pandas conversion), then run through the network ``task.batch_size`` rows at a time."""
     import pyarrow as pa
 
     reason = batch.column(batch.schema.get_field_index(REASON))
@@ -260,7 +261,9 @@ def score_batch(model, task: ScoreTask, batch):
         features = pa.table({name: clean.column(clean.schema.get_field_index(private))
                              for name, private in task.features})
         arrays = _encoded_arrays(features, model.features) if task.encoded else model.features.transform(features)
-        values = model.predict_arrays(arrays, task.temperature)
+        step = task.batch_size
+        values = np.concatenate([model.predict_arrays({k: v[i:i + step] for k, v in arrays.items()}, task.temperature)
+                                 for i in range(0, n_clean, step)])
     else:
         values = np.zeros((0, task.num_classes) if task.task == "classification" else (0,), dtype=np.float32)
     columns = [batch.column(batch.schema.get_field_index(c)) for c in task.keep_columns]
