@@ -62,7 +62,7 @@ class ScoreConfig:
     @property
     def inputs(self) -> dict[str, str]:
         """Every input location, described by its config key (what the output may not overlap)."""
-        found = {f"the model (model)": self.model}
+        found = {"the model (model)": self.model}
         if self.dataset is not None:
             found["the dataset (dataset)"] = self.dataset
         found.update({f"source {name!r} (sources.{name}.path)": src.path for name, src in self.sources.items()})

@@ -75,17 +75,21 @@ def check_output_path(cfg: ScoreConfig) -> None:
 
 def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
     from common.spark import spark_errors
+    from training.export import load_model
 
     model_marker = _model_marker(cfg.model)
-    table, malformed, input_record, spec, encoded = _input_table(spark, cfg)
+    input_record = _input_record(cfg)
     input_fp = input_fingerprint(cfg, input_record, model_marker)
     existing = _check_existing(out, cfg, input_fp)
     if existing is not None:
         log.info("%s already holds these scores (input fingerprint %s); skipping", out.uri, input_fp[:12])
         return existing
 
+    spec = load_model(cfg.model, program=cfg.program).features
+    encoded = cfg.dataset is not None
+    table, malformed = _dataset_table(spark, cfg, spec) if encoded else _sources_table(spark, cfg)
     fields = {f.name: f.dataType for f in table.schema.fields}
-    _check_columns(fields, spec, cfg)
+    _check_columns(fields, cfg)
     reason = reason_sql(fields, spec, encoded)
     checked = table.selectExpr("*", f"{reason} AS {REASON}")
     with spark_errors("counting rows per quarantine reason"):
@@ -134,22 +138,23 @@ def _model_marker(uri: str) -> dict:
     return marker
 
 
-def _input_table(spark, cfg: ScoreConfig):
-    """(table, malformed frames, input record for the fingerprint, the model's FeatureSpec, encoded)."""
-    from training.export import load_model
-
-    spec = load_model(cfg.model, program=cfg.program).features
+def _input_record(cfg: ScoreConfig) -> dict:
+    """What the input is, for the fingerprint, without Spark: the source files (paths, sizes,
+    modification times), or the dataset's content fingerprint and the split."""
     if cfg.dataset is not None:
-        table, record = _dataset_table(spark, cfg, spec)
-        return table, [], record, spec, True
-    table, malformed, record = _sources_table(spark, cfg)
-    return table, malformed, record, spec, False
+        from common.dataset import read_manifest
+
+        manifest = read_manifest(cfg.dataset)
+        return {"dataset": manifest.root.uri, "fingerprint": manifest.fingerprint, "split": cfg.split}
+    from pipelines.sources import source_fingerprint
+
+    return {"sources": {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}}
 
 
 def _sources_table(spark, cfg: ScoreConfig):
-    from pipelines.sources import read_source, source_fingerprint
+    """(the query's table, the sources' malformed-record frames)."""
+    from pipelines.sources import read_source
 
-    record = {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}
     frames = {}
     for name, src in cfg.sources.items():
         frames[name] = read_source(spark, name, src)
@@ -162,11 +167,12 @@ def _sources_table(spark, cfg: ScoreConfig):
     else:
         (frame,) = frames.values()
         table = frame.clean
-    return table, [f.malformed for f in frames.values() if f.malformed is not None], {"sources": record}
+    return table, [f.malformed for f in frames.values() if f.malformed is not None]
 
 
 def _dataset_table(spark, cfg: ScoreConfig, spec):
-    """The split's stored rows, after checking they are encoded the way the model was trained."""
+    """(the split's stored rows, no malformed frames), after checking they are encoded the way the
+    model was trained and that every file matches its manifest sha256."""
     from common.dataset import read_manifest, verify_file
     from common.spark import to_spark_path
 
@@ -180,8 +186,7 @@ def _dataset_table(spark, cfg: ScoreConfig, spec):
     for entry in entries:
         verify_file(manifest.root, entry)
     paths = [to_spark_path(manifest.root.join(e.path).uri) for e in entries]
-    table = spark.read.parquet(*paths)
-    return table, {"dataset": manifest.root.uri, "fingerprint": manifest.fingerprint, "split": cfg.split}
+    return spark.read.parquet(*paths), []
 
 
 def input_fingerprint(cfg: ScoreConfig, input_record: dict, model_marker: dict) -> str:
@@ -217,7 +222,7 @@ def _check_existing(out, cfg: ScoreConfig, input_fp: str) -> ScoreResult | None:
     return None
 
 
-def _check_columns(fields: dict, spec, cfg: ScoreConfig) -> None:
+def _check_columns(fields: dict, cfg: ScoreConfig) -> None:
     missing = [c for c in cfg.output.keep_columns if c not in fields]
     if missing:
         raise InputDataError(f"output.keep_columns names column(s) {missing} that {_describe_input(cfg)} does not "
