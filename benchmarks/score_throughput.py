@@ -10,7 +10,9 @@ array, 0.01% bad rows), train a model in-process on a 20k-row sample sharded by 
   - ``score_job``: run_score_job on local[N] (count per reason, score, write scores + quarantine,
     check the accounting, publish);
   - ``pandas``: pandas.read_parquet, drop the bad rows, then ``load_model(uri).predict`` on all
-    rows in one process (its whole-frame FeatureSpec.transform, one forward pass per --batch-size rows);
+    rows in one process (its whole-frame FeatureSpec.transform, one forward pass per --batch-size rows),
+    with torch's default intra-op threads and with 1 (what Spark gives each task); the ratio uses
+    the faster;
   - ``map_in_arrow``: scoring.predict.predict_frame over the clean rows into Spark's ``noop`` sink
     (the model loaded once per Python worker; what the job runs);
   - ``predict_batch_udf``: the same model and preprocessing through
@@ -58,10 +60,11 @@ def spark_session(master: str):
 
 def train_model(spark, work: Path, hidden: list[int]) -> str:
     sample = generate_dataset(spark, str(work / "sample"), 20_000, seed=1, array_shape=[8], mode="overwrite")
-    shard_cfg = from_dict(ShardConfig, sample.shard_config(str(work / "shards"), output={"num_shards": 2}))
+    shard_cfg = from_dict(ShardConfig, sample.shard_config(str(work / "shards"), output={"num_shards": 2,
+                                                                                   "mode": "overwrite"}))
     run_shard_job(spark, shard_cfg)
     cfg = load_train_config(None, [f"data.path={work / 'shards'}", "launch.mode=in_process", "launch.num_proc=1",
-                                   f"output.model_path={work / 'model'}", "train.epochs=1", "train.batch_size=256",
+                                   f"output.model_path={work / 'model'}", "output.mode=overwrite", "train.epochs=1", "train.batch_size=256",
                                    f"model.hidden={json.dumps(hidden)}", "data.reader=arrow"])
     return train(cfg).model_uri
 
@@ -80,8 +83,11 @@ def time_score_job(spark, model: str, raw: str, out: str, batch_size: int) -> tu
     return seconds, result["r"].scored_rows
 
 
-def time_pandas(model_uri: str, raw: str, batch_size: int) -> tuple[float, int]:
+def time_pandas(model_uri: str, raw: str, batch_size: int, torch_threads: int) -> tuple[float, int]:
     import pandas as pd
+    import torch
+
+    torch.set_num_threads(torch_threads)
 
     def run():
         frame = pd.read_parquet(raw)
@@ -94,6 +100,12 @@ def time_pandas(model_uri: str, raw: str, batch_size: int) -> tuple[float, int]:
         run.rows = len(frame)
 
     return timed(run), run.rows
+
+
+def torch_default_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def clean_rows(spark, model_uri: str, raw: str):
@@ -156,9 +168,17 @@ def main() -> None:
         job_s, scored = time_score_job(spark, model, data.path, str(work / "scores"), args.batch_size)
         print(json.dumps({"what": "score_job", **common, "scored_rows": scored, "seconds": round(job_s, 2),
                           "rows_per_s": round(data.rows / job_s)}), flush=True)
-        pandas_s, pandas_rows = time_pandas(model, data.path, args.batch_size)
-        print(json.dumps({"what": "pandas_load_model_predict", **common, "scored_rows": pandas_rows,
-                          "seconds": round(pandas_s, 2), "rows_per_s": round(data.rows / pandas_s)}), flush=True)
+        # Spark gives each Python worker OMP_NUM_THREADS = spark.task.cpus (1): one torch thread per
+        # task. The pandas process is measured with torch's default threads and with 1 (on a loaded
+        # machine, intra-op threads that spin-wait can make the forward pass many times slower).
+        default_threads = torch_default_threads()
+        pandas_s = float("inf")
+        for threads in sorted({default_threads, 1}, reverse=True):
+            seconds, pandas_rows = time_pandas(model, data.path, args.batch_size, threads)
+            pandas_s = min(pandas_s, seconds)
+            print(json.dumps({"what": "pandas_load_model_predict", **common, "torch_threads": threads,
+                              "scored_rows": pandas_rows, "seconds": round(seconds, 2),
+                              "rows_per_s": round(data.rows / seconds)}), flush=True)
         # Interleaved, best of --repeats: the machine is shared, so the order must not favour either.
         arrow_s = udf_s = float("inf")
         for _ in range(args.repeats):
