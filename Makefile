@@ -7,10 +7,11 @@ PY := $(VENV)/bin/python
 # The current-stack profile: pyspark 4.x, pyarrow 26, numpy 2, no Horovod or petastorm.
 VENV_CURRENT ?= .venv-current
 # What must also pass there: the shard job, the torch backend, the arrow reader, load_model, doctor,
-# the run report and MLflow tracking.
+# scoring, the run report and MLflow tracking.
 CURRENT_TESTS ?= tests/common tests/pipelines tests/training/test_torch_backend.py \
 	tests/training/test_arrow_reader.py tests/training/test_torch_arrow_demo.py tests/training/test_train_in_process.py \
-	tests/shardtrain/test_doctor_stacks.py tests/training/test_run_report.py tests/training/test_tracking.py
+	tests/shardtrain/test_doctor_stacks.py tests/training/test_run_report.py tests/training/test_tracking.py \
+	tests/scoring
 
 .PHONY: setup setup-current demo test test-current test-fast doctor bench wheel clean
 

@@ -9,7 +9,7 @@ then moved into place, and a ``_COMMITTED`` marker is written last. Readers call
 point leaves nothing a reader will accept.
 
 What an output may replace: the marker records the output's ``kind`` (``shardtrain.dataset``,
-``shardtrain.model``, ``shardtrain.checkpoint``); ``overwrite`` replaces only an empty directory or
+``shardtrain.model``, ``shardtrain.checkpoint``, ``shardtrain.scores``); ``overwrite`` replaces only an empty directory or
 a shardtrain output of the same kind (``check_replaceable``), never a user's file or directory.
 ``check_disjoint`` refuses an output equal to, inside or containing an input.
 
@@ -52,6 +52,7 @@ LOCK_TAG = ".shardtrain-lock"
 KIND_DATASET = "shardtrain.dataset"
 KIND_MODEL = "shardtrain.model"
 KIND_CHECKPOINT = "shardtrain.checkpoint"
+KIND_SCORES = "shardtrain.scores"
 SCHEMES = ("file", "s3", "hdfs", "dbfs")
 DBFS_MOUNT = os.environ.get("SHARDTRAIN_DBFS_MOUNT", "/dbfs")
 

@@ -33,6 +33,12 @@ def _run(args):
     return handle_run(args)
 
 
+def _score(args):
+    from scoring.job import handle_score
+
+    return handle_score(args)
+
+
 def _demo(args):
     from shardtrain.demo import handle_demo
 
@@ -68,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="shard, then train, in one Spark application")
     add_config_arguments(p)
     p.set_defaults(handler=_run)
+
+    p = sub.add_parser("score", help="score raw data (or a dataset split) with a published model, on Spark")
+    add_config_arguments(p)
+    p.set_defaults(handler=_score)
 
     p = sub.add_parser("demo", help="generate data, shard it on local Spark, train 2 ranks, print a summary")
     p.add_argument("--workdir", default="artifacts", help="where data, shards and the model go (default: artifacts)")
@@ -112,6 +122,10 @@ def _job_config(args):
         from training.config import load_train_config
 
         return load_train_config(args.config, args.overrides)
+    if args.command == "score":
+        from scoring.config import load_score_config
+
+        return load_score_config(args.config, args.overrides)
     if args.command == "run":
         from shardtrain.run import load_run_config
 

@@ -1,0 +1,76 @@
+"""The score job's config tree (``conf/score.yaml``): one dataclass per section, each validating itself.
+
+The input is either ``sources`` + ``query`` (the shard job's own syntax and meaning: each source
+becomes a Spark SQL view) or ``dataset`` + ``split`` (a published dataset's stored encodings).
+Section and key names are a public contract: add keys, never rename them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from common.config import SparkConfig, load_config, require
+from pipelines.shard_config import SourceConfig
+from scoring.predict import DEFAULT_BATCH_SIZE
+
+
+@dataclass
+class ScoreOutputConfig:
+    path: str
+    mode: Literal["error", "overwrite", "skip_if_exists"] = "error"
+    # Input columns written beside the predictions (ids, keys); the features are not kept unless listed.
+    keep_columns: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        require(bool(self.path), "path", "must not be empty")
+        dup = sorted({c for c in self.keep_columns if self.keep_columns.count(c) > 1})
+        require(not dup, "keep_columns", f"lists column(s) {dup} more than once")
+
+
+@dataclass
+class ScoreConfig:
+    model: str  # URI of a published model
+    output: ScoreOutputConfig
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    sources: dict[str, SourceConfig] = field(default_factory=dict)
+    query: str | None = None
+    dataset: str | None = None  # a published dataset, instead of sources
+    split: str | None = None  # the dataset's split to score
+    batch_size: int = DEFAULT_BATCH_SIZE  # rows per forward pass
+    temperature: float = 1.0  # classification: softmax(logits / temperature)
+    program: bool = False  # run the model's TorchScript program (required for plug-in models)
+
+    def __post_init__(self):
+        require(bool(self.model), "model", "must name a published model")
+        require(bool(self.sources) != (self.dataset is not None), "sources",
+                "or dataset must be set (exactly one): raw data through sources (+ query), or a published dataset")
+        if self.dataset is not None:
+            require(bool(self.split), "split", "must name the dataset's split to score (e.g. test)")
+            require(self.query is None, "query", "applies to sources only; a dataset is scored as it is stored")
+        else:
+            require(self.split is None, "split", "applies to a dataset only; filter sources in the query")
+            for name in self.sources:
+                require(name.isidentifier(), f"sources.{name}", "must be a valid SQL view name (letters, digits, _)")
+            require(self.query is not None or len(self.sources) == 1, "query",
+                    "is required when there is more than one source")
+        require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        require(math.isfinite(self.temperature) and self.temperature > 0, "temperature",
+                f"must be a finite number > 0, got {self.temperature}")
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        """Every input location, described by its config key (what the output may not overlap)."""
+        found = {"the model (model)": self.model}
+        if self.dataset is not None:
+            found["the dataset (dataset)"] = self.dataset
+        found.update({f"source {name!r} (sources.{name}.path)": src.path for name, src in self.sources.items()})
+        return found
+
+
+def load_score_config(path=None, overrides=None, defaults: dict | None = None) -> ScoreConfig:
+    return load_config(ScoreConfig, path, overrides, defaults)
+
+
+__all__ = ["ScoreConfig", "ScoreOutputConfig", "load_score_config"]

@@ -1,0 +1,321 @@
+"""The score job: a published model over raw sources (or a published dataset) -> a scores output.
+
+``run_score_job(spark, cfg)`` is the one entry point (``shardtrain score``, the spark-submit job
+file, notebooks). Nothing is written until every check that can fail has passed:
+
+0. the output may not be, contain or sit inside an input (the model, the sources, the dataset);
+   the output's writer lock is taken (held to the end) and staging left by killed jobs removed;
+1. mode check: ``error`` refuses an existing output, ``skip_if_exists`` returns when the output
+   holds scores of the same input fingerprint (config, input files, model), ``overwrite``
+   replaces only a scores output (marker kind ``shardtrain.scores``);
+2. the input table: the shard job's sources and query (``pipelines.sources``; CSV/JSON records
+   that do not parse are quarantined as ``malformed_record``), or the dataset split's stored
+   encodings, after checking the model was fitted on the same encodings (equal feature spec)
+   and every file against its manifest sha256;
+3. one aggregation counts rows per quarantine reason (``scoring.predict.reason_sql``);
+4. inside ``storage.publish``: the clean rows are scored (``predict_frame``) and written as
+   Parquet at the output's root, the others under ``_quarantine/`` (``reason``, ``source``,
+   ``raw`` as JSON, as the shard job writes them); the rows in the written files must add up to
+   the input (scored = clean, scored + quarantined = input) before the marker is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import posixpath
+from dataclasses import dataclass, field
+
+from common import __version__
+from common.config import dump_yaml, to_dict
+from common.errors import AccountingError, DatasetError, InputDataError, OutputExistsError, first_line
+from common.storage import (KIND_SCORES, check_disjoint, check_replaceable, clean_stale_staging, is_committed,
+                            output_lock, publish, read_marker, resolve)
+from scoring.config import ScoreConfig
+from scoring.predict import REASON, predict_frame, reason_sql
+
+log = logging.getLogger("shardtrain.score")
+
+QUARANTINE_DIR = "_quarantine"
+SUMMARY_NAME = "_scores.json"
+CONFIG_NAME = "_config.yaml"  # "_": Spark and pyarrow read the output folder as Parquet, and skip it
+
+
+@dataclass
+class ScoreResult:
+    uri: str
+    input_rows: int
+    scored_rows: int
+    quarantined_rows: int
+    by_reason: dict[str, int] = field(default_factory=dict)
+    skipped: bool = False
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"unchanged, skipped {self.uri}: scores of this input and model are already there"
+        reasons = ", ".join(f"{r}={n:,}" for r, n in sorted(self.by_reason.items()))
+        return (f"published {self.uri}: {self.scored_rows:,} of {self.input_rows:,} rows scored; quarantined "
+                f"{self.quarantined_rows:,}" + (f" ({reasons}) under {self.uri}/{QUARANTINE_DIR}" if reasons else ""))
+
+
+def run_score_job(spark, cfg: ScoreConfig) -> ScoreResult:
+    """Run the job under the output's writer lock (a second writer fails, naming this one)."""
+    check_output_path(cfg)
+    out = resolve(cfg.output.path)
+    with output_lock(out.uri):
+        clean_stale_staging(out.uri)  # left by killed jobs; we hold the lock, so no live job owns it
+        return _run_locked(spark, cfg, out)
+
+
+def check_output_path(cfg: ScoreConfig) -> None:
+    """output.path must not be, contain or sit inside an input (exit 2, before any work)."""
+    check_disjoint(cfg.output.path, "output.path", cfg.inputs)
+
+
+def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
+    from common.spark import spark_errors
+    from training.export import load_model
+
+    model_marker = _model_marker(cfg.model)
+    input_record = _input_record(cfg)
+    input_fp = input_fingerprint(cfg, input_record, model_marker)
+    existing = _check_existing(out, cfg, input_fp)
+    if existing is not None:
+        log.info("%s already holds these scores (input fingerprint %s); skipping", out.uri, input_fp[:12])
+        return existing
+
+    spec = load_model(cfg.model, program=cfg.program).features
+    encoded = cfg.dataset is not None
+    table, malformed = _dataset_table(spark, cfg, spec) if encoded else _sources_table(spark, cfg)
+    fields = {f.name: f.dataType for f in table.schema.fields}
+    _check_columns(fields, cfg)
+    reason = reason_sql(fields, spec, encoded)
+    checked = table.selectExpr("*", f"{reason} AS {REASON}")
+    with spark_errors("counting rows per quarantine reason"):
+        by_reason, clean_rows = _count(checked, malformed)
+    input_rows = clean_rows + sum(by_reason.values())
+    if input_rows == 0:
+        raise InputDataError(f"the input has no rows ({_describe_input(cfg)})")
+
+    marker = {"kind": KIND_SCORES, "input_fingerprint": input_fp, "model": cfg.model,
+              "model_json_sha256": model_marker.get("model_json_sha256")}
+    mode = "overwrite" if cfg.output.mode == "overwrite" else "error"
+    with publish(out.uri, mode=mode, marker=marker) as staging:
+        scored = predict_frame(checked.where(f"{REASON} IS NULL"), cfg.model, batch_size=cfg.batch_size,
+                               temperature=cfg.temperature, keep_columns=cfg.output.keep_columns,
+                               encoded=encoded, program=cfg.program).drop(REASON)
+        with spark_errors(f"scoring with {cfg.model}"):
+            _write(scored, staging.uri)
+        with spark_errors("writing the quarantine"):
+            _write(_quarantine_rows(cfg, checked, table.columns, malformed), staging.join(QUARANTINE_DIR).uri)
+        accounting = _check_accounting(staging, input_rows, clean_rows, sum(by_reason.values()))
+        summary = {"format": KIND_SCORES, "shardtrain_version": __version__, "model": cfg.model,
+                   "model_json_sha256": model_marker.get("model_json_sha256"), "input_fingerprint": input_fp,
+                   "input": input_record, "columns": scored.columns, "accounting": accounting,
+                   "quarantine": {"path": QUARANTINE_DIR, "by_reason": dict(sorted(by_reason.items()))},
+                   "config": to_dict(cfg)}
+        staging.write_text(SUMMARY_NAME, json.dumps(summary, indent=2, default=str) + "\n")
+        staging.write_text(CONFIG_NAME, dump_yaml(cfg))
+    result = ScoreResult(uri=out.uri, input_rows=input_rows, scored_rows=clean_rows,
+                         quarantined_rows=sum(by_reason.values()), by_reason=dict(sorted(by_reason.items())))
+    log.info("%s", result.summary())
+    return result
+
+
+def _model_marker(uri: str) -> dict:
+    """The model's marker (kind checked; its model.json digest goes into the input fingerprint)."""
+    from common.errors import StorageError
+    from common.storage import KIND_MODEL
+
+    try:
+        marker = read_marker(uri)
+    except StorageError as exc:
+        raise DatasetError(f"model {first_line(exc)} (model)") from None
+    if marker.get("kind", marker.get("format")) != KIND_MODEL:
+        raise DatasetError(f"model {uri} holds a {marker.get('kind') or 'output of another kind'}, not a {KIND_MODEL} "
+                           "(model)")
+    return marker
+
+
+def _input_record(cfg: ScoreConfig) -> dict:
+    """What the input is, for the fingerprint, without Spark: the source files (paths, sizes,
+    modification times), or the dataset's content fingerprint and the split."""
+    if cfg.dataset is not None:
+        from common.dataset import read_manifest
+
+        manifest = read_manifest(cfg.dataset)
+        return {"dataset": manifest.root.uri, "fingerprint": manifest.fingerprint, "split": cfg.split}
+    from pipelines.sources import source_fingerprint
+
+    return {"sources": {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}}
+
+
+def _sources_table(spark, cfg: ScoreConfig):
+    """(the query's table, the sources' malformed-record frames)."""
+    from pipelines.sources import read_source
+
+    frames = {}
+    for name, src in cfg.sources.items():
+        frames[name] = read_source(spark, name, src)
+        frames[name].clean.createOrReplaceTempView(name)
+    if cfg.query is not None:
+        try:
+            table = spark.sql(cfg.query)
+        except Exception as exc:  # noqa: BLE001 - AnalysisException / ParseException
+            raise InputDataError(f"query failed to analyse over sources {sorted(frames)}: {first_line(exc)}") from None
+    else:
+        (frame,) = frames.values()
+        table = frame.clean
+    return table, [f.malformed for f in frames.values() if f.malformed is not None]
+
+
+def _dataset_table(spark, cfg: ScoreConfig, spec):
+    """(the split's stored rows, no malformed frames), after checking they are encoded the way the
+    model was trained and that every file matches its manifest sha256."""
+    from common.dataset import read_manifest, verify_file
+    from common.spark import to_spark_path
+
+    manifest = read_manifest(cfg.dataset)
+    if manifest.features.spec != spec.spec:
+        raise DatasetError(
+            f"dataset {manifest.root.uri} encodes its features differently from the model {cfg.model} (other "
+            "statistics or vocabularies: the model was trained on another dataset). Its stored rows would mean "
+            "something else to the model: score the raw data through sources instead (dataset, sources)")
+    entries = manifest.files(cfg.split)
+    for entry in entries:
+        verify_file(manifest.root, entry)
+    paths = [to_spark_path(manifest.root.join(e.path).uri) for e in entries]
+    return spark.read.parquet(*paths), []
+
+
+def input_fingerprint(cfg: ScoreConfig, input_record: dict, model_marker: dict) -> str:
+    """What the output is a function of: the config (minus how it runs), the input, the model."""
+    config = to_dict(cfg)
+    config.pop("spark", None)
+    config["output"].pop("mode", None)
+    payload = {"config": config, "input": input_record, "model_json_sha256": model_marker.get("model_json_sha256"),
+               "shardtrain_version": __version__}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _check_existing(out, cfg: ScoreConfig, input_fp: str) -> ScoreResult | None:
+    if not out.exists():
+        return None
+    mode = cfg.output.mode
+    if mode == "error":
+        raise OutputExistsError(f"{out.uri} already exists; set output.mode=overwrite to replace it "
+                                "(or skip_if_exists to keep identical scores)")
+    check_replaceable(out.uri, KIND_SCORES)  # only scores, never a dataset, a model or someone's files
+    if mode == "skip_if_exists":
+        if not is_committed(out):
+            raise OutputExistsError(f"{out.uri} exists but is not committed scores (a job died while publishing "
+                                    "them?); set output.mode=overwrite to replace it")
+        if read_marker(out).get("input_fingerprint") != input_fp:
+            raise OutputExistsError(f"{out.uri} holds other scores (the config, the input files or the model changed "
+                                    "since they were written); set output.mode=overwrite to replace them")
+        summary = json.loads(out.read_text(SUMMARY_NAME))
+        acc = summary["accounting"]
+        return ScoreResult(uri=out.uri, input_rows=acc["input_rows"], scored_rows=acc["scored_rows"],
+                           quarantined_rows=acc["quarantined_rows"],
+                           by_reason=summary["quarantine"]["by_reason"], skipped=True)
+    return None
+
+
+def _check_columns(fields: dict, cfg: ScoreConfig) -> None:
+    missing = [c for c in cfg.output.keep_columns if c not in fields]
+    if missing:
+        raise InputDataError(f"output.keep_columns names column(s) {missing} that {_describe_input(cfg)} does not "
+                             f"have; it has {sorted(fields)}")
+    if REASON in fields:
+        raise InputDataError(f"the input has a column named {REASON!r}, which the score job adds; rename it in the query")
+
+
+def _count(checked, malformed: list) -> tuple[dict[str, int], int]:
+    """Rows per quarantine reason, and clean rows: one aggregation (plus one count per malformed frame)."""
+    by_reason: dict[str, int] = {}
+    clean = 0
+    for row in checked.groupBy(REASON).count().collect():  # one row per reason
+        if row[REASON] is None:
+            clean = int(row["count"])
+        else:
+            by_reason[row[REASON]] = int(row["count"])
+    bad_records = sum(frame.count() for frame in malformed)
+    if bad_records:
+        by_reason["malformed_record"] = bad_records
+    return by_reason, clean
+
+
+def _quarantine_rows(cfg: ScoreConfig, checked, columns: list[str], malformed: list):
+    from pyspark.sql import functions as F
+
+    source = "dataset" if cfg.dataset is not None else ("query" if cfg.query is not None else next(iter(cfg.sources)))
+    fields = ", ".join("`" + c.replace("`", "``") + "`" for c in columns)
+    bad = checked.where(f"{REASON} IS NOT NULL").select(
+        F.col(REASON).alias("reason"), F.lit(source).alias("source"), F.expr(f"to_json(struct({fields}))").alias("raw"))
+    for frame in malformed:
+        bad = bad.unionByName(frame)
+    return bad
+
+
+def _write(frame, uri: str) -> None:
+    from common.spark import to_spark_path
+
+    frame.write.mode("overwrite").parquet(to_spark_path(uri))
+
+
+def _check_accounting(staging, input_rows: int, clean_rows: int, quarantined_rows: int) -> dict:
+    """Rows in the written files (their Parquet footers), against the counts: nothing published otherwise."""
+    scored = _rows_written(staging, lambda rel: not rel.startswith(QUARANTINE_DIR + "/"))
+    quarantined = _rows_written(staging, lambda rel: rel.startswith(QUARANTINE_DIR + "/"))
+    record = {"input_rows": input_rows, "scored_rows": scored, "quarantined_rows": quarantined}
+    if scored != clean_rows or scored + quarantined != input_rows or quarantined != quarantined_rows:
+        raise AccountingError(
+            f"row accounting does not balance: input {input_rows} != scored {scored} + quarantined {quarantined} "
+            f"(counted {clean_rows} clean and {quarantined_rows} bad rows earlier). The input changed while the job "
+            "ran, or the query is not deterministic; nothing was published")
+    return record
+
+
+def _rows_written(staging, wanted) -> int:
+    import pyarrow.parquet as pq
+
+    fs = staging.fs
+    total = 0
+    for path in fs.find(staging.path):
+        rel = posixpath.relpath(path, staging.path)
+        name = posixpath.basename(rel)
+        if not name.endswith(".parquet") or name.startswith((".", "_")) or not wanted(rel):
+            continue
+        with fs.open(path, "rb") as fh:
+            total += pq.ParquetFile(fh).metadata.num_rows
+    return total
+
+
+def _describe_input(cfg: ScoreConfig) -> str:
+    if cfg.dataset is not None:
+        return f"split {cfg.split!r} of dataset {cfg.dataset}"
+    return "the query's table" if cfg.query is not None else f"source {next(iter(cfg.sources))!r}"
+
+
+# --- command handler (shardtrain score) -----------------------------------------------------------
+
+def score(config, overrides=None, spark=None) -> ScoreResult:
+    """Run the score job. ``config``: a ScoreConfig or a YAML path (plus ``key=value`` overrides)."""
+    from common.spark import get_or_create_session
+    from common.storage import check_uri
+    from scoring.config import load_score_config
+
+    cfg = config if isinstance(config, ScoreConfig) else load_score_config(config, list(overrides or []))
+    for uri in [cfg.output.path, *cfg.inputs.values()]:
+        check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
+    check_output_path(cfg)
+    return run_score_job(spark or get_or_create_session(cfg.spark), cfg)
+
+
+def handle_score(args) -> int:
+    print(score(args.config, args.overrides).summary())
+    return 0
+
+
+__all__ = ["ScoreResult", "check_output_path", "handle_score", "input_fingerprint", "run_score_job", "score"]

@@ -1,0 +1,278 @@
+"""`shardtrain score` and its core, on real Spark (local[2]) with a tiny model trained in-process once
+per module: the scores equal ``load_model(uri).predict`` on the same rows (nulls, unseen categories,
+array columns; classification at any temperature, regression); a row the model's preprocessing
+cannot take is quarantined with a reason naming its column; rows in = scored + quarantined; the
+output is published atomically with a ``shardtrain.scores`` marker and the mode rules; exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from common.errors import DatasetError, InputDataError
+from common.storage import MARKER
+from scoring.predict import predict_frame
+from tabular_data import raw_frame, write_dataset
+from training import load_model, load_train_config, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHARDTRAIN = os.path.join(os.path.dirname(sys.executable), "shardtrain")
+SHAPE = (4,)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A classification and a regression model (array feature included), each trained in-process on
+    a tiny dataset; and that dataset, for scoring its stored rows."""
+    root = tmp_path_factory.mktemp("score")
+    found = {}
+    for task in ("classification", "regression"):
+        ds = write_dataset(str(root / f"ds-{task}"), {"train": [[500]], "val": [[120]]}, task=task,
+                           array_shape=SHAPE)
+        cfg = load_train_config(None, [
+            f"data.path={ds.uri}", "launch.mode=in_process", "launch.num_proc=1", f"output.model_path={root}/{task}",
+            "train.epochs=2", "train.batch_size=32", "train.lr=0.01", "model.hidden=[8]",
+            "data.shuffle_buffer_rows=100"])
+        found[task] = train(cfg).model_uri
+        found[f"{task}-dataset"] = ds
+    return found
+
+
+def raw_rows(n: int, seed: int, task: str = "classification") -> pd.DataFrame:
+    """Raw rows as a user would score them: nulls in a numeric and a categorical column, categories
+    the model never saw, an array column; ``id`` is the key kept beside the predictions."""
+    frame = raw_frame(n, seed, task, SHAPE).drop(columns=["label"])
+    frame.loc[frame.index[5::11], "city"] = "atlantis"  # unseen in training
+    frame.insert(0, "id", np.arange(n, dtype=np.int64))
+    assert frame["x2"].isna().any() and frame["city"].isna().any() and (frame["city"] == "atlantis").any()
+    return frame
+
+
+def write_parquet(frame: pd.DataFrame, path) -> str:
+    os.makedirs(path, exist_ok=True)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), os.path.join(path, "part-0.parquet"))
+    return str(path)
+
+
+def test_scores_equal_load_model_predict(spark, models, tmp_path):
+    frame = raw_rows(300, seed=7)
+    df = spark.read.parquet(write_parquet(frame, tmp_path / "raw"))
+    expected = load_model(models["classification"]).predict(frame)
+    # batch_size 7: many forward passes per Arrow batch, and a short last one.
+    got = predict_frame(df, models["classification"], keep_columns=["id"], batch_size=7).toPandas()
+    assert list(got.columns) == ["id", "probabilities", "prediction", "score_reason"]
+    got = got.sort_values("id").reset_index(drop=True)
+    assert got["id"].tolist() == frame["id"].tolist() and got["score_reason"].isna().all()
+    probs = np.stack(got["probabilities"].to_numpy()).astype(np.float32)
+    np.testing.assert_allclose(probs, expected, rtol=0, atol=1e-6)
+    assert (got["prediction"].to_numpy() == expected.argmax(axis=1)).all()
+    assert len(set(got["prediction"])) == 2  # the model is not constant, so agreement means something
+
+    # The TorchScript program, at a temperature (a teacher's soft targets): the same agreement.
+    program = load_model(models["classification"], program=True)
+    soft = predict_frame(df, models["classification"], keep_columns=["id"], temperature=2.5, program=True)
+    soft = soft.toPandas().sort_values("id")
+    np.testing.assert_allclose(np.stack(soft["probabilities"].to_numpy()), program.predict(frame, temperature=2.5),
+                               rtol=0, atol=1e-6)
+
+
+def test_regression_scores_equal_load_model_predict(spark, models, tmp_path):
+    frame = raw_rows(200, seed=8, task="regression")
+    df = spark.read.parquet(write_parquet(frame, tmp_path / "raw"))
+    got = predict_frame(df, models["regression"], keep_columns=["id"]).toPandas().sort_values("id")
+    assert list(got.columns) == ["id", "prediction", "score_reason"]
+    expected = load_model(models["regression"]).predict(frame)
+    np.testing.assert_allclose(got["prediction"].to_numpy(np.float32), expected, rtol=1e-6, atol=1e-6)
+    assert np.std(expected) > 0.1
+
+
+def test_temperature_divides_the_logits(models):
+    """softmax(logits / T): every log-odds is the T = 1 log-odds divided by T; T = 1 is predict itself."""
+    model = load_model(models["classification"])
+    frame = raw_rows(50, seed=9)
+    plain = model.predict(frame)
+    np.testing.assert_array_equal(model.predict(frame, temperature=1.0), plain)
+    soft = model.predict(frame, temperature=4.0)
+    np.testing.assert_allclose(np.log(soft[:, 1] / soft[:, 0]), np.log(plain[:, 1] / plain[:, 0]) / 4.0,
+                               rtol=1e-4, atol=1e-5)
+    assert np.abs(soft - 0.5).max() < np.abs(plain - 0.5).max()  # softer
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+        model.predict(frame, temperature=0)
+
+
+def test_values_the_model_cannot_take_are_quarantined_with_the_column(spark, models):
+    """A string that is not a number, inf, an array of another length, with a NaN or null element,
+    or no array: one reason each, naming the column, null predictions; the good rows still agree."""
+    ok = [0.5, -1.0, 2.0, 0.25]
+    rows = [  # id, x1 (a string column), x2, city, image
+        (0, "1.5", 5.0, "paris", ok),
+        (1, "abc", 5.0, "paris", ok),
+        (2, "0.5", float("inf"), "lyon", ok),
+        (3, "0.5", 4.0, "lyon", [1.0, 2.0, 3.0]),
+        (4, "0.5", 4.0, "nice", [1.0, float("nan"), 3.0, 4.0]),
+        (5, "0.5", 4.0, "nice", [1.0, None, 3.0, 4.0]),
+        (6, "0.5", 4.0, None, None),
+        (7, None, None, "atlantis", ok),
+    ]
+    df = spark.createDataFrame(rows, "id BIGINT, x1 STRING, x2 DOUBLE, city STRING, image ARRAY<DOUBLE>")
+    got = predict_frame(df, models["classification"], keep_columns=["id"]).toPandas().set_index("id").sort_index()
+    reasons = {i: (None if pd.isna(r) else r) for i, r in got["score_reason"].items()}  # pandas 3: NaN for null
+    assert reasons == {
+        0: None, 1: "bad_value:x1", 2: "non_finite:x2", 3: "bad_shape:image", 4: "non_finite:image",
+        5: "non_finite:image", 6: "bad_shape:image", 7: None}
+    bad = got["score_reason"].notna()
+    assert got.loc[bad, "probabilities"].isna().all() and got.loc[bad, "prediction"].isna().all()
+    good = pd.DataFrame({"x1": [1.5, None], "x2": [5.0, None], "city": ["paris", "atlantis"], "image": [ok, ok]})
+    expected = load_model(models["classification"]).predict(good)
+    np.testing.assert_allclose(np.stack(got.loc[[0, 7], "probabilities"].to_numpy()), expected, rtol=0, atol=1e-6)
+
+
+def test_missing_feature_or_uncastable_type_fails_before_any_work(spark, models):
+    df = spark.createDataFrame([(1, 0.5, "paris")], "id BIGINT, x1 DOUBLE, city STRING")
+    with pytest.raises(InputDataError, match=r"lacks the model's feature column\(s\) \['x2', 'image'\]"):
+        predict_frame(df, models["classification"])
+    df = spark.createDataFrame([(1, 0.5, 1.0, "paris", "oops")], "id BIGINT, x1 DOUBLE, x2 DOUBLE, city STRING, image STRING")
+    with pytest.raises(InputDataError, match="column 'image' has type string, which the model's preprocessing cannot"):
+        predict_frame(df, models["classification"])
+    df = spark.createDataFrame([(1, 0.5, 1.0, "paris", [1.0])], "id BIGINT, x1 DOUBLE, x2 DOUBLE, city STRING, image ARRAY<DOUBLE>")
+    with pytest.raises(InputDataError, match=r"output.keep_columns names column\(s\) \['user'\]"):
+        predict_frame(df, models["classification"], keep_columns=["user"])
+
+
+# --- the score job: output, accounting, modes, exit status ---------------------------------------
+
+def bad_source(tmp_path) -> tuple[str, pd.DataFrame, dict]:
+    """Raw Parquet with 200 good rows and 4 the model cannot take (with their expected reasons)."""
+    frame = raw_rows(204, seed=11)
+    frame["image"] = [np.asarray(v, dtype=np.float32) for v in frame["image"]]
+    reasons = {200: "non_finite:x1", 201: "bad_shape:image", 202: "bad_shape:image", 203: "non_finite:image"}
+    frame.loc[200, "x1"] = np.inf
+    frame.at[201, "image"] = np.ones(3, dtype=np.float32)
+    frame.at[202, "image"] = None
+    frame.at[203, "image"] = np.array([1, np.nan, 0, 0], dtype=np.float32)
+    return write_parquet(frame, tmp_path / "raw"), frame, reasons
+
+
+def score_config(path, model: str, source: str, output: str, **extra) -> str:
+    cfg = {"model": model, "sources": {"raw": {"path": source}}, "output": {"path": output, "keep_columns": ["id"]},
+           "batch_size": 64, **extra}
+    with open(path, "w") as fh:
+        yaml.safe_dump(cfg, fh)
+    return str(path)
+
+
+def cli(*args) -> int:
+    from shardtrain.cli import main
+
+    return main(list(args))  # in-process: the active (test) Spark session is the job's
+
+
+def test_score_job_publishes_scores_and_quarantine_and_keeps_the_modes(spark, models, tmp_path, capsys):
+    source, frame, reasons = bad_source(tmp_path)
+    out = tmp_path / "scores"
+    config = score_config(tmp_path / "score.yaml", models["classification"], source, str(out))
+    assert cli("score", "--config", config) == 0
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["kind"] == "shardtrain.scores"
+
+    scored = pd.read_parquet(out, engine="pyarrow").sort_values("id")  # the root's part files (_quarantine is skipped)
+    assert list(scored.columns) == ["id", "probabilities", "prediction"]
+    quarantine = pd.read_parquet(out / "_quarantine")
+    quarantined = {json.loads(raw)["id"]: reason for raw, reason in zip(quarantine["raw"], quarantine["reason"])}
+    assert quarantined == reasons
+    assert sorted([*scored["id"], *quarantined]) == list(range(len(frame)))  # rows in = scored + quarantined
+    clean = frame[~frame["id"].isin(reasons)]
+    np.testing.assert_allclose(np.stack(scored["probabilities"].to_numpy()),
+                               load_model(models["classification"]).predict(clean), rtol=0, atol=1e-6)
+    summary = json.loads((out / "_scores.json").read_text())
+    assert summary["accounting"] == {"input_rows": 204, "scored_rows": 200, "quarantined_rows": 4}
+    assert summary["quarantine"]["by_reason"] == {"bad_shape:image": 2, "non_finite:image": 1, "non_finite:x1": 1}
+
+    before = (out / MARKER).read_bytes()
+    capsys.readouterr()
+    assert cli("score", "--config", config) == 2  # mode: error (the default)
+    assert f"{out} already exists; set output.mode=overwrite" in capsys.readouterr().err
+    assert cli("score", "--config", config, "output.mode=skip_if_exists") == 0
+    assert "unchanged, skipped" in capsys.readouterr().out
+    assert (out / MARKER).read_bytes() == before  # nothing was rewritten
+    assert cli("score", "--config", config, "output.mode=skip_if_exists", "temperature=2.0") == 2
+    assert "holds other scores" in capsys.readouterr().err
+    assert (out / MARKER).read_bytes() == before
+
+    assert cli("score", "--config", config, "output.mode=overwrite", "batch_size=5") == 0
+    assert (out / MARKER).read_bytes() != before
+    assert len(pd.read_parquet(out, engine="pyarrow")) == 200
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("keep me")
+    assert cli("score", "--config", config, f"output.path={theirs}", "output.mode=overwrite") == 2
+    assert "holds 1 entry that shardtrain did not publish (notes.txt)" in capsys.readouterr().err
+    assert (theirs / "notes.txt").read_text() == "keep me"
+    other_model = tmp_path / "other-model"
+    shutil.copytree(models["regression"], other_model)
+    assert cli("score", "--config", config, f"output.path={other_model}", "output.mode=overwrite") == 2
+    assert "holds a shardtrain.model, not a shardtrain.scores" in capsys.readouterr().err
+    assert load_model(str(other_model)).task == "regression"  # untouched
+    assert cli("score", "--config", config, f"output.path={source}/scores") == 2
+    assert "is inside source 'raw' (sources.raw.path)" in capsys.readouterr().err
+    assert not os.path.exists(f"{source}/scores")
+
+
+def test_score_job_on_a_dataset_split_uses_its_stored_encodings(spark, models, tmp_path, capsys):
+    ds = models["classification-dataset"]
+    out = tmp_path / "val-scores"
+    config = tmp_path / "score.yaml"
+    config.write_text(yaml.safe_dump({"model": models["classification"], "dataset": ds.uri, "split": "val",
+                                      "output": {"path": str(out), "keep_columns": ["_row", "label"]}}))
+    assert cli("score", "--config", str(config)) == 0
+    got = pd.read_parquet(out, engine="pyarrow").sort_values("_row")
+    assert got["_row"].tolist() == list(range(len(ds.raw["val"])))
+    expected = load_model(models["classification"]).predict(ds.raw["val"])  # from the raw rows
+    np.testing.assert_allclose(np.stack(got["probabilities"].to_numpy()), expected, rtol=0, atol=1e-6)
+
+    # Another dataset's encodings (its own statistics and vocabulary) mean something else to the model.
+    other = write_dataset(str(tmp_path / "other"), {"train": [[90]], "val": [[30]]}, seed=5, array_shape=SHAPE)
+    assert cli("score", "--config", str(config), f"dataset={other.uri}", f"output.path={tmp_path}/o") == 2
+    assert "encodes its features differently from the model" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_config_errors_exit_2_before_spark_starts(tmp_path):
+    """The real command in its own process: one line naming the key, exit 2, no JVM started."""
+    config = score_config(tmp_path / "score.yaml", "m", "raw", str(tmp_path / "out"))
+    for extra, message in ((["batch_sise=8"], "unknown key 'batch_sise'; did you mean 'batch_size'?"),
+                           ([f"dataset={tmp_path}"], "sources or dataset must be set (exactly one)"),
+                           (["temperature=0"], "temperature must be a finite number > 0")):
+        proc = subprocess.run([SHARDTRAIN, "score", "--config", config, *extra], capture_output=True, text=True,
+                              timeout=120, cwd=ROOT)
+        assert proc.returncode == 2, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("shardtrain: error:")]
+        assert len(errors) == 1 and message in errors[0], proc.stderr
+        assert "Traceback" not in proc.stderr and "SparkContext" not in proc.stderr
+
+
+def test_a_model_replaced_after_the_driver_checked_it_is_refused(spark, models, tmp_path):
+    """Workers compare the weights digest with the driver's: they never mix two models' predictions."""
+    from common.errors import SparkJobError
+    from common.spark import spark_errors
+
+    uri = str(tmp_path / "model")
+    shutil.copytree(models["classification"], uri)
+    df = spark.read.parquet(write_parquet(raw_rows(20, seed=3), tmp_path / "raw"))
+    scored = predict_frame(df, uri, keep_columns=["id"])
+    shutil.rmtree(uri)
+    shutil.copytree(models["regression"], uri)  # a valid model, but another one
+    with pytest.raises(SparkJobError, match="the model was replaced while this job ran"):
+        with spark_errors("scoring"):
+            scored.collect()
