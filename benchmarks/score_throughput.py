@@ -109,7 +109,7 @@ def torch_default_threads() -> int:
 
 
 def clean_rows(spark, model_uri: str, raw: str):
-    from scoring.predict import REASON, reason_sql
+    from scoring.predict import reason_sql
 
     df = spark.read.parquet(raw)
     spec = load_model(model_uri).features

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from common.errors import DatasetError, InputDataError
+from common.errors import InputDataError
 from common.storage import MARKER
 from scoring.predict import predict_frame
 from tabular_data import raw_frame, write_dataset
