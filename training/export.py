@@ -126,6 +126,7 @@ class LoadedModel:
         self.module = module.eval()
         self.meta = meta
         self.features = FeatureSpec(meta["features"])
+        self.device = torch.device("cpu")
 
     @property
     def task(self) -> str:
@@ -135,17 +136,35 @@ class LoadedModel:
     def metrics(self) -> list[dict]:
         return self.meta.get("metrics", [])
 
-    def predict(self, frame) -> np.ndarray:
-        """pandas DataFrame or Arrow table of raw feature columns -> probabilities [n, classes]
-        (classification) or values [n] (regression)."""
-        arrays = self.features.transform(frame)
-        return self.predict_arrays(arrays)
+    def to(self, device) -> "LoadedModel":
+        """Run the network on ``device`` (``"cuda"``, ``"cpu"``); inputs and results stay numpy."""
+        self.device = torch.device(device)
+        self.module.to(self.device)
+        return self
 
-    def predict_arrays(self, arrays: dict) -> np.ndarray:
-        """Already-preprocessed arrays (as stored in the dataset / produced by FeatureSpec.transform)."""
-        batch = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in arrays.items()}
+    def predict(self, frame, temperature: float = 1.0) -> np.ndarray:
+        """pandas DataFrame or Arrow table of raw feature columns -> probabilities [n, classes]
+        (classification) or values [n] (regression). See ``predict_arrays`` for ``temperature``."""
+        arrays = self.features.transform(frame)
+        return self.predict_arrays(arrays, temperature)
+
+    def predict_arrays(self, arrays: dict, temperature: float = 1.0) -> np.ndarray:
+        """Already-preprocessed arrays (as stored in the dataset / produced by FeatureSpec.transform).
+
+        Classification at ``temperature`` T gives softmax(logits / T): T = 1 is the model's own
+        probabilities, T > 1 softer ones (a teacher's soft targets for distillation). Regression
+        values do not depend on T.
+        """
+        if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        batch = {name: torch.from_numpy(np.ascontiguousarray(value)).to(self.device) for name, value in arrays.items()}
         with torch.no_grad():
-            return self.module(batch).float().numpy()
+            if self.task == "classification" and temperature != 1:
+                # ServingModel.net is the network before the softmax (also in the TorchScript program).
+                out = torch.softmax(self.module.net(batch).float() / float(temperature), dim=-1)
+            else:
+                out = self.module(batch)
+            return out.float().cpu().numpy()
 
 
 def load_model(uri: str, program: bool = False) -> LoadedModel:

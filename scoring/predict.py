@@ -1,0 +1,316 @@
+"""The scoring core: a published model run over a Spark DataFrame, exactly like ``load_model(uri).predict``.
+
+    predict_frame(df, model_uri, *, batch_size=1024, temperature=1.0, keep_columns=None,
+                  encoded=False, program=False) -> DataFrame
+
+The result has one row per input row (none dropped, none added), with these columns in order:
+
+* ``keep_columns`` of ``df``, unchanged (default: every column of ``df``);
+* classification: ``probabilities`` array<float> (softmax(logits / temperature), one entry per
+  class) and ``prediction`` bigint (the most probable class; labels are the integers
+  ``[0, num_classes)``, so the class index is the label's own value);
+* regression: ``prediction`` float (the model's value; ``temperature`` does not apply);
+* ``score_reason`` string: null for a scored row; for a row the model's preprocessing cannot take,
+  the reason (its predictions are null): ``bad_value:<col>`` (a string that is not a number),
+  ``non_finite:<col>`` (+/-inf in a numeric column; a null, NaN or inf element of an array),
+  ``bad_shape:<col>`` (a null array, or one of another length than the model's shape). These are
+  the shard job's own rules, so a row training would have quarantined is not scored.
+
+What runs per row is the model's stored preprocessing, ``FeatureSpec.transform`` (the code
+``LoadedModel.predict`` runs), after the shard job's own typing in Spark SQL: numeric columns cast
+to double (NaN counts as missing and is imputed), categorical ones cast to string, array elements
+to float. ``encoded=True`` takes the stored encodings of a published dataset instead (standardized
+float32, int32 category indices, flat float32 arrays: what ``FeatureSpec.transform`` produced)
+and runs ``LoadedModel.predict_arrays`` on them without preprocessing them again; the caller must
+check that the dataset's feature spec is the model's (``scoring.job`` does).
+
+Driver/executor split: the driver loads the model once to check it and the input's columns, then
+ships only plain values (``ScoreTask``). Each Python worker loads the model once, on first use,
+and keeps it for every later batch and task (``_MODELS``), on the GPU when the worker has one.
+The model's weights digest travels with the task: a worker that finds another model at the URI
+(replaced while the job ran) fails rather than mixing two models' predictions.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.errors import InputDataError
+
+log = logging.getLogger("shardtrain.score")
+
+PROBABILITIES = "probabilities"
+PREDICTION = "prediction"
+REASON = "score_reason"
+OUTPUT_COLUMNS = (PROBABILITIES, PREDICTION, REASON)
+DEFAULT_BATCH_SIZE = 1024
+FLOAT_MAX = 3.4028234663852886e38  # a double beyond this is inf as float32
+_FEATURE = "__score_feature_{}"  # private names of the typed feature columns inside the job
+
+
+@dataclass(frozen=True)
+class ScoreTask:
+    """Everything a Python worker needs, as plain picklable values (no session, no model)."""
+
+    model_uri: str
+    program: bool
+    weights_sha256: str
+    task: str  # classification | regression
+    num_classes: int
+    keep_columns: tuple[str, ...]
+    features: tuple[tuple[str, str], ...]  # (feature name, private column name) in FeatureSpec order
+    encoded: bool
+    temperature: float
+    batch_size: int
+
+
+def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = 1.0,
+                  keep_columns: list[str] | None = None, encoded: bool = False, program: bool = False):
+    """``df`` scored with the model at ``model_uri``: see the module docstring for the columns.
+
+    Raises DatasetError (exit 2) for a model that cannot be loaded, InputDataError (exit 2) for a
+    missing feature column, a column of a type the model cannot take, or a kept column that is
+    missing or named like an output column; ValueError for a bad batch_size or temperature.
+    Lazy: nothing runs until the result is written or collected.
+    """
+    from training.export import WEIGHTS, PROGRAM, load_model
+
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    model = load_model(model_uri, program=program)  # verified once on the driver: a bad model fails here
+    keep = list(df.columns) if keep_columns is None else list(keep_columns)
+    _check_keep_columns(df, keep)
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    spec = model.features
+    _check_feature_types(fields, spec, encoded)
+    names = spec.columns
+    task = ScoreTask(
+        model_uri=model_uri, program=program,
+        weights_sha256=model.meta["files"][PROGRAM if program else WEIGHTS]["sha256"],
+        task=model.task, num_classes=int(model.meta["label"].get("num_classes") or 0),
+        keep_columns=tuple(keep), features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
+        encoded=encoded, temperature=float(temperature), batch_size=batch_size)
+    typed = [f"{expr} AS {private}" for (name, private), expr in
+             zip(task.features, _typed_features(fields, spec, encoded))]
+    reason = reason_sql(fields, spec, encoded)
+    prepared = df.selectExpr(*[_q(c) for c in keep], *typed, f"{reason} AS {REASON}")
+    return prepared.mapInArrow(_Scorer(task), output_schema(df, keep, model.task))
+
+
+def output_schema(df, keep_columns: list[str], task: str):
+    """The result's Spark schema: the kept columns' own types, then the prediction columns."""
+    from pyspark.sql import types as T
+
+    by_name = {f.name: f for f in df.schema.fields}
+    fields = [by_name[c] for c in keep_columns]
+    if task == "classification":
+        fields.append(T.StructField(PROBABILITIES, T.ArrayType(T.FloatType()), True))
+        fields.append(T.StructField(PREDICTION, T.LongType(), True))
+    else:
+        fields.append(T.StructField(PREDICTION, T.FloatType(), True))
+    fields.append(T.StructField(REASON, T.StringType(), True))
+    return T.StructType(fields)
+
+
+def reason_sql(fields: dict, spec, encoded: bool = False) -> str:
+    """Spark SQL giving a row's quarantine reason (the first rule it breaks), or NULL when the model
+    can score it. ``fields``: column name -> Spark type; ``spec``: the model's FeatureSpec."""
+    from pyspark.sql import types as T
+
+    reasons = []
+    for name in spec.numeric:
+        value = f"try_cast({_q(name)} AS DOUBLE)"
+        if encoded:  # stored values were imputed by the shard job: a gap means the data is not its output
+            reasons.append(f"WHEN {_q(name)} IS NULL OR isnan({value}) THEN 'bad_value:{name}'")
+        if isinstance(fields[name], T.StringType):
+            reasons.append(f"WHEN {_q(name)} IS NOT NULL AND {value} IS NULL THEN 'bad_value:{name}'")
+        reasons.append(f"WHEN abs({value}) = double('Infinity') THEN 'non_finite:{name}'")
+    if encoded:
+        for name in spec.categorical:
+            reasons.append(f"WHEN {_q(name)} IS NULL OR {_q(name)} < 0 OR {_q(name)} >= {spec.num_embeddings(name)} "
+                           f"THEN 'bad_value:{name}'")
+    for name, shape in spec.arrays.items():
+        reasons.append(f"WHEN {_q(name)} IS NULL OR size({_q(name)}) <> {math.prod(shape)} THEN 'bad_shape:{name}'")
+        reasons.append(f"WHEN exists({_q(name)}, v -> v IS NULL OR isnan(CAST(v AS DOUBLE)) "
+                       f"OR abs(CAST(v AS DOUBLE)) > {FLOAT_MAX!r}) THEN 'non_finite:{name}'")
+    return f"CASE {' '.join(reasons)} END" if reasons else "CAST(NULL AS STRING)"
+
+
+def _typed_features(fields: dict, spec, encoded: bool) -> list[str]:
+    """The shard job's typing of each feature (preprocess.row_columns), in FeatureSpec order."""
+    if encoded:
+        return ([f"CAST({_q(n)} AS FLOAT)" for n in spec.numeric] + [f"CAST({_q(n)} AS INT)" for n in spec.categorical]
+                + [f"transform({_q(n)}, v -> CAST(v AS FLOAT))" for n in spec.arrays])
+    numeric = [f"CASE WHEN isnan(try_cast({_q(n)} AS DOUBLE)) THEN NULL ELSE try_cast({_q(n)} AS DOUBLE) END"
+               for n in spec.numeric]
+    categorical = [f"CAST({_q(n)} AS STRING)" for n in spec.categorical]
+    arrays = [f"transform({_q(n)}, v -> CAST(v AS FLOAT))" for n in spec.arrays]
+    return numeric + categorical + arrays
+
+
+def _check_keep_columns(df, keep: list[str]) -> None:
+    missing = [c for c in keep if c not in df.columns]
+    if missing:
+        raise InputDataError(f"output.keep_columns names column(s) {missing} that the input does not have; it has "
+                             f"{sorted(df.columns)}")
+    clash = [c for c in keep if c in OUTPUT_COLUMNS]
+    if clash:
+        raise InputDataError(f"output.keep_columns: column(s) {clash} would clash with the score columns "
+                             f"{list(OUTPUT_COLUMNS)}; rename them in the query")
+    dup = sorted({c for c in keep if keep.count(c) > 1})
+    if dup:
+        raise InputDataError(f"output.keep_columns lists column(s) {dup} more than once")
+
+
+def _check_feature_types(fields: dict, spec, encoded: bool) -> None:
+    """Every feature the model reads is there, with a type its preprocessing can take (exit 2)."""
+    from pyspark.sql import types as T
+
+    missing = [c for c in spec.columns if c not in fields]
+    if missing:
+        raise InputDataError(f"the input lacks the model's feature column(s) {missing}; it has {sorted(fields)}")
+    scalar = (T.NumericType, T.BooleanType) if encoded else (T.NumericType, T.BooleanType, T.StringType)
+    wanted = [(n, isinstance(fields[n], scalar), "a number") for n in spec.numeric]
+    for name in spec.categorical:
+        dt = fields[name]
+        ok = isinstance(dt, T.IntegralType) if encoded else (isinstance(dt, T.AtomicType)
+                                                             and not isinstance(dt, T.BinaryType))
+        wanted.append((name, ok, "a category index" if encoded else "a category (string)"))
+    for name in spec.arrays:
+        dt = fields[name]
+        ok = isinstance(dt, T.ArrayType) and isinstance(dt.elementType, (T.NumericType, T.BooleanType))
+        wanted.append((name, ok, "array<float>"))
+    for name, ok, want in wanted:
+        if not ok:
+            raise InputDataError(f"column {name!r} has type {fields[name].simpleString()}, which the model's "
+                                 f"preprocessing cannot take as {want}; convert it in the query")
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+# --- executor side -----------------------------------------------------------------------------
+
+_MODELS: dict = {}  # (uri, program, weights digest, device) -> LoadedModel, one per Python worker
+
+
+class _Scorer:
+    """The mapInArrow body; a class (not a closure) so only ``task`` is pickled."""
+
+    def __init__(self, task: ScoreTask):
+        self.task = task
+
+    def __call__(self, batches):
+        model = worker_model(self.task)
+        for batch in batches:
+            for start in range(0, batch.num_rows, self.task.batch_size):
+                yield score_batch(model, self.task, batch.slice(start, self.task.batch_size))
+
+
+def worker_model(task: ScoreTask):
+    """This Python worker's copy of the model: loaded on first use, then reused by every batch and
+    every later task the worker runs (Spark reuses Python workers by default)."""
+    device = worker_device()
+    key = (task.model_uri, task.program, task.weights_sha256, device)
+    if key not in _MODELS:
+        from training.export import PROGRAM, WEIGHTS, load_model
+
+        model = load_model(task.model_uri, program=task.program)
+        found = model.meta["files"][PROGRAM if task.program else WEIGHTS]["sha256"]
+        if found != task.weights_sha256:
+            raise RuntimeError(f"{task.model_uri}: the model was replaced while this job ran (weights sha256 "
+                               f"{found[:12]}... instead of {task.weights_sha256[:12]}...); re-run the job")
+        _MODELS.clear()  # one model per worker: a long-lived worker scoring many models keeps the last
+        _MODELS[key] = model.to(device)
+        log.info("loaded %s on %s", task.model_uri, device)
+    return _MODELS[key]
+
+
+def worker_device() -> str:
+    """The GPU Spark assigned to this task (spark.task.resource.gpu.amount), any visible GPU, or the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    gpus = (context.resources().get("gpu") if context is not None else None)
+    if gpus is not None and gpus.addresses:
+        return f"cuda:{gpus.addresses[0]}"
+    return "cuda"
+
+
+def score_batch(model, task: ScoreTask, batch):
+    """One Arrow batch -> the output batch: kept columns, predictions for clean rows, reasons."""
+    import pyarrow as pa
+
+    reason = batch.column(batch.schema.get_field_index(REASON))
+    ok = reason.is_null().to_numpy(zero_copy_only=False).astype(bool)
+    clean = batch.filter(pa.array(ok)) if not ok.all() else batch
+    n_clean = clean.num_rows
+    if n_clean:
+        features = pa.table({name: clean.column(clean.schema.get_field_index(private))
+                             for name, private in task.features})
+        arrays = _encoded_arrays(features, model.features) if task.encoded else model.features.transform(features)
+        values = model.predict_arrays(arrays, task.temperature)
+    else:
+        values = np.zeros((0, task.num_classes) if task.task == "classification" else (0,), dtype=np.float32)
+    columns = [batch.column(batch.schema.get_field_index(c)) for c in task.keep_columns]
+    names = list(task.keep_columns)
+    if task.task == "classification":
+        columns += [_scatter_lists(values, ok, task.num_classes), _scatter(values.argmax(axis=1), ok, pa.int64())]
+        names += [PROBABILITIES, PREDICTION]
+    else:
+        columns.append(_scatter(values, ok, pa.float32()))
+        names.append(PREDICTION)
+    columns.append(reason.cast(pa.string()))
+    names.append(REASON)
+    return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _scatter(values: np.ndarray, ok: np.ndarray, dtype):
+    """Values of the clean rows into a column of every row, null where the row was not scored."""
+    import pyarrow as pa
+
+    full = np.zeros(len(ok), dtype=dtype.to_pandas_dtype())
+    full[ok] = values
+    return pa.array(full, type=dtype, mask=~ok)
+
+
+def _scatter_lists(values: np.ndarray, ok: np.ndarray, width: int):
+    """[n_clean, width] probabilities -> a list<float> column of every row (null where not scored)."""
+    import pyarrow as pa
+
+    offsets = np.zeros(len(ok) + 1, dtype=np.int32)
+    offsets[1:] = np.cumsum(np.where(ok, width, 0))
+    flat = pa.array(np.ascontiguousarray(values, dtype=np.float32).ravel(), type=pa.float32())
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=pa.array(~ok))
+
+
+def _encoded_arrays(table, spec) -> dict:
+    """A dataset's stored encodings, stacked the way the network takes them (no preprocessing)."""
+    n = table.num_rows
+
+    def column(name, dtype):
+        return table.column(name).to_numpy().astype(dtype, copy=False)
+
+    out = {"numeric": np.stack([column(c, np.float32) for c in spec.numeric], axis=1) if spec.numeric
+           else np.zeros((n, 0), dtype=np.float32),
+           "categorical": np.stack([column(c, np.int64) for c in spec.categorical], axis=1) if spec.categorical
+           else np.zeros((n, 0), dtype=np.int64)}
+    for name, shape in spec.arrays.items():
+        flat = table.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        out[name] = flat.astype(np.float32, copy=False).reshape((n, *shape))
+    return out
+
+
+__all__ = ["OUTPUT_COLUMNS", "PREDICTION", "PROBABILITIES", "REASON", "ScoreTask", "output_schema", "predict_frame",
+           "reason_sql", "score_batch", "worker_model"]
