@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 VENV_CURRENT ?= .venv-current
 # What must also pass there: the shard job, the torch backend, the arrow reader, load_model, doctor.
 CURRENT_TESTS ?= tests/common tests/pipelines tests/training/test_torch_backend.py \
-	tests/training/test_arrow_reader.py tests/training/test_train_in_process.py tests/shardtrain/test_doctor_stacks.py
+	tests/training/test_arrow_reader.py tests/training/test_train_in_process.py tests/training/test_distill.py \
+	tests/shardtrain/test_doctor_stacks.py
 
 .PHONY: setup setup-current demo test test-current test-fast doctor bench wheel clean
 
