@@ -10,7 +10,7 @@ VENV_CURRENT ?= .venv-current
 # scoring, the run report and MLflow tracking.
 CURRENT_TESTS ?= tests/common tests/pipelines tests/training/test_torch_backend.py \
 	tests/training/test_arrow_reader.py tests/training/test_torch_arrow_demo.py tests/training/test_train_in_process.py \
-	tests/shardtrain/test_doctor_stacks.py tests/training/test_run_report.py tests/training/test_tracking.py \
+	tests/shardtrain/test_doctor_stacks.py tests/training/test_run_report.py tests/training/test_tracking.py tests/training/test_distill.py \
 	tests/scoring
 
 .PHONY: setup setup-current demo test test-current test-fast doctor bench wheel clean

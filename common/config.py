@@ -165,9 +165,9 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
-        sections = [arg for arg in args if dataclasses.is_dataclass(arg)]
-        if isinstance(value, dict) and len(sections) == 1:
-            return from_dict(sections[0], value, key)  # an optional section: its own error names the key
+        options = [arg for arg in args if arg is not type(None)]
+        if len(options) == 1:  # Optional[X]: X's own error (e.g. a section's validation) says more
+            return _coerce(options[0], value, key)
         for arg in args:
             if arg is type(None):
                 continue

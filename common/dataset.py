@@ -25,6 +25,18 @@ one way to build it (``build_manifest``), and the one validation every reader ru
       "fingerprint": "sha256 over the data checksums, feature and label spec"
     }
 
+Optional, written by a shard job with a ``teacher`` (knowledge distillation)::
+
+      "teacher": {"uri": "s3://models/teacher", "fingerprint": "<sha256 of its model.json>",
+                  "temperature": 2.0, "column": "teacher", "task": "classification", "num_classes": 2,
+                  "features": {"numeric": ["x"], "categorical": ["city"], "arrays": [{"name": "image", "shape": [28, 28]}]}}
+
+  The stored column ``teacher`` holds the teacher's soft targets for every row of every split:
+  float32 class probabilities at ``temperature`` (shape [num_classes]) for classification, the
+  teacher's predicted value (float32, the label's scale) for regression. ``task``, ``num_classes``
+  and ``features`` (the raw columns the teacher reads) are the teacher's own, so a consumer can
+  check it suits the dataset's label and features (``teacher_differences``).
+
 Also written by the shard job (readers must not require them): ``num_shards``,
 ``rows_per_row_group``; ``label.source`` (the raw column or expression); ``quarantine.files``
 (same entries as a split's files); ``input_fingerprint`` (sha256 of the resolved config minus
@@ -68,6 +80,7 @@ NULL_INDEX = 0
 UNSEEN_INDEX = 1
 RESERVED_INDICES = 2
 LABEL_NAME = "label"
+TEACHER_COLUMN = "teacher"
 TASKS = ("classification", "regression")
 DTYPES = ("float32", "int32", "int64")
 
@@ -163,6 +176,11 @@ class Manifest:
     @property
     def fingerprint(self) -> str:
         return self.data["fingerprint"]
+
+    @property
+    def teacher(self) -> dict | None:
+        """The soft-target record (see the module doc), or None: the splits store no teacher column."""
+        return self.data.get("teacher")
 
     @property
     def split_names(self) -> list[str]:
@@ -303,6 +321,8 @@ def validate_manifest(data: dict, where: str) -> None:
     missing = [name for name in [*feature_names, data["label"]["name"], ROW_INDEX] if name not in stored]
     if missing:
         raise DatasetError(f"{where}: field 'schema' lacks column(s) {missing} that 'features'/'label' name")
+    if data.get("teacher") is not None:
+        _validate_teacher(data["teacher"], data["schema"], where)
     _validate_splits(data["splits"], where)
     quarantine = data.get("quarantine") or {}
     for i, entry in enumerate(quarantine.get("files") or []):
@@ -353,6 +373,63 @@ def _validate_features(features: Any, where: str) -> None:
             raise DatasetError(f"{where}: field 'features.arrays[{spec.get('name')}].shape' is {shape!r}")
 
 
+def _validate_teacher(teacher: Any, schema: list[dict], where: str) -> None:
+    """The teacher record, and the stored soft-target column it describes."""
+    if not isinstance(teacher, dict):
+        raise DatasetError(f"{where}: field 'teacher' must be a mapping, got {type(teacher).__name__}")
+    for key in ("uri", "fingerprint"):
+        if not isinstance(teacher.get(key), str) or not teacher[key]:
+            raise DatasetError(f"{where}: field 'teacher.{key}' is {teacher.get(key)!r}; expected a non-empty string")
+    temperature = teacher.get("temperature")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+        raise DatasetError(f"{where}: field 'teacher.temperature' is {temperature!r}; expected a number > 0")
+    if teacher.get("column") != TEACHER_COLUMN:
+        raise DatasetError(f"{where}: field 'teacher.column' is {teacher.get('column')!r}, expected {TEACHER_COLUMN!r}")
+    if not isinstance(teacher.get("features"), dict):
+        raise DatasetError(f"{where}: field 'teacher.features' is missing (the raw columns the teacher reads)")
+    shape = teacher_shape(teacher, where)
+    column = next((c for c in schema if c["name"] == TEACHER_COLUMN), None)
+    if column is None or column["dtype"] != "float32" or column["shape"] != shape:
+        raise DatasetError(f"{where}: field 'schema' must hold column {TEACHER_COLUMN!r} as float32 of shape {shape} "
+                           f"(what field 'teacher' describes), but has {column}")
+
+
+def teacher_shape(teacher: dict, where: str = "the manifest being built") -> list[int]:
+    """The stored soft-target column's shape: [num_classes] (probabilities) or [] (a value)."""
+    task = teacher.get("task")
+    if task not in TASKS:
+        raise DatasetError(f"{where}: field 'teacher.task' is {task!r}; expected classification or regression")
+    if task == "regression":
+        return []
+    num_classes = teacher.get("num_classes")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise DatasetError(f"{where}: field 'teacher.num_classes' is {num_classes!r}; a classification teacher "
+                           "needs >= 2")
+    return [num_classes]
+
+
+def teacher_differences(teacher: dict, features: dict, label: dict) -> list[str]:
+    """How a teacher record's task, classes and features differ from a dataset's ``features`` and
+    ``label`` spec (the manifest's own fields, or the same shape of dict); [] when it fits. The
+    order of features does not matter: the teacher reads its columns by name."""
+    found = []
+    if teacher.get("task") != label.get("task"):
+        found.append(f"task is {teacher.get('task')!r}, but the dataset's label.task is {label.get('task')!r}")
+    elif label.get("task") == "classification" and teacher.get("num_classes") != label.get("num_classes"):
+        found.append(f"num_classes is {teacher.get('num_classes')}, but the dataset's label.num_classes is "
+                     f"{label.get('num_classes')}")
+    theirs = teacher.get("features") or {}
+    for kind in ("numeric", "categorical"):
+        mine = sorted(f["name"] for f in features.get(kind, []))
+        if sorted(theirs.get(kind) or []) != mine:
+            found.append(f"{kind} features are {sorted(theirs.get(kind) or [])}, but the dataset's are {mine}")
+    their_arrays = {a["name"]: list(a["shape"]) for a in theirs.get("arrays") or []}
+    our_arrays = {a["name"]: list(a["shape"]) for a in features.get("arrays", [])}
+    if their_arrays != our_arrays:
+        found.append(f"array features are {their_arrays}, but the dataset's are {our_arrays}")
+    return found
+
+
 def _validate_splits(splits: Any, where: str) -> None:
     if not isinstance(splits, dict) or not splits:
         raise DatasetError(f"{where}: field 'splits' must name at least one split")
@@ -387,13 +464,15 @@ def _validate_file_path(path: Any, field: str) -> None:
                            "'.' or empty parts)")
 
 
-def stored_schema(features: dict, label: dict) -> list[dict]:
-    """The stored columns, in file order, that a feature and label spec imply (see the module doc)."""
+def stored_schema(features: dict, label: dict, teacher: dict | None = None) -> list[dict]:
+    """The stored columns, in file order, that a feature, label (and teacher) spec imply (see the module doc)."""
     cols = [{"name": f["name"], "dtype": "float32", "shape": []} for f in features.get("numeric", [])]
     cols += [{"name": f["name"], "dtype": "int32", "shape": []} for f in features.get("categorical", [])]
     cols += [{"name": f["name"], "dtype": "float32", "shape": list(f["shape"])} for f in features.get("arrays", [])]
     cols.append({"name": label["name"], "dtype": "int64" if label["task"] == "classification" else "float32",
                  "shape": []})
+    if teacher is not None:
+        cols.append({"name": TEACHER_COLUMN, "dtype": "float32", "shape": teacher_shape(teacher)})
     cols.append({"name": ROW_INDEX, "dtype": "int64", "shape": []})
     return cols
 
@@ -407,22 +486,24 @@ def arrow_schema(columns: list[dict]):
                                nullable=False) for c in columns])
 
 
-def build_manifest(splits: dict, features: dict, label: dict, **extra: Any) -> dict:
+def build_manifest(splits: dict, features: dict, label: dict, teacher: dict | None = None, **extra: Any) -> dict:
     """The one way to make a manifest: the schema follows from the specs, the fingerprint from the
-    content, and the result passes the same validation every reader runs. ``extra`` adds the
-    producer's own fields (config, accounting, sources, ...)."""
+    content, and the result passes the same validation every reader runs. ``teacher``: the
+    soft-target record (see the module doc), when the splits store a teacher column. ``extra``
+    adds the producer's own fields (config, accounting, sources, ...)."""
     import datetime as _dt
 
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "shardtrain_version": __version__,
         "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "schema": stored_schema(features, label),
+        "schema": stored_schema(features, label, teacher),
         "features": features,
         "label": label,
         "row_index_column": ROW_INDEX,
         "splits": splits,
+        **({"teacher": teacher} if teacher is not None else {}),
         **extra,
-        "fingerprint": fingerprint(splits, features, label),
+        "fingerprint": fingerprint(splits, features, label, teacher),
     }
     validate_manifest(manifest, "the manifest being built")
     return manifest
@@ -454,13 +535,15 @@ def row_bytes(schema: list[dict]) -> int:
     return sum(_DTYPE_BYTES[c["dtype"]] * math.prod(c["shape"] or [1]) for c in schema)
 
 
-def fingerprint(splits: dict, features: dict, label: dict) -> str:
-    """A content fingerprint: equal data and preprocessing give an equal fingerprint."""
+def fingerprint(splits: dict, features: dict, label: dict, teacher: dict | None = None) -> str:
+    """A content fingerprint: equal data and preprocessing (and teacher) give an equal fingerprint."""
     h = hashlib.sha256()
     payload = {
         "splits": {s: [(f["path"], f["rows"], f["sha256"]) for f in info["files"]] for s, info in sorted(splits.items())},
         "features": features,
         "label": label,
     }
+    if teacher is not None:  # only then, so datasets without one keep their fingerprints
+        payload["teacher"] = teacher
     h.update(json.dumps(payload, sort_keys=True).encode())
     return h.hexdigest()

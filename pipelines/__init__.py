@@ -16,8 +16,9 @@ stays cheap and Spark-free: executors import ``pipelines.shard_writer`` through 
 from common import __version__
 
 
-def shard_dataset(config, overrides=None, spark=None):
-    """Run the shard job. ``config``: a ShardConfig, a plain dict, or a YAML path; returns ShardResult."""
+def shard_dataset(config, overrides=None, spark=None, teacher_scorer=None):
+    """Run the shard job. ``config``: a ShardConfig, a plain dict, or a YAML path; returns ShardResult.
+    ``teacher_scorer``: runs the config's ``teacher`` (``shardtrain.teacher.teacher_scorer()``)."""
     from common.config import from_dict
     from common.spark import get_or_create_session
     from common.storage import check_uri
@@ -39,7 +40,7 @@ def shard_dataset(config, overrides=None, spark=None):
         check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
     check_output_path(config)
     spark = spark or get_or_create_session(config.spark)
-    return run_shard_job(spark, config)
+    return run_shard_job(spark, config, teacher_scorer)
 
 
 def generate_dataset(path, rows, spark=None, **options):

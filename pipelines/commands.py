@@ -12,8 +12,11 @@ import argparse
 from common.cli import add_config_arguments
 
 
-def register_commands(subparsers) -> None:
-    """Add ``generate``, ``shard`` and ``inspect``; each sets ``handler`` (args -> exit code)."""
+def register_commands(subparsers, teacher_scorer=None) -> None:
+    """Add ``generate``, ``shard`` and ``inspect``; each sets ``handler`` (args -> exit code).
+    ``teacher_scorer``: a function returning the pipelines.teacher.TeacherScorer that runs a shard
+    config's ``teacher`` (called when ``shard`` runs). The shardtrain layer passes it, since
+    pipelines never imports the scoring code it is built on."""
     p = subparsers.add_parser("generate", help="write a synthetic dataset with Spark (for demos, tests, benchmarks)")
     p.add_argument("output", metavar="PATH", help="where to write it (local path, file://, s3://, hdfs://)")
     p.add_argument("--rows", type=int, default=200_000, help="number of rows (default: 200000)")
@@ -35,7 +38,7 @@ def register_commands(subparsers) -> None:
 
     p = subparsers.add_parser("shard", help="sources -> preprocessing -> balanced Parquet shards + manifest")
     add_config_arguments(p)
-    p.set_defaults(handler=handle_shard)
+    p.set_defaults(handler=handle_shard, teacher_scorer=teacher_scorer)
 
     p = subparsers.add_parser("inspect", help="print a dataset's manifest summary, shard balance and quarantine")
     p.add_argument("dataset", metavar="DATASET", help="URI of a published dataset")
@@ -73,7 +76,8 @@ def handle_generate(args: argparse.Namespace) -> int:
 def handle_shard(args: argparse.Namespace) -> int:
     from pipelines import shard_dataset
 
-    result = shard_dataset(args.config, args.overrides)
+    make_scorer = getattr(args, "teacher_scorer", None)
+    result = shard_dataset(args.config, args.overrides, teacher_scorer=make_scorer() if make_scorer else None)
     manifest = result.manifest
     what = "unchanged, skipped" if result.skipped else "published"
     splits = ", ".join(f"{s}={manifest.rows(s):,}" for s in manifest.split_names)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from pipelines.balance import BUCKET_BITS, split_index_sql
 from common.errors import InputDataError, first_line
-from common.dataset import LABEL_NAME, NULL_INDEX, RESERVED_INDICES, ROW_INDEX, UNSEEN_INDEX
+from common.dataset import LABEL_NAME, NULL_INDEX, RESERVED_INDICES, ROW_INDEX, TEACHER_COLUMN, UNSEEN_INDEX
 from common.dataset import stored_schema as dataset_schema
 from pipelines.shard_config import ShardConfig
 
@@ -326,12 +326,15 @@ def encode(clean, cfg: ShardConfig, stats: FittedStats):
     for n in cfg.features.arrays:
         select.append(f"{arr_col(n)} AS {q(n)}")
     select.append(f"_label AS {LABEL_NAME}")
+    if cfg.teacher is not None:  # added by pipelines.teacher.with_teacher, stored as it is
+        select.append(q(TEACHER_COLUMN))
     return df.selectExpr(*select)
 
 
-def stored_schema(cfg: ShardConfig) -> list[dict]:
-    """The manifest's schema for this config: stored columns in file order (common.dataset decides it)."""
+def stored_schema(cfg: ShardConfig, teacher: dict | None = None) -> list[dict]:
+    """The manifest's schema for this config (and teacher record): stored columns in file order
+    (common.dataset decides it)."""
     features = {"numeric": [{"name": n} for n in cfg.features.numeric],
                 "categorical": [{"name": n} for n in cfg.features.categorical],
                 "arrays": [{"name": n, "shape": s} for n, s in cfg.features.arrays.items()]}
-    return dataset_schema(features, {"name": LABEL_NAME, "task": cfg.label.task})
+    return dataset_schema(features, {"name": LABEL_NAME, "task": cfg.label.task}, teacher)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from common.config import SparkConfig, load_config, require
+from common.dataset import TEACHER_COLUMN
 
 
 @dataclass
@@ -117,6 +118,20 @@ class QualityConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """Knowledge distillation: store a published model's soft targets as a ``teacher`` column of
+    every split (see pipelines/teacher.py)."""
+
+    model: str  # URI of a model published by `shardtrain train`
+    # Softmax temperature of the stored class probabilities (> 1 softens them); 1 for regression.
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        require(bool(self.model), "model", "must be the URI of a published model")
+        require(0 < self.temperature < math.inf, "temperature", f"must be > 0, got {self.temperature}")
+
+
+@dataclass
 class ShardConfig:
     sources: dict[str, SourceConfig]
     label: LabelConfig
@@ -127,6 +142,8 @@ class ShardConfig:
     transform: str | None = None  # "module:function", DataFrame -> DataFrame
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    # A published model whose soft targets every split stores (null: none).
+    teacher: TeacherConfig | None = None
 
     def __post_init__(self):
         require(bool(self.sources), "sources", "must name at least one source")
@@ -137,11 +154,19 @@ class ShardConfig:
         require(self.transform is None or ":" in self.transform, "transform",
                 f"must be 'module:function', got {self.transform!r}")
         require(bool(self.features.all_columns), "features", "must declare at least one feature column")
+        if self.teacher is not None:
+            require(self.label.task == "classification" or self.teacher.temperature == 1, "teacher.temperature",
+                    f"applies to class probabilities only; a regression teacher's value has none (got "
+                    f"{self.teacher.temperature:g}; leave it at 1)")
+            require(TEACHER_COLUMN not in self.features.all_columns, "features",
+                    f"name a column {TEACHER_COLUMN!r}, the column a teacher's soft targets are stored in; "
+                    "rename it in the query")
 
     @property
     def uris(self) -> list[str]:
         """Every storage location the job touches: checked before Spark starts."""
-        return [self.output.path, *(src.path for src in self.sources.values())]
+        teacher = [self.teacher.model] if self.teacher is not None else []
+        return [self.output.path, *(src.path for src in self.sources.values()), *teacher]
 
 
 def load_shard_config(path=None, overrides=None, defaults: dict | None = None) -> ShardConfig:

@@ -11,7 +11,9 @@ check that can fail has passed:
 2. read sources, build the table (query, transform), check columns and types;
 3. count rows per split, bucket and quarantine reason (one aggregation): quality gate, and every
    split must have at least num_shards rows;
-4. fit statistics and vocabularies on the train split;
+4. fit statistics and vocabularies on the train split; with ``teacher``, its soft targets join the
+   rows as one more column (pipelines/teacher.py; the model's description was read and checked
+   before step 1);
 5. inside ``storage.publish``: rank each split's rows by a seeded shuffle key, place each output
    file in its own Spark partition, write it with pyarrow on the executor (shard_writer.py),
    write the quarantine, check input = published + quarantined, write the manifest and config.
@@ -47,6 +49,7 @@ from pipelines.preprocess import (check_table, encode, fit, grouped_moments, mer
 from pipelines.shard_config import ShardConfig
 from pipelines.shard_writer import RESULT_DDL, TARGET_COLUMN, write_empty, write_partition
 from pipelines.sources import read_sources, source_fingerprint
+from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
 from common.storage import (KIND_DATASET, check_disjoint, check_replaceable, clean_stale_staging, is_committed,
                             output_lock, publish, resolve)
 
@@ -64,26 +67,30 @@ class ShardResult:
     skipped: bool = False
 
 
-def run_shard_job(spark, cfg: ShardConfig) -> ShardResult:
-    """Run the job under the output's writer lock (a second writer fails, naming this one)."""
+def run_shard_job(spark, cfg: ShardConfig, teacher_scorer: TeacherScorer | None = None) -> ShardResult:
+    """Run the job under the output's writer lock (a second writer fails, naming this one).
+    ``teacher_scorer``: what runs ``cfg.teacher`` (pipelines/teacher.py; the shardtrain layer passes it)."""
     out = resolve(cfg.output.path)
     check_output_path(cfg)
     with output_lock(out.uri):
         clean_stale_staging(out.uri)  # left by killed jobs; we hold the lock, so no live job owns it
-        return _run_locked(spark, cfg, out)
+        return _run_locked(spark, cfg, out, teacher_scorer)
 
 
 def check_output_path(cfg: ShardConfig) -> None:
     """output.path must not be, contain or sit inside a source (exit 2, before any work)."""
-    check_disjoint(cfg.output.path, "output.path", {f"source {name!r} (sources.{name}.path)": src.path
-                                                    for name, src in cfg.sources.items()})
+    inputs = {f"source {name!r} (sources.{name}.path)": src.path for name, src in cfg.sources.items()}
+    if cfg.teacher is not None:
+        inputs["the teacher model (teacher.model)"] = cfg.teacher.model
+    check_disjoint(cfg.output.path, "output.path", inputs)
 
 
-def _run_locked(spark, cfg: ShardConfig, out) -> ShardResult:
+def _run_locked(spark, cfg: ShardConfig, out, teacher_scorer: TeacherScorer | None) -> ShardResult:
     from common.spark import spark_errors
 
+    teacher = teacher_record(cfg, teacher_scorer)  # None without cfg.teacher
     sources_fp = {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}
-    input_fp = input_fingerprint(cfg, sources_fp)
+    input_fp = input_fingerprint(cfg, sources_fp, teacher)
     existing = _check_existing(out, cfg, input_fp)
     if existing is not None:
         log.info("%s already holds this dataset (input fingerprint %s); skipping", out.uri, input_fp[:12])
@@ -110,9 +117,9 @@ def _run_locked(spark, cfg: ShardConfig, out) -> ShardResult:
         stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg, counts.train_moments)
     timer.done("fit statistics and vocabularies on train", counts.split_rows.get(split_names.index("train"), 0))
     with spark_errors("building the fitted encodings"):
-        encoded = encode(clean, cfg, stats)
+        encoded = encode(with_teacher(clean, cfg, teacher_scorer), cfg, stats)
 
-    columns = stored_schema(cfg)
+    columns = stored_schema(cfg, teacher)
     rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
     mode = "overwrite" if cfg.output.mode == "overwrite" else "error"
     with publish(out.uri, mode=mode, marker={"kind": KIND_DATASET, "input_fingerprint": input_fp}) as staging:
@@ -127,7 +134,7 @@ def _run_locked(spark, cfg: ShardConfig, out) -> ShardResult:
         features = {"numeric": stats.numeric, "categorical": stats.categorical,
                     "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
         manifest = build_manifest(
-            splits, features, stats.label, num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
+            splits, features, stats.label, teacher=teacher, num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
             quarantine={"path": QUARANTINE_DIR, "rows": counts.quarantined,
                         "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
             accounting=accounting, sources=sources_fp, config=to_dict(cfg), input_fingerprint=input_fp)
@@ -140,13 +147,16 @@ def _run_locked(spark, cfg: ShardConfig, out) -> ShardResult:
     return ShardResult(uri=out.uri, manifest=read_manifest(out.uri), skipped=False)
 
 
-def input_fingerprint(cfg: ShardConfig, sources_fp: dict) -> str:
-    """What the output is a function of: the config (minus how it runs) and the input files."""
+def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: dict | None = None) -> str:
+    """What the output is a function of: the config (minus how it runs), the input files, and the
+    teacher model's own fingerprint (a model replaced at the same URI gives other soft targets)."""
     config = to_dict(cfg)
     config.pop("spark", None)
     config["output"].pop("mode", None)
     payload = {"config": config, "sources": sources_fp, "shardtrain_version": __version__,
                "format_version": FORMAT_VERSION}
+    if teacher is not None:
+        payload["teacher_fingerprint"] = teacher["fingerprint"]
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 

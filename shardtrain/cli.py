@@ -39,10 +39,22 @@ def _score(args):
     return handle_score(args)
 
 
+def _distill(args):
+    from shardtrain.distill import handle_distill
+
+    return handle_distill(args)
+
+
 def _demo(args):
     from shardtrain.demo import handle_demo
 
     return handle_demo(args)
+
+
+def _teacher_scorer():
+    from shardtrain.teacher import teacher_scorer
+
+    return teacher_scorer()
 
 
 def _doctor(args):
@@ -60,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and Spark's own logging (quiet otherwise)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    register_commands(sub)  # generate, shard, inspect
+    register_commands(sub, teacher_scorer=_teacher_scorer)  # generate, shard, inspect
 
     p = sub.add_parser("train", help="train a model from a published dataset (Horovod on Spark)")
     add_config_arguments(p)
@@ -78,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("score", help="score raw data (or a dataset split) with a published model, on Spark")
     add_config_arguments(p)
     p.set_defaults(handler=_score)
+
+    p = sub.add_parser("distill", help="train a teacher, shard with its soft targets, train a student from them")
+    add_config_arguments(p)
+    p.set_defaults(handler=_distill)
 
     p = sub.add_parser("demo", help="generate data, shard it on local Spark, train 2 ranks, print a summary")
     p.add_argument("--workdir", default="artifacts", help="where data, shards and the model go (default: artifacts)")
@@ -130,6 +146,10 @@ def _job_config(args):
         from shardtrain.run import load_run_config
 
         return load_run_config(args.config, args.overrides)
+    if args.command == "distill":
+        from shardtrain.distill import load_distill_config
+
+        return load_distill_config(args.config, args.overrides)
     return None
 
 

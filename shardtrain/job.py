@@ -5,6 +5,7 @@ as the ``shardtrain`` command, with the session (and its --master, --conf) from 
     spark-submit --master spark://HOST:7077 shardtrain/job.py train --config conf/train.yaml
     spark-submit --master spark://HOST:7077 shardtrain/job.py run   --config conf/run.yaml
     spark-submit --master spark://HOST:7077 shardtrain/job.py score --config conf/score.yaml
+    spark-submit --master spark://HOST:7077 shardtrain/job.py distill --config conf/distill.yaml
 
 Executors import shardtrain (and any plug-in module) from the Python they run: install it in that
 environment (our venv installs it editable; point PYSPARK_PYTHON at it), or ship it with --py-files.

@@ -49,6 +49,7 @@ def run(cfg: RunConfig, spark=None) -> RunResult:
     from common.spark import get_or_create_session
     from common.storage import check_uri
     from pipelines.shard_job import run_shard_job
+    from shardtrain.teacher import teacher_scorer
 
     for uri in [*cfg.shard.uris, cfg.train.output.model_path]:
         check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
@@ -56,9 +57,11 @@ def run(cfg: RunConfig, spark=None) -> RunResult:
     inputs = {"the shard output (shard.output.path)": cfg.shard.output.path,
               **{f"shard source {name!r} (shard.sources.{name}.path)": src.path
                  for name, src in cfg.shard.sources.items()}}
+    if cfg.shard.teacher is not None:
+        inputs["the teacher model (shard.teacher.model)"] = cfg.shard.teacher.model
     check_outputs(cfg.train, inputs)
     spark = spark or get_or_create_session(session_for(cfg.shard.spark, cfg.train.launch))
-    shard = run_shard_job(spark, cfg.shard)
+    shard = run_shard_job(spark, cfg.shard, teacher_scorer())  # runs shard.teacher, when set
     train_cfg = copy.deepcopy(cfg.train)
     train_cfg.data.path = shard.uri
     result = train(train_cfg, spark=spark)

@@ -70,6 +70,24 @@ class ModelConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Knowledge distillation from the teacher's soft targets the dataset stores (its ``teacher``
+    column, written by a shard job with ``teacher``). Loss per batch:
+    alpha * T^2 * KL(teacher probabilities at T || student softmax(logits / T)) + (1 - alpha) * cross-entropy;
+    regression: alpha * MSE(student, teacher's value) + (1 - alpha) * MSE(student, label)."""
+
+    alpha: float = 0.5  # weight of the teacher term; 0 trains on the labels alone (the plain loss)
+    # T; null: the temperature the dataset's soft targets were computed at (teacher.temperature in
+    # its manifest). Another value is refused: the stored probabilities are at that temperature.
+    temperature: float | None = None
+
+    def __post_init__(self):
+        require(0 <= self.alpha <= 1, "alpha", f"must be in [0, 1], got {self.alpha}")
+        require(self.temperature is None or 0 < self.temperature < float("inf"), "temperature",
+                f"must be > 0 (or null: the dataset's teacher temperature), got {self.temperature}")
+
+
+@dataclass
 class TrainLoopConfig:
     epochs: int = 5
     batch_size: int = 256  # per rank, per micro-batch
@@ -91,6 +109,8 @@ class TrainLoopConfig:
     # fp16 only: consecutive non-finite losses tolerated (the scaler skips those steps) before
     # training stops, because the loss scale cannot recover from a diverged model.
     max_skipped_steps: int = 20
+    # Learn from the dataset's teacher column too (see DistillConfig); null: the labels only.
+    distill: DistillConfig | None = None
 
     def __post_init__(self):
         require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
@@ -237,6 +257,6 @@ def load_train_config(path=None, overrides=None, defaults: dict | None = None) -
 
 
 __all__ = [
-    "CheckpointConfig", "DataConfig", "LaunchConfig", "MlflowConfig", "ModelConfig", "TrackingConfig", "TrainConfig",
-    "TrainLoopConfig", "TrainOutputConfig", "installed", "load_train_config",
+    "CheckpointConfig", "DataConfig", "DistillConfig", "LaunchConfig", "MlflowConfig", "ModelConfig", "TrackingConfig",
+    "TrainConfig", "TrainLoopConfig", "TrainOutputConfig", "installed", "load_train_config",
 ]

@@ -38,7 +38,7 @@ from typing import Iterator
 import numpy as np
 
 from common.errors import DatasetError
-from common.dataset import ROW_INDEX, Manifest, verify_digest
+from common.dataset import ROW_INDEX, TEACHER_COLUMN, Manifest, teacher_shape, verify_digest
 from common.storage import resolve, storage_errors
 
 log = logging.getLogger("shardtrain.data")
@@ -124,10 +124,14 @@ class Columns:
     arrays: tuple[tuple[str, tuple[int, ...]], ...]
     label: str
     label_dtype: str  # "int64" (classification) or "float32" (regression)
+    # The teacher's soft targets (a batch's ``teacher``): their shape per row, () for regression;
+    # None: not read (the run does not distill).
+    teacher: tuple[int, ...] | None = None
 
     @property
     def stored(self) -> list[str]:
-        return [*self.numeric, *self.categorical, *(n for n, _ in self.arrays), self.label, ROW_INDEX]
+        teacher = [TEACHER_COLUMN] if self.teacher is not None else []
+        return [*self.numeric, *self.categorical, *(n for n, _ in self.arrays), self.label, *teacher, ROW_INDEX]
 
 
 @dataclass
@@ -167,8 +171,8 @@ class RankLoader:
     """One rank's batches for one epoch at a time: ``for batch in loader.epoch(e): ...``.
 
     A batch is a dict of torch tensors: ``numeric`` float32 [B, n_numeric], ``categorical`` int64
-    [B, n_categorical], each array feature float32 [B, *shape], ``label`` (int64 or float32 [B])
-    and ``_row`` int64 [B].
+    [B, n_categorical], each array feature float32 [B, *shape], ``label`` (int64 or float32 [B]),
+    ``teacher`` float32 [B, num_classes] or [B] when the columns include it, and ``_row`` int64 [B].
     """
 
     def __init__(self, layout: SplitLayout, columns: Columns, rank: int, world_size: int, batch_size: int,
@@ -382,14 +386,20 @@ def tables_to_arrays(tables: list, columns: Columns) -> dict[str, np.ndarray]:
         "numeric": _stacked(tables, columns.numeric, np.float32, n),
         "categorical": _stacked(tables, columns.categorical, np.int64, n),
     }
-    for name, shape in columns.arrays:
+    lists = list(columns.arrays)
+    scalars = [(columns.label, "label", np.dtype(columns.label_dtype)), (ROW_INDEX, ROW_INDEX, np.int64)]
+    if columns.teacher:  # class probabilities: a list column
+        lists.append((TEACHER_COLUMN, columns.teacher))
+    elif columns.teacher is not None:  # a regression teacher's value
+        scalars.append((TEACHER_COLUMN, TEACHER_COLUMN, np.float32))
+    for name, shape in lists:
         values = np.empty((n, *shape), dtype=np.float32)
         pos = 0
         for table, rows in zip(tables, sizes):
             values[pos:pos + rows] = _list_column(table, name, shape)
             pos += rows
         out[name] = values
-    for name, key, dtype in ((columns.label, "label", np.dtype(columns.label_dtype)), (ROW_INDEX, ROW_INDEX, np.int64)):
+    for name, key, dtype in scalars:
         values = np.empty(n, dtype=dtype)
         _fill_column(values, tables, name)
         out[key] = values
@@ -465,12 +475,14 @@ def _list_column(table, name: str, shape: tuple[int, ...]) -> np.ndarray:
     return values.reshape((n, *shape))
 
 
-def columns_for(manifest: Manifest) -> Columns:
+def columns_for(manifest: Manifest, teacher: bool = False) -> Columns:
+    """The batch columns; ``teacher``: with the soft targets (the manifest must record a teacher)."""
     features, label = manifest.features, manifest.label
     return Columns(numeric=tuple(features.numeric), categorical=tuple(features.categorical),
                    arrays=tuple((name, tuple(shape)) for name, shape in features.arrays.items()),
                    label=label["name"],
-                   label_dtype="int64" if label.get("task") == "classification" else "float32")
+                   label_dtype="int64" if label.get("task") == "classification" else "float32",
+                   teacher=tuple(teacher_shape(manifest.teacher)) if teacher else None)
 
 
 __all__ = ["Columns", "EpochStats", "RankLoader", "ShardFile", "SplitLayout", "columns_for", "epoch_seed",

@@ -34,9 +34,10 @@ import torch.nn.functional as F
 
 from common.config import dump_yaml, to_dict
 from common.errors import ConfigError, NonFiniteLossError
+from common.dataset import ROW_INDEX, TEACHER_COLUMN
 from common.storage import resolve
 from training.checkpoint import CheckpointManager
-from training.config import TrainConfig, TrainLoopConfig
+from training.config import DistillConfig, TrainConfig, TrainLoopConfig
 from training.data import RankLoader, read_first_rows
 from training.distributed import LocalGroup, resolve_device, set_threads, spark_gpu_addresses
 from training.export import publish_model, published_by, serving_model, target_scaling
@@ -180,7 +181,7 @@ def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
         _set_lr(run.optimizer, plan.lr, state.step, run.total_steps, t)
         loss = train_step(run.step_model, [_to_device(b, run.device) for b in micro_batches], run.optimizer,
                           run.precision,
-                          run.group, t.clip_norm, plan.task, plan.label_spec, timer=run.timer)
+                          run.group, t.clip_norm, plan.task, plan.label_spec, timer=run.timer, distill=t.distill)
         state.add_step(loss)
         run.guard.observe(loss, state.step)
         if state.step % t.log_every_steps == 0:
@@ -229,16 +230,18 @@ def _build(plan: RankPlan, group, device) -> RankRun:
 
 
 def train_step(model, micro_batches: list[dict], optimizer, precision: Precision, group, clip_norm: float | None,
-               task: str, label_spec: dict, timer: "StepTimer | None" = None) -> torch.Tensor:
+               task: str, label_spec: dict, timer: "StepTimer | None" = None,
+               distill: DistillConfig | None = None) -> torch.Tensor:
     """One optimizer step over ``len(micro_batches)`` accumulated micro-batches; returns the mean
-    loss on this rank as a device tensor (reading it would be a CPU-GPU sync point)."""
+    loss on this rank as a device tensor (reading it would be a CPU-GPU sync point). ``distill``:
+    the batches carry the teacher's soft targets (``teacher``) and the loss learns from them too."""
     accum = len(micro_batches)
     total = torch.zeros((), device=micro_batches[0]["label"].device)
     for i, batch in enumerate(micro_batches):
         with group.accumulate(model, sync=i == accum - 1):  # DDP: allreduce only in the last backward
             with precision.autocast():
                 # Divided by accum so the summed gradients are those of the mean over the whole step.
-                loss = loss_fn(model(batch), batch["label"], task, label_spec) / accum
+                loss = loss_fn(model(batch), batch["label"], task, label_spec, distill, batch.get(TEACHER_COLUMN)) / accum
             precision.backward(loss)  # Horovod starts the allreduce after the last micro-batch's backward
         total += loss.detach().float()
     sync_started = time.perf_counter()
@@ -255,11 +258,29 @@ def train_step(model, micro_batches: list[dict], optimizer, precision: Precision
     return total
 
 
-def loss_fn(output: torch.Tensor, label: torch.Tensor, task: str, label_spec: dict) -> torch.Tensor:
-    if task == "classification":
-        return F.cross_entropy(output.float(), label)
+def loss_fn(output: torch.Tensor, label: torch.Tensor, task: str, label_spec: dict,
+            distill: DistillConfig | None = None, teacher: torch.Tensor | None = None) -> torch.Tensor:
+    """The training loss, in float32 whatever the autocast dtype (a bf16/fp16 log-softmax loses
+    the small probabilities the teacher term is about). With ``distill``, Hinton et al.'s mix:
+    alpha * T^2 * KL(teacher || student at T) + (1 - alpha) * the label loss; the T^2 keeps the
+    soft term's gradients on the label term's scale. Regression: the MSE to the teacher's value
+    (standardized like the label) in place of the KL term; T does not apply."""
+    output = output.float()
     mean, std = target_scaling(label_spec)
-    return F.mse_loss(output.float(), (label.float() - mean) / std)
+    if task == "classification":
+        hard = F.cross_entropy(output, label)
+    else:
+        hard = F.mse_loss(output, (label.float() - mean) / std)
+    if distill is None:
+        return hard
+    if task == "classification":
+        temperature = distill.temperature
+        # kl_div(log q, p) = sum p (log p - log q), with 0 log 0 = 0 for classes the teacher rules out.
+        soft = temperature ** 2 * F.kl_div(F.log_softmax(output / temperature, dim=-1), teacher.float(),
+                                           reduction="batchmean")
+    else:
+        soft = F.mse_loss(output, (teacher.float() - mean) / std)
+    return distill.alpha * soft + (1 - distill.alpha) * hard
 
 
 def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankPlan, device,
@@ -499,7 +520,8 @@ def _run_identity(plan: RankPlan) -> dict:
     t = plan.config.train
     return {"fingerprint": plan.fingerprint, "world_size": plan.world_size, "batch_size": t.batch_size,
             "grad_accum": t.grad_accum, "steps_per_epoch": plan.steps_per_epoch, "seed": t.seed,
-            "model": json.dumps(to_dict(plan.config.model), sort_keys=True), "precision": t.precision}
+            "model": json.dumps(to_dict(plan.config.model), sort_keys=True), "precision": t.precision,
+            **({"distill": to_dict(t.distill)} if t.distill is not None else {})}
 
 
 def _restore(plan: RankPlan, group, checkpoints: CheckpointManager, meta: dict) -> dict:
@@ -549,6 +571,9 @@ def _append_metrics(plan: RankPlan, record: dict) -> None:
     run.write_text("metrics.jsonl", "\n".join(lines) + "\n")
 
 
+_NOT_INPUTS = ("label", ROW_INDEX, TEACHER_COLUMN)  # batch entries a served model is not given
+
+
 def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
     """Rank 0: reference predictions from the in-memory model, then publish it."""
     model.eval()
@@ -556,13 +581,13 @@ def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
     example = None
     if plan.val:
         arrays = read_first_rows(plan.val, plan.columns, plan.reference_rows)
-        example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in ("label", "_row")}
+        example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in _NOT_INPUTS}
         with torch.no_grad():
             out = serving_model(model, plan.label_spec)({k: v.to(device) for k, v in example.items()})
         reference = {"rows": arrays["_row"].tolist(), "predictions": out.float().cpu().numpy().tolist()}
     else:
         arrays = read_first_rows(plan.train, plan.columns, 1)
-        example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in ("label", "_row")}
+        example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in _NOT_INPUTS}
     model_cfg = plan.config.model
     arguments = (mlp_arguments(plan.feature_spec, plan.label_spec, model_cfg.hidden, model_cfg.dropout,
                                model_cfg.embedding_dim, **model_cfg.kwargs)

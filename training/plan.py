@@ -3,7 +3,8 @@
 Nothing launches until ``build_plan`` has accepted the dataset. The manifest itself (commit
 marker, format version, schema, splits) is validated by ``common.dataset.read_manifest``; this
 module checks what the job asks of it: a label or features the model config does not match, too
-few shards or rows for the ranks -> DatasetError naming the manifest field (exit status 2). The ``RankPlan`` it
+few shards or rows for the ranks, ``train.distill`` without soft targets or with a teacher whose
+features or classes differ from the dataset's -> DatasetError naming the manifest field (exit status 2). The ``RankPlan`` it
 returns is all a rank gets: the typed ``TrainConfig``, strings, numbers, lists and small frozen
 dataclasses, so it pickles to executors without dragging a SparkSession, a file handle or torch along.
 
@@ -19,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from common.errors import DatasetError
-from common.dataset import MANIFEST_NAME, Manifest, read_manifest
+from common.dataset import MANIFEST_NAME, TEACHER_COLUMN, Manifest, read_manifest, teacher_differences
 from training.config import TrainConfig
 from training.data import Columns, SplitLayout, columns_for, skipped_rows_per_epoch, steps_per_epoch
 
@@ -69,6 +70,7 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
     world = cfg.launch.num_proc
     where = f"{manifest.root.uri}/{MANIFEST_NAME}"
     _check_spec(manifest, cfg, where)
+    cfg = _resolve_distill(manifest, cfg, where)
 
     verify = cfg.data.verify == "first_read"
     train = SplitLayout.from_manifest(manifest, cfg.data.train_split, verify)
@@ -92,7 +94,8 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
     lr = cfg.train.lr * (world if cfg.train.lr_scale == "linear" else 1)
     return RankPlan(
         config=copy.deepcopy(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
-        feature_spec=manifest.features.spec, label_spec=dict(manifest.label), columns=columns_for(manifest),
+        feature_spec=manifest.features.spec, label_spec=dict(manifest.label),
+        columns=columns_for(manifest, teacher=cfg.train.distill is not None),
         train=train, val=val, world_size=world, steps_per_epoch=steps,
         skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, world, batch, accum),
         lr=lr, checkpoint_uri=cfg.checkpoint_path,
@@ -114,6 +117,34 @@ def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:
         if absent:
             raise DatasetError(f"{where}: field 'features' lacks {absent}, which model.features requires "
                                f"(the dataset has {manifest.features.columns})")
+
+
+def _resolve_distill(manifest: Manifest, cfg: TrainConfig, where: str) -> TrainConfig:
+    """With ``train.distill``: the dataset must store soft targets from a teacher that reads the
+    same features and predicts the same classes as the student will; returns the config with the
+    distillation temperature resolved from the manifest (a copy; ``cfg`` is left as it was)."""
+    distill = cfg.train.distill
+    if distill is None:
+        return cfg
+    teacher = manifest.teacher
+    if teacher is None:
+        raise DatasetError(f"{where}: the dataset has no teacher soft targets (no field 'teacher', no "
+                           f"{TEACHER_COLUMN!r} column), which train.distill needs; shard it with a teacher "
+                           "(shard config `teacher: {model: URI, temperature: T}`, or `shardtrain distill`), or "
+                           "remove train.distill")
+    differences = teacher_differences(teacher, manifest.data["features"], manifest.label)
+    if differences:
+        raise DatasetError(f"{where}: the soft targets come from teacher {teacher['uri']} whose "
+                           f"{'; '.join(differences)}; distilling it into this dataset's model would teach the wrong "
+                           "thing: shard again with a teacher trained on these features and classes")
+    if distill.temperature is not None and distill.temperature != teacher["temperature"]:
+        raise DatasetError(f"{where}: field 'teacher.temperature' is {teacher['temperature']:g} (the soft targets are "
+                           f"probabilities at that temperature) but train.distill.temperature is "
+                           f"{distill.temperature:g}; set it to {teacher['temperature']:g} or null, or shard again "
+                           "at the temperature you want")
+    cfg = copy.deepcopy(cfg)
+    cfg.train.distill.temperature = float(teacher["temperature"])
+    return cfg
 
 
 __all__ = ["RankPlan", "build_plan"]

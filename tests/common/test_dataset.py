@@ -103,3 +103,27 @@ def test_build_manifest_derives_the_schema_and_fingerprint():
     bad = {"train": {"rows": 4, "files": splits["train"]["files"]}}
     with pytest.raises(DatasetError, match=r"field 'splits.train.rows' is 4, but its files hold 3 rows"):
         build_manifest(bad, features, label)
+
+
+def test_a_teacher_record_adds_its_column_and_is_validated():
+    """The soft-target column follows the record (probabilities [num_classes], or a value), joins
+    the fingerprint, and a record that does not describe its column is refused naming the field."""
+    from common.dataset import build_manifest, validate_manifest
+
+    features = {"numeric": [{"name": "x", "mean": 0.0, "std": 1.0, "fill": 0.0}]}
+    label = {"name": "label", "task": "classification", "num_classes": 3}
+    splits = {"train": {"rows": 1, "files": [{"path": "train/part-00000.parquet", "rows": 1, "row_groups": [1],
+                                               "bytes": 9, "sha256": "0" * 64}]}}
+    teacher = {"uri": "s3://m/t", "fingerprint": "f" * 64, "temperature": 2.0, "column": "teacher",
+               "task": "classification", "num_classes": 3, "features": {"numeric": ["x"]}}
+    m = build_manifest(splits, features, label, teacher=teacher)
+    assert [c["name"] for c in m["schema"]] == ["x", "label", "teacher", "_row"]
+    assert m["schema"][2] == {"name": "teacher", "dtype": "float32", "shape": [3]}
+    assert m["teacher"] == teacher and m["fingerprint"] != build_manifest(splits, features, label)["fingerprint"]
+    regression = build_manifest(splits, features, {"name": "label", "task": "regression"},
+                                teacher={**teacher, "task": "regression", "temperature": 1.0})
+    assert regression["schema"][2] == {"name": "teacher", "dtype": "float32", "shape": []}
+    for change, field in [({"fingerprint": ""}, "teacher.fingerprint"), ({"temperature": 0}, "teacher.temperature"),
+                          ({"num_classes": 4}, "schema"), ({"column": "soft"}, "teacher.column")]:
+        with pytest.raises(DatasetError, match=rf"field '{field}'"):
+            validate_manifest({**m, "teacher": {**teacher, **change}}, "m.json")

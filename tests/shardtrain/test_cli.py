@@ -28,7 +28,7 @@ def _error_line(lines):
     return errors[0]
 
 
-@pytest.mark.parametrize("command", ["shard", "train", "run"])
+@pytest.mark.parametrize("command", ["shard", "train", "run", "distill"])
 def test_missing_config_file(command):
     code, lines = shardtrain(command, "--config", "conf/nope.yaml")
     assert code == 2

@@ -52,9 +52,28 @@ def raw_frame(rows: int, seed: int, task: str = "classification", array_shape: t
     return frame
 
 
+def _soft_targets(raw: pd.DataFrame, record: dict):
+    """The teacher column for ``raw``: a regression value, or probabilities as a list column."""
+    signal = 1.5 * raw["x1"].to_numpy() - 2.0 * (raw["x2"].fillna(5).to_numpy() - 5)
+    if record["task"] == "regression":
+        return signal.astype(np.float32)
+    classes = record["num_classes"]
+    logits = np.stack([signal * k / (classes - 1) for k in range(classes)], axis=1) / record["temperature"]
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs = (probs / probs.sum(axis=1, keepdims=True)).astype(np.float32)
+    return pa.ListArray.from_arrays(pa.array(np.arange(0, probs.size + 1, classes, dtype=np.int32)),
+                                    pa.array(probs.ravel()))
+
+
 def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "classification", seed: int = 0,
-                  array_shape: tuple | None = None, committed: bool = True) -> TestDataset:
-    """``layout``: split -> files -> row-group sizes, e.g. {"train": [[300, 77], [13]], "val": [[200]]}."""
+                  array_shape: tuple | None = None, committed: bool = True,
+                  teacher: dict | None = None) -> TestDataset:
+    """``layout``: split -> files -> row-group sizes, e.g. {"train": [[300, 77], [13]], "val": [[200]]}.
+
+    ``teacher``: store soft targets, as a shard job with a teacher does; the dict is merged into a
+    record that fits the dataset ({"temperature": 2.0} by default; {"num_classes": 3} or
+    {"features": ...} make a teacher that does not fit). The soft targets are a fixed function of
+    the raw signal: softmax of (0, signal) / temperature over the teacher's classes."""
     os.makedirs(root, exist_ok=True)
     raws = {split: raw_frame(sum(map(sum, files)), seed + i, task, array_shape)
             for i, (split, files) in enumerate(layout.items())}
@@ -75,6 +94,13 @@ def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "cl
         label = {"name": "label", "task": "regression", "train_mean": float(train["label"].mean()),
                  "train_std": float(train["label"].std())}
     spec = FeatureSpec(features)
+    record = None
+    if teacher is not None:
+        record = {"uri": "file:///teachers/t", "fingerprint": "f" * 64, "temperature": 2.0, "column": "teacher",
+                  "task": task, **({"num_classes": 2} if task == "classification" else {}),
+                  "features": {"numeric": ["x1", "x2"], "categorical": ["city"],
+                               "arrays": [{"name": "image", "shape": list(array_shape)}] if array_shape else []},
+                  **teacher}
     splits = {}
     for split, files in layout.items():
         raw = raws[split]
@@ -86,6 +112,8 @@ def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "cl
             columns["image"] = pa.ListArray.from_arrays(
                 pa.array(np.arange(0, flat.size + 1, flat.shape[1], dtype=np.int32)), pa.array(flat.ravel()))
         columns["label"] = raw["label"].to_numpy()
+        if record is not None:
+            columns["teacher"] = _soft_targets(raw, record)
         columns["_row"] = np.arange(len(raw), dtype=np.int64)
         table = pa.table(columns)
         entries, start = [], 0
@@ -98,7 +126,7 @@ def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "cl
                     start += size
             entries.append(file_entry(resolve(root), rel))
         splits[split] = {"rows": len(raw), "files": entries}
-    manifest = build_manifest(splits, features, label, config={})
+    manifest = build_manifest(splits, features, label, teacher=record, config={})
     write_manifest(resolve(root), manifest)
     if committed:
         with open(os.path.join(root, MARKER), "w") as fh:

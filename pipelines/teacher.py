@@ -1,0 +1,99 @@
+"""The shard job's ``teacher`` option: a published model's soft targets, stored as the ``teacher``
+column of every split, for knowledge distillation (``train.distill``).
+
+The teacher runs once, by Spark, over the prepared rows (after the row checks, before encoding):
+it reads the raw feature columns and applies the preprocessing stored with it, exactly as
+``load_model(uri).predict`` does. Its outputs ride along to the shard writer like any other
+column, so balance, accounting and the atomic publish are the shard job's as always. The
+teacher must read the dataset's own features and predict its classes (refused here, before any
+work, naming what differs): then the shard job's row rules are the teacher's, and every clean
+row can be scored.
+
+Byte-identical re-runs: a batched matmul's last bits depend on the batch a row is computed in
+(measured with torch on CPU: rows scored in batches of under 64 rows differ in the last bit from
+the same rows scored in larger batches), and Spark's input partitions, hence the scorer's batches,
+change with the cluster and the input files. So the rows are first arranged by their content
+alone: hash-partitioned on the job's shuffle key into one partition per output file and sorted
+within each. Every row then meets the same batch on any cluster, and the teacher column is
+bit-identical across re-runs given the same hardware kind, torch build and
+``spark.sql.execution.arrow.maxRecordsPerBatch`` (another CPU or GPU kernel may change last bits).
+
+pipelines never imports ``scoring`` or ``training`` (data and imports flow one way): the
+shardtrain layer builds a ``TeacherScorer`` from scoring's Spark function (shardtrain/teacher.py)
+and hands it to ``run_shard_job``. This module owns what the shard job does with it: the
+teacher's manifest record (checked against the label before any work), and the one step that
+adds the column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from common.dataset import TEACHER_COLUMN, teacher_differences
+from common.errors import ConfigError, InputDataError
+from pipelines.shard_config import ShardConfig
+
+
+@dataclass(frozen=True)
+class TeacherScorer:
+    """What the shard job needs from a teacher model (built by the shardtrain layer).
+
+    ``describe(model_uri)``: the model's identity and contract, without Spark: a dict with
+    ``fingerprint`` (changes whenever the model does), ``task``, ``num_classes`` (classification)
+    and ``features`` ({"numeric": [names], "categorical": [names], "arrays": [{"name", "shape"}]}:
+    the raw columns it reads).
+
+    ``score(rows, model_uri, temperature)``: the Spark DataFrame ``rows`` with a ``teacher``
+    column added (lazily): array<float> of class probabilities at ``temperature``, or the float
+    value (regression), for every row, in the partitions ``rows`` has (no shuffle of its own).
+    """
+
+    describe: Callable[[str], dict]
+    score: Callable
+
+
+def teacher_record(cfg: ShardConfig, scorer: TeacherScorer | None) -> dict | None:
+    """The manifest's ``teacher`` record (None without ``cfg.teacher``); reads only the model's
+    description, and refuses a teacher whose outputs cannot be this dataset's soft targets."""
+    if cfg.teacher is None:
+        return None
+    if scorer is None:
+        raise ConfigError("teacher is set, but this shard job was started without a teacher scorer: run it with "
+                          "`shardtrain shard`, `shardtrain run` or `shardtrain distill` (or, from Python, pass "
+                          "teacher_scorer=shardtrain.teacher.teacher_scorer())")
+    info = scorer.describe(cfg.teacher.model)
+    record = {"uri": cfg.teacher.model, "fingerprint": info["fingerprint"],
+              "temperature": float(cfg.teacher.temperature), "column": TEACHER_COLUMN, "task": info["task"],
+              **({"num_classes": info["num_classes"]} if info["task"] == "classification" else {}),
+              "features": info["features"]}
+    differences = teacher_differences(record, _dataset_features(cfg), _dataset_label(cfg))
+    if differences:
+        raise InputDataError(f"teacher.model {record['uri']} does not fit this dataset: its {'; its '.join(differences)}. "
+                             "Its outputs would be soft targets for another problem; use a teacher trained on these "
+                             "features (features.*) and this label")
+    return record
+
+
+def _dataset_features(cfg: ShardConfig) -> dict:
+    feats = cfg.features
+    return {"numeric": [{"name": n} for n in feats.numeric], "categorical": [{"name": n} for n in feats.categorical],
+            "arrays": [{"name": n, "shape": list(s)} for n, s in feats.arrays.items()]}
+
+
+def _dataset_label(cfg: ShardConfig) -> dict:
+    return {"task": cfg.label.task, "num_classes": cfg.label.num_classes}
+
+
+def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None):
+    """The prepared rows plus the ``teacher`` column (unchanged without ``cfg.teacher``), scored
+    in an arrangement that depends on the rows alone (see the module docstring)."""
+    if cfg.teacher is None:
+        return rows
+    partitions = len(cfg.split.fractions) * cfg.output.num_shards
+    # Rows equal in both keys are identical rows (shard_job._write_shards), so their order cannot matter.
+    arranged = rows.repartition(partitions, "_shuffle").sortWithinPartitions("_shuffle", "_tiebreak")
+    return scorer.score(arranged, cfg.teacher.model, cfg.teacher.temperature)
+
+
+__all__ = ["TeacherScorer", "teacher_record", "with_teacher"]

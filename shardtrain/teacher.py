@@ -1,0 +1,60 @@
+"""The shard job's teacher scorer: scoring's Spark function, handed to ``pipelines`` (which never
+imports ``scoring``) as a ``pipelines.teacher.TeacherScorer``.
+
+``shardtrain shard``, ``run`` and ``distill`` pass ``teacher_scorer()`` to the shard job; from
+Python, ``shard_dataset(cfg, teacher_scorer=teacher_scorer())``. Imports of scoring and training
+are lazy: building the scorer costs nothing, so ``shardtrain --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from common.dataset import TEACHER_COLUMN
+from pipelines.teacher import TeacherScorer
+
+
+def teacher_scorer() -> TeacherScorer:
+    return TeacherScorer(describe=describe_teacher, score=score_teacher)
+
+
+def describe_teacher(model_uri: str) -> dict:
+    """A published model's identity (its model.json's sha256, which the commit marker records and
+    which names every file's sha256) and contract (task, classes, the raw features it reads)."""
+    from common.storage import read_marker
+    from training.export import load_model
+
+    model = load_model(model_uri)  # verifies the files; a missing or damaged model is exit 2 here
+    label, spec = model.meta["label"], model.features
+    return {"fingerprint": read_marker(model_uri)["model_json_sha256"], "task": label["task"],
+            **({"num_classes": int(label["num_classes"])} if label["task"] == "classification" else {}),
+            "features": {"numeric": list(spec.numeric), "categorical": list(spec.categorical),
+                         "arrays": [{"name": n, "shape": list(s)} for n, s in spec.arrays.items()]}}
+
+
+def score_teacher(rows, model_uri: str, temperature: float):
+    """``rows`` plus the ``teacher`` column: probabilities at ``temperature`` or the value.
+
+    A row the teacher cannot score fails the job: the shard job's row rules are the teacher's
+    (pipelines.teacher checks the teacher reads the dataset's features), so it cannot happen
+    unless those rules and scoring's drift apart, and a null soft target must never be stored.
+    """
+    from scoring.predict import OUTPUT_COLUMNS, PREDICTION, PROBABILITIES, REASON, predict_frame
+
+    # The shard job needs none of the raw columns named like score columns (it keeps its own typed copies).
+    keep = [c for c in rows.columns if c not in OUTPUT_COLUMNS]
+    scored = predict_frame(rows, model_uri, temperature=temperature, keep_columns=keep)
+    value = PROBABILITIES if PROBABILITIES in scored.columns else PREDICTION
+    return scored.selectExpr(
+        *[_q(c) for c in keep],
+        f"CASE WHEN {REASON} IS NULL THEN {value} ELSE raise_error(concat('the teacher model {_sql(model_uri)} "
+        f"cannot score a row the shard job kept: ', {REASON})) END AS {TEACHER_COLUMN}")
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _sql(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+__all__ = ["describe_teacher", "score_teacher", "teacher_scorer"]
