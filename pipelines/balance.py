@@ -5,10 +5,12 @@ real Spark (tests/pipelines/test_shard_balance.py).
 Split: a row's key hashes to u in [0, 1) (53 bits of xxhash64(seed, key)); the row goes to the
 first split, in declared order, whose cumulative fraction exceeds u (``split_index_sql``).
 
-Shards: within a split, rows are ranked 0..N-1 by a seeded shuffle key; rank ``idx`` goes to
-shard ``idx % num_shards`` at position ``idx // num_shards`` (``shard_sql``, ``row_index_sql``).
-Shard sizes then differ by at most one (the first ``N % num_shards`` shards get the extra row),
-whatever N is, as long as N >= num_shards.
+Shards: within a split, rows are ranked 0..N-1 by a seeded shuffle key, and the shards take
+contiguous blocks of ranks in order: the first ``N % num_shards`` shards hold ``N // num_shards + 1``
+rows, the others ``N // num_shards`` (``shard_sql``), so sizes differ by at most one whatever N is,
+as long as N >= num_shards. A row's ``_row`` is its rank (``row_index_sql``). Contiguous blocks
+let the job place rows with one shuffle: a hash bucket of the shuffle key covers a range of ranks
+known from the counts, so it belongs to one shard, or (at a shard boundary) to two.
 """
 
 from __future__ import annotations
@@ -48,16 +50,27 @@ def shard_sizes(rows: int, num_shards: int) -> list[int]:
     return [base + (1 if s < extra else 0) for s in range(num_shards)]
 
 
-def shard_sql(num_shards, idx: str = "_idx") -> str:
-    """The shard (0-based, within the split) of the row ranked ``idx``: ranks are dealt round-robin."""
-    return f"pmod({idx}, {num_shards})"
+def shard_sql(idx: str = "_idx", base: str = "_base", extra: str = "_extra") -> str:
+    """The shard (0-based, within the split) of the row ranked ``idx``. ``base``/``extra``: the
+    split's rows divmod num_shards (the first ``extra`` shards hold ``base + 1`` rows)."""
+    big = f"({base} + 1)"
+    boundary = f"({extra} * {big})"
+    return f"CAST(CASE WHEN {idx} < {boundary} THEN {idx} DIV {big} ELSE {extra} + ({idx} - {boundary}) DIV {base} END AS INT)"
 
 
-def row_index_sql(num_shards, idx: str = "_idx", base: str = "_base", extra: str = "_extra") -> str:
-    """The row's ``_row``: rows in earlier shards of the split plus its position in its shard.
-    ``base``/``extra``: the split's rows divmod num_shards (the first ``extra`` shards hold one more)."""
-    shard = shard_sql(num_shards, idx)
-    return f"{shard} * {base} + least({shard}, {extra}) + ({idx} DIV {num_shards})"
+def shard_starts(rows: int, num_shards: int) -> list[int]:
+    """The first rank of each shard (driver side; the same blocks as ``shard_sql``)."""
+    starts, start = [], 0
+    for size in shard_sizes(rows, num_shards):
+        starts.append(start)
+        start += size
+    return starts
+
+
+def row_index_sql(idx: str = "_idx") -> str:
+    """The row's ``_row``: rows in earlier shards of the split plus its position in its shard,
+    which with contiguous blocks is its rank."""
+    return idx
 
 
 def check_split_rows(split: str, rows: int, num_shards: int) -> None:

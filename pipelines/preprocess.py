@@ -138,7 +138,9 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     if label.task == "classification":
         invalid = (f"{label_d} IS NULL OR isnan({label_d}) OR abs({label_d}) = double('Infinity') "
                    f"OR {label_d} <> floor({label_d}) OR {label_d} < 0 OR {label_d} >= {label.num_classes}")
-        cols.append(f"CAST({label_d} AS BIGINT) AS _label")
+        # try_cast: the checked rows are persisted whole, bad rows too, so an invalid label (NaN,
+        # huge) must not fail the cast under ANSI mode (Spark 4); valid labels cast the same.
+        cols.append(f"try_cast({label_d} AS BIGINT) AS _label")
     else:
         invalid = f"{label_d} IS NULL OR isnan({label_d}) OR abs({label_d}) > {FLOAT_MAX!r}"
         cols.append(f"CAST({label_d} AS FLOAT) AS _label")

@@ -8,19 +8,23 @@ check that can fail has passed:
    (held to the end) and staging left by killed jobs is removed;
 1. mode check (``error`` refuses, ``skip_if_exists`` compares the input fingerprint and returns,
    ``overwrite`` accepts only a dataset at the path);
-2. read sources, build the table (query, transform), check columns and types;
+2. read sources, build the table (query, transform), check columns and types; the checked rows
+   (split, keys, typed values, reason) are persisted, so the source is read and the row
+   expressions evaluated once; every later pass reads the persisted rows;
 3. count rows per split, bucket and quarantine reason (one aggregation): quality gate, and every
    split must have at least num_shards rows;
 4. fit statistics and vocabularies on the train split; with ``teacher``, its soft targets join the
    rows as one more column (pipelines/teacher.py; the model's description was read and checked
-   before step 1);
+   before step 1); encode (the ``prepared`` rows);
 5. inside ``storage.publish``: rank each split's rows by a seeded shuffle key, place each output
    file in its own Spark partition, write it with pyarrow on the executor (shard_writer.py),
    write the quarantine, check input = published + quarantined, write the manifest and config.
 
-Ranking without a global sort or a driver collect: the shuffle key's top 12 bits form 4096
-buckets per split; the counts per (split, bucket) come from step 3, so each bucket's offset is
-known, and a row's rank is its bucket's offset plus its row_number within the bucket.
+Ranking and placement with one shuffle, without a global sort or a driver collect: the shuffle
+key's top 12 bits form 4096 buckets per split; the counts per (split, bucket) come from step 3,
+so each bucket's offset is known, a row's rank is its bucket's offset plus its row_number within
+the bucket, and shards are contiguous blocks of ranks, so each bucket belongs to a known file
+(the few that straddle a shard boundary are sent to both files, each keeping its own ranks).
 
 Placement without hash collisions: ``repartition(n, k)`` sends key k to ``pmod(murmur3(k), n)``,
 so for each output file we find (with a small Spark query) a key that lands exactly in its own
@@ -29,6 +33,7 @@ partition, rather than hoping hash buckets spread evenly (they do not).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import json
@@ -38,7 +43,8 @@ import time
 from dataclasses import dataclass
 
 from common import __version__
-from pipelines.balance import check_split_rows, row_index_sql, rows_per_row_group, shard_sizes, shard_sql
+from pipelines.balance import (check_split_rows, row_index_sql, rows_per_row_group, shard_sizes, shard_sql,
+                              shard_starts)
 from common.config import dump_yaml, to_dict
 from common.plugins import load_callable
 from common.errors import AccountingError, InputDataError, OutputExistsError, QualityGateError, first_line
@@ -86,7 +92,6 @@ def check_output_path(cfg: ShardConfig) -> None:
 
 
 def _run_locked(spark, cfg: ShardConfig, out, teacher_scorer: TeacherScorer | None) -> ShardResult:
-    from common.spark import spark_errors
 
     teacher = teacher_record(cfg, teacher_scorer)  # None without cfg.teacher
     sources_fp = {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}
@@ -97,54 +102,88 @@ def _run_locked(spark, cfg: ShardConfig, out, teacher_scorer: TeacherScorer | No
         return ShardResult(uri=out.uri, manifest=existing, skipped=True)
 
     frames = read_sources(spark, cfg)
+    try:
+        return _run_passes(spark, cfg, out, frames, sources_fp, input_fp, teacher, teacher_scorer)
+    finally:
+        for frame in frames.values():
+            frame.release()
+
+
+def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp: str, teacher: dict | None,
+                teacher_scorer: TeacherScorer | None) -> ShardResult:
+    from common.spark import spark_errors
+
     table, where = _build_table(spark, cfg, frames)
     check_table(table, cfg, where)
     with spark_errors("building the row checks and split columns"):
-        rows = table.selectExpr(*row_columns(table, cfg))
+        rows = _checked_rows(table, cfg)
     split_names = list(cfg.split.fractions)
+    try:
+        timer = _PhaseTimer()
+        with spark_errors("counting rows per split and quarantine reason"):
+            counts = _count(rows, frames, cfg)
+        timer.done("count rows per split/reason", counts.input_rows)
+        _quality_gate(cfg, counts)
+        for i, name in enumerate(split_names):
+            check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
+        _check_numeric_coverage(cfg, counts)
 
-    timer = _PhaseTimer()
-    with spark_errors("counting rows per split and quarantine reason"):
-        counts = _count(rows, frames, cfg)
-    timer.done("count rows per split/reason", counts.input_rows)
-    _quality_gate(cfg, counts)
-    for i, name in enumerate(split_names):
-        check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
-    _check_numeric_coverage(cfg, counts)
+        clean = rows.where("_reason IS NULL")
+        with spark_errors("fitting statistics and vocabularies on the train split"):
+            stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg, counts.train_moments)
+        timer.done("fit statistics and vocabularies on train", counts.split_rows.get(split_names.index("train"), 0))
+        with spark_errors("building the fitted encodings"):
+            prepared = encode(with_teacher(clean, cfg, teacher_scorer), cfg, stats)
+        # `prepared` is the one point where the validated, encoded rows exist as a DataFrame
+        # (placement columns _split, _bucket, _shuffle, _tiebreak + the stored columns): a step over
+        # the rows plugs in here, before placement. It must keep every row and be deterministic.
 
-    clean = rows.where("_reason IS NULL")
-    with spark_errors("fitting statistics and vocabularies on the train split"):
-        stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg, counts.train_moments)
-    timer.done("fit statistics and vocabularies on train", counts.split_rows.get(split_names.index("train"), 0))
-    with spark_errors("building the fitted encodings"):
-        encoded = encode(with_teacher(clean, cfg, teacher_scorer), cfg, stats)
-
-    columns = stored_schema(cfg, teacher)
-    rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
-    mode = "overwrite" if cfg.output.mode == "overwrite" else "error"
-    with publish(out.uri, mode=mode, marker={"kind": KIND_DATASET, "input_fingerprint": input_fp}) as staging:
-        with spark_errors("writing the balanced shards"):
-            files = _write_shards(spark, encoded, cfg, counts, columns, rpg, staging.uri)
-        timer.done("write balanced shards", sum(counts.split_rows.values()))
-        with spark_errors("writing the quarantine"):
-            qfiles = _write_quarantine(spark, cfg, rows, table.columns, frames, counts, staging.uri)
-        timer.done("write quarantine", counts.quarantined)
-        splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
-        accounting = _check_accounting(counts, splits, qfiles)
-        features = {"numeric": stats.numeric, "categorical": stats.categorical,
-                    "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
-        manifest = build_manifest(
-            splits, features, stats.label, teacher=teacher, num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
-            quarantine={"path": QUARANTINE_DIR, "rows": counts.quarantined,
-                        "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
-            accounting=accounting, sources=sources_fp, config=to_dict(cfg), input_fingerprint=input_fp)
-        if manifest["schema"] != columns:
-            raise AccountingError(f"the written columns {columns} differ from the manifest schema "
-                                  f"{manifest['schema']}; nothing was published")
-        write_manifest(staging, manifest)
-        staging.write_text(CONFIG_NAME, dump_yaml(cfg))
+        columns = stored_schema(cfg, teacher)
+        rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
+        mode = "overwrite" if cfg.output.mode == "overwrite" else "error"
+        with publish(out.uri, mode=mode, marker={"kind": KIND_DATASET, "input_fingerprint": input_fp}) as staging:
+            with spark_errors("writing the balanced shards"):
+                files = _write_shards(spark, prepared, cfg, counts, columns, rpg, staging.uri)
+            timer.done("write balanced shards", sum(counts.split_rows.values()))
+            with spark_errors("writing the quarantine"):
+                qfiles = _write_quarantine(spark, cfg, rows, frames, counts, staging.uri)
+            timer.done("write quarantine", counts.quarantined)
+            splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
+            accounting = _check_accounting(counts, splits, qfiles)
+            features = {"numeric": stats.numeric, "categorical": stats.categorical,
+                        "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
+            manifest = build_manifest(
+                splits, features, stats.label, teacher=teacher, num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
+                quarantine={"path": QUARANTINE_DIR, "rows": counts.quarantined,
+                            "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
+                accounting=accounting, sources=sources_fp, config=to_dict(cfg), input_fingerprint=input_fp)
+            if manifest["schema"] != columns:
+                raise AccountingError(f"the written columns {columns} differ from the manifest schema "
+                                      f"{manifest['schema']}; nothing was published")
+            write_manifest(staging, manifest)
+            staging.write_text(CONFIG_NAME, dump_yaml(cfg))
+    finally:
+        rows.unpersist()
     log.info("published %s: %s", out.uri, ", ".join(f"{s}={v['rows']}" for s, v in splits.items()))
     return ShardResult(uri=out.uri, manifest=read_manifest(out.uri), skipped=False)
+
+
+def _checked_rows(table, cfg: ShardConfig):
+    """The table read and checked once, persisted: what every later pass reads.
+
+    Only what the passes use is kept: split, bucket and shuffle keys, the typed values, the
+    quarantine reason, and (for bad rows only) the row as JSON for the quarantine. Persisted,
+    so the source is read and the row expressions evaluated once, not once per pass; a lost
+    block is recomputed from the same input by the same expressions, hence to the same rows.
+    """
+    from pyspark import StorageLevel
+
+    checked = table.selectExpr(*row_columns(table, cfg))
+    raw = f"to_json(struct({', '.join(q(c) for c in table.columns)}))"
+    kept = [c for c in checked.columns if c not in set(table.columns)]
+    return checked.selectExpr(
+        *[q(c) for c in kept],
+        f"CASE WHEN _reason IS NOT NULL THEN {raw} END AS _raw").persist(StorageLevel.MEMORY_AND_DISK)
 
 
 def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: dict | None = None) -> str:
@@ -289,46 +328,61 @@ def _partition_keys(spark, num_partitions: int) -> list[int]:
         span *= 4
 
 
-def _write_shards(spark, encoded, cfg: ShardConfig, counts: RowCounts, columns: list[dict], rpg: int,
+def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> list[tuple[int, int, int, int, int, int]]:
+    """(split, bucket, offset, base, extra, file) for each output file a bucket's ranks fall into.
+
+    A bucket's rows take the ranks [offset, offset + rows) of its split, and shards take
+    contiguous blocks of ranks, so a bucket meets one shard, or two or more where it straddles a
+    boundary: those few buckets are sent to each file they meet, and each file keeps its ranks.
+    """
+    layout = []
+    for s in range(num_splits):
+        total = counts.split_rows.get(s, 0)
+        base, extra = divmod(total, n)
+        starts = shard_starts(total, n)
+        offset = 0
+        for b in sorted(b for (si, b) in counts.bucket_rows if si == s):
+            size = counts.bucket_rows[(s, b)]
+            first = bisect.bisect_right(starts, offset) - 1
+            last = bisect.bisect_right(starts, offset + size - 1) - 1
+            layout += [(s, b, offset, base, extra, s * n + k) for k in range(first, last + 1)]
+            offset += size
+    return layout
+
+
+def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns: list[dict], rpg: int,
                   staging_uri: str) -> list[dict]:
+    """Rank, place and write with one shuffle: each file's rows (plus the rest of its boundary
+    buckets) go to the file's own partition, are ranked there per bucket, and the file keeps its
+    block of ranks, already in rank (= ``_row``) order."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     n = cfg.output.num_shards
     split_names = list(cfg.split.fractions)
-    # Offsets of each (split, bucket), and the per-split shard layout, as a small broadcast table.
-    layout = []
-    for s in range(len(split_names)):
-        total = counts.split_rows.get(s, 0)
-        offset = 0
-        for b in sorted(b for (si, b) in counts.bucket_rows if si == s):
-            layout.append((s, b, offset, total // n, total % n))
-            offset += counts.bucket_rows[(s, b)]
-    offsets = spark.createDataFrame(layout, "_split INT, _bucket INT, _offset BIGINT, _base BIGINT, _extra BIGINT")
-
+    layout = spark.createDataFrame(_shard_layout(counts, len(split_names), n),
+                                   "_split INT, _bucket INT, _offset BIGINT, _base BIGINT, _extra BIGINT, _file INT")
+    targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
+    keys = _partition_keys(spark, len(targets))
+    key_array = "array(" + ", ".join(f"{k}L" for k in keys) + ")"
     data_cols = [c["name"] for c in columns if c["name"] != ROW_INDEX]
+    copies = (prepared.join(F.broadcast(layout), ["_split", "_bucket"])
+              .selectExpr("*", f"element_at({key_array}, _file + 1) AS _pkey")
+              .repartition(len(targets), "_pkey"))
     # The order is (_shuffle, _tiebreak): two independent 64-bit hashes of the key and every used
     # raw value. Rows equal in both are, short of a 128-bit collision (about 1e-21 for 1e9 rows),
     # identical input rows, hence identical output rows: any order among them writes the same
     # bytes. (Sorting on every stored column instead made this stage twice as slow.)
-    order = Window.partitionBy("_split", "_bucket").orderBy("_shuffle", "_tiebreak")
-    keys = _partition_keys(spark, len(split_names) * n)
-    key_array = "array(" + ", ".join(f"{k}L" for k in keys) + ")"
-    ranked = (encoded.withColumn("_rn", F.row_number().over(order))
-              .join(F.broadcast(offsets), ["_split", "_bucket"])
-              .selectExpr("*", "_offset + _rn - 1 AS _idx"))
-    placed = ranked.selectExpr(
-        *[q(c) for c in data_cols],
-        f"CAST(_split * {n} + {shard_sql(n)} AS INT) AS {TARGET_COLUMN}",
-        f"{row_index_sql(n)} AS {ROW_INDEX}",
-    ).selectExpr("*", f"element_at({key_array}, {TARGET_COLUMN} + 1) AS _pkey")
-    targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
+    # Partitioned by _pkey (one file per partition), the window needs no second shuffle, and it
+    # leaves each partition sorted by (_bucket, _shuffle, _tiebreak): rank order, which the writer
+    # checks (_row must rise by one from row to row).
+    order = Window.partitionBy("_pkey", "_bucket").orderBy("_shuffle", "_tiebreak")
+    ranked = copies.withColumn("_rn", F.row_number().over(order)).selectExpr("*", "_offset + _rn - 1 AS _idx")
+    placed = ranked.where(f"_split * {n} + {shard_sql()} = _file").selectExpr(
+        *[q(c) for c in data_cols], f"{row_index_sql()} AS {ROW_INDEX}", f"_file AS {TARGET_COLUMN}")
     writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets,
-                               schema=arrow_schema(columns), rows_per_row_group=rpg)
-    written = (placed.repartition(len(targets), "_pkey").sortWithinPartitions(ROW_INDEX)
-               .select(*[q(c) for c in data_cols], ROW_INDEX, TARGET_COLUMN)
-               .mapInArrow(writer, RESULT_DDL).collect())
-    files = [r.asDict(recursive=True) for r in written]
+                               schema=arrow_schema(columns), rows_per_row_group=rpg, consecutive=ROW_INDEX)
+    files = [r.asDict(recursive=True) for r in placed.mapInArrow(writer, RESULT_DDL).collect()]
     got = sorted(f["path"] for f in files)
     if got != sorted(targets):
         missing = sorted(set(targets) - set(got))
@@ -337,8 +391,7 @@ def _write_shards(spark, encoded, cfg: ShardConfig, counts: RowCounts, columns: 
     return files
 
 
-def _write_quarantine(spark, cfg: ShardConfig, rows, table_columns: list[str], frames, counts: RowCounts,
-                      staging_uri: str) -> list[dict]:
+def _write_quarantine(spark, cfg: ShardConfig, rows, frames, counts: RowCounts, staging_uri: str) -> list[dict]:
     import pyarrow as pa
 
     schema = pa.schema([("reason", pa.string()), ("source", pa.string()), ("raw", pa.string())])
@@ -346,9 +399,8 @@ def _write_quarantine(spark, cfg: ShardConfig, rows, table_columns: list[str], f
         return [write_empty(staging_uri, f"{QUARANTINE_DIR}/part-00000.parquet", schema)]
     # Row-level reasons come from the training table: name its source, or "query" for a query's rows.
     source = "query" if cfg.query is not None else next(iter(frames))
-    bad = rows.where("_reason IS NOT NULL").selectExpr(
-        "_reason AS reason", f"{_sql_string(source)} AS source",
-        f"to_json(struct({', '.join(q(c) for c in table_columns)})) AS raw")
+    bad = rows.where("_reason IS NOT NULL").selectExpr("_reason AS reason", f"{_sql_string(source)} AS source",
+                                                       "_raw AS raw")
     for frame in frames.values():
         if frame.malformed is not None:
             bad = bad.unionByName(frame.malformed)

@@ -17,6 +17,7 @@ import hashlib
 import uuid
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -40,8 +41,13 @@ WRITER_OPTIONS = dict(compression="snappy", version="2.6", use_dictionary=True, 
 
 
 def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets: list[str],
-                    schema: pa.Schema, rows_per_row_group: int) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: the partition's batches -> one file under ``root_uri``; yields its record."""
+                    schema: pa.Schema, rows_per_row_group: int,
+                    consecutive: str | None = None) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: the partition's batches -> one file under ``root_uri``; yields its record.
+
+    ``consecutive``: a column whose value must rise by exactly one from each row to the next (the
+    shards' ``_row``), so a partition that arrives out of order fails instead of writing it.
+    """
     writer = None
     target = None
     pending: list[pa.Table] = []
@@ -50,6 +56,7 @@ def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets
     root = resolve(root_uri)
     tmp_path = final_path = None
     sink = None
+    next_value = None
     try:
         for batch in batches:
             if batch.num_rows == 0:
@@ -68,6 +75,8 @@ def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets
             if lo.as_py() != target or hi.as_py() != target:
                 raise RuntimeError(f"partition holds rows of more than one output file ({targets[target]!r} and "
                                    "another); the driver's partition keys are wrong")
+            if consecutive is not None:
+                next_value = _check_consecutive(table.column(consecutive), next_value, targets[target])
             pending.append(table.drop([TARGET_COLUMN]).cast(schema))
             pending_rows += table.num_rows
             while pending_rows >= rows_per_row_group:
@@ -93,6 +102,16 @@ def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets
     yield pa.RecordBatch.from_pylist(
         [{"path": targets[target], "rows": sum(groups), "row_groups": groups, "bytes": size, "sha256": digest}],
         schema=RESULT_SCHEMA)
+
+
+def _check_consecutive(values: pa.ChunkedArray, expected: int | None, target: str) -> int:
+    """``values`` must be expected, expected + 1, ... (any start for the first batch); returns the next."""
+    array = values.to_numpy()
+    start = int(array[0]) if expected is None else expected
+    if array[0] != start or (len(array) > 1 and not (np.diff(array) == 1).all()):
+        raise RuntimeError(f"rows for {target!r} arrived out of order (row index {int(array[0])} where {start} was "
+                           "next, or a gap within a batch); nothing was published")
+    return start + len(array)
 
 
 def _write_group(writer: pq.ParquetWriter, pending: list[pa.Table], rows: int, groups: list[int]):

@@ -3,7 +3,9 @@
 For CSV and JSON the reader runs in PERMISSIVE mode with a corrupt-record column (added to the
 declared schema, or to the inferred one), so a record that does not parse is kept with its raw
 text instead of failing the job or vanishing. Each source yields ``clean`` (the view the query
-sees) and ``malformed`` (reason/source/raw rows for the quarantine).
+sees) and ``malformed`` (reason/source/raw rows for the quarantine). Both come from one persisted
+parse of the text (``parsed``), so the job parses each file once, not once per pass; the job
+releases it with ``SourceFrames.release``.
 
 Source fingerprints (file paths, sizes, modification times) are listed with the storage module,
 not Spark, so ``skip_if_exists`` can decide without starting any Spark work.
@@ -32,6 +34,12 @@ class SourceFrames:
     config: SourceConfig
     clean: object  # DataFrame: the source's columns, malformed records removed
     malformed: object | None  # DataFrame(reason, source, raw), or None for Parquet
+    parsed: object | None = None  # the persisted parse clean and malformed read (CSV/JSON)
+
+    def release(self) -> None:
+        """Drop the persisted parse (the job calls this once every pass over the source is done)."""
+        if self.parsed is not None:
+            self.parsed.unpersist()
 
 
 def source_fingerprint(name: str, cfg: SourceConfig) -> dict:
@@ -138,6 +146,11 @@ def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
 
             schema = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType(), True)])
         raw = spark.read.format(cfg.format).options(**options).schema(schema).load(path)
+    from pyspark import StorageLevel
+
+    # Persisted: every pass (counts, quarantine) reads this one parse. It also keeps the two
+    # filters below consistent, since the cached rows were parsed with every column.
+    raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
     data_cols = [c for c in raw.columns if c != CORRUPT_COLUMN]
     # Reference every column in both filters: Spark parses only the columns a query uses, so a
     # bad value in a column nobody selects would otherwise be malformed in one plan and not in
@@ -148,7 +161,7 @@ def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
     clean = raw.filter(~is_bad & every_column).select(*[F.col(q(c)) for c in data_cols])
     malformed = raw.filter(is_bad & every_column).select(
         F.lit(MALFORMED).alias("reason"), F.lit(name).alias("source"), F.col(CORRUPT_COLUMN).alias("raw"))
-    return SourceFrames(name, cfg, clean, malformed)
+    return SourceFrames(name, cfg, clean, malformed, raw)
 
 
 def read_sources(spark, cfg: ShardConfig) -> dict[str, SourceFrames]:

@@ -32,6 +32,7 @@ from typing import Callable
 
 from common.dataset import TEACHER_COLUMN, teacher_differences
 from common.errors import ConfigError, InputDataError
+from pipelines.preprocess import arr_col, cat_col, num_col, q
 from pipelines.shard_config import ShardConfig
 
 
@@ -93,7 +94,21 @@ def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None):
     partitions = len(cfg.split.fractions) * cfg.output.num_shards
     # Rows equal in both keys are identical rows (shard_job._write_shards), so their order cannot matter.
     arranged = rows.repartition(partitions, "_shuffle").sortWithinPartitions("_shuffle", "_tiebreak")
-    return scorer.score(arranged, cfg.teacher.model, cfg.teacher.temperature)
+    # The checked rows carry the typed copies of the features (NaN as null, categories as strings,
+    # array elements as floats: the typing scoring applies too), not the raw columns: the teacher
+    # reads them under the feature names, and they leave again after scoring.
+    inputs = _feature_inputs(cfg, arranged.columns)
+    scored = scorer.score(arranged.selectExpr("*", *inputs.values()), cfg.teacher.model, cfg.teacher.temperature)
+    return scored.drop(*inputs)
+
+
+def _feature_inputs(cfg: ShardConfig, present: list[str]) -> dict[str, str]:
+    """Feature name -> select expression naming its typed copy as the feature (only features the
+    rows do not already carry under their own name)."""
+    feats = cfg.features
+    typed = {**{n: num_col(n) for n in feats.numeric}, **{n: cat_col(n) for n in feats.categorical},
+             **{n: arr_col(n) for n in feats.arrays}}
+    return {name: f"{q(col)} AS {q(name)}" for name, col in typed.items() if name not in present}
 
 
 __all__ = ["TeacherScorer", "teacher_record", "with_teacher"]

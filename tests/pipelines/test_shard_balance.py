@@ -6,7 +6,7 @@ import pytest
 from common.config import from_dict
 from common.errors import ConfigError, InputDataError
 from pipelines.balance import (check_split_rows, row_index_sql, rows_per_row_group, shard_sizes, shard_sql,
-                               split_bounds, split_draw_sql, split_index_sql)
+                               shard_starts, split_bounds, split_draw_sql, split_index_sql)
 from pipelines.preprocess import row_columns
 from pipelines.shard_config import ShardConfig, load_shard_config
 from shard_testdata import config, simple_rows, write_parquet
@@ -18,6 +18,7 @@ def test_shard_sizes_differ_by_at_most_one_and_cover_every_row(rows, shards):
     assert len(sizes) == shards and sum(sizes) == rows
     assert max(sizes) - min(sizes) <= 1
     assert sizes == sorted(sizes, reverse=True)  # the extra rows go to the first shards
+    assert shard_starts(rows, shards) == [sum(sizes[:s]) for s in range(shards)]
 
 
 # Every num_shards from 1 to 12 with every split size from num_shards to num_shards + 80, and a few
@@ -36,7 +37,7 @@ def test_placement_sql_gives_each_shard_a_contiguous_block_of_row_indices(spark)
     # The job's layout columns: _base/_extra are the split's rows divmod num_shards.
     ranked = pairs.selectExpr("rows", "n", "explode(sequence(0L, rows - 1)) AS _idx",
                               "rows DIV n AS _base", "pmod(rows, n) AS _extra")
-    placed = ranked.selectExpr("rows", "n", "_idx", f"{shard_sql('n')} AS shard", f"{row_index_sql('n')} AS row")
+    placed = ranked.selectExpr("rows", "n", "_idx", f"{shard_sql()} AS shard", f"{row_index_sql()} AS row")
     ordered = placed.selectExpr(
         "*", "row - lag(row) OVER (PARTITION BY rows, n, shard ORDER BY _idx) AS step")
     per_shard = ordered.groupBy("rows", "n", "shard").agg(
