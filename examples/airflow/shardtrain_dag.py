@@ -1,4 +1,4 @@
-"""Airflow DAG: shard, then train, with the project's own ``shardtrain`` command (one task each).
+"""Airflow DAG: shard, train, then score, with the project's own ``shardtrain`` command (one task each).
 
 Copy this file into the DAGs folder of an Airflow 2.10 or 3.x installation. Airflow and shardtrain
 live in separate environments: the tasks run the ``shardtrain`` executable of the training venv
@@ -6,7 +6,7 @@ live in separate environments: the tasks run the ``shardtrain`` executable of th
 Python, its ``AIRFLOW__*`` settings and its virtualenv taken out of the command's environment.
 
 Exit status decides what Airflow does: 0 success (the shard step's ``output.mode=skip_if_exists``
-makes a re-run of a finished date a no-op); 2 ("fix the input": a config, key, URI or column) fails
+and the score step's ``output.mode=skip_if_exists`` make a re-run of a finished date a no-op); 2 ("fix the input": a config, key, URI or column) fails
 the task at once, with no retries, since a retry would fail the same way; 1 (a worker died,
 storage failed, another job holds the output) is retried: ``SHARDTRAIN_DAG_RETRIES`` times (default
 2), ``SHARDTRAIN_DAG_RETRY_DELAY_S`` seconds apart (default 600), from the scheduler's environment.
@@ -19,7 +19,9 @@ Params (Trigger DAG w/ config, or ``airflow dags test shardtrain DATE -c '{...}'
     spark_master    spark.master for both jobs (local[N], spark://host:7077, yarn, ...)
     dataset_path    / model_path: where this run's dataset and model go; "{ds}" becomes the run's
                     date; empty keeps the configs' own paths
-    shard_overrides / train_overrides: more key=value overrides, e.g. ["train.epochs=3"]
+    score_config    the score job's YAML (conf/score.yaml); empty (the default) skips scoring
+    scores_path     where this run's scores go ("{ds}" as above); empty keeps the config's
+    shard_overrides / train_overrides / score_overrides: more key=value overrides, e.g. ["train.epochs=3"]
 """
 
 from __future__ import annotations
@@ -99,6 +101,9 @@ with DAG(
         "model_path": Param("", type="string"),
         "shard_overrides": Param([], type="array"),
         "train_overrides": Param([], type="array"),
+        "score_config": Param("", type="string"),
+        "scores_path": Param("", type="string"),
+        "score_overrides": Param([], type="array"),
     },
     tags=["shardtrain"],
 ) as dag:
@@ -116,7 +121,8 @@ with DAG(
         return dataset
 
     @task
-    def train(dataset: str, **context) -> None:
+    def train(dataset: str, **context) -> str:
+        """The training job; returns the model path the score task reads ("" = the score config's)."""
         p, ds = context["params"], context["ds"]
         model = dated(p["model_path"], ds)
         argv = ["train", "--config", p["train_config"], f"spark.master={p['spark_master']}", *p["train_overrides"]]
@@ -125,5 +131,22 @@ with DAG(
         if model:
             argv.append(f"output.model_path={model}")
         run_shardtrain(p["shardtrain"], argv, p["workdir"])
+        return model
 
-    train(shard())
+    @task
+    def score(model: str, **context) -> None:
+        """The score job with the model just trained; nothing to do without a score_config."""
+        p, ds = context["params"], context["ds"]
+        if not p["score_config"]:
+            log.info("no score_config param: nothing to score")
+            return
+        scores = dated(p["scores_path"], ds)
+        argv = ["score", "--config", p["score_config"], f"spark.master={p['spark_master']}",
+                "output.mode=skip_if_exists", *p["score_overrides"]]
+        if model:
+            argv.append(f"model={model}")
+        if scores:
+            argv.append(f"output.path={scores}")
+        run_shardtrain(p["shardtrain"], argv, p["workdir"])
+
+    score(train(shard()))

@@ -1,6 +1,6 @@
 """examples/airflow/shardtrain_dag.py under a real Airflow 2.10 (its own venv, built by setup):
-``airflow dags test`` runs shard -> train on local Spark with this venv's shardtrain and publishes
-a model; a bad config (exit 2) fails the task at once though retries are configured; a job that
+``airflow dags test`` runs shard -> train -> score on local Spark with this venv's shardtrain and
+publishes a model and its scores; a bad config (exit 2) fails the task at once though retries are configured; a job that
 finds another writer holding its output (exit 1) is retried.
 """
 
@@ -85,13 +85,15 @@ def params(workdir, **more) -> dict:
             "train_overrides": ["train.epochs=1", "launch.num_proc=2"], **more}
 
 
-def test_the_dag_shards_then_trains_and_publishes_a_model(airflow_home, workdir):
-    from common.storage import MARKER
+def test_the_dag_shards_trains_scores_and_publishes(airflow_home, workdir):
+    from common.storage import MARKER, read_marker
     from training import load_model
 
-    proc = dags_test(airflow_home, params(workdir))
+    proc = dags_test(airflow_home, params(workdir, score_config="conf/score.yaml",
+                                          scores_path=str(workdir / "scores" / "{ds}")))
     output = proc.stdout + proc.stderr
-    assert task_states(airflow_home) == {"shard": ("success", 1, 2), "train": ("success", 1, 2)}, output[-6000:]
+    assert task_states(airflow_home) == {"shard": ("success", 1, 2), "train": ("success", 1, 2),
+                                         "score": ("success", 1, 2)}, output[-6000:]
 
     dataset, model = workdir / "datasets" / DATE, workdir / "models" / DATE
     assert (dataset / MARKER).is_file() and (model / MARKER).is_file(), output[-6000:]
@@ -99,6 +101,13 @@ def test_the_dag_shards_then_trains_and_publishes_a_model(airflow_home, workdir)
     loaded = load_model(str(model))
     rows = pd.read_parquet(workdir / "artifacts" / "raw").head(5)
     assert loaded.predict(rows).shape == (5, 2)
+
+    # The score task scored every raw row with this date's model (not the config's artifacts/model).
+    scores = workdir / "scores" / DATE
+    assert read_marker(str(scores))["kind"] == "shardtrain.scores", output[-6000:]
+    accounting = json.loads((scores / "_scores.json").read_text())["accounting"]
+    assert accounting["scored_rows"] + accounting["quarantined_rows"] == accounting["input_rows"] == 4000
+    assert not (workdir / "artifacts" / "model").exists()
 
 
 def test_a_bad_config_fails_the_task_without_retries(airflow_home, workdir):
