@@ -1,4 +1,4 @@
-"""Transforms tests/shardtrain/test_distill.py names as ``transform: module:function``."""
+"""Transforms tests/shardtrain/test_distill_loop.py names as ``transform: module:function``."""
 
 
 def tiny_partitions(df):

@@ -3,7 +3,7 @@ its formula, ``alpha: 0`` identical to plain training through the whole loop, a 
 pulls the student its way, every precision and gradient accumulation, both readers carrying the
 soft targets into the batch, and the refusals before launch (no soft targets, a teacher whose
 features, classes or temperature do not fit). The soft-target column itself, written by a real
-shard job, is tested in tests/shardtrain/test_distill.py."""
+shard job, is tested in tests/shardtrain/test_distill_loop.py."""
 
 import json
 import os
