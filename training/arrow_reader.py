@@ -62,6 +62,8 @@ class ArrowRowGroupReader:
                     self._handles.append(source)
                 try:
                     self._files.append(pq.ParquetFile(source))
+                except (FileNotFoundError, PermissionError, IsADirectoryError):
+                    raise  # storage, not damage: the loader names the file (common.storage.storage_errors)
                 except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError: no Parquet footer
                     raise DatasetError(f"{uri}: not a readable Parquet file ({exc}); the dataset is damaged, "
                                        "re-run the shard job") from None
