@@ -114,6 +114,8 @@ def test_a_checkpoint_path_holding_another_output_is_refused(dataset, tmp_path):
 
 @pytest.mark.parametrize("reader", ["petastorm", "arrow"])
 def test_a_shard_removed_mid_run_is_one_line_naming_it(tmp_path, reader):
+    if reader == "petastorm":
+        pytest.importorskip("petastorm")  # the current profile has only the arrow reader
     from common.dataset import read_manifest
     from common.errors import EXIT_RUNTIME, StorageIOError
 
