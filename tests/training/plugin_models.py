@@ -10,6 +10,17 @@ from torch import nn
 from training.models import TabularMLP, mlp_arguments
 
 
+class Wrap(nn.Module):
+    """A bare network over the numeric features, as the loop's batches hold them (unit tests)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, batch):
+        return self.net(batch["numeric"])
+
+
 class Failing(nn.Module):
     """An MLP that raises in forward on one rank after some calls: a rank's own bug."""
 

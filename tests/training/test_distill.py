@@ -15,6 +15,7 @@ import torch
 
 from common.dataset import read_manifest
 from common.errors import EXIT_USAGE, DatasetError
+from plugin_models import Wrap
 from tabular_data import write_dataset
 from training import load_train_config, train
 from training.config import DistillConfig
@@ -89,15 +90,6 @@ def test_alpha_zero_is_the_plain_loss_bit_for_bit():
     plain = loss_fn(logits, label, "classification", {})
     mixed = loss_fn(logits, label, "classification", {}, DistillConfig(alpha=0.0, temperature=4.0), teacher)
     assert torch.equal(plain, mixed)
-
-
-class Wrap(torch.nn.Module):
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-
-    def forward(self, batch):
-        return self.net(batch["numeric"])
 
 
 def _batch(seed=0, rows=64):

@@ -4,6 +4,7 @@ order) all train on CPU; fp16 skips an overflowing step and its scaler state rou
 import pytest
 import torch
 
+from plugin_models import Wrap
 from training.distributed import LocalGroup
 from training.loop import train_step
 from training.precision import Precision
@@ -15,15 +16,6 @@ def _model_and_batch(seed=0):
     x = torch.randn(64, 4)
     y = (x[:, 0] > 0).long()
     return model, x, y
-
-
-class Wrap(torch.nn.Module):
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-
-    def forward(self, batch):
-        return self.net(batch["numeric"])
 
 
 @pytest.mark.parametrize("kind", ["fp32", "bf16", "fp16"])
