@@ -152,17 +152,24 @@ def test_the_reporter_says_validating_until_the_pass_ends():
     assert reporter.phase == BETWEEN_EPOCHS
 
 
+def _hello_ranks(sup, **state) -> list:
+    """Ranks 0 and 1 as raw sockets that said hello with ``state`` (an in-process Reporter would
+    exit this process on "abort")."""
+    env = sup.launch_env()
+    host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
+    ranks = []
+    for rank in (0, 1):
+        conn = socket.create_connection((host, int(port)))
+        conn.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": rank,
+                                  **state}) + "\n").encode())
+        ranks.append(conn)
+    return ranks
+
+
 def test_a_rank_alive_but_stuck_in_validation_is_named():
     """Both ranks beat (their processes live); rank 0's validation batches advance, rank 1's do not."""
     with Supervision(None, world=2, stall_timeout_s=2) as sup:
-        env = sup.launch_env()
-        host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
-        ranks = []
-        for rank in (0, 1):  # raw sockets: an in-process Reporter would exit this process on "abort"
-            conn = socket.create_connection((host, int(port)))
-            conn.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": rank,
-                                      "step": 10, "phase": VALIDATING, "batches": 0}) + "\n").encode())
-            ranks.append(conn)
+        ranks = _hello_ranks(sup, step=10, phase=VALIDATING, batches=0)
         stop = threading.Event()
 
         def beat():
@@ -184,14 +191,7 @@ def test_a_rank_alive_but_stuck_in_validation_is_named():
 
 def test_a_silent_rank_is_named_and_live_ranks_are_told_to_abort():
     with Supervision(None, world=2, stall_timeout_s=2) as sup:
-        env = sup.launch_env()
-        host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
-        ranks = []
-        for rank in (0, 1):  # raw sockets: an in-process Reporter would exit this process on "abort"
-            conn = socket.create_connection((host, int(port)))
-            conn.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": rank,
-                                      "step": 4, "phase": TRAINING}) + "\n").encode())
-            ranks.append(conn)
+        ranks = _hello_ranks(sup, step=4, phase=TRAINING)
         stop = threading.Event()
 
         def keep_rank_0_training():
