@@ -76,6 +76,26 @@ def test_row_index_and_stored_encodings(generated):
     assert manifest.label["train_class_counts"] == counts
 
 
+def test_each_column_is_encoded_for_what_it_holds_and_spark_reads_it_back(generated, spark):
+    # Floats plain (a dictionary of continuous values only fills and falls back), `_row` delta
+    # encoded (it rises by one), codes and labels dictionary encoded: pipelines/shard_writer.py.
+    data, cfg, result = generated
+    manifest = read_manifest(result.uri)
+    path = os.path.join(result.uri, manifest.files("train")[0].path)
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema: set(group.column(i).encodings) for i in range(group.num_columns)}
+    dictionary = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+    for name in ["x0", "id", "image.list.element"]:
+        assert not encodings[name] & dictionary, (name, encodings[name])
+    for name in ["c0", "label"]:
+        assert encodings[name] & dictionary, (name, encodings[name])
+    assert "DELTA_BINARY_PACKED" in encodings["_row"]
+    # Spark's vectorized reader (the score job's dataset input) reads the delta-encoded column.
+    rows = manifest.rows("train")
+    total = spark.read.parquet(os.path.join(result.uri, "train")).selectExpr("sum(_row)").first()[0]
+    assert total == rows * (rows - 1) // 2
+
+
 def test_preprocessing_is_fitted_on_train_only(generated, spark):
     data, cfg, result = generated
     manifest = read_manifest(result.uri)
