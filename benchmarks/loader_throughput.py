@@ -8,7 +8,7 @@ the arrow reader (data.reader=arrow) against the petastorm path and against peta
     .venv/bin/python benchmarks/loader_throughput.py [--rows 1000000] [--array-rows 100000] [--batch 1024] [--repeats 3]
 
 Prints one JSON line per dataset (tabular; with a 28x28 array column). Datasets are written with
-plain pyarrow under a temp directory, with a manifest that follows pipelines/manifest.py.
+pyarrow and the shard job's writer options under a temp directory, with a manifest that follows pipelines/manifest.py.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ warnings.filterwarnings("ignore")
 
 from common.dataset import build_manifest, file_entry, read_manifest, write_manifest  # noqa: E402
 from common.storage import MARKER, resolve  # noqa: E402
+from pipelines.shard_writer import writer_options  # noqa: E402
 
 
 def write(root: str, rows: int, numeric: int, categorical: int, array_shape, files: int, row_group: int) -> str:
@@ -49,7 +50,9 @@ def write(root: str, rows: int, numeric: int, categorical: int, array_shape, fil
         cols["label"] = rng.integers(0, 2, n)
         cols["_row"] = np.arange(start, start + n, dtype=np.int64)
         rel = f"train/part-{i:05d}.parquet"
-        pq.write_table(pa.table(cols), f"{root}/{rel}", row_group_size=row_group)
+        table = pa.table(cols)
+        # The shard job's own encodings (pipelines/shard_writer.py), so every path reads what it would.
+        pq.write_table(table, f"{root}/{rel}", row_group_size=row_group, **writer_options(table.schema))
         entries.append(file_entry(resolve(root), rel))
         start += n
     features = {"numeric": [{"name": f"x{j}", "mean": 0, "std": 1, "fill": 0} for j in range(numeric)],
@@ -73,7 +76,10 @@ def limit(manifest, columns, batch: int) -> tuple[float, int]:
     for uri in manifest.file_uris("train"):
         pf = pq.ParquetFile(uri)
         for i in range(pf.num_row_groups):
-            arrays = table_to_arrays(pf.read_row_group(i, columns=columns.stored), columns)
+            # pyarrow's fastest read of this layout: threaded by column unless a list column is read
+            # (then single-threaded is 2-3x faster; training/arrow_reader.py makes the same choice).
+            table = pf.read_row_group(i, columns=columns.stored, use_threads=not columns.arrays)
+            arrays = table_to_arrays(table, columns)
             n = len(arrays["label"])
             for s in range(0, n - batch + 1, batch):
                 tensors = {k: torch.from_numpy(v[s:s + batch]) for k, v in arrays.items()}

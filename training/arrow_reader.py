@@ -7,15 +7,15 @@ epoch with ``np.random.RandomState(seed).shuffle`` of that list (what petastorm'
 does), so for the same seed, epoch and rank both readers give identical batches and a checkpoint
 resumes on either. Files are opened through ``common.storage`` (local, s3, hdfs, dbfs).
 
-One background thread decodes up to ``prefetch_row_groups`` row groups ahead of the training
-step and, given ``prepare``, also runs it on each table there (``training.data`` passes the mask
-to the rank's rows and the conversion to batch arrays): pyarrow and numpy release the GIL for the
-bulk of that work, so it overlaps the training step instead of adding to it. Local files (and
-dbfs:/ through its mount) are opened by path: pyarrow's own reads, no Python file object taking
-the GIL per read (a third less decode CPU, benchmarks/RESULTS.md); other schemes through their
-``common.storage`` file system. This module owns reading row
-groups, nothing else: which columns make a batch, shuffling rows and batching stay in
-``training.data``.
+One background thread decodes the row groups and, given ``pipeline``, a second one runs it over
+that stream of tables (``training.data`` passes the mask to the rank's rows, the grouping into
+shuffle buffers, their conversion to batch arrays and their permutations): pyarrow and numpy
+release the GIL for the bulk of that work, so it overlaps the training step instead of adding to
+it. Local files (and dbfs:/ through its mount) are opened by path: pyarrow's own reads, no Python
+file object taking the GIL per read (a third less decode CPU, benchmarks/RESULTS.md); other
+schemes through their ``common.storage`` file system. This module owns reading row groups and
+running the caller's pipeline beside it, nothing else: which columns make a batch, shuffling rows
+and batching stay in ``training.data``.
 """
 
 from __future__ import annotations
@@ -41,11 +41,16 @@ def row_group_order(row_groups_per_file: list[int], shuffle: bool, seed: int) ->
 
 
 class ArrowRowGroupReader:
-    """Iterate to get one Arrow table per row group (or what ``prepare`` makes of it, computed in
-    the reader's thread); ``stop()`` and ``join()`` end it early."""
+    """Iterate to get one Arrow table per row group (or what ``pipeline`` makes of that stream);
+    ``stop()`` and ``join()`` end it early.
+
+    One thread decodes row groups, up to ``prefetch_row_groups`` ahead. Given ``pipeline``, a
+    second thread runs it over those tables and keeps one result ready: decoding the next row
+    group, building the next buffer and the consumer's own work then run side by side.
+    """
 
     def __init__(self, uris: list[str], columns: list[str], shuffle: bool, seed: int, prefetch_row_groups: int = 4,
-                 prepare: Callable | None = None):
+                 pipeline: Callable[[Iterator], Iterator] | None = None):
         import pyarrow.parquet as pq
 
         from common.storage import resolve
@@ -71,55 +76,88 @@ class ArrowRowGroupReader:
             self._close()
             raise
         self._columns = list(columns)
-        self._prepare = prepare
+        # pyarrow's threaded decode splits a row group by column: a gain for many flat columns,
+        # but with a list column (an array feature, soft targets) it took 2-3x the CPU and wall
+        # time of a plain read (benchmarks/RESULTS.md, "array columns"), so those read in one thread.
+        self._use_threads = not any(_is_list(f.schema_arrow.field(name).type)
+                                    for f in self._files for name in self._columns
+                                    if f.schema_arrow.get_field_index(name) >= 0)
         self._order = row_group_order([f.metadata.num_row_groups for f in self._files], shuffle, seed)
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch_row_groups))
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._decode, name="arrow-row-groups", daemon=True)
-        self._thread.start()
+        self._tables_queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch_row_groups))
+        self._queue = self._tables_queue
+        self._threads = [threading.Thread(target=self._decode, name="arrow-row-groups", daemon=True)]
+        if pipeline is not None:
+            self._queue = queue.Queue(maxsize=1)
+            self._threads.append(threading.Thread(target=self._run_pipeline, args=(pipeline,),
+                                                  name="arrow-pipeline", daemon=True))
+        for thread in self._threads:
+            thread.start()
 
     def __iter__(self) -> Iterator:
+        return self._drain(self._queue)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for q in {id(q): q for q in (self._tables_queue, self._queue)}.values():
+            while True:  # unblock a thread waiting for room in the queue
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join()
+        self._close()
+
+    def _decode(self) -> None:
+        self._feed(self._tables_queue, self._tables)
+
+    def _run_pipeline(self, pipeline: Callable[[Iterator], Iterator]) -> None:
+        self._feed(self._queue, lambda: pipeline(self._drain(self._tables_queue)))
+
+    def _feed(self, target: queue.Queue, items: Callable[[], Iterator]) -> None:
+        """Put what ``items()`` yields on ``target``, then the end (or the error, for the consumer's thread)."""
+        try:
+            for item in items():
+                if not self._put(target, item):
+                    return
+            if not self._stopping.is_set():
+                self._put(target, _DONE)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer's thread
+            self._put(target, exc)
+
+    def _drain(self, source: queue.Queue) -> Iterator:
         while True:
-            item = self._queue.get()
+            try:
+                item = source.get(timeout=0.1)
+            except queue.Empty:
+                if self._stopping.is_set():
+                    return
+                continue
             if item is _DONE:
                 return
             if isinstance(item, BaseException):
                 raise item
             yield item
 
-    def stop(self) -> None:
-        self._stopping.set()
-        while True:  # unblock a decoder waiting for room in the queue
+    def _tables(self) -> Iterator:
+        for file_index, group in self._order:
+            if self._stopping.is_set():
+                return
             try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+                table = self._files[file_index].read_row_group(group, columns=self._columns,
+                                                               use_threads=self._use_threads)
+            except Exception as exc:  # noqa: BLE001 - the same error, naming the file and row group
+                raise DatasetError(f"{self._uris[file_index]}: row group {group} could not be read: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            yield table
 
-    def join(self) -> None:
-        self._thread.join()
-        self._close()
-
-    def _decode(self) -> None:
-        try:
-            for file_index, group in self._order:
-                if self._stopping.is_set():
-                    return
-                try:
-                    # use_threads: the columns decode in parallel on pyarrow's CPU pool when cores are free.
-                    table = self._files[file_index].read_row_group(group, columns=self._columns, use_threads=True)
-                except Exception as exc:  # noqa: BLE001 - the same error, naming the file and row group
-                    raise DatasetError(f"{self._uris[file_index]}: row group {group} could not be read: "
-                                       f"{type(exc).__name__}: {exc}") from exc
-                if not self._put(self._prepare(table) if self._prepare else table):
-                    return
-            self._put(_DONE)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer's thread
-            self._put(exc)
-
-    def _put(self, item) -> bool:
+    def _put(self, target: queue.Queue, item) -> bool:
         while not self._stopping.is_set():
             try:
-                self._queue.put(item, timeout=0.1)
+                target.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 continue
@@ -131,6 +169,12 @@ class ArrowRowGroupReader:
         for handle in self._handles:
             handle.close()
         self._files, self._handles = [], []
+
+
+def _is_list(type_) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_)
 
 
 __all__ = ["ArrowRowGroupReader", "row_group_order"]

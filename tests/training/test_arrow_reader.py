@@ -89,6 +89,20 @@ def test_a_broken_shard_names_itself_and_stops_the_thread(uneven, tmp_path):
         _batches(broken, "arrow", 0, 1, 0)
 
 
+def test_leaving_an_epoch_early_ends_both_reader_threads(uneven):
+    import threading
+
+    _, manifest = uneven
+    loader = RankLoader(SplitLayout.from_manifest(manifest, "train"), columns_for(manifest), 0, 1, 32, seed=11,
+                        shuffle_buffer_rows=150, prefetch_row_groups=1, reader="arrow")
+    epoch = loader.epoch(0)
+    next(epoch)
+    names = {t.name for t in threading.enumerate()}
+    assert {"arrow-row-groups", "arrow-pipeline"} <= names  # the decoder and the buffer builder ran
+    epoch.close()  # what a training loop's break or error does to the generator
+    assert not {t.name for t in threading.enumerate()} & {"arrow-row-groups", "arrow-pipeline"}
+
+
 def test_arrow_path_never_imports_petastorm(uneven):
     ds, _ = uneven
     code = ("import sys; sys.path.insert(0, 'tests/training')\n"
