@@ -259,38 +259,36 @@ class RankLoader:
     def _batches(self, epoch: int, stats: EpochStats, keep_last: bool = False) -> Iterator[dict]:
         """Full batches of numpy arrays in this epoch's order (and the partial rest, if ``keep_last``).
 
-        The shuffle buffers (``_buffers``: masked to this rank's rows, converted, permuted) are
-        made in the arrow reader's own thread, or here for petastorm. Here the rows left over from
-        the previous buffer (fewer than a batch) go into the room the next one keeps free for
-        them, and each batch is one ``np.take`` per array with a slice of the buffer's permutation.
+        The shuffle buffers (``_buffers``) are made in the arrow reader's own thread, or here for
+        petastorm; each arrives already in batch order, so a batch is a slice of it (a view).
         """
         rng = np.random.default_rng(epoch_seed(self.seed, epoch, self.rank))
         reader = self._open_reader(epoch, rng)
         buffers = reader if self.reader == "arrow" else self._buffers(reader, rng)
-        carry = None  # rows left over from the previous buffer
+        size = self.batch_size
+        last = None
         try:
-            for buffer in buffers:
-                stats.rows_read += buffer.rows_read
-                if carry is not None:
-                    if len(carry[ROW_INDEX]) != buffer.headroom:
-                        raise RuntimeError(f"rank {self.rank}: {len(carry[ROW_INDEX])} rows carried over but the "
-                                           f"buffer keeps room for {buffer.headroom}")
-                    for name, value in buffer.arrays.items():
-                        value[:buffer.headroom] = carry[name]
-                carry = yield from self._emit(buffer)
-            if carry and keep_last:
-                yield carry
+            for last in buffers:
+                stats.rows_read += last.rows_read
+                for start in range(0, last.full, size):
+                    yield {name: value[start:start + size] for name, value in last.arrays.items()}
+            if keep_last and last is not None and last.rest is not None:
+                yield last.rest
         finally:
             reader.stop()
             reader.join()
 
     def _buffers(self, tables: Iterator, rng: np.random.Generator) -> Iterator["_Buffer"]:
-        """Row groups -> shuffle buffers: each row group masked to this rank's rows, collected
-        until the buffer (with the rows the previous one leaves over) holds ``shuffle_buffer_rows``,
-        then converted once into arrays that keep room for those left-over rows in front, and,
-        when shuffling, permuted with the epoch's generator (one draw per buffer, in order)."""
+        """Row groups -> shuffle buffers in batch order.
+
+        Each row group is masked to this rank's rows; row groups are collected until, with the
+        rows the previous buffer left over (fewer than a batch), they hold ``shuffle_buffer_rows``;
+        then they are converted once into arrays that start with those left-over rows and, when
+        shuffling, permuted as a whole with the epoch's generator (one draw per buffer, in order).
+        The buffer's own left-over rows (its last ``total % batch_size``) open the next buffer.
+        """
         group, group_rows, rows_read = [], 0, 0
-        carry = 0  # rows the previous buffer leaves over: its total modulo the batch size
+        rest = None
         for table in tables:
             rows_read += table.num_rows
             table = self._mask(table)
@@ -298,20 +296,28 @@ class RankLoader:
                 continue
             group.append(table)
             group_rows += table.num_rows
-            if carry + group_rows >= self.shuffle_buffer_rows:
-                buffer = self._buffer(group, carry, rows_read, rng)
+            if (len(rest[ROW_INDEX]) if rest else 0) + group_rows >= self.shuffle_buffer_rows:
+                buffer = self._buffer(group, rest, rows_read, rng)
                 # The tables are let go before waiting to hand the buffer over.
-                carry = (carry + group_rows) % self.batch_size
-                group, group_rows, rows_read = [], 0, 0
+                rest, group, group_rows, rows_read = buffer.rest, [], 0, 0
                 yield buffer
-        if group or carry or rows_read:
-            yield self._buffer(group, carry, rows_read, rng)
+        if group or rest or rows_read:
+            yield self._buffer(group, rest, rows_read, rng)
 
-    def _buffer(self, tables: list, headroom: int, rows_read: int, rng: np.random.Generator) -> "_Buffer":
+    def _buffer(self, tables: list, rest: dict | None, rows_read: int, rng: np.random.Generator) -> "_Buffer":
+        headroom = len(rest[ROW_INDEX]) if rest else 0
         arrays = tables_to_arrays(tables, self.columns, headroom=headroom)
+        if rest:
+            for name, value in arrays.items():
+                value[:headroom] = rest[name]
         total = len(arrays[ROW_INDEX])
-        order = rng.permutation(total) if self.shuffle and total else None
-        return _Buffer(arrays=arrays, headroom=headroom, order=order, rows_read=rows_read)
+        if self.shuffle and total:
+            order = rng.permutation(total)
+            # One gather per array for the whole buffer: a batch is then a slice of it.
+            arrays = {name: np.take(value, order, axis=0) for name, value in arrays.items()}
+        full = total // self.batch_size * self.batch_size
+        return _Buffer(arrays=arrays, full=full, rows_read=rows_read,
+                       rest={name: value[full:] for name, value in arrays.items()} if full < total else None)
 
     def _open_reader(self, epoch: int, rng: np.random.Generator):
         self.layout.verify_files(self.files)  # both readers: no row of a damaged file is ever used
@@ -361,41 +367,17 @@ class RankLoader:
 
         return table.filter(pa.array(keep))
 
-    def _emit(self, buffer: "_Buffer"):
-        """Yield the buffer's full batches; return its leftover rows (None if there are none)."""
-        arrays = buffer.arrays
-        total = len(arrays[ROW_INDEX])
-        size = self.batch_size
-        full = total // size * size
-        if buffer.order is None:
-            # Unshuffled: the buffer is not reused, so batches can be views of it.
-            for start in range(0, full, size):
-                yield {name: value[start:start + size] for name, value in arrays.items()}
-            return {name: value[full:] for name, value in arrays.items()} if full < total else None
-        items = list(arrays.items())
-        for start in range(0, full, size):
-            index = buffer.order[start:start + size]
-            # np.take along axis 0 is 2-3x faster than fancy indexing for [n, k] arrays.
-            yield {name: np.take(value, index, axis=0) for name, value in items}
-        if full == total:
-            return None
-        rest = buffer.order[full:]
-        return {name: np.take(value, rest, axis=0) for name, value in items}
-
-
 @dataclass
 class _Buffer:
-    """One shuffle buffer of batch arrays, made off the training thread where the reader allows.
-
-    Every array's first ``headroom`` rows are left for the rows the previous buffer leaves over
-    (fewer than a batch; the consumer writes them there), so no buffer is copied to join them.
-    ``order``: the permutation of all its rows when shuffling.
-    """
+    """One shuffle buffer of batch arrays in batch order, made off the training thread where the
+    reader allows: batch k is rows [k * batch_size, (k + 1) * batch_size) of ``arrays``, for k
+    below ``full / batch_size``; ``rest``: the rows after ``full`` (views), which open the next
+    buffer, or end the epoch's rows for validation."""
 
     arrays: dict[str, np.ndarray]
-    headroom: int
-    order: np.ndarray | None
+    full: int
     rows_read: int  # rows decoded for it, including those masked out
+    rest: dict[str, np.ndarray] | None
 
 
 def table_to_arrays(table, columns: Columns) -> dict[str, np.ndarray]:
