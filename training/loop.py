@@ -124,13 +124,17 @@ class TrainState:
 
     step: int  # optimizer steps done (all epochs)
     history: list[dict]  # one record per finished epoch
-    # This rank's own sum of step losses in the current epoch, on the device (no sync per step).
+    # This rank's own sum of finite step losses in the current epoch, on the device (no sync per
+    # step), and how many of its step losses were NaN/inf (fp16 steps the loss scaler skipped):
+    # left out of the sum, so one overflow does not turn the epoch's train_loss into NaN.
     # Kept per rank in checkpoints: a rank-0-only sum, broadcast on resume, would count rank 0's share W times.
     epoch_loss_sum: torch.Tensor
+    epoch_non_finite: torch.Tensor
 
     @classmethod
     def fresh(cls, device) -> "TrainState":
-        return cls(step=0, history=[], epoch_loss_sum=torch.zeros((), dtype=torch.float64, device=device))
+        return cls(step=0, history=[], epoch_loss_sum=torch.zeros((), dtype=torch.float64, device=device),
+                   epoch_non_finite=torch.zeros((), dtype=torch.float64, device=device))
 
     @classmethod
     def resume(cls, saved: dict, run: RankRun) -> "TrainState":
@@ -142,24 +146,31 @@ class TrainState:
         if "cuda" in mine["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state(mine["rng"]["cuda"])
         return cls(step=int(saved["step"]), history=list(saved["history"]),
-                   epoch_loss_sum=torch.tensor(float(mine["epoch_loss"]), dtype=torch.float64, device=run.device))
+                   epoch_loss_sum=torch.tensor(float(mine["epoch_loss"]), dtype=torch.float64, device=run.device),
+                   epoch_non_finite=torch.tensor(float(mine.get("epoch_non_finite", 0)), dtype=torch.float64,
+                                                 device=run.device))
 
     def begin_epoch(self, epoch: int, steps_per_epoch: int) -> int:
         """Steps of ``epoch`` already done (non-zero only when resuming mid-epoch)."""
         done = self.step - epoch * steps_per_epoch
         if not done:
             self.epoch_loss_sum.zero_()
+            self.epoch_non_finite.zero_()
         return done
 
     def add_step(self, loss: torch.Tensor) -> None:
         self.step += 1
-        self.epoch_loss_sum += loss.detach().double()
+        loss = loss.detach().double()
+        finite = torch.isfinite(loss)
+        self.epoch_loss_sum += torch.where(finite, loss, torch.zeros_like(loss))
+        self.epoch_non_finite += (~finite).double()
 
     def checkpoint(self, run: RankRun) -> dict:
         """The checkpoint state; every rank calls it (collectives). Refuses, on every rank together,
         to produce one from a non-finite loss or non-finite weights, so a retry never resumes poison."""
         run.guard.check(run.group, model=run.model, step=self.step)
-        ranks = run.group.allgather_object({"rng": _rng_state(run.device), "epoch_loss": float(self.epoch_loss_sum)})
+        ranks = run.group.allgather_object({"rng": _rng_state(run.device), "epoch_loss": float(self.epoch_loss_sum),
+                                            "epoch_non_finite": int(self.epoch_non_finite)})
         return {"model": run.group.model_state_dict(run.model),
                 "optimizer": run.group.optimizer_state_dict(run.model, run.optimizer),
                 "scaler": run.precision.state_dict(), "ranks": ranks, "meta": run.meta, "history": self.history}
@@ -195,9 +206,14 @@ def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
             on_step(state.step)
     run.guard.check(run.group)
     samples_per_step = run.group.size * t.batch_size * t.grad_accum
-    loss_sum = run.group.allreduce_sum(state.epoch_loss_sum.detach().cpu().reshape(1))[0]
+    loss_sum, non_finite = (float(v) for v in run.group.allreduce_sum(
+        torch.stack([state.epoch_loss_sum, state.epoch_non_finite]).detach().cpu()))
+    counted = run.group.size * plan.steps_per_epoch - non_finite
     record = {"epoch": epoch + 1, "step": state.step,
-              "train_loss": float(loss_sum) / (run.group.size * plan.steps_per_epoch),
+              # The mean over ranks and steps of the finite step losses (NaN only if none was finite).
+              "train_loss": loss_sum / counted if counted else math.nan,
+              # Step losses (one per rank and step) that were NaN/inf: the fp16 steps the scaler skipped.
+              "non_finite_losses": int(non_finite),
               "seconds": round(time.perf_counter() - started, 3),
               # Samples all ranks trained on in this epoch (this process's part of it after a resume).
               "samples": (state.step - first_step) * samples_per_step}
