@@ -305,16 +305,10 @@ class RankLoader:
             yield self._buffer(group, rest, rows_read, rng)
 
     def _buffer(self, tables: list, rest: dict | None, rows_read: int, rng: np.random.Generator) -> "_Buffer":
-        headroom = len(rest[ROW_INDEX]) if rest else 0
-        arrays = tables_to_arrays(tables, self.columns, headroom=headroom)
-        if rest:
-            for name, value in arrays.items():
-                value[:headroom] = rest[name]
-        total = len(arrays[ROW_INDEX])
-        if self.shuffle and total:
-            order = rng.permutation(total)
-            # One gather per array for the whole buffer: a batch is then a slice of it.
-            arrays = {name: np.take(value, order, axis=0) for name, value in arrays.items()}
+        total = (len(rest[ROW_INDEX]) if rest else 0) + sum(table.num_rows for table in tables)
+        order = rng.permutation(total) if self.shuffle and total else None
+        # Converted into batch order once, for the whole buffer: a batch is then a slice of it.
+        arrays = tables_to_arrays(tables, self.columns, lead=rest, order=order)
         full = total // self.batch_size * self.batch_size
         return _Buffer(arrays=arrays, full=full, rows_read=rows_read,
                        rest={name: value[full:] for name, value in arrays.items()} if full < total else None)
@@ -385,14 +379,18 @@ def table_to_arrays(table, columns: Columns) -> dict[str, np.ndarray]:
     return tables_to_arrays([table], columns)
 
 
-def tables_to_arrays(tables: list, columns: Columns, headroom: int = 0) -> dict[str, np.ndarray]:
-    """The rows of the Arrow ``tables`` as batch arrays; each value is written once into its final
-    array. ``headroom``: that many uninitialised rows in front of them, for the caller to fill."""
-    sizes = [t.num_rows for t in tables]
-    n = sum(sizes)
+def tables_to_arrays(tables: list, columns: Columns, lead: dict | None = None,
+                     order: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The rows of ``lead`` (batch arrays: the rows a shuffle buffer carries over), then those of
+    the Arrow ``tables``, as new batch arrays; in ``order`` (a permutation of those rows) if given.
+
+    The flat columns are stacked into [n, k] arrays, then gathered; array features, soft targets
+    and scalars are gathered from the Arrow buffers (one copy when the rows are one row group's).
+    """
+    rows = (len(lead[ROW_INDEX]) if lead else 0) + sum(t.num_rows for t in tables)
     out: dict[str, np.ndarray] = {
-        "numeric": _stacked(tables, columns.numeric, np.float32, n, headroom),
-        "categorical": _stacked(tables, columns.categorical, np.int64, n, headroom),
+        "numeric": _in_order(_stacked(tables, columns.numeric, np.float32, lead and lead["numeric"]), order),
+        "categorical": _in_order(_stacked(tables, columns.categorical, np.int64, lead and lead["categorical"]), order),
     }
     lists = list(columns.arrays)
     scalars = [(columns.label, "label", np.dtype(columns.label_dtype)), (ROW_INDEX, ROW_INDEX, np.int64)]
@@ -401,16 +399,33 @@ def tables_to_arrays(tables: list, columns: Columns, headroom: int = 0) -> dict[
     elif columns.teacher is not None:  # a regression teacher's value
         scalars.append((TEACHER_COLUMN, TEACHER_COLUMN, np.float32))
     for name, shape in lists:
-        values = np.empty((headroom + n, *shape), dtype=np.float32)
-        pos = headroom
-        for table, rows in zip(tables, sizes):
-            values[pos:pos + rows] = _list_column(table, name, shape)
-            pos += rows
-        out[name] = values
+        parts = ([lead[name]] if lead else []) + [_list_column(table, name, shape) for table in tables]
+        out[name] = _gathered(parts, (rows, *shape), np.float32, order)
     for name, key, dtype in scalars:
-        values = np.empty(headroom + n, dtype=dtype)
-        _fill_column(values[headroom:], tables, name)
-        out[key] = values
+        parts = ([lead[key]] if lead else []) + [chunk.to_numpy() for table in tables
+                                                 for chunk in _non_null(table, name).chunks]
+        out[key] = _gathered(parts, (rows,), dtype, order)
+    return out
+
+
+def _in_order(values: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    # np.take along axis 0 is 2-3x faster than fancy indexing for [n, k] arrays.
+    return values if order is None else np.take(values, order, axis=0)
+
+
+def _gathered(parts: list[np.ndarray], shape: tuple, dtype, order: np.ndarray | None) -> np.ndarray:
+    """``parts`` (consecutive blocks of rows) as one new array of ``shape``, rows in ``order`` if
+    given. One row group's part (the usual case) is gathered straight from its Arrow buffer;
+    several are joined first (gathering part by part measured no cheaper)."""
+    out = np.empty(shape, dtype=dtype)
+    if order is None:
+        pos = 0
+        for part in parts:
+            out[pos:pos + len(part)] = part  # casts to the target dtype on the way
+            pos += len(part)
+        return out
+    source = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    np.take(source.astype(dtype, copy=False), order, axis=0, out=out)
     return out
 
 
@@ -419,18 +434,21 @@ def tables_to_arrays(tables: list, columns: Columns, headroom: int = 0) -> dict[
 _BLOCK_ROWS = 16_384
 
 
-def _stacked(tables: list, names, dtype, n: int, headroom: int = 0) -> np.ndarray:
-    """Columns ``names`` of ``tables`` as one C-contiguous [headroom + n, len(names)] array.
+def _stacked(tables: list, names, dtype, lead: np.ndarray | None = None) -> np.ndarray:
+    """``lead`` ([m, len(names)], if given), then columns ``names`` of ``tables``, as one
+    C-contiguous [m + n, len(names)] array.
 
     Each block of rows is filled column by column into a small [k, block] array (contiguous
     writes) and transposed into place: about 3x cheaper than writing each column into a strided
     slice of the [n, k] array, and the block stays in cache.
     """
-    out = np.empty((headroom + n, len(names)), dtype=dtype)
+    pos = len(lead) if lead is not None else 0
+    out = np.empty((pos + sum(t.num_rows for t in tables), len(names)), dtype=dtype)
     if not names:
         return out
+    if pos:
+        out[:pos] = lead
     block = np.empty((len(names), _BLOCK_ROWS), dtype=dtype)
-    pos = headroom
     for table in tables:
         columns = [_column_values(table, name) for name in names]
         rows = table.num_rows
@@ -449,15 +467,6 @@ def _column_values(table, name: str) -> np.ndarray:
     if column.num_chunks == 1:
         return column.chunk(0).to_numpy()
     return np.concatenate([chunk.to_numpy() for chunk in column.chunks]) if column.num_chunks else np.empty(0)
-
-
-def _fill_column(target: np.ndarray, tables: list, name: str) -> None:
-    pos = 0
-    for table in tables:
-        for chunk in _non_null(table, name).chunks:
-            values = chunk.to_numpy()  # zero-copy for a primitive type without nulls
-            target[pos:pos + len(values)] = values  # casts to the target dtype on the way
-            pos += len(values)
 
 
 def _non_null(table, name: str):
