@@ -103,6 +103,22 @@ def test_leaving_an_epoch_early_ends_both_reader_threads(uneven):
     assert not {t.name for t in threading.enumerate()} & {"arrow-row-groups", "arrow-pipeline"}
 
 
+@pytest.mark.s3
+def test_shards_on_s3_give_the_batches_of_the_local_copy(uneven, s3_bucket):
+    """Through common.storage's S3 file system (moto over real HTTP on 127.0.0.1): every rank gets
+    exactly the batches the local files give, shuffled and not."""
+    from common.storage import resolve
+
+    ds, local = uneven
+    resolve(s3_bucket).fs.put(ds.uri, f"{s3_bucket.removeprefix('s3://')}/ds", recursive=True)
+    remote = read_manifest(f"{s3_bucket}/ds")
+    assert remote.file_uris("train")[0].startswith("s3://")
+    for rank in range(2):
+        _assert_same(_batches(remote, "arrow", rank, 2, 1), _batches(local, "arrow", rank, 2, 1))
+    _assert_same(_batches(remote, "arrow", 0, 1, 0, shuffle=False, split="val", batch=8),
+                 _batches(local, "arrow", 0, 1, 0, shuffle=False, split="val", batch=8))
+
+
 def test_arrow_path_never_imports_petastorm(uneven):
     ds, _ = uneven
     code = ("import sys; sys.path.insert(0, 'tests/training')\n"
