@@ -223,12 +223,8 @@ def load_model(uri: str, program: bool = False) -> LoadedModel:
 
 
 def _read_meta(loc: Location) -> dict:
+    raw = _read_bytes(loc, META, f"{loc.uri}: committed but has no {META}; it is not a shardtrain model")
     with storage_errors(f"reading {META}", loc.uri):
-        try:
-            with loc.open(META, "rb") as fh:
-                raw = fh.read()
-        except FileNotFoundError:
-            raise DatasetError(f"{loc.uri}: committed but has no {META}; it is not a shardtrain model") from None
         marker = read_marker(loc)
     if marker.get("kind", marker.get("format")) != MODEL_FORMAT:
         raise DatasetError(f"{loc.uri}: holds a {marker.get('kind') or 'output of another kind'}, not a {MODEL_FORMAT}")
@@ -249,18 +245,23 @@ def _read_meta(loc: Location) -> dict:
     return meta
 
 
+def _read_bytes(loc: Location, name: str, missing: str) -> bytes:
+    """A model file's bytes; ``missing``: the DatasetError's message when it is not there."""
+    with storage_errors(f"reading {name}", loc.uri):
+        try:
+            with loc.open(name, "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            raise DatasetError(missing) from None
+
+
 def _verified_bytes(loc: Location, meta: dict, name: str) -> bytes:
     """The file's bytes, after checking them against the sha256 and size model.json records."""
     entry = (meta.get("files") or {}).get(name)
     if not isinstance(entry, dict) or "sha256" not in entry:
         raise DatasetError(f"{loc.uri}/{META}: field 'files.{name}.sha256' is missing, so {name} cannot be verified; "
                            "re-publish the model")
-    with storage_errors(f"reading {name}", loc.uri):
-        try:
-            with loc.open(name, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
-            raise DatasetError(f"{loc.uri}/{name}: missing from the published model; re-train it") from None
+    data = _read_bytes(loc, name, f"{loc.uri}/{name}: missing from the published model; re-train it")
     if len(data) != entry.get("bytes", len(data)) or hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise DatasetError(f"{loc.uri}/{name}: does not match the sha256 recorded in {META}; the file was damaged or "
                            "replaced after the model was published: re-train, or restore the file")
