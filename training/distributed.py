@@ -184,10 +184,15 @@ class TorchGroup:
 
         policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if self.precision == "bf16" else MixedPrecisionPolicy())
-        for module in model.modules():
-            if module is not model and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-                fully_shard(module, mp_policy=policy)
+        units = [module for module in model.modules()
+                 if module is not model and isinstance(module, (torch.nn.Linear, torch.nn.Embedding))]
+        for module in units:
+            fully_shard(module, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
+        timed = _timed_reduce_scatter(self)
+        if timed is not None:
+            for module in [*units, model]:
+                module.set_custom_reduce_scatter(timed)
         return model
 
     def accumulate(self, model, sync: bool):
@@ -253,7 +258,8 @@ class TorchGroup:
         inside backward, so timing ``synchronize`` reads 0: instead, the time from the start of
         the step's last bucket allreduce (all gradients computed by then) to the end of backward
         (``synchronize_started``), i.e. the communication still in flight when compute ran out.
-        FSDP's reduce-scatters are not timed (0)."""
+        FSDP: the same, from the start of the step's last gradient reduce-scatter (0 on a torch
+        without FSDP2's custom reduce-scatter hook, see ``_timed_reduce_scatter``)."""
         started, self._last_bucket_started = self._last_bucket_started, None
         return max(0.0, synchronize_started - started) if started is not None else 0.0
 
@@ -318,6 +324,24 @@ def _timed_allreduce(group: TorchGroup, bucket):
 
     group._last_bucket_started = time.perf_counter()
     return allreduce_hook(None, bucket)
+
+
+def _timed_reduce_scatter(group: TorchGroup):
+    """FSDP2's own reduce-scatter, noting when each starts (as ``_timed_allreduce`` does for DDP),
+    or None where this torch has no ``set_custom_reduce_scatter`` to install it with."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+    except ImportError:  # the hook (torch 2.9+) lives in a private module: read the wait as 0 without it
+        return None
+    if not hasattr(torch.distributed.fsdp.FSDPModule, "set_custom_reduce_scatter"):
+        return None
+
+    class TimedReduceScatter(DefaultReduceScatter):
+        def __call__(self, *args, **kwargs):
+            group._last_bucket_started = time.perf_counter()
+            return super().__call__(*args, **kwargs)
+
+    return TimedReduceScatter()
 
 
 def _initialise_optimizer_state(optimizer) -> None:

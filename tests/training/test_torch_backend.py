@@ -153,6 +153,8 @@ def test_fsdp_trains_like_ddp_and_saves_the_same_formats(spark, uneven, tmp_path
     fsdp = train(_cfg(uneven, tmp_path / "fsdp", "train.parallel=fsdp", *common), spark)
     _assert_equal_steps(fsdp, 1)
     assert abs(fsdp.final["train_loss"] - ddp.final["train_loss"]) < 1e-4
+    # The wait after the step's last gradient reduce-scatter started is measured, as DDP's is.
+    assert all(0 < m["allreduce_wait_seconds"] < m["seconds"] for m in fsdp.metrics)
     wd, wf = _weights(ddp), _weights(fsdp)
     assert wd.keys() == wf.keys()
     for name in wd:
