@@ -158,9 +158,13 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     for name, shape in feats.arrays.items():
         length = math.prod(shape)
         reasons.append(f"WHEN {q(name)} IS NULL OR size({q(name)}) <> {length} THEN 'bad_shape:{name}'")
-        reasons.append(f"WHEN exists({q(name)}, v -> v IS NULL OR isnan(CAST(v AS DOUBLE)) "
-                       f"OR abs(CAST(v AS DOUBLE)) > {FLOAT_MAX!r}) THEN 'non_finite:{name}'")
-        cols.append(f"transform({q(name)}, v -> CAST(v AS FLOAT)) AS {arr_col(name)}")
+        # A null element, NaN (the largest value in Spark's ordering, so array_max finds it) or a
+        # value beyond float32. Array functions rather than lambdas (exists/transform), which
+        # Spark evaluates row by row outside its generated code: they doubled the checking cost.
+        top, bottom = f"CAST(array_max({q(name)}) AS DOUBLE)", f"CAST(array_min({q(name)}) AS DOUBLE)"
+        reasons.append(f"WHEN size(array_compact({q(name)})) <> size({q(name)}) OR isnan({top}) "
+                       f"OR {top} > {FLOAT_MAX!r} OR {bottom} < {-FLOAT_MAX!r} THEN 'non_finite:{name}'")
+        cols.append(f"CAST({q(name)} AS ARRAY<FLOAT>) AS {arr_col(name)}")
     cols.append(f"CASE {' '.join(reasons)} END AS _reason")
     return cols
 
@@ -257,8 +261,7 @@ def moment_values(cfg: ShardConfig) -> list[str]:
     return values
 
 
-# Exact moments: each double x is sign * M * 2^k with M < 2^53 an integer (k: its exponent minus
-# 52, at least -1074 so subnormals keep their integer mantissa). M is cut into 14-bit limbs, so
+# Exact moments: each double x is sign * M * 2^k with M < 2^53 an integer (k: its exponent minus 52). M is cut into 14-bit limbs, so
 # per (value, k) Spark sums only small integers in 64 bits: the limbs (for sum x) and the limb
 # products grouped by weight (for sum x^2). Each product is below 2^28 and at most 4 of them
 # share a weight, so a long holds the sum of 2^33 rows; the driver refuses more rows than that.
@@ -281,16 +284,19 @@ def exact_moments(rows, values: list[str], condition: str) -> list[tuple[int, fl
 
     if not values:
         return []
-    stacked = ", ".join(f"named_struct('i', {i}, 'x', CAST({v} AS DOUBLE))" for i, v in enumerate(values))
-    picked = rows.where(condition).selectExpr(f"inline(array({stacked}))").where("x IS NOT NULL")
-    exponent = "CAST(floor(log2(abs(x))) AS INT)"
-    split = picked.selectExpr("i", "x", f"CASE WHEN x = 0 THEN 0 ELSE {exponent} END AS e0")
-    # log2 may miss by one next to a power of two; powers of two are exact doubles, so compare.
-    split = split.selectExpr("i", "x", "CASE WHEN x = 0 THEN 0 WHEN abs(x) >= pow(2, e0 + 1) THEN e0 + 1 "
-                                       "WHEN abs(x) < pow(2, e0) THEN e0 - 1 ELSE e0 END AS e")
-    split = split.selectExpr("i", "x", "greatest(e - 52, -1074) AS k")
-    split = split.selectExpr("i", "k", "CASE WHEN x < 0 THEN -1L ELSE 1L END AS sign",
-                             "CAST(abs(x) / pow(2, k) AS BIGINT) AS m")
+    stacked = ", ".join(f"CAST({v} AS DOUBLE)" for v in values)
+    picked = rows.where(condition).selectExpr(f"posexplode(array({stacked})) AS (i, x)").where("x IS NOT NULL")
+    # e0 = floor(log2|x|) may miss by one next to a power of two; r = |x| / 2^e0 is exact (a power
+    # of two divides exactly) and lies in [0.5, 4), so comparing r with 1 and 2 fixes e and gives
+    # M = |x| / 2^e * 2^52, an integer below 2^53 (also for subnormals), with x = sign * M * 2^(e - 52).
+    # Zero has no logarithm (null): it is M = 0 at k = 0.
+    split = picked.selectExpr("i", "x", "CAST(floor(log2(abs(x))) AS INT) AS e0")
+    split = split.selectExpr("i", "x", "e0", "abs(x) / pow(2, e0) AS r")
+    split = split.selectExpr(
+        "i", "coalesce(CASE WHEN r >= 2 THEN e0 + 1 WHEN r < 1 THEN e0 - 1 ELSE e0 END - 52, 0) AS k",
+        "CASE WHEN x < 0 THEN -1L ELSE 1L END AS sign",
+        f"coalesce(CAST(CASE WHEN r >= 2 THEN r * {2.0 ** 51!r} WHEN r < 1 THEN r * {2.0 ** 53!r} "
+        f"ELSE r * {2.0 ** 52!r} END AS BIGINT), 0) AS m")
     mask = (1 << _LIMB_BITS) - 1
     limbs = [f"(shiftright(m, {_LIMB_BITS * j}) & {mask})" for j in range(_LIMBS)]
     sums = [f"sum(sign * {limbs[j]}) AS _l{j}" for j in range(_LIMBS)]
