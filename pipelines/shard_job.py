@@ -372,11 +372,13 @@ def _partition_keys(spark, num_partitions: int) -> list[int]:
 
 
 def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> list[tuple[int, int, int, int, int, int]]:
-    """(split, bucket, offset, base, extra, file) for each output file a bucket's ranks fall into.
+    """(split, bucket, base, extra, file, start) for each output file a bucket's ranks fall into;
+    ``start``: the first rank of the file's first bucket.
 
-    A bucket's rows take the ranks [offset, offset + rows) of its split, and shards take
-    contiguous blocks of ranks, so a bucket meets one shard, or two or more where it straddles a
-    boundary: those few buckets are sent to each file they meet, and each file keeps its ranks.
+    A bucket's rows take a contiguous range of its split's ranks (buckets in order), and shards
+    take contiguous blocks of ranks, so a bucket meets one shard, or two or more where it straddles
+    a boundary: those few buckets are sent to each file they meet. A file thus receives whole
+    buckets, a contiguous range of ranks from ``start`` on, and keeps its own block of them.
     """
     layout = []
     for s in range(num_splits):
@@ -384,27 +386,38 @@ def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> list[tuple[int,
         base, extra = divmod(total, n)
         starts = shard_starts(total, n)
         offset = 0
+        first_rank: dict[int, int] = {}
+        rows = []
         for b in sorted(b for (si, b) in counts.bucket_rows if si == s):
             size = counts.bucket_rows[(s, b)]
             first = bisect.bisect_right(starts, offset) - 1
             last = bisect.bisect_right(starts, offset + size - 1) - 1
-            layout += [(s, b, offset, base, extra, s * n + k) for k in range(first, last + 1)]
+            for k in range(first, last + 1):
+                first_rank.setdefault(k, offset)
+                rows.append((s, b, base, extra, s * n + k))
             offset += size
+        layout += [(*row, first_rank[row[4] - s * n]) for row in rows]
     return layout
+
+
+# Sorting by the shuffle key as an unsigned number is sorting by (bucket = its top bits, key).
+_RANK_ORDER = "_shuffle ^ shiftleft(1L, 63)"
+# monotonically_increasing_id(): the partition index in the upper 31 bits, the row's position in
+# the partition in the lower 33.
+_POSITION_BITS = 33
 
 
 def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns: list[dict], rpg: int,
                   staging_uri: str) -> list[dict]:
-    """Rank, place and write with one shuffle: each file's rows (plus the rest of its boundary
-    buckets) go to the file's own partition, are ranked there per bucket, and the file keeps its
-    block of ranks, already in rank (= ``_row``) order."""
-    from pyspark.sql import Window
+    """Rank, place and write with one shuffle: each file's rows (whole buckets, so a few rows
+    beyond its block at each end) go to the file's own partition, which is sorted in rank order;
+    a row's rank is the file's first rank plus its position, and the file keeps its block."""
     from pyspark.sql import functions as F
 
     n = cfg.output.num_shards
     split_names = list(cfg.split.fractions)
     layout = spark.createDataFrame(_shard_layout(counts, len(split_names), n),
-                                   "_split INT, _bucket INT, _offset BIGINT, _base BIGINT, _extra BIGINT, _file INT")
+                                   "_split INT, _bucket INT, _base BIGINT, _extra BIGINT, _file INT, _start BIGINT")
     targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
     keys = _partition_keys(spark, len(targets))
     key_array = "array(" + ", ".join(f"{k}L" for k in keys) + ")"
@@ -416,15 +429,20 @@ def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns:
     # raw value. Rows equal in both are, short of a 128-bit collision (about 1e-21 for 1e9 rows),
     # identical input rows, hence identical output rows: any order among them writes the same
     # bytes. (Sorting on every stored column instead made this stage twice as slow.)
-    # Partitioned by _pkey (one file per partition), the window needs no second shuffle, and it
-    # leaves each partition sorted by (_bucket, _shuffle, _tiebreak): rank order, which the writer
-    # checks (_row must rise by one from row to row).
-    order = Window.partitionBy("_pkey", "_bucket").orderBy("_shuffle", "_tiebreak")
-    ranked = copies.withColumn("_rn", F.row_number().over(order)).selectExpr("*", "_offset + _rn - 1 AS _idx")
+    # One sort key that varies from row to row (not a window partitioned by file and bucket,
+    # whose sort compares whole rows wherever the constant file key ties), and the position in
+    # the sorted partition read from monotonically_increasing_id, with no window at all. The
+    # writer checks the result: each file's _row starts at its block's first rank and rises by
+    # one from row to row; the driver checks each file's row count.
+    ordered = copies.sortWithinPartitions(F.expr(_RANK_ORDER), "_tiebreak")
+    ranked = ordered.selectExpr(
+        "*", f"_start + (monotonically_increasing_id() & {(1 << _POSITION_BITS) - 1}) AS _idx")
     placed = ranked.where(f"_split * {n} + {shard_sql()} = _file").selectExpr(
         *[q(c) for c in data_cols], f"{row_index_sql()} AS {ROW_INDEX}", f"_file AS {TARGET_COLUMN}")
     writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets,
-                               schema=arrow_schema(columns), rows_per_row_group=rpg, consecutive=ROW_INDEX)
+                               schema=arrow_schema(columns), rows_per_row_group=rpg, consecutive=ROW_INDEX,
+                               first_values=[start for i in range(len(split_names))
+                                             for start in shard_starts(counts.split_rows[i], n)])
     files = [r.asDict(recursive=True) for r in placed.mapInArrow(writer, RESULT_DDL).collect()]
     got = sorted(f["path"] for f in files)
     if got != sorted(targets):
