@@ -1,30 +1,34 @@
 """The shard job: sources -> Spark SQL -> quarantine -> deterministic split -> balanced shards + manifest.
 
 ``run_shard_job(spark, cfg)`` is the one entry point; ``shardtrain shard``, the spark-submit job
-file and the notebook API all call it. The order is fixed so that nothing is written until every
-check that can fail has passed:
+file and the notebook API all call it. The order is fixed so that nothing is published until
+every check that can fail has passed (what is written before lands in a staging directory that
+a failure removes):
 
 0. the output may not be, contain or sit inside a source; the output's writer lock is taken
    (held to the end) and staging left by killed jobs is removed;
 1. mode check (``error`` refuses, ``skip_if_exists`` compares the input fingerprint and returns,
    ``overwrite`` accepts only a dataset at the path);
-2. read sources, build the table (query, transform), check columns and types; the checked rows
-   (split, keys, typed values, reason) are persisted, so the source is read and the row
-   expressions evaluated once; every later pass reads the persisted rows;
-3. count rows per split, bucket and quarantine reason (one aggregation): quality gate, and every
-   split must have at least num_shards rows;
-4. fit statistics and vocabularies on the train split; with ``teacher``, its soft targets join the
-   rows as one more column (pipelines/teacher.py; the model's description was read and checked
-   before step 1); encode (the ``prepared`` rows);
-5. inside ``storage.publish``: rank each split's rows by a seeded shuffle key, place each output
-   file in its own Spark partition, write it with pyarrow on the executor (shard_writer.py),
-   write the quarantine, check input = published + quarantined, write the manifest and config.
+2. read sources, build the table (query, transform), check columns and types;
+3. inside ``storage.publish`` (a staging directory, removed on any failure): evaluate the row
+   expressions once and write the checked rows (split, keys, typed values, reason; malformed
+   records too) as Parquet under the staging directory; every later pass reads those files
+   (only the columns it needs), and they are removed before the commit;
+4. count rows per split, bucket and quarantine reason, and the exact train moments: quality gate,
+   and every split must have at least num_shards rows;
+5. fit vocabularies and class counts on the train split; with ``teacher``, its soft targets join
+   the rows as one more column (pipelines/teacher.py; the model's description was read and
+   checked before step 1); encode (the ``prepared`` rows);
+6. rank each split's rows by a seeded shuffle key, place each output file in its own Spark
+   partition, write it with pyarrow on the executor (shard_writer.py), write the quarantine,
+   check input = published + quarantined, write the manifest and config; commit.
 
 Ranking and placement with one shuffle, without a global sort or a driver collect: the shuffle
-key's top 12 bits form 4096 buckets per split; the counts per (split, bucket) come from step 3,
-so each bucket's offset is known, a row's rank is its bucket's offset plus its row_number within
-the bucket, and shards are contiguous blocks of ranks, so each bucket belongs to a known file
-(the few that straddle a shard boundary are sent to both files, each keeping its own ranks).
+key's top 12 bits form 4096 buckets per split; the counts per (split, bucket) come from step 4,
+so each bucket's range of ranks is known, and shards are contiguous blocks of ranks, so each
+bucket belongs to a known file (the few that straddle a shard boundary are sent to both files).
+A file's partition thus holds whole buckets, a contiguous range of ranks; sorted by the shuffle
+key, a row's rank is the range's start plus its position, and the file keeps its own block.
 
 Placement without hash collisions: ``repartition(n, k)`` sends key k to ``pmod(murmur3(k), n)``,
 so for each output file we find (with a small Spark query) a key that lands exactly in its own
