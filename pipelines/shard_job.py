@@ -231,7 +231,9 @@ def _stage_rows(spark, checked, staging):
     from common.spark import to_spark_path
 
     path = to_spark_path(staging.join(STAGED_ROWS_DIR).uri)
-    checked.write.mode("error").parquet(path)
+    # No dictionary encoding: most staged columns are hashes and measurements, where building
+    # dictionaries only to drop them cost time (2M rows: 4.3-4.4 s instead of 4.9-6.6 s).
+    checked.write.mode("error").option("parquet.enable.dictionary", "false").parquet(path)
     return spark.read.parquet(path)
 
 
