@@ -176,7 +176,8 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
     return ShardResult(uri=out.uri, manifest=read_manifest(out.uri), skipped=False)
 
 
-STAGED_ROWS_DIR = "_checked_rows"
+# Not hidden (_ or .): Spark warns about, then reads, a path it would skip when listing.
+STAGED_ROWS_DIR = "checked-rows"
 
 
 def _checked_rows(table, cfg: ShardConfig, frames):
