@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/shard_throughput.py --rows 2000000 10000000 --workdir /tmp/shard-bench
     .venv/bin/python benchmarks/shard_throughput.py --rows 2000000 --formats parquet --repeats 3
+    .venv/bin/python benchmarks/shard_throughput.py --rows 2000000 --cluster-workers 2 --workdir /tmp/shard-bench
 
 For each size and input format, the dataset (4 numeric, 2 categorical, an 8-float array for
 Parquet, a binary label, 0.01% bad rows) is generated once under ``--workdir`` and reused by
@@ -13,6 +14,10 @@ later runs with the same workdir. Then, alternating, ``--repeats`` times each:
 One JSON line per size and format: the best and every time of each path, ``ratio`` = best plain
 seconds / best job seconds (>= 0.5 means the job costs at most 2x the plain write), the job's
 phase seconds (from the ``shardtrain.shard`` phase log of its best run) and ns per input row.
+
+``--cluster-workers N`` runs both paths on a Spark standalone cluster it starts on 127.0.0.1
+(a master and N one-core workers, tests/spark_cluster.py) and stops by pid at the end, so the
+ratio with executors (shuffles over the network stack, Python workers in other JVMs) is visible.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -29,22 +35,25 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # spark_cluster.py
 
 from common.config import from_dict  # noqa: E402
 from pipelines.generate import GeneratedDataset, generate_dataset  # noqa: E402
 from pipelines.shard_config import ShardConfig  # noqa: E402
 from pipelines.shard_job import run_shard_job  # noqa: E402
+from spark_cluster import start_cluster  # noqa: E402
 
 ROWS_PER_ROW_GROUP = 50_000
 SPLITS = 3
 PHASE_LINE = re.compile(r"^(?P<phase>[^:]+): [\d,]+ rows in (?P<seconds>[\d.]+)s")
 
 
-def spark_session(master: str, driver_memory: str):
+def spark_session(master: str, driver_memory: str, executor_memory: str):
     from common.config import SparkConfig
     from common.spark import get_or_create_session
 
-    conf = {"spark.sql.shuffle.partitions": 8, "spark.ui.enabled": False, "spark.driver.memory": driver_memory}
+    conf = {"spark.sql.shuffle.partitions": 8, "spark.ui.enabled": False, "spark.driver.memory": driver_memory,
+            "spark.executor.memory": executor_memory}
     return get_or_create_session(SparkConfig(master=master, app_name="shard-throughput", conf=conf), log_level="ERROR")
 
 
@@ -129,19 +138,32 @@ def main() -> int:
     parser.add_argument("--num-shards", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--cluster-workers", type=int, default=0,
+                        help="start a standalone cluster with this many 1-core workers and run on it (overrides --master)")
+    parser.add_argument("--executor-memory", default="2g", help="per executor, with --cluster-workers")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each path; the best is reported")
     parser.add_argument("--workdir", default=None, help="keep the generated inputs here and reuse them")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="shard-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    spark = spark_session(args.master, args.driver_memory)
+    cluster = start_cluster(num_workers=args.cluster_workers, cores=1, memory="3g") if args.cluster_workers else None
+    master = cluster.master_url if cluster else args.master
+    if cluster is not None:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver on loopback, like the cluster
     try:
-        for rows in args.rows:
-            for fmt in args.formats:
-                data = dataset(spark, workdir, rows, fmt)
-                print(json.dumps(measure(spark, data, workdir, args.num_shards, args.repeats, args.master)), flush=True)
+        spark = spark_session(master, args.driver_memory, args.executor_memory)
+        try:
+            for rows in args.rows:
+                for fmt in args.formats:
+                    data = dataset(spark, workdir, rows, fmt)
+                    result = measure(spark, data, workdir, args.num_shards, args.repeats, master)
+                    result["cluster_workers"] = args.cluster_workers
+                    print(json.dumps(result), flush=True)
+        finally:
+            spark.stop()
     finally:
-        spark.stop()
+        if cluster is not None:
+            cluster.stop()
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     return 0

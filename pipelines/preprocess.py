@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipelines.balance import BUCKET_BITS, split_index_sql
+from pipelines.balance import split_index_sql
 from common.errors import InputDataError, first_line
 from common.dataset import LABEL_NAME, NULL_INDEX, RESERVED_INDICES, ROW_INDEX, TEACHER_COLUMN, UNSEEN_INDEX
 from common.dataset import stored_schema as dataset_schema
@@ -106,7 +106,8 @@ def sql_expr(text: str, fields) -> str:
 
 
 def row_columns(table, cfg: ShardConfig) -> list[str]:
-    """SQL select list: the table's columns plus split, shuffle key, typed values and ``_reason``."""
+    """SQL select list: the table's columns plus split, shuffle key, typed values and ``_reason``.
+    (The bucket, the shuffle key's top bits, is taken from ``_shuffle`` by the caller, not hashed again.)"""
     from pyspark.sql import types as T
 
     fields = {f.name: f.dataType for f in table.schema.fields}
@@ -121,8 +122,6 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
         used.append(q(label.column))
     cols.append(f"xxhash64({seed + 1}, {key}, {', '.join(used)}) AS _shuffle")
     cols.append(f"xxhash64({seed + 2}, {key}, {', '.join(used)}) AS _tiebreak")
-    cols.append(f"CAST(shiftrightunsigned(xxhash64({seed + 1}, {key}, {', '.join(used)}), {64 - BUCKET_BITS}) AS INT)"
-                " AS _bucket")
 
     reasons = []
     text = [c for c in [*feats.numeric, *feats.categorical, *([label.column] if label.column else [])]
@@ -159,9 +158,13 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     for name, shape in feats.arrays.items():
         length = math.prod(shape)
         reasons.append(f"WHEN {q(name)} IS NULL OR size({q(name)}) <> {length} THEN 'bad_shape:{name}'")
-        reasons.append(f"WHEN exists({q(name)}, v -> v IS NULL OR isnan(CAST(v AS DOUBLE)) "
-                       f"OR abs(CAST(v AS DOUBLE)) > {FLOAT_MAX!r}) THEN 'non_finite:{name}'")
-        cols.append(f"transform({q(name)}, v -> CAST(v AS FLOAT)) AS {arr_col(name)}")
+        # A null element, NaN (the largest value in Spark's ordering, so array_max finds it) or a
+        # value beyond float32. Array functions rather than lambdas (exists/transform), which
+        # Spark evaluates row by row outside its generated code: they doubled the checking cost.
+        top, bottom = f"CAST(array_max({q(name)}) AS DOUBLE)", f"CAST(array_min({q(name)}) AS DOUBLE)"
+        reasons.append(f"WHEN size(array_compact({q(name)})) <> size({q(name)}) OR isnan({top}) "
+                       f"OR {top} > {FLOAT_MAX!r} OR {bottom} < {-FLOAT_MAX!r} THEN 'non_finite:{name}'")
+        cols.append(f"CAST({q(name)} AS ARRAY<FLOAT>) AS {arr_col(name)}")
     cols.append(f"CASE {' '.join(reasons)} END AS _reason")
     return cols
 
@@ -176,8 +179,8 @@ class FittedStats:
 def fit(clean_train, cfg: ShardConfig, moments: list[tuple[int, float, float]]) -> FittedStats:
     """Statistics and vocabularies from the train split's clean rows, by Spark aggregation.
 
-    ``moments``: (count, mean, m2) of each of ``moment_values(cfg)`` over those rows, computed
-    with the row counts (``grouped_moments``), so fitting costs no extra pass for them.
+    ``moments``: (count, mean, m2) of each of ``moment_values(cfg)`` over those rows
+    (``exact_moments``).
     """
     moments = list(moments)
     label_moments = moments.pop() if cfg.label.task == "regression" else None
@@ -258,51 +261,73 @@ def moment_values(cfg: ShardConfig) -> list[str]:
     return values
 
 
-def grouped_moments(rows, group_exprs: list[str], values: list[str], condition: str):
-    """Group ``rows`` by ``group_exprs`` (which must include ``_bucket`` where ``condition`` holds)
-    and add, per group, the exact moments of each value over the rows meeting ``condition``:
-    ``_n{i}`` (count), ``_s{i}`` (sum), ``_m{i}`` (sum of squared deviations from the group mean).
+# Exact moments: each double x is sign * M * 2^k with M < 2^53 an integer (k: its exponent minus 52). M is cut into 14-bit limbs, so
+# per (value, k) Spark sums only small integers in 64 bits: the limbs (for sum x) and the limb
+# products grouped by weight (for sum x^2). Each product is below 2^28 and at most 4 of them
+# share a weight, so a long holds the sum of 2^33 rows; the driver refuses more rows than that.
+_LIMB_BITS = 14
+_LIMBS = 4  # 4 * 14 >= 53
+_MAX_EXACT_ROWS = 1 << 33
+_FLOAT64_MAX = 1.7976931348623157e308
+
+
+def exact_moments(rows, values: list[str], condition: str) -> list[tuple[int, float, float]]:
+    """(count, mean, m2) of each SQL value over the rows meeting ``condition``, nulls skipped.
 
     Spark's avg/stddev add doubles in whatever order rows reach each task, so the last bits of a
-    mean depend on the cluster, and a different last bit can flip a stored float32. Instead each
-    group sorts its values and sums them in that order; ``merge_moments`` then merges the groups
-    in bucket order (Chan et al.'s pairwise update). Every step has a fixed order, so the result
-    is bit-identical on any partitioning. Groups are hash buckets, a function of the row alone.
+    mean depend on the cluster, and a different last bit can flip a stored float32. Here Spark
+    only adds integers (see above), which is exact and order-free, and the driver combines them
+    with Python's exact integers into the correctly rounded mean and m2 (sum of squared
+    deviations): the same bits on any partitioning, and one aggregation with no sort.
     """
     from pyspark.sql import functions as F
 
-    names = [e.rsplit(" AS ", 1)[-1] for e in group_exprs]
-    picked = rows.selectExpr(*group_exprs, *[f"CASE WHEN {condition} THEN {v} END AS _x{i}" for i, v in enumerate(values)])
-    lists = [F.array_sort(F.collect_list(f"_x{i}")).alias(f"_v{i}") for i in range(len(values))]
-    grouped = picked.groupBy(*names).agg(F.count(F.lit(1)).alias("count"), *lists)
-    sums = [f"aggregate(_v{i}, CAST(0 AS DOUBLE), (acc, x) -> acc + x) AS _s{i}" for i in range(len(values))]
-    grouped = grouped.selectExpr(*names, "count", *[f"_v{i}" for i in range(len(values))], *sums)
-    cols = [*names, "count"]
-    for i in range(len(values)):
-        mean = f"(_s{i} / size(_v{i}))"
-        cols += [f"size(_v{i}) AS _n{i}", f"_s{i}",
-                 f"aggregate(_v{i}, CAST(0 AS DOUBLE), (acc, x) -> acc + (x - {mean}) * (x - {mean})) AS _m{i}"]
-    return grouped.selectExpr(*cols)
+    if not values:
+        return []
+    stacked = ", ".join(f"CAST({v} AS DOUBLE)" for v in values)
+    picked = rows.where(condition).selectExpr(f"posexplode(array({stacked})) AS (i, x)").where("x IS NOT NULL")
+    # e0 = floor(log2|x|) may miss by one next to a power of two; r = |x| / 2^e0 is exact (a power
+    # of two divides exactly) and lies in [0.5, 4), so comparing r with 1 and 2 fixes e and gives
+    # M = |x| / 2^e * 2^52, an integer below 2^53 (also for subnormals), with x = sign * M * 2^(e - 52).
+    # Zero has no logarithm (null): it is M = 0 at k = 0.
+    split = picked.selectExpr("i", "x", "CAST(floor(log2(abs(x))) AS INT) AS e0")
+    split = split.selectExpr("i", "x", "e0", "abs(x) / pow(2, e0) AS r")
+    split = split.selectExpr(
+        "i", "coalesce(CASE WHEN r >= 2 THEN e0 + 1 WHEN r < 1 THEN e0 - 1 ELSE e0 END - 52, 0) AS k",
+        "CASE WHEN x < 0 THEN -1L ELSE 1L END AS sign",
+        f"coalesce(CAST(CASE WHEN r >= 2 THEN r * {2.0 ** 51!r} WHEN r < 1 THEN r * {2.0 ** 53!r} "
+        f"ELSE r * {2.0 ** 52!r} END AS BIGINT), 0) AS m")
+    mask = (1 << _LIMB_BITS) - 1
+    limbs = [f"(shiftright(m, {_LIMB_BITS * j}) & {mask})" for j in range(_LIMBS)]
+    sums = [f"sum(sign * {limbs[j]}) AS _l{j}" for j in range(_LIMBS)]
+    for w in range(2 * _LIMBS - 1):
+        terms = [f"{limbs[a]} * {limbs[w - a]}" for a in range(_LIMBS) if 0 <= w - a < _LIMBS]
+        sums.append(f"sum({' + '.join(terms)}) AS _p{w}")
+    grouped = split.groupBy("i", "k").agg(F.count(F.lit(1)).alias("n"), *[F.expr(s) for s in sums]).collect()
+    return [_combine_moments(v, [r for r in grouped if r["i"] == i]) for i, v in enumerate(values)]
 
 
-def merge_moments(rows: list, num_values: int) -> list[tuple[int, float, float]]:
-    """(count, mean, m2) per value from ``grouped_moments`` rows, merged in ``_bucket`` order."""
-    rows = sorted((r for r in rows if r["_bucket"] is not None), key=lambda r: r["_bucket"])
-    out = []
-    for i in range(num_values):
-        count, mean, m2 = 0, 0.0, 0.0
-        for row in rows:
-            n_b = int(row[f"_n{i}"])
-            if n_b == 0:
-                continue
-            mean_b = row[f"_s{i}"] / n_b
-            total = count + n_b
-            delta = mean_b - mean
-            mean += delta * n_b / total
-            m2 += row[f"_m{i}"] + delta * delta * count * n_b / total
-            count = total
-        out.append((count, mean, m2))
-    return out
+def _combine_moments(value: str, groups: list) -> tuple[int, float, float]:
+    """One value's (count, mean, m2) from its per-exponent integer sums, exactly, then rounded once."""
+    from fractions import Fraction
+
+    count = sum(int(g["n"]) for g in groups)
+    if count == 0:
+        return 0, 0.0, 0.0
+    if count >= _MAX_EXACT_ROWS:
+        raise InputDataError(f"{value}: {count} train values, more than the {_MAX_EXACT_ROWS} whose exact "
+                             "statistics a 64-bit sum holds; shard a sample or a smaller train split")
+    total = Fraction(0)
+    squares = Fraction(0)
+    for g in groups:
+        k = int(g["k"])
+        limb_sum = sum(int(g[f"_l{j}"]) << (_LIMB_BITS * j) for j in range(_LIMBS))
+        product_sum = sum(int(g[f"_p{w}"]) << (_LIMB_BITS * w) for w in range(2 * _LIMBS - 1))
+        total += limb_sum * Fraction(2) ** k
+        squares += product_sum * Fraction(2) ** (2 * k)
+    m2 = squares - total * total / count
+    # The mean of finite doubles is a finite double; m2 of huge ones may not be: inf, as in doubles.
+    return count, float(total / count), float(m2) if m2 <= _FLOAT64_MAX else math.inf
 
 
 def encode(clean, cfg: ShardConfig, stats: FittedStats):

@@ -1,30 +1,34 @@
 """The shard job: sources -> Spark SQL -> quarantine -> deterministic split -> balanced shards + manifest.
 
 ``run_shard_job(spark, cfg)`` is the one entry point; ``shardtrain shard``, the spark-submit job
-file and the notebook API all call it. The order is fixed so that nothing is written until every
-check that can fail has passed:
+file and the notebook API all call it. The order is fixed so that nothing is published until
+every check that can fail has passed (what is written before lands in a staging directory that
+a failure removes):
 
 0. the output may not be, contain or sit inside a source; the output's writer lock is taken
    (held to the end) and staging left by killed jobs is removed;
 1. mode check (``error`` refuses, ``skip_if_exists`` compares the input fingerprint and returns,
    ``overwrite`` accepts only a dataset at the path);
-2. read sources, build the table (query, transform), check columns and types; the checked rows
-   (split, keys, typed values, reason) are persisted, so the source is read and the row
-   expressions evaluated once; every later pass reads the persisted rows;
-3. count rows per split, bucket and quarantine reason (one aggregation): quality gate, and every
-   split must have at least num_shards rows;
-4. fit statistics and vocabularies on the train split; with ``teacher``, its soft targets join the
-   rows as one more column (pipelines/teacher.py; the model's description was read and checked
-   before step 1); encode (the ``prepared`` rows);
-5. inside ``storage.publish``: rank each split's rows by a seeded shuffle key, place each output
-   file in its own Spark partition, write it with pyarrow on the executor (shard_writer.py),
-   write the quarantine, check input = published + quarantined, write the manifest and config.
+2. read sources, build the table (query, transform), check columns and types;
+3. inside ``storage.publish`` (a staging directory, removed on any failure): evaluate the row
+   expressions once and write the checked rows (split, keys, typed values, reason; malformed
+   records too) as Parquet under the staging directory; every later pass reads those files
+   (only the columns it needs), and they are removed before the commit;
+4. count rows per split, bucket and quarantine reason, and the exact train moments: quality gate,
+   and every split must have at least num_shards rows;
+5. fit vocabularies and class counts on the train split; with ``teacher``, its soft targets join
+   the rows as one more column (pipelines/teacher.py; the model's description was read and
+   checked before step 1); encode (the ``prepared`` rows);
+6. rank each split's rows by a seeded shuffle key, place each output file in its own Spark
+   partition, write it with pyarrow on the executor (shard_writer.py), write the quarantine,
+   check input = published + quarantined, write the manifest and config; commit.
 
 Ranking and placement with one shuffle, without a global sort or a driver collect: the shuffle
-key's top 12 bits form 4096 buckets per split; the counts per (split, bucket) come from step 3,
-so each bucket's offset is known, a row's rank is its bucket's offset plus its row_number within
-the bucket, and shards are contiguous blocks of ranks, so each bucket belongs to a known file
-(the few that straddle a shard boundary are sent to both files, each keeping its own ranks).
+key's top 12 bits form 4096 buckets per split; the counts per (split, bucket) come from step 4,
+so each bucket's range of ranks is known, and shards are contiguous blocks of ranks, so each
+bucket belongs to a known file (the few that straddle a shard boundary are sent to both files).
+A file's partition thus holds whole buckets, a contiguous range of ranks; sorted by the shuffle
+key, a row's rank is the range's start plus its position, and the file keeps its own block.
 
 Placement without hash collisions: ``repartition(n, k)`` sends key k to ``pmod(murmur3(k), n)``,
 so for each output file we find (with a small Spark query) a key that lands exactly in its own
@@ -43,21 +47,21 @@ import time
 from dataclasses import dataclass
 
 from common import __version__
-from pipelines.balance import (check_split_rows, row_index_sql, rows_per_row_group, shard_sizes, shard_sql,
+from pipelines.balance import (BUCKET_BITS, check_split_rows, row_index_sql, rows_per_row_group, shard_sizes, shard_sql,
                               shard_starts)
 from common.config import dump_yaml, to_dict
 from common.plugins import load_callable
 from common.errors import AccountingError, InputDataError, OutputExistsError, QualityGateError, first_line
 from common.dataset import (FORMAT_VERSION, ROW_INDEX, Manifest, arrow_schema, build_manifest, read_manifest,
                             row_bytes, write_manifest)
-from pipelines.preprocess import (check_table, encode, fit, grouped_moments, merge_moments,
-                                  moment_values, q, row_columns, stored_schema)
+from pipelines.preprocess import (check_table, encode, exact_moments, fit, moment_values, q, row_columns,
+                                  stored_schema)
 from pipelines.shard_config import ShardConfig
 from pipelines.shard_writer import RESULT_DDL, TARGET_COLUMN, write_empty, write_partition
-from pipelines.sources import read_sources, source_fingerprint
+from pipelines.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
 from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
 from common.storage import (KIND_DATASET, check_disjoint, check_replaceable, clean_stale_staging, is_committed,
-                            output_lock, publish, resolve)
+                            output_lock, publish, resolve, storage_errors)
 
 log = logging.getLogger("shardtrain.shard")
 
@@ -115,14 +119,20 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
 
     table, where = _build_table(spark, cfg, frames)
     check_table(table, cfg, where)
-    cache_conf = _uncompressed_cache(spark)
     with spark_errors("building the row checks and split columns"):
-        rows = _checked_rows(table, cfg)
+        checked = _checked_rows(table, cfg, frames)
     split_names = list(cfg.split.fractions)
-    try:
-        timer = _PhaseTimer()
+    timer = _PhaseTimer()
+    mode = "overwrite" if cfg.output.mode == "overwrite" else "error"
+    # Everything from here on happens inside the staging directory: a failed check (quality gate,
+    # split sizes, accounting) removes it with whatever was written, and the output is untouched.
+    with publish(out.uri, mode=mode, marker={"kind": KIND_DATASET, "input_fingerprint": input_fp}) as staging:
+        with spark_errors("reading and checking the input rows"):
+            rows = _stage_rows(spark, checked, staging)
+        staged_s = timer.lap()
         with spark_errors("counting rows per split and quarantine reason"):
-            counts = _count(rows, frames, cfg)
+            counts = _count(rows, cfg)
+        timer.report("read, check and stage rows", counts.input_rows, staged_s)
         timer.done("count rows per split/reason", counts.input_rows)
         _quality_gate(cfg, counts)
         for i, name in enumerate(split_names):
@@ -141,75 +151,97 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
 
         columns = stored_schema(cfg, teacher)
         rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
-        mode = "overwrite" if cfg.output.mode == "overwrite" else "error"
-        with publish(out.uri, mode=mode, marker={"kind": KIND_DATASET, "input_fingerprint": input_fp}) as staging:
-            with spark_errors("writing the balanced shards"):
-                files = _write_shards(spark, prepared, cfg, counts, columns, rpg, staging.uri)
-            timer.done("write balanced shards", sum(counts.split_rows.values()))
-            with spark_errors("writing the quarantine"):
-                qfiles = _write_quarantine(spark, cfg, rows, frames, counts, staging.uri)
-            timer.done("write quarantine", counts.quarantined)
-            splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
-            accounting = _check_accounting(counts, splits, qfiles)
-            features = {"numeric": stats.numeric, "categorical": stats.categorical,
-                        "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
-            manifest = build_manifest(
-                splits, features, stats.label, teacher=teacher, num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
-                quarantine={"path": QUARANTINE_DIR, "rows": counts.quarantined,
-                            "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
-                accounting=accounting, sources=sources_fp, config=to_dict(cfg), input_fingerprint=input_fp)
-            if manifest["schema"] != columns:
-                raise AccountingError(f"the written columns {columns} differ from the manifest schema "
-                                      f"{manifest['schema']}; nothing was published")
-            write_manifest(staging, manifest)
-            staging.write_text(CONFIG_NAME, dump_yaml(cfg))
-    finally:
-        rows.unpersist()
-        cache_conf.restore()
+        with spark_errors("writing the balanced shards"):
+            files = _write_shards(spark, prepared, cfg, counts, columns, rpg, staging.uri)
+        timer.done("write balanced shards", sum(counts.split_rows.values()))
+        with spark_errors("writing the quarantine"):
+            qfiles = _write_quarantine(spark, rows, counts, staging.uri)
+        timer.done("write quarantine", counts.quarantined)
+        _remove_staged_rows(staging)
+        splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
+        accounting = _check_accounting(counts, splits, qfiles)
+        features = {"numeric": stats.numeric, "categorical": stats.categorical,
+                    "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
+        manifest = build_manifest(
+            splits, features, stats.label, teacher=teacher, num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
+            quarantine={"path": QUARANTINE_DIR, "rows": counts.quarantined,
+                        "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
+            accounting=accounting, sources=sources_fp, config=to_dict(cfg), input_fingerprint=input_fp)
+        if manifest["schema"] != columns:
+            raise AccountingError(f"the written columns {columns} differ from the manifest schema "
+                                  f"{manifest['schema']}; nothing was published")
+        write_manifest(staging, manifest)
+        staging.write_text(CONFIG_NAME, dump_yaml(cfg))
     log.info("published %s: %s", out.uri, ", ".join(f"{s}={v['rows']}" for s, v in splits.items()))
     return ShardResult(uri=out.uri, manifest=read_manifest(out.uri), skipped=False)
 
 
-_CACHE_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
+# Not hidden (_ or .): Spark warns about, then reads, a path it would skip when listing.
+STAGED_ROWS_DIR = "checked-rows"
 
 
-class _uncompressed_cache:
-    """Builds the checked rows' cache uncompressed for this job, then puts the session's setting back.
-
-    The rows are cached once and read about three times; compressing them cost more than the
-    memory it saved (2M rows, local[2], quiet machine: the job 29.3 s -> 23.0-26.0 s, the count pass
-    that builds the cache 16.1 s -> 10.9-11.8 s; benchmarks/RESULTS.md). A
-    notebook's own session gets its setting back when the job ends, whatever the outcome.
-    """
-
-    def __init__(self, spark):
-        self._conf = spark.conf
-        self._before = spark.conf.get(_CACHE_COMPRESSED, None)
-        spark.conf.set(_CACHE_COMPRESSED, "false")
-
-    def restore(self) -> None:
-        if self._before is None:
-            self._conf.unset(_CACHE_COMPRESSED)
-        else:
-            self._conf.set(_CACHE_COMPRESSED, self._before)
-
-
-def _checked_rows(table, cfg: ShardConfig):
-    """The table read and checked once, persisted: what every later pass reads.
-
-    Only what the passes use is kept: split, bucket and shuffle keys, the typed values, the
-    quarantine reason, and (for bad rows only) the row as JSON for the quarantine. Persisted,
-    so the source is read and the row expressions evaluated once, not once per pass; a lost
-    block is recomputed from the same input by the same expressions, hence to the same rows.
-    """
-    from pyspark import StorageLevel
-
+def _checked_rows(table, cfg: ShardConfig, frames):
+    """Every input row as the later passes need it: split, bucket and shuffle keys, the typed
+    values, the quarantine reason, and for bad rows only the row as text and its source's name.
+    Malformed records (CSV/JSON) are among them, with reason ``malformed_record``."""
+    parse = _single_parse(cfg, frames)
+    if parse is not None:
+        # The table is one text source's clean rows: check the parse itself, so the text is read
+        # once, and a record that did not parse takes the first reason (its other values are null).
+        checked = parse.selectExpr(*row_columns(parse, cfg))
+        data_columns = [c for c in parse.columns if c != CORRUPT_COLUMN]
+        reason = f"CASE WHEN {q(CORRUPT_COLUMN)} IS NOT NULL THEN '{MALFORMED}' ELSE _reason END"
+        raw = (f"CASE WHEN {q(CORRUPT_COLUMN)} IS NOT NULL THEN {q(CORRUPT_COLUMN)} "
+               f"WHEN _reason IS NOT NULL THEN to_json(struct({', '.join(q(c) for c in data_columns)})) END")
+        return _kept_columns(checked, parse.columns, reason, raw, _sql_string(next(iter(frames))))
     checked = table.selectExpr(*row_columns(table, cfg))
-    raw = f"to_json(struct({', '.join(q(c) for c in table.columns)}))"
-    kept = [c for c in checked.columns if c not in set(table.columns)]
+    raw = f"CASE WHEN _reason IS NOT NULL THEN to_json(struct({', '.join(q(c) for c in table.columns)})) END"
+    # Row-level reasons name the table's source, or "query" for a query's rows.
+    source = "query" if cfg.query is not None else next(iter(frames))
+    rows = _kept_columns(checked, table.columns, "_reason", raw, _sql_string(source))
+    for frame in frames.values():
+        if frame.malformed is not None:
+            rows = rows.unionByName(frame.malformed.selectExpr("reason AS _reason", "raw AS _raw", "source AS _source"),
+                                    allowMissingColumns=True)
+    return rows
+
+
+def _single_parse(cfg: ShardConfig, frames):
+    """The unpersisted parse of the one CSV/JSON source when the table is its clean rows as they are."""
+    if cfg.query is not None or cfg.transform is not None:
+        return None
+    (frame,) = frames.values()
+    return frame.unpersisted
+
+
+def _kept_columns(checked, table_columns: list[str], reason: str, raw: str, source: str):
+    kept = [c for c in checked.columns if c not in set(table_columns) and c != "_reason"]
     return checked.selectExpr(
-        *[q(c) for c in kept],
-        f"CASE WHEN _reason IS NOT NULL THEN {raw} END AS _raw").persist(StorageLevel.MEMORY_AND_DISK)
+        *[q(c) for c in kept], f"CAST(shiftrightunsigned(_shuffle, {64 - BUCKET_BITS}) AS INT) AS _bucket",
+        f"{reason} AS _reason", f"{raw} AS _raw", f"CASE WHEN {reason} IS NOT NULL THEN {source} END AS _source")
+
+
+def _stage_rows(spark, checked, staging):
+    """Write the checked rows once, as Parquet inside the staging directory, and return them read back.
+
+    The source is read and the row expressions evaluated once, not once per pass; the later
+    passes read only the columns they use. A Parquet write cost far less than building Spark's
+    in-memory cache of the same rows (benchmarks/RESULTS.md, issue 11), and a task retried later
+    re-reads the same files, so it sees the same rows. Removed before the commit.
+    """
+    from common.spark import to_spark_path
+
+    path = to_spark_path(staging.join(STAGED_ROWS_DIR).uri)
+    # No dictionary encoding: most staged columns are hashes and measurements, where building
+    # dictionaries only to drop them cost time (2M rows: 4.3-4.4 s instead of 4.9-6.6 s).
+    checked.write.mode("error").option("parquet.enable.dictionary", "false").parquet(path)
+    return spark.read.parquet(path)
+
+
+def _remove_staged_rows(staging) -> None:
+    loc = staging.join(STAGED_ROWS_DIR)
+    with storage_errors("removing the staged rows", loc.uri):
+        loc.fs.rm(loc.path, recursive=True)
 
 
 def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: dict | None = None) -> str:
@@ -284,34 +316,26 @@ class RowCounts:
         return self.table_rows + self.malformed
 
 
-def _count(rows, frames, cfg: ShardConfig) -> RowCounts:
-    # One pass: rows per (split, bucket) for clean rows, per reason for bad ones, and the exact
-    # train moments that fit() needs (see preprocess.grouped_moments).
-    values = moment_values(cfg)
+def _count(rows, cfg: ShardConfig) -> RowCounts:
+    # Rows per (split, bucket) for clean rows and per reason for bad ones (one small aggregation
+    # over three staged columns), then the exact train moments that fit() needs.
     train = list(cfg.split.fractions).index("train")
-    grouped = grouped_moments(
-        rows, ["CASE WHEN _reason IS NULL THEN _split END AS s", "CASE WHEN _reason IS NULL THEN _bucket END AS _bucket",
-               "_reason AS r"], values, f"_reason IS NULL AND _split = {train}")
-    collected = grouped.collect()  # at most splits * 4096 + reasons small rows
+    grouped = rows.selectExpr("CASE WHEN _reason IS NULL THEN _split END AS s",
+                              "CASE WHEN _reason IS NULL THEN _bucket END AS b",
+                              "_reason AS r").groupBy("s", "b", "r").count()
     split_rows: dict[int, int] = {}
     bucket_rows: dict[tuple[int, int], int] = {}
     by_reason: dict[str, int] = {}
-    table_rows = 0
-    for row in collected:
+    for row in grouped.collect():  # at most splits * 4096 + reasons small rows
         n = int(row["count"])
-        table_rows += n
         if row["r"] is None:
             split_rows[row["s"]] = split_rows.get(row["s"], 0) + n
-            bucket_rows[(row["s"], row["_bucket"])] = n
+            bucket_rows[(row["s"], row["b"])] = n
         else:
             by_reason[row["r"]] = by_reason.get(row["r"], 0) + n
-    malformed = 0
-    for frame in frames.values():
-        if frame.malformed is not None:
-            malformed += frame.malformed.count()
-    if malformed:
-        by_reason["malformed_record"] = by_reason.get("malformed_record", 0) + malformed
-    moments = merge_moments([r for r in collected if r["r"] is None and r["s"] == train], len(values))
+    malformed = by_reason.get(MALFORMED, 0)  # staged with the rows (_checked_rows)
+    moments = exact_moments(rows, moment_values(cfg), f"_reason IS NULL AND _split = {train}")
+    table_rows = sum(split_rows.values()) + sum(by_reason.values()) - malformed
     return RowCounts(split_rows, bucket_rows, by_reason, table_rows, malformed, moments)
 
 
@@ -355,11 +379,13 @@ def _partition_keys(spark, num_partitions: int) -> list[int]:
 
 
 def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> list[tuple[int, int, int, int, int, int]]:
-    """(split, bucket, offset, base, extra, file) for each output file a bucket's ranks fall into.
+    """(split, bucket, base, extra, file, start) for each output file a bucket's ranks fall into;
+    ``start``: the first rank of the file's first bucket.
 
-    A bucket's rows take the ranks [offset, offset + rows) of its split, and shards take
-    contiguous blocks of ranks, so a bucket meets one shard, or two or more where it straddles a
-    boundary: those few buckets are sent to each file they meet, and each file keeps its ranks.
+    A bucket's rows take a contiguous range of its split's ranks (buckets in order), and shards
+    take contiguous blocks of ranks, so a bucket meets one shard, or two or more where it straddles
+    a boundary: those few buckets are sent to each file they meet. A file thus receives whole
+    buckets, a contiguous range of ranks from ``start`` on, and keeps its own block of them.
     """
     layout = []
     for s in range(num_splits):
@@ -367,27 +393,38 @@ def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> list[tuple[int,
         base, extra = divmod(total, n)
         starts = shard_starts(total, n)
         offset = 0
+        first_rank: dict[int, int] = {}
+        rows = []
         for b in sorted(b for (si, b) in counts.bucket_rows if si == s):
             size = counts.bucket_rows[(s, b)]
             first = bisect.bisect_right(starts, offset) - 1
             last = bisect.bisect_right(starts, offset + size - 1) - 1
-            layout += [(s, b, offset, base, extra, s * n + k) for k in range(first, last + 1)]
+            for k in range(first, last + 1):
+                first_rank.setdefault(k, offset)
+                rows.append((s, b, base, extra, s * n + k))
             offset += size
+        layout += [(*row, first_rank[row[4] - s * n]) for row in rows]
     return layout
+
+
+# Sorting by the shuffle key as an unsigned number is sorting by (bucket = its top bits, key).
+_RANK_ORDER = "_shuffle ^ shiftleft(1L, 63)"
+# monotonically_increasing_id(): the partition index in the upper 31 bits, the row's position in
+# the partition in the lower 33.
+_POSITION_BITS = 33
 
 
 def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns: list[dict], rpg: int,
                   staging_uri: str) -> list[dict]:
-    """Rank, place and write with one shuffle: each file's rows (plus the rest of its boundary
-    buckets) go to the file's own partition, are ranked there per bucket, and the file keeps its
-    block of ranks, already in rank (= ``_row``) order."""
-    from pyspark.sql import Window
+    """Rank, place and write with one shuffle: each file's rows (whole buckets, so a few rows
+    beyond its block at each end) go to the file's own partition, which is sorted in rank order;
+    a row's rank is the file's first rank plus its position, and the file keeps its block."""
     from pyspark.sql import functions as F
 
     n = cfg.output.num_shards
     split_names = list(cfg.split.fractions)
     layout = spark.createDataFrame(_shard_layout(counts, len(split_names), n),
-                                   "_split INT, _bucket INT, _offset BIGINT, _base BIGINT, _extra BIGINT, _file INT")
+                                   "_split INT, _bucket INT, _base BIGINT, _extra BIGINT, _file INT, _start BIGINT")
     targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
     keys = _partition_keys(spark, len(targets))
     key_array = "array(" + ", ".join(f"{k}L" for k in keys) + ")"
@@ -399,15 +436,20 @@ def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns:
     # raw value. Rows equal in both are, short of a 128-bit collision (about 1e-21 for 1e9 rows),
     # identical input rows, hence identical output rows: any order among them writes the same
     # bytes. (Sorting on every stored column instead made this stage twice as slow.)
-    # Partitioned by _pkey (one file per partition), the window needs no second shuffle, and it
-    # leaves each partition sorted by (_bucket, _shuffle, _tiebreak): rank order, which the writer
-    # checks (_row must rise by one from row to row).
-    order = Window.partitionBy("_pkey", "_bucket").orderBy("_shuffle", "_tiebreak")
-    ranked = copies.withColumn("_rn", F.row_number().over(order)).selectExpr("*", "_offset + _rn - 1 AS _idx")
+    # One sort key that varies from row to row (not a window partitioned by file and bucket,
+    # whose sort compares whole rows wherever the constant file key ties), and the position in
+    # the sorted partition read from monotonically_increasing_id, with no window at all. The
+    # writer checks the result: each file's _row starts at its block's first rank and rises by
+    # one from row to row; the driver checks each file's row count.
+    ordered = copies.sortWithinPartitions(F.expr(_RANK_ORDER), "_tiebreak")
+    ranked = ordered.selectExpr(
+        "*", f"_start + (monotonically_increasing_id() & {(1 << _POSITION_BITS) - 1}) AS _idx")
     placed = ranked.where(f"_split * {n} + {shard_sql()} = _file").selectExpr(
         *[q(c) for c in data_cols], f"{row_index_sql()} AS {ROW_INDEX}", f"_file AS {TARGET_COLUMN}")
     writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets,
-                               schema=arrow_schema(columns), rows_per_row_group=rpg, consecutive=ROW_INDEX)
+                               schema=arrow_schema(columns), rows_per_row_group=rpg, consecutive=ROW_INDEX,
+                               first_values=[start for i in range(len(split_names))
+                                             for start in shard_starts(counts.split_rows[i], n)])
     files = [r.asDict(recursive=True) for r in placed.mapInArrow(writer, RESULT_DDL).collect()]
     got = sorted(f["path"] for f in files)
     if got != sorted(targets):
@@ -417,19 +459,13 @@ def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns:
     return files
 
 
-def _write_quarantine(spark, cfg: ShardConfig, rows, frames, counts: RowCounts, staging_uri: str) -> list[dict]:
+def _write_quarantine(spark, rows, counts: RowCounts, staging_uri: str) -> list[dict]:
     import pyarrow as pa
 
     schema = pa.schema([("reason", pa.string()), ("source", pa.string()), ("raw", pa.string())])
     if counts.quarantined == 0:
         return [write_empty(staging_uri, f"{QUARANTINE_DIR}/part-00000.parquet", schema)]
-    # Row-level reasons come from the training table: name its source, or "query" for a query's rows.
-    source = "query" if cfg.query is not None else next(iter(frames))
-    bad = rows.where("_reason IS NOT NULL").selectExpr("_reason AS reason", f"{_sql_string(source)} AS source",
-                                                       "_raw AS raw")
-    for frame in frames.values():
-        if frame.malformed is not None:
-            bad = bad.unionByName(frame.malformed)
+    bad = rows.where("_reason IS NOT NULL").selectExpr("_reason AS reason", "_source AS source", "_raw AS raw")
     num_files = max(1, math.ceil(counts.quarantined / QUARANTINE_ROWS_PER_FILE))
     keys = _partition_keys(spark, num_files)
     key_array = "array(" + ", ".join(f"{k}L" for k in keys) + ")"
@@ -477,11 +513,18 @@ class _PhaseTimer:
     def __init__(self):
         self.last = time.perf_counter()
 
-    def done(self, what: str, rows: int) -> None:
+    def lap(self) -> float:
+        """Seconds since the last phase ended, which starts the next one (logged later with ``report``)."""
         now = time.perf_counter()
-        seconds = now - self.last
+        seconds, self.last = now - self.last, now
+        return seconds
+
+    def done(self, what: str, rows: int) -> None:
+        self.report(what, rows, self.lap())
+
+    @staticmethod
+    def report(what: str, rows: int, seconds: float) -> None:
         log.info("%s: %s rows in %.1fs (%s rows/s)", what, f"{rows:,}", seconds, f"{rows / max(seconds, 1e-9):,.0f}")
-        self.last = now
 
 
 def _sql_string(text: str) -> str:

@@ -67,11 +67,12 @@ def writer_options(schema: pa.Schema) -> dict:
 
 def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets: list[str],
                     schema: pa.Schema, rows_per_row_group: int,
-                    consecutive: str | None = None) -> Iterator[pa.RecordBatch]:
+                    consecutive: str | None = None, first_values: list[int] | None = None) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: the partition's batches -> one file under ``root_uri``; yields its record.
 
     ``consecutive``: a column whose value must rise by exactly one from each row to the next (the
-    shards' ``_row``), so a partition that arrives out of order fails instead of writing it.
+    shards' ``_row``), so a partition that arrives out of order fails instead of writing it;
+    ``first_values``: per target, the value its first row must have (else any).
     """
     writer = None
     target = None
@@ -101,6 +102,8 @@ def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets
                 raise RuntimeError(f"partition holds rows of more than one output file ({targets[target]!r} and "
                                    "another); the driver's partition keys are wrong")
             if consecutive is not None:
+                if next_value is None and first_values is not None:
+                    next_value = first_values[target]
                 next_value = _check_consecutive(table.column(consecutive), next_value, targets[target])
             pending.append(table.drop([TARGET_COLUMN]).cast(schema))
             pending_rows += table.num_rows

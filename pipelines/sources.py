@@ -4,8 +4,10 @@ For CSV and JSON the reader runs in PERMISSIVE mode with a corrupt-record column
 declared schema, or to the inferred one), so a record that does not parse is kept with its raw
 text instead of failing the job or vanishing. Each source yields ``clean`` (the view the query
 sees) and ``malformed`` (reason/source/raw rows for the quarantine). Both come from one persisted
-parse of the text (``parsed``), so the job parses each file once, not once per pass; the job
-releases it with ``SourceFrames.release``.
+parse of the text (``parsed``), so a caller that reads both parses each file once, not once per
+pass, and releases it with ``SourceFrames.release``. The persist is lazy: the shard job, when its
+table is one source's rows as they are, checks ``unpersisted`` (the same parse, with the
+corrupt-record column) in its single pass instead, and the persisted copy is never built.
 
 Source fingerprints (file paths, sizes, modification times) are listed with the storage module,
 not Spark, so ``skip_if_exists`` can decide without starting any Spark work.
@@ -35,6 +37,7 @@ class SourceFrames:
     clean: object  # DataFrame: the source's columns, malformed records removed
     malformed: object | None  # DataFrame(reason, source, raw), or None for Parquet
     parsed: object | None = None  # the persisted parse clean and malformed read (CSV/JSON)
+    unpersisted: object | None = None  # the same parse, not persisted, for a caller that reads it once
 
     def release(self) -> None:
         """Drop the persisted parse (the job calls this once every pass over the source is done)."""
@@ -150,7 +153,8 @@ def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
 
     # Persisted: every pass (counts, quarantine) reads this one parse. It also keeps the two
     # filters below consistent, since the cached rows were parsed with every column.
-    raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
+    unpersisted = raw
+    raw = raw.persist(StorageLevel.MEMORY_AND_DISK)  # lazy: built only if a pass reads clean or malformed
     data_cols = [c for c in raw.columns if c != CORRUPT_COLUMN]
     # Reference every column in both filters: Spark parses only the columns a query uses, so a
     # bad value in a column nobody selects would otherwise be malformed in one plan and not in
@@ -161,7 +165,7 @@ def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
     clean = raw.filter(~is_bad & every_column).select(*[F.col(q(c)) for c in data_cols])
     malformed = raw.filter(is_bad & every_column).select(
         F.lit(MALFORMED).alias("reason"), F.lit(name).alias("source"), F.col(CORRUPT_COLUMN).alias("raw"))
-    return SourceFrames(name, cfg, clean, malformed, raw)
+    return SourceFrames(name, cfg, clean, malformed, raw, unpersisted)
 
 
 def read_sources(spark, cfg: ShardConfig) -> dict[str, SourceFrames]:

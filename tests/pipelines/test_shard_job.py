@@ -227,6 +227,10 @@ def test_every_bad_row_kind_is_quarantined_with_its_reason(spark, tmp_path):
         (1.0, "1.5", [1.0], 1.0, "bad_shape:a"),
         (1.0, "1.5", None, 1.0, "bad_shape:a"),
         (1.0, "1.5", [1.0, float("nan")], 1.0, "non_finite:a"),
+        (1.0, "1.5", [inf, 1.0], 1.0, "non_finite:a"),
+        (1.0, "1.5", [1.0, -inf], 1.0, "non_finite:a"),
+        (1.0, "1.5", [None, 1.0], 1.0, "non_finite:a"),
+        (1.0, "1.5", [-1e39, 1.0], 1.0, "non_finite:a"),  # beyond float32
     ]
     good_nan = (float("nan"), None, [3.0, 4.0], 1.0)  # NaN and null numerics are imputed, not quarantined
     n = len(rows["id"])
