@@ -146,27 +146,54 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     reasons.append(f"WHEN {invalid} THEN 'invalid_label'")
 
     for name in feats.numeric:
-        value = f"try_cast({q(name)} AS DOUBLE)"
-        if isinstance(fields[name], T.StringType):
-            reasons.append(f"WHEN {q(name)} IS NOT NULL AND {value} IS NULL THEN 'bad_value:{name}'")
-        reasons.append(f"WHEN abs({value}) = double('Infinity') THEN 'non_finite:{name}'")
-        cols.append(f"CASE WHEN isnan({value}) THEN NULL ELSE {value} END AS {num_col(name)}")
+        reasons += numeric_reasons(name, fields[name])
+        cols.append(f"{numeric_value(name)} AS {num_col(name)}")
     for name in feats.categorical:
         reasons.append(f"WHEN octet_length(CAST({q(name)} AS STRING)) > {feats.max_category_bytes} "
                        f"THEN 'too_long:{name}'")
         cols.append(f"CAST({q(name)} AS STRING) AS {cat_col(name)}")
     for name, shape in feats.arrays.items():
-        length = math.prod(shape)
-        reasons.append(f"WHEN {q(name)} IS NULL OR size({q(name)}) <> {length} THEN 'bad_shape:{name}'")
-        # A null element, NaN (the largest value in Spark's ordering, so array_max finds it) or a
-        # value beyond float32. Array functions rather than lambdas (exists/transform), which
-        # Spark evaluates row by row outside its generated code: they doubled the checking cost.
-        top, bottom = f"CAST(array_max({q(name)}) AS DOUBLE)", f"CAST(array_min({q(name)}) AS DOUBLE)"
-        reasons.append(f"WHEN size(array_compact({q(name)})) <> size({q(name)}) OR isnan({top}) "
-                       f"OR {top} > {FLOAT_MAX!r} OR {bottom} < {-FLOAT_MAX!r} THEN 'non_finite:{name}'")
-        cols.append(f"CAST({q(name)} AS ARRAY<FLOAT>) AS {arr_col(name)}")
+        reasons += array_reasons(name, shape)
+        cols.append(f"{array_value(name)} AS {arr_col(name)}")
     cols.append(f"CASE {' '.join(reasons)} END AS _reason")
     return cols
+
+
+# The rules for one feature's raw value, shared with scoring (scoring.predict), which must
+# quarantine exactly the rows the shard job would: a model scores what it was trained on.
+
+def numeric_reasons(name: str, dtype) -> list[str]:
+    """CASE branches for a numeric feature: text that is not a number, an infinite value
+    (null and NaN are not reasons: they are imputed)."""
+    from pyspark.sql import types as T
+
+    value = f"try_cast({q(name)} AS DOUBLE)"
+    reasons = []
+    if isinstance(dtype, T.StringType):
+        reasons.append(f"WHEN {q(name)} IS NOT NULL AND {value} IS NULL THEN 'bad_value:{name}'")
+    reasons.append(f"WHEN abs({value}) = double('Infinity') THEN 'non_finite:{name}'")
+    return reasons
+
+
+def numeric_value(name: str) -> str:
+    """A numeric feature as DOUBLE, NaN as null (imputed later)."""
+    value = f"try_cast({q(name)} AS DOUBLE)"
+    return f"CASE WHEN isnan({value}) THEN NULL ELSE {value} END"
+
+
+def array_reasons(name: str, shape) -> list[str]:
+    """CASE branches for an array feature: null or of the wrong length; a null element, NaN (the
+    largest value in Spark's ordering, so array_max finds it) or a value beyond float32. Array
+    functions rather than lambdas (exists/transform), which Spark evaluates row by row outside
+    its generated code: they doubled the checking cost."""
+    top, bottom = f"CAST(array_max({q(name)}) AS DOUBLE)", f"CAST(array_min({q(name)}) AS DOUBLE)"
+    return [f"WHEN {q(name)} IS NULL OR size({q(name)}) <> {math.prod(shape)} THEN 'bad_shape:{name}'",
+            f"WHEN size(array_compact({q(name)})) <> size({q(name)}) OR isnan({top}) "
+            f"OR {top} > {FLOAT_MAX!r} OR {bottom} < {-FLOAT_MAX!r} THEN 'non_finite:{name}'"]
+
+
+def array_value(name: str) -> str:
+    return f"CAST({q(name)} AS ARRAY<FLOAT>)"
 
 
 @dataclass

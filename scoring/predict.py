@@ -48,7 +48,6 @@ PREDICTION = "prediction"
 REASON = "score_reason"
 OUTPUT_COLUMNS = (PROBABILITIES, PREDICTION, REASON)
 DEFAULT_BATCH_SIZE = 1024
-FLOAT_MAX = 3.4028234663852886e38  # a double beyond this is inf as float32
 _FEATURE = "__score_feature_{}"  # private names of the typed feature columns inside the job
 
 
@@ -121,37 +120,31 @@ def output_schema(df, keep_columns: list[str], task: str):
 def reason_sql(fields: dict, spec, encoded: bool = False) -> str:
     """Spark SQL giving a row's quarantine reason (the first rule it breaks), or NULL when the model
     can score it. ``fields``: column name -> Spark type; ``spec``: the model's FeatureSpec."""
-    from pyspark.sql import types as T
+    from pipelines.preprocess import array_reasons, numeric_reasons
 
     reasons = []
     for name in spec.numeric:
-        value = f"try_cast({_q(name)} AS DOUBLE)"
         if encoded:  # stored values were imputed by the shard job: a gap means the data is not its output
-            reasons.append(f"WHEN {_q(name)} IS NULL OR isnan({value}) THEN 'bad_value:{name}'")
-        if isinstance(fields[name], T.StringType):
-            reasons.append(f"WHEN {_q(name)} IS NOT NULL AND {value} IS NULL THEN 'bad_value:{name}'")
-        reasons.append(f"WHEN abs({value}) = double('Infinity') THEN 'non_finite:{name}'")
+            reasons.append(f"WHEN {_q(name)} IS NULL OR isnan(try_cast({_q(name)} AS DOUBLE)) "
+                           f"THEN 'bad_value:{name}'")
+        reasons += numeric_reasons(name, fields[name])
     if encoded:
         for name in spec.categorical:
             reasons.append(f"WHEN {_q(name)} IS NULL OR {_q(name)} < 0 OR {_q(name)} >= {spec.num_embeddings(name)} "
                            f"THEN 'bad_value:{name}'")
     for name, shape in spec.arrays.items():
-        reasons.append(f"WHEN {_q(name)} IS NULL OR size({_q(name)}) <> {math.prod(shape)} THEN 'bad_shape:{name}'")
-        reasons.append(f"WHEN exists({_q(name)}, v -> v IS NULL OR isnan(CAST(v AS DOUBLE)) "
-                       f"OR abs(CAST(v AS DOUBLE)) > {FLOAT_MAX!r}) THEN 'non_finite:{name}'")
+        reasons += array_reasons(name, shape)
     return f"CASE {' '.join(reasons)} END" if reasons else "CAST(NULL AS STRING)"
 
 
 def _typed_features(fields: dict, spec, encoded: bool) -> list[str]:
     """The shard job's typing of each feature (preprocess.row_columns), in FeatureSpec order."""
+    from pipelines.preprocess import array_value, numeric_value
+
+    arrays = [array_value(n) for n in spec.arrays]
     if encoded:
-        return ([f"CAST({_q(n)} AS FLOAT)" for n in spec.numeric] + [f"CAST({_q(n)} AS INT)" for n in spec.categorical]
-                + [f"transform({_q(n)}, v -> CAST(v AS FLOAT))" for n in spec.arrays])
-    numeric = [f"CASE WHEN isnan(try_cast({_q(n)} AS DOUBLE)) THEN NULL ELSE try_cast({_q(n)} AS DOUBLE) END"
-               for n in spec.numeric]
-    categorical = [f"CAST({_q(n)} AS STRING)" for n in spec.categorical]
-    arrays = [f"transform({_q(n)}, v -> CAST(v AS FLOAT))" for n in spec.arrays]
-    return numeric + categorical + arrays
+        return [f"CAST({_q(n)} AS FLOAT)" for n in spec.numeric] + [f"CAST({_q(n)} AS INT)" for n in spec.categorical] + arrays
+    return [numeric_value(n) for n in spec.numeric] + [f"CAST({_q(n)} AS STRING)" for n in spec.categorical] + arrays
 
 
 def _check_keep_columns(df, keep: list[str]) -> None:
