@@ -331,7 +331,7 @@ def _timed_reduce_scatter(group: TorchGroup):
     or None where this torch has no ``set_custom_reduce_scatter`` to install it with."""
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
-    except ImportError:  # the hook (torch 2.9+) lives in a private module: read the wait as 0 without it
+    except ImportError:  # the class lives in a private torch module: without it the wait reads 0
         return None
     if not hasattr(torch.distributed.fsdp.FSDPModule, "set_custom_reduce_scatter"):
         return None
