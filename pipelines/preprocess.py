@@ -6,8 +6,8 @@ Three steps, each a function of the config (and, for the last, of fitted statist
    data is read, naming the column, its config key and the source.
 2. ``row_columns``: per-row SQL for the split, the shuffle key, the typed values and the
    quarantine ``_reason`` (the first rule a row breaks, in a fixed order).
-3. ``encoded_columns``: the stored encodings from the statistics ``fit`` computed on the train
-   split (aggregations only; the one collect is of vocabularies bounded by max_vocab).
+3. ``encode``: the stored encodings from the statistics ``fit`` makes of the train split's
+   summary (pipelines/summary.py: exact moments, value counts, class counts).
 
 Reasons: ``bad_encoding`` (a used text value holds U+FFFD, which Spark's CSV/JSON readers put in
 place of bytes that are not valid UTF-8), ``null_label``, ``invalid_label``,
@@ -28,6 +28,7 @@ from common.errors import InputDataError, first_line
 from common.dataset import LABEL_NAME, NULL_INDEX, RESERVED_INDICES, ROW_INDEX, TEACHER_COLUMN, UNSEEN_INDEX
 from common.dataset import stored_schema as dataset_schema
 from pipelines.shard_config import ShardConfig
+from pipelines.summary import Summary, top_values
 
 FLOAT_MAX = 3.4028234663852886e38
 RESERVED_NAMES = {LABEL_NAME, ROW_INDEX}
@@ -203,18 +204,22 @@ class FittedStats:
     label: dict               # manifest label spec
 
 
-def fit(clean_train, cfg: ShardConfig, moments: list[tuple[int, float, float]]) -> FittedStats:
-    """Statistics and vocabularies from the train split's clean rows, by Spark aggregation.
-
-    ``moments``: (count, mean, m2) of each of ``moment_values(cfg)`` over those rows
-    (``exact_moments``).
-    """
-    moments = list(moments)
+def fit(clean_train, cfg: ShardConfig, summary: Summary) -> FittedStats:
+    """Statistics and vocabularies of the train split's clean rows (``clean_train``) from the
+    shard job's one scan of them (``summary``: exact moments of ``moment_values(cfg)``, value
+    counts, class counts). A categorical feature the scan left uncounted (too many distinct
+    values) is ranked by a Spark aggregation over ``clean_train`` instead."""
+    moments = list(summary.moments)
     label_moments = moments.pop() if cfg.label.task == "regression" else None
-    vocabularies, class_counts = _count_values(clean_train, cfg)
+    feats = cfg.features
+    vocabularies = {name: top_values(counts, feats.min_count, feats.max_vocab)
+                    for name, counts in summary.value_counts.items() if counts is not None}
+    wide = [name for name in feats.categorical if name not in vocabularies]
+    if wide:
+        vocabularies.update(spark_vocabularies(clean_train, wide, feats.min_count, feats.max_vocab))
     return FittedStats(numeric=_numeric_stats(cfg.features, moments),
                        categorical=_categorical_stats(cfg.features, vocabularies),
-                       label=_label_stats(cfg.label, class_counts, label_moments))
+                       label=_label_stats(cfg.label, summary.class_counts, label_moments))
 
 
 def _numeric_stats(feats, moments: list[tuple[int, float, float]]) -> list[dict]:
@@ -230,38 +235,23 @@ def _numeric_stats(feats, moments: list[tuple[int, float, float]]) -> list[dict]
     return numeric
 
 
-# The class counts ride in the vocabulary pass under a column name no feature can have.
-_LABEL_KEY = "\u0000label"
-
-
-def _count_values(clean_train, cfg: ShardConfig) -> tuple[dict[str, list[str]], list[int]]:
-    """Each categorical feature's vocabulary (most frequent first, ties by value, at most
-    max_vocab values seen at least min_count times) and, for classification, the train rows per
-    class: one pass, (column, value) -> count, then the top values per column."""
+def spark_vocabularies(clean_train, names: list[str], min_count: int, max_vocab: int) -> dict[str, list[str]]:
+    """Vocabularies of ``names`` by one Spark aggregation, (column, value) -> count, then the top
+    values per column by a window: for features with too many distinct values to count on the
+    driver. The same order as ``summary.top_values``: most frequent first, ties by value, at
+    most max_vocab values seen at least min_count times."""
     from pyspark.sql import functions as F
     from pyspark.sql import Window
 
-    feats, label = cfg.features, cfg.label
-    stacked = [F.struct(F.lit(name).alias("column"), F.col(cat_col(name)).alias("value")) for name in feats.categorical]
-    if label.task == "classification":
-        stacked.append(F.struct(F.lit(_LABEL_KEY).alias("column"), F.col("_label").cast("string").alias("value")))
-    ranked: dict[str, list[tuple[int, str]]] = {name: [] for name in feats.categorical}
-    class_counts = [0] * (label.num_classes or 0)
-    if not stacked:
-        return {}, class_counts
+    stacked = [F.struct(F.lit(name).alias("column"), F.col(cat_col(name)).alias("value")) for name in names]
     counts = (clean_train.select(F.explode(F.array(*stacked)).alias("e")).select("e.column", "e.value")
               .where(F.col("value").isNotNull()).groupBy("column", "value").count())
     rank = F.row_number().over(Window.partitionBy("column").orderBy(F.desc("count"), F.asc("value")))
-    is_label = F.col("column") == _LABEL_KEY
-    top = (counts.where((F.col("count") >= feats.min_count) | is_label)
-           .withColumn("rank", rank)
-           .where((F.col("rank") <= feats.max_vocab) | is_label))
-    for row in top.collect():  # at most max_vocab values per column, plus num_classes
-        if row["column"] == _LABEL_KEY:
-            class_counts[int(row["value"])] = int(row["count"])
-        else:
-            ranked[row["column"]].append((int(row["rank"]), row["value"]))
-    return {name: [v for _, v in sorted(values)] for name, values in ranked.items()}, class_counts
+    top = counts.where(F.col("count") >= min_count).withColumn("rank", rank).where(F.col("rank") <= max_vocab)
+    ranked: dict[str, list[tuple[int, str]]] = {name: [] for name in names}
+    for row in top.collect():  # at most max_vocab values per column
+        ranked[row["column"]].append((int(row["rank"]), row["value"]))
+    return {name: [v for _, v in sorted(values)] for name, values in ranked.items()}
 
 
 def _categorical_stats(feats, vocabularies: dict[str, list[str]]) -> list[dict]:
@@ -286,75 +276,6 @@ def moment_values(cfg: ShardConfig) -> list[str]:
     if cfg.label.task == "regression":
         values.append("CAST(_label AS DOUBLE)")
     return values
-
-
-# Exact moments: each double x is sign * M * 2^k with M < 2^53 an integer (k: its exponent minus 52). M is cut into 14-bit limbs, so
-# per (value, k) Spark sums only small integers in 64 bits: the limbs (for sum x) and the limb
-# products grouped by weight (for sum x^2). Each product is below 2^28 and at most 4 of them
-# share a weight, so a long holds the sum of 2^33 rows; the driver refuses more rows than that.
-_LIMB_BITS = 14
-_LIMBS = 4  # 4 * 14 >= 53
-_MAX_EXACT_ROWS = 1 << 33
-_FLOAT64_MAX = 1.7976931348623157e308
-
-
-def exact_moments(rows, values: list[str], condition: str) -> list[tuple[int, float, float]]:
-    """(count, mean, m2) of each SQL value over the rows meeting ``condition``, nulls skipped.
-
-    Spark's avg/stddev add doubles in whatever order rows reach each task, so the last bits of a
-    mean depend on the cluster, and a different last bit can flip a stored float32. Here Spark
-    only adds integers (see above), which is exact and order-free, and the driver combines them
-    with Python's exact integers into the correctly rounded mean and m2 (sum of squared
-    deviations): the same bits on any partitioning, and one aggregation with no sort.
-    """
-    from pyspark.sql import functions as F
-
-    if not values:
-        return []
-    stacked = ", ".join(f"CAST({v} AS DOUBLE)" for v in values)
-    picked = rows.where(condition).selectExpr(f"posexplode(array({stacked})) AS (i, x)").where("x IS NOT NULL")
-    # e0 = floor(log2|x|) may miss by one next to a power of two; r = |x| / 2^e0 is exact (a power
-    # of two divides exactly) and lies in [0.5, 4), so comparing r with 1 and 2 fixes e and gives
-    # M = |x| / 2^e * 2^52, an integer below 2^53 (also for subnormals), with x = sign * M * 2^(e - 52).
-    # Zero has no logarithm (null): it is M = 0 at k = 0.
-    split = picked.selectExpr("i", "x", "CAST(floor(log2(abs(x))) AS INT) AS e0")
-    split = split.selectExpr("i", "x", "e0", "abs(x) / pow(2, e0) AS r")
-    split = split.selectExpr(
-        "i", "coalesce(CASE WHEN r >= 2 THEN e0 + 1 WHEN r < 1 THEN e0 - 1 ELSE e0 END - 52, 0) AS k",
-        "CASE WHEN x < 0 THEN -1L ELSE 1L END AS sign",
-        f"coalesce(CAST(CASE WHEN r >= 2 THEN r * {2.0 ** 51!r} WHEN r < 1 THEN r * {2.0 ** 53!r} "
-        f"ELSE r * {2.0 ** 52!r} END AS BIGINT), 0) AS m")
-    mask = (1 << _LIMB_BITS) - 1
-    limbs = [f"(shiftright(m, {_LIMB_BITS * j}) & {mask})" for j in range(_LIMBS)]
-    sums = [f"sum(sign * {limbs[j]}) AS _l{j}" for j in range(_LIMBS)]
-    for w in range(2 * _LIMBS - 1):
-        terms = [f"{limbs[a]} * {limbs[w - a]}" for a in range(_LIMBS) if 0 <= w - a < _LIMBS]
-        sums.append(f"sum({' + '.join(terms)}) AS _p{w}")
-    grouped = split.groupBy("i", "k").agg(F.count(F.lit(1)).alias("n"), *[F.expr(s) for s in sums]).collect()
-    return [_combine_moments(v, [r for r in grouped if r["i"] == i]) for i, v in enumerate(values)]
-
-
-def _combine_moments(value: str, groups: list) -> tuple[int, float, float]:
-    """One value's (count, mean, m2) from its per-exponent integer sums, exactly, then rounded once."""
-    from fractions import Fraction
-
-    count = sum(int(g["n"]) for g in groups)
-    if count == 0:
-        return 0, 0.0, 0.0
-    if count >= _MAX_EXACT_ROWS:
-        raise InputDataError(f"{value}: {count} train values, more than the {_MAX_EXACT_ROWS} whose exact "
-                             "statistics a 64-bit sum holds; shard a sample or a smaller train split")
-    total = Fraction(0)
-    squares = Fraction(0)
-    for g in groups:
-        k = int(g["k"])
-        limb_sum = sum(int(g[f"_l{j}"]) << (_LIMB_BITS * j) for j in range(_LIMBS))
-        product_sum = sum(int(g[f"_p{w}"]) << (_LIMB_BITS * w) for w in range(2 * _LIMBS - 1))
-        total += limb_sum * Fraction(2) ** k
-        squares += product_sum * Fraction(2) ** (2 * k)
-    m2 = squares - total * total / count
-    # The mean of finite doubles is a finite double; m2 of huge ones may not be: inf, as in doubles.
-    return count, float(total / count), float(m2) if m2 <= _FLOAT64_MAX else math.inf
 
 
 def encode(clean, cfg: ShardConfig, stats: FittedStats):

@@ -14,9 +14,10 @@ a failure removes):
    expressions once and write the checked rows (split, keys, typed values, reason; malformed
    records too) as Parquet under the staging directory; every later pass reads those files
    (only the columns it needs), and they are removed before the commit;
-4. count rows per split, bucket and quarantine reason, and the exact train moments: quality gate,
-   and every split must have at least num_shards rows;
-5. fit vocabularies and class counts on the train split; with ``teacher``, its soft targets join
+4. one scan of the staged rows (pipelines/summary.py): rows per split, bucket and quarantine
+   reason, and over the train split the exact moments, value counts and class counts; quality
+   gate, and every split must have at least num_shards rows;
+5. the statistics and vocabularies from that scan; with ``teacher``, its soft targets join
    the rows as one more column (pipelines/teacher.py; the model's description was read and
    checked before step 1); encode (the ``prepared`` rows);
 6. rank each split's rows by a seeded shuffle key, place each output file in its own Spark
@@ -54,9 +55,9 @@ from common.plugins import load_callable
 from common.errors import AccountingError, InputDataError, OutputExistsError, QualityGateError, first_line
 from common.dataset import (FORMAT_VERSION, ROW_INDEX, Manifest, arrow_schema, build_manifest, read_manifest,
                             row_bytes, write_manifest)
-from pipelines.preprocess import (check_table, encode, exact_moments, fit, moment_values, q, row_columns,
-                                  stored_schema)
+from pipelines.preprocess import cat_col, check_table, encode, fit, moment_values, q, row_columns, stored_schema
 from pipelines.shard_config import ShardConfig
+from pipelines.summary import Summary, summarize
 from pipelines.shard_writer import RESULT_DDL, TARGET_COLUMN, write_empty, write_partition
 from pipelines.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
 from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
@@ -130,10 +131,10 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         with spark_errors("reading and checking the input rows"):
             rows = _stage_rows(spark, checked, staging)
         staged_s = timer.lap()
-        with spark_errors("counting rows per split and quarantine reason"):
-            counts = _count(rows, cfg)
+        with spark_errors("counting rows per split and quarantine reason, and the train statistics"):
+            counts, summary = _count(rows, cfg)
         timer.report("read, check and stage rows", counts.input_rows, staged_s)
-        timer.done("count rows per split/reason", counts.input_rows)
+        timer.done("count rows, train moments and values", counts.input_rows)
         _quality_gate(cfg, counts)
         for i, name in enumerate(split_names):
             check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
@@ -141,7 +142,7 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
 
         clean = rows.where("_reason IS NULL")
         with spark_errors("fitting statistics and vocabularies on the train split"):
-            stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg, counts.train_moments)
+            stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg, summary)
         timer.done("fit statistics and vocabularies on train", counts.split_rows.get(split_names.index("train"), 0))
         with spark_errors("building the fitted encodings"):
             prepared = encode(with_teacher(clean, cfg, teacher_scorer), cfg, stats)
@@ -316,27 +317,23 @@ class RowCounts:
         return self.table_rows + self.malformed
 
 
-def _count(rows, cfg: ShardConfig) -> RowCounts:
-    # Rows per (split, bucket) for clean rows and per reason for bad ones (one small aggregation
-    # over three staged columns), then the exact train moments that fit() needs.
+def _count(rows, cfg: ShardConfig) -> tuple[RowCounts, Summary]:
+    """One scan of the staged rows (pipelines/summary.py): rows per (split, bucket) and per
+    reason, and over the train split's clean rows the exact moments, value counts and class counts."""
     train = list(cfg.split.fractions).index("train")
-    grouped = rows.selectExpr("CASE WHEN _reason IS NULL THEN _split END AS s",
-                              "CASE WHEN _reason IS NULL THEN _bucket END AS b",
-                              "_reason AS r").groupBy("s", "b", "r").count()
+    label = cfg.label
+    summary = summarize(rows, split="_split", bucket="_bucket", reason="_reason", moments=moment_values(cfg),
+                        categorical={name: cat_col(name) for name in cfg.features.categorical},
+                        label="_label" if label.task == "classification" else None,
+                        num_classes=label.num_classes or 0, selected=f"_split = {train}",
+                        num_splits=len(cfg.split.fractions), bucket_bits=BUCKET_BITS)
     split_rows: dict[int, int] = {}
-    bucket_rows: dict[tuple[int, int], int] = {}
-    by_reason: dict[str, int] = {}
-    for row in grouped.collect():  # at most splits * 4096 + reasons small rows
-        n = int(row["count"])
-        if row["r"] is None:
-            split_rows[row["s"]] = split_rows.get(row["s"], 0) + n
-            bucket_rows[(row["s"], row["b"])] = n
-        else:
-            by_reason[row["r"]] = by_reason.get(row["r"], 0) + n
+    for (s, _), n in summary.bucket_rows.items():
+        split_rows[s] = split_rows.get(s, 0) + n
+    by_reason = summary.by_reason
     malformed = by_reason.get(MALFORMED, 0)  # staged with the rows (_checked_rows)
-    moments = exact_moments(rows, moment_values(cfg), f"_reason IS NULL AND _split = {train}")
     table_rows = sum(split_rows.values()) + sum(by_reason.values()) - malformed
-    return RowCounts(split_rows, bucket_rows, by_reason, table_rows, malformed, moments)
+    return RowCounts(split_rows, summary.bucket_rows, by_reason, table_rows, malformed, summary.moments), summary
 
 
 def _quality_gate(cfg: ShardConfig, counts: RowCounts) -> None:
@@ -378,33 +375,36 @@ def _partition_keys(spark, num_partitions: int) -> list[int]:
         span *= 4
 
 
-def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> list[tuple[int, int, int, int, int, int]]:
-    """(split, bucket, base, extra, file, start) for each output file a bucket's ranks fall into;
-    ``start``: the first rank of the file's first bucket.
+def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """(split, bucket, file) for each output file a bucket's ranks fall into, and per file the
+    first rank of its first bucket.
 
     A bucket's rows take a contiguous range of its split's ranks (buckets in order), and shards
     take contiguous blocks of ranks, so a bucket meets one shard, or two or more where it straddles
     a boundary: those few buckets are sent to each file they meet. A file thus receives whole
-    buckets, a contiguous range of ranks from ``start`` on, and keeps its own block of them.
+    buckets, a contiguous range of ranks from its start on, and keeps its own block of them.
     """
     layout = []
+    file_starts = [0] * (num_splits * n)
     for s in range(num_splits):
-        total = counts.split_rows.get(s, 0)
-        base, extra = divmod(total, n)
-        starts = shard_starts(total, n)
+        starts = shard_starts(counts.split_rows.get(s, 0), n)
         offset = 0
         first_rank: dict[int, int] = {}
-        rows = []
         for b in sorted(b for (si, b) in counts.bucket_rows if si == s):
             size = counts.bucket_rows[(s, b)]
             first = bisect.bisect_right(starts, offset) - 1
             last = bisect.bisect_right(starts, offset + size - 1) - 1
             for k in range(first, last + 1):
                 first_rank.setdefault(k, offset)
-                rows.append((s, b, base, extra, s * n + k))
+                layout.append((s, b, s * n + k))
             offset += size
-        layout += [(*row, first_rank[row[4] - s * n]) for row in rows]
-    return layout
+        for k, rank in first_rank.items():
+            file_starts[s * n + k] = rank
+    return layout, file_starts
+
+
+def _literal_array(values: list[int], suffix: str = "L") -> str:
+    return "array(" + ", ".join(f"{v}{suffix}" for v in values) + ")"
 
 
 # Sorting by the shuffle key as an unsigned number is sorting by (bucket = its top bits, key).
@@ -423,15 +423,16 @@ def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns:
 
     n = cfg.output.num_shards
     split_names = list(cfg.split.fractions)
-    layout = spark.createDataFrame(_shard_layout(counts, len(split_names), n),
-                                   "_split INT, _bucket INT, _base BIGINT, _extra BIGINT, _file INT, _start BIGINT")
+    rows, file_starts = _shard_layout(counts, len(split_names), n)
+    layout = spark.createDataFrame(rows, "_split INT, _bucket INT, _file INT")
     targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
     keys = _partition_keys(spark, len(targets))
-    key_array = "array(" + ", ".join(f"{k}L" for k in keys) + ")"
     data_cols = [c["name"] for c in columns if c["name"] != ROW_INDEX]
+    # Only what placement needs after the shuffle travels with the rows: the file and the two
+    # keys. The file's split, block sizes and first rank are looked up from the file afterwards.
     copies = (prepared.join(F.broadcast(layout), ["_split", "_bucket"])
-              .selectExpr("*", f"element_at({key_array}, _file + 1) AS _pkey")
-              .repartition(len(targets), "_pkey"))
+              .select(*[F.col(q(c)) for c in data_cols], "_shuffle", "_tiebreak", "_file")
+              .repartition(len(targets), F.expr(f"element_at({_literal_array(keys)}, _file + 1)")))
     # The order is (_shuffle, _tiebreak): two independent 64-bit hashes of the key and every used
     # raw value. Rows equal in both are, short of a 128-bit collision (about 1e-21 for 1e9 rows),
     # identical input rows, hence identical output rows: any order among them writes the same
@@ -441,10 +442,13 @@ def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns:
     # the sorted partition read from monotonically_increasing_id, with no window at all. The
     # writer checks the result: each file's _row starts at its block's first rank and rises by
     # one from row to row; the driver checks each file's row count.
+    sizes = [divmod(counts.split_rows.get(s, 0), n) for s in range(len(split_names)) for _ in range(n)]
+    per_file = {"_start": file_starts, "_base": [b for b, _ in sizes], "_extra": [e for _, e in sizes]}
     ordered = copies.sortWithinPartitions(F.expr(_RANK_ORDER), "_tiebreak")
-    ranked = ordered.selectExpr(
+    ranked = ordered.selectExpr("*", *[f"element_at({_literal_array(v)}, _file + 1) AS {k}" for k, v in per_file.items()])
+    ranked = ranked.selectExpr(
         "*", f"_start + (monotonically_increasing_id() & {(1 << _POSITION_BITS) - 1}) AS _idx")
-    placed = ranked.where(f"_split * {n} + {shard_sql()} = _file").selectExpr(
+    placed = ranked.where(f"_file DIV {n} * {n} + {shard_sql()} = _file").selectExpr(
         *[q(c) for c in data_cols], f"{row_index_sql()} AS {ROW_INDEX}", f"_file AS {TARGET_COLUMN}")
     writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets,
                                schema=arrow_schema(columns), rows_per_row_group=rpg, consecutive=ROW_INDEX,

@@ -1,4 +1,4 @@
-"""The train statistics' exact moments (preprocess.exact_moments) on real Spark: awkward doubles
+"""The train statistics' exact moments (pipelines.summary.exact_moments) on real Spark: awkward doubles
 (subnormal, huge, powers of two and their neighbours, mixed signs, zeros, nulls) give the
 correctly rounded mean and sum of squared deviations, the same bits on any partitioning."""
 
@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import pytest
 
-from pipelines.preprocess import exact_moments
+from pipelines.summary import exact_moments
 
 pytestmark = pytest.mark.spark
 

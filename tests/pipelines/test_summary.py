@@ -1,0 +1,80 @@
+"""The shard job's one scan before placement (pipelines/summary.py) on real Spark: its counts,
+class counts and vocabularies equal plain Spark aggregations of the same rows, on any
+partitioning, and a feature with too many values per partition falls back to Spark's ranking
+with the same result."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pipelines.preprocess import cat_col, spark_vocabularies
+from pipelines.summary import summarize, top_values
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "s INT, b INT, r STRING, x DOUBLE, a STRING, y BIGINT"
+
+
+def _rows(n: int = 3000) -> list[tuple]:
+    rng = random.Random(5)
+    values = ["a", "b", "Z", "é", None] + [f"rare{i}" for i in range(40)]
+    weights = [30, 30, 20, 15, 5] + [1] * 40
+    reasons = [None] * 20 + ["bad_shape:img", "null_label", "malformed_record"]
+    rows = []
+    for _ in range(n):
+        x = rng.choice([None, 0.0, -0.0, 1e-310, rng.gauss(3.0, 2.0), rng.uniform(-1e9, 1e9)])
+        rows.append((rng.randrange(3), rng.randrange(4096), rng.choice(reasons), x,
+                     rng.choices(values, weights)[0], rng.randrange(4)))
+    # Ties in count, among them two values whose order differs between UTF-16 (Java strings)
+    # and code points (UTF-8 bytes, Python): a character above U+FFFF and one just below it.
+    for value in TIED:
+        rows += [(0, 7, None, 1.0, value, 1)] * 25
+    return rows
+
+
+TIED = ["\U0001f600", "\ufffd", "tie2", "tie1"]
+
+
+def _summary(frame, max_distinct: int = 100_000):
+    return summarize(frame, split="s", bucket="b", reason="r", moments=["x"], categorical={"a": "a"}, label="y",
+                     num_classes=4, selected="s = 0", num_splits=3, bucket_bits=12, max_distinct=max_distinct)
+
+
+def test_counts_and_values_equal_spark_aggregations_on_any_partitioning(spark):
+    frame = spark.createDataFrame(_rows(), SCHEMA)
+    results = [_summary(df) for df in (frame.coalesce(1), frame.repartition(5, "a"), frame.repartition(3))]
+    assert results[0] == results[1] == results[2]
+    got = results[0]
+
+    clean = frame.where("r IS NULL")
+    want_buckets = {(r["s"], r["b"]): r["count"] for r in clean.groupBy("s", "b").count().collect()}
+    assert got.bucket_rows == want_buckets
+    want_reasons = {r["r"]: r["count"] for r in frame.where("r IS NOT NULL").groupBy("r").count().collect()}
+    assert got.by_reason == want_reasons and len(want_reasons) == 3
+    train = clean.where("s = 0")
+    classes = {r["y"]: r["count"] for r in train.groupBy("y").count().collect()}
+    assert got.class_counts == [classes.get(c, 0) for c in range(4)]
+    values = {r["a"]: r["count"] for r in train.where("a IS NOT NULL").groupBy("a").count().collect()}
+    assert got.value_counts == {"a": values}
+    assert got.moments[0][0] == train.where("x IS NOT NULL").count()
+
+
+def test_vocabulary_from_counts_equals_sparks_ranking(spark):
+    """top_values (the driver's ranking of the scan's counts) and spark_vocabularies (the
+    fallback for wide features) give the same vocabulary: order by count, ties by value."""
+    frame = spark.createDataFrame(_rows(), SCHEMA)
+    counted = _summary(frame)
+    wide = _summary(frame, max_distinct=5)  # more than 5 values in a partition: left to Spark
+    assert counted.value_counts["a"] is not None and wide.value_counts["a"] is None
+    train = frame.where("r IS NULL AND s = 0").withColumnRenamed("a", cat_col("a"))
+    for min_count, max_vocab in ((1, 100), (2, 100), (1, 5), (10, 3)):
+        from_counts = top_values(counted.value_counts["a"], min_count, max_vocab)
+        from_spark = spark_vocabularies(train, ["a"], min_count, max_vocab)["a"]
+        assert from_counts == from_spark
+        assert len(from_counts) == min(max_vocab, sum(n >= min_count for n in counted.value_counts["a"].values()))
+    vocab = top_values(counted.value_counts["a"], 1, 100)
+    tied = [v for v in vocab if v in TIED]
+    assert tied == sorted(TIED) == ["tie1", "tie2", "\ufffd", "\U0001f600"]
+    assert len({counted.value_counts["a"][v] for v in TIED}) == 1  # really tied
