@@ -282,6 +282,8 @@ def encode(clean, cfg: ShardConfig, stats: FittedStats):
     """Clean rows -> (_split, _bucket, _shuffle, _tiebreak, stored columns...) with the fitted transform."""
     from pyspark.sql import functions as F
 
+    from common.spark import local_frame
+
     spark = clean.sparkSession
     df = clean
     select = ["_split", "_bucket", "_shuffle", "_tiebreak"]
@@ -292,9 +294,8 @@ def encode(clean, cfg: ShardConfig, stats: FittedStats):
     for entry in stats.categorical:
         n = entry["name"]
         # The vocabulary is at most max_vocab rows: broadcast it and join, rather than a huge literal map.
-        lookup = spark.createDataFrame(
-            [(v, i + RESERVED_INDICES) for i, v in enumerate(entry["vocab"])],
-            f"`_v_{n}` STRING, `_i_{n}` INT")
+        lookup = local_frame(spark, [(v, i + RESERVED_INDICES) for i, v in enumerate(entry["vocab"])],
+                             f"`_v_{n}` STRING, `_i_{n}` INT")
         df = df.join(F.broadcast(lookup), F.col(cat_col(n)) == F.col(f"_v_{n}"), "left")
         select.append(f"CAST(CASE WHEN {cat_col(n)} IS NULL THEN {NULL_INDEX} "
                       f"ELSE coalesce(`_i_{n}`, {UNSEEN_INDEX}) END AS INT) AS {q(n)}")

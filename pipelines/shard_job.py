@@ -32,8 +32,8 @@ A file's partition thus holds whole buckets, a contiguous range of ranks; sorted
 key, a row's rank is the range's start plus its position, and the file keeps its own block.
 
 Placement without hash collisions: ``repartition(n, k)`` sends key k to ``pmod(murmur3(k), n)``,
-so for each output file we find (with a small Spark query) a key that lands exactly in its own
-partition, rather than hoping hash buckets spread evenly (they do not).
+so for each output file we find a key that lands exactly in its own partition (Spark's Murmur3,
+computed on the driver), rather than hoping hash buckets spread evenly (they do not).
 """
 
 from __future__ import annotations
@@ -361,18 +361,39 @@ def _check_numeric_coverage(cfg: ShardConfig, counts: RowCounts) -> None:
             "a value to store")
 
 
-def _partition_keys(spark, num_partitions: int) -> list[int]:
-    """For each partition p, a bigint k with pmod(murmur3(k), n) == p: repartition(n, k) puts k in p."""
-    from pyspark.sql import functions as F
+def _partition_keys(num_partitions: int) -> list[int]:
+    """For each partition p, the smallest bigint k >= 0 with pmod(hash(k), n) == p, so that
+    repartition(n, k) puts k in p. Spark's ``hash`` is Murmur3 (x86, 32-bit, seed 42); computing
+    it here spares a Spark job per placement (tests/pipelines/test_shard_balance.py checks the
+    keys against Spark's own ``hash``, and the writer fails on a partition holding two files)."""
+    keys: dict[int, int] = {}
+    k = 0
+    while len(keys) < num_partitions:
+        keys.setdefault(spark_hash_long(k) % num_partitions, k)  # Python's % is pmod for n > 0
+        k += 1
+    return [keys[p] for p in range(num_partitions)]
 
-    span = 64 * num_partitions + 1024  # a key for each p appears within a few n; this is plenty
-    while True:
-        rows = (spark.range(span).select("id", F.expr(f"pmod(hash(id), {num_partitions})").alias("p"))
-                .groupBy("p").agg(F.min("id").alias("k")).collect())
-        keys = {int(r["p"]): int(r["k"]) for r in rows}
-        if len(keys) == num_partitions:
-            return [keys[p] for p in range(num_partitions)]
-        span *= 4
+
+def _rotl32(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+
+def _mix(h1: int, word: int) -> int:
+    k1 = _rotl32((word * 0xCC9E2D51) & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
+    return (_rotl32(h1 ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+
+
+def spark_hash_long(value: int, seed: int = 42) -> int:
+    """Spark SQL's ``hash(CAST(value AS BIGINT))`` (Murmur3_x86_32.hashLong), as a signed int."""
+    value &= 0xFFFFFFFFFFFFFFFF
+    h1 = _mix(_mix(seed, value & 0xFFFFFFFF), value >> 32)
+    h1 ^= 8
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & 0xFFFFFFFF
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
 
 
 def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> tuple[list[tuple[int, int, int]], list[int]]:
@@ -421,12 +442,14 @@ def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns:
     a row's rank is the file's first rank plus its position, and the file keeps its block."""
     from pyspark.sql import functions as F
 
+    from common.spark import local_frame
+
     n = cfg.output.num_shards
     split_names = list(cfg.split.fractions)
     rows, file_starts = _shard_layout(counts, len(split_names), n)
-    layout = spark.createDataFrame(rows, "_split INT, _bucket INT, _file INT")
+    layout = local_frame(spark, rows, "_split INT, _bucket INT, _file INT")
     targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
-    keys = _partition_keys(spark, len(targets))
+    keys = _partition_keys(len(targets))
     data_cols = [c["name"] for c in columns if c["name"] != ROW_INDEX]
     # Only what placement needs after the shuffle travels with the rows: the file and the two
     # keys. The file's split, block sizes and first rank are looked up from the file afterwards.
@@ -471,7 +494,7 @@ def _write_quarantine(spark, rows, counts: RowCounts, staging_uri: str) -> list[
         return [write_empty(staging_uri, f"{QUARANTINE_DIR}/part-00000.parquet", schema)]
     bad = rows.where("_reason IS NOT NULL").selectExpr("_reason AS reason", "_source AS source", "_raw AS raw")
     num_files = max(1, math.ceil(counts.quarantined / QUARANTINE_ROWS_PER_FILE))
-    keys = _partition_keys(spark, num_files)
+    keys = _partition_keys(num_files)
     key_array = "array(" + ", ".join(f"{k}L" for k in keys) + ")"
     targets = [f"{QUARANTINE_DIR}/part-{i:05d}.parquet" for i in range(num_files)]
     writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets, schema=schema,

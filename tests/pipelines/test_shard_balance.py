@@ -64,6 +64,23 @@ KEYS = 200_000
 
 
 @pytest.mark.spark
+def test_driver_partition_keys_land_in_their_own_spark_partition(spark):
+    """The placement's partition keys are computed with a copy of Spark's Murmur3 on the driver:
+    each must hash, in Spark, to its own partition, and the copy must equal Spark's hash."""
+    from pipelines.shard_job import _partition_keys, spark_hash_long
+
+    values = [0, 1, -1, 42, 2 ** 31 - 1, -2 ** 31, 2 ** 32, 2 ** 63 - 1, -2 ** 63, 123_456_789_012_345]
+    got = {r["v"]: r["h"] for r in spark.createDataFrame([(v,) for v in values], "v BIGINT")
+           .selectExpr("v", "hash(v) AS h").collect()}
+    assert {v: spark_hash_long(v) for v in values} == got
+    for n in (1, 2, 3, 12, 37, 300):
+        keys = _partition_keys(n)
+        rows = spark.createDataFrame([(p, k) for p, k in enumerate(keys)], "p INT, k BIGINT")
+        landed = rows.repartition(n, "k").selectExpr("p", "spark_partition_id() AS q").collect()
+        assert sorted((r["p"], r["q"]) for r in landed) == [(p, p) for p in range(n)]
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize("fractions", SPLITS, ids=["80-10-10", "50-50", "all-train", "holdout-first"])
 def test_split_sql_sends_a_key_to_the_first_split_whose_bound_exceeds_its_draw(spark, fractions):
     """Per split, the draws u of the keys it received lie inside its own [lower, upper) bound,
