@@ -30,7 +30,7 @@ warnings.filterwarnings("ignore")
 
 from common.dataset import build_manifest, file_entry, read_manifest, write_manifest  # noqa: E402
 from common.storage import MARKER, resolve  # noqa: E402
-from pipelines.shard_writer import writer_options  # noqa: E402
+from pipelines.shard_writer import COMPRESSION_SAMPLE_ROWS, writer_options  # noqa: E402
 
 
 def write(root: str, rows: int, numeric: int, categorical: int, array_shape, files: int, row_group: int) -> str:
@@ -51,8 +51,11 @@ def write(root: str, rows: int, numeric: int, categorical: int, array_shape, fil
         cols["_row"] = np.arange(start, start + n, dtype=np.int64)
         rel = f"train/part-{i:05d}.parquet"
         table = pa.table(cols)
-        # The shard job's own encodings (pipelines/shard_writer.py), so every path reads what it would.
-        pq.write_table(table, f"{root}/{rel}", row_group_size=row_group, **writer_options(table.schema))
+        # What the shard job writes (pipelines/shard_writer.py): required columns (no definition
+        # levels to decode) and its encodings and compression, so every path reads what it would.
+        table = table.cast(pa.schema([pa.field(f.name, f.type, nullable=False) for f in table.schema]))
+        options = writer_options(table.schema, table.slice(0, COMPRESSION_SAMPLE_ROWS))
+        pq.write_table(table, f"{root}/{rel}", row_group_size=row_group, **options)
         entries.append(file_entry(resolve(root), rel))
         start += n
     features = {"numeric": [{"name": f"x{j}", "mean": 0, "std": 1, "fill": 0} for j in range(numeric)],

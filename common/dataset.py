@@ -477,6 +477,20 @@ def stored_schema(features: dict, label: dict, teacher: dict | None = None) -> l
     return cols
 
 
+def is_list_type(type_) -> bool:
+    """An Arrow list type (how array features and soft targets are stored)."""
+    import pyarrow as pa
+
+    return pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_)
+
+
+def value_type(type_):
+    """A list type's innermost value type (an array feature's float32); any other type itself."""
+    while is_list_type(type_):
+        type_ = type_.value_type
+    return type_
+
+
 def arrow_schema(columns: list[dict]):
     """The Parquet (Arrow) schema of the stored columns; arrays are stored flattened as lists."""
     import pyarrow as pa

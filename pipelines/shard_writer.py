@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.dataset import ROW_INDEX
+from common.dataset import ROW_INDEX, is_list_type, value_type
 from common.storage import resolve
 
 TARGET_COLUMN = "_target"
@@ -41,8 +41,8 @@ RESULT_DDL = "path STRING, rows BIGINT, row_groups ARRAY<BIGINT>, bytes BIGINT, 
 WRITER_OPTIONS = dict(compression="snappy", version="2.6", write_statistics=True)
 
 
-def writer_options(schema: pa.Schema) -> dict:
-    """``WRITER_OPTIONS`` plus each column's encoding, chosen by what the column holds.
+def writer_options(schema: pa.Schema, sample: pa.Table | None = None) -> dict:
+    """``WRITER_OPTIONS`` plus each column's encoding and compression, chosen by what it holds.
 
     - ``_row`` rises by one from row to row: delta encoding stores it in a few bytes per row
       group (4 MB of plain int64 per million rows otherwise).
@@ -50,19 +50,38 @@ def writer_options(schema: pa.Schema) -> dict:
       never repeat, so a dictionary page fills (1 MiB) and pyarrow falls back to plain after
       writing both.
     - Everything else (category codes, labels, reasons) gets a dictionary, where it pays.
+    - Compression is snappy, except for a floating-point column that snappy does not shrink by
+      ``SNAPPY_MIN_GAIN`` on ``sample`` (the file's first ``COMPRESSION_SAMPLE_ROWS`` rows, the
+      same rows however the job ran): continuous values do not compress, and decompressing them
+      anyway cost 40% of their decode (benchmarks/RESULTS.md, "Uncompressed floats"). Columns
+      that do compress (few distinct values, images with many zeros) keep snappy.
 
     Measured on 1M rows of 16 float32 features (benchmarks/RESULTS.md, "Shard encoding"): files
     35% smaller and half the decode CPU of dictionary-everywhere. Every Parquet reader in use
     (pyarrow, petastorm, Spark 3.5+) reads these encodings.
     """
-    def floating(type_) -> bool:
-        while pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
-            type_ = type_.value_type
-        return pa.types.is_floating(type_)
-
     delta = {f.name: "DELTA_BINARY_PACKED" for f in schema if f.name == ROW_INDEX and pa.types.is_integer(f.type)}
-    dictionary = [f.name for f in schema if f.name not in delta and not floating(f.type)]
-    return {**WRITER_OPTIONS, "use_dictionary": dictionary, "column_encoding": delta or None}
+    dictionary = [f.name for f in schema if f.name not in delta and not pa.types.is_floating(value_type(f.type))]
+    options = {**WRITER_OPTIONS, "use_dictionary": dictionary, "column_encoding": delta or None}
+    if sample is not None and sample.num_rows:
+        codec = pa.Codec(WRITER_OPTIONS["compression"])
+        options["compression"] = {
+            f.name: "NONE" if pa.types.is_floating(value_type(f.type)) and not _compresses(sample.column(f.name), codec)
+            else WRITER_OPTIONS["compression"] for f in schema}
+    return options
+
+
+COMPRESSION_SAMPLE_ROWS = 4096
+SNAPPY_MIN_GAIN = 0.1
+
+
+def _compresses(column: pa.ChunkedArray, codec: pa.Codec) -> bool:
+    """Whether ``codec`` shrinks the column's values (the sample's) by at least SNAPPY_MIN_GAIN."""
+    values = column.combine_chunks()
+    while is_list_type(values.type):
+        values = values.flatten()
+    raw = np.ascontiguousarray(values.to_numpy(zero_copy_only=False)).tobytes()
+    return len(codec.compress(raw)) <= (1 - SNAPPY_MIN_GAIN) * len(raw) if raw else True
 
 
 def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets: list[str],
@@ -96,7 +115,6 @@ def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets
                 tmp_path = f"{final_path}.tmp-{uuid.uuid4().hex}"
                 root.fs.makedirs(root.join(targets[target]).path.rsplit("/", 1)[0], exist_ok=True)
                 sink = root.fs.open(tmp_path, "wb")
-                writer = pq.ParquetWriter(sink, schema, **writer_options(schema))
             lo, hi = pc.min_max(ids).values()
             if lo.as_py() != target or hi.as_py() != target:
                 raise RuntimeError(f"partition holds rows of more than one output file ({targets[target]!r} and "
@@ -107,10 +125,16 @@ def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets
                 next_value = _check_consecutive(table.column(consecutive), next_value, targets[target])
             pending.append(table.drop([TARGET_COLUMN]).cast(schema))
             pending_rows += table.num_rows
-            while pending_rows >= rows_per_row_group:
+            if writer is None and pending_rows >= COMPRESSION_SAMPLE_ROWS:
+                writer = _open_writer(sink, schema, pending)
+            while writer is not None and pending_rows >= rows_per_row_group:
                 pending, pending_rows = _write_group(writer, pending, rows_per_row_group, groups)
-        if writer is None:
+        if target is None:
             return  # an empty partition writes nothing; the driver checks every file arrived
+        if writer is None:  # fewer rows than the sample
+            writer = _open_writer(sink, schema, pending)
+        while pending_rows >= rows_per_row_group:
+            pending, pending_rows = _write_group(writer, pending, rows_per_row_group, groups)
         if pending_rows:
             _write_group(writer, pending, pending_rows, groups)
         writer.close()
@@ -130,6 +154,12 @@ def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets
     yield pa.RecordBatch.from_pylist(
         [{"path": targets[target], "rows": sum(groups), "row_groups": groups, "bytes": size, "sha256": digest}],
         schema=RESULT_SCHEMA)
+
+
+def _open_writer(sink, schema: pa.Schema, pending: list[pa.Table]) -> pq.ParquetWriter:
+    """The file's writer, its compression chosen on its first COMPRESSION_SAMPLE_ROWS rows."""
+    sample = pa.concat_tables(pending).slice(0, COMPRESSION_SAMPLE_ROWS) if pending else None
+    return pq.ParquetWriter(sink, schema, **writer_options(schema, sample))
 
 
 def _check_consecutive(values: pa.ChunkedArray, expected: int | None, target: str) -> int:

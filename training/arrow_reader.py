@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from common.dataset import is_list_type
 from common.errors import DatasetError
 
 _DONE = object()
@@ -79,7 +80,7 @@ class ArrowRowGroupReader:
         # pyarrow's threaded decode splits a row group by column: a gain for many flat columns,
         # but with a list column (an array feature, soft targets) it took 2-3x the CPU and wall
         # time of a plain read (benchmarks/RESULTS.md, "array columns"), so those read in one thread.
-        self._use_threads = not any(_is_list(f.schema_arrow.field(name).type)
+        self._use_threads = not any(is_list_type(f.schema_arrow.field(name).type)
                                     for f in self._files for name in self._columns
                                     if f.schema_arrow.get_field_index(name) >= 0)
         self._order = row_group_order([f.metadata.num_row_groups for f in self._files], shuffle, seed)
@@ -169,12 +170,6 @@ class ArrowRowGroupReader:
         for handle in self._handles:
             handle.close()
         self._files, self._handles = [], []
-
-
-def _is_list(type_) -> bool:
-    import pyarrow as pa
-
-    return pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_)
 
 
 __all__ = ["ArrowRowGroupReader", "row_group_order"]

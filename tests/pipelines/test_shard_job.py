@@ -90,10 +90,39 @@ def test_each_column_is_encoded_for_what_it_holds_and_spark_reads_it_back(genera
     for name in ["c0", "label"]:
         assert encodings[name] & dictionary, (name, encodings[name])
     assert "DELTA_BINARY_PACKED" in encodings["_row"]
+    # Continuous floats do not compress, so they are stored uncompressed; the rest is snappy.
+    compression = {group.column(i).path_in_schema: group.column(i).compression for i in range(group.num_columns)}
+    assert compression["x0"] == "UNCOMPRESSED"
+    for name in ["c0", "label", "_row"]:
+        assert compression[name] == "SNAPPY", (name, compression[name])
     # Spark's vectorized reader (the score job's dataset input) reads the delta-encoded column.
     rows = manifest.rows("train")
     total = spark.read.parquet(os.path.join(result.uri, "train")).selectExpr("sum(_row)").first()[0]
     assert total == rows * (rows - 1) // 2
+
+
+def test_float_columns_keep_snappy_where_it_pays():
+    """The writer's per-column compression: a float column snappy shrinks (few distinct values,
+    mostly zeros) keeps it, a continuous one is stored uncompressed; non-floats always snappy."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pipelines.shard_writer import COMPRESSION_SAMPLE_ROWS, writer_options
+
+    rng = np.random.default_rng(3)
+    n = COMPRESSION_SAMPLE_ROWS
+    sparse = np.where(rng.random(n * 4) < 0.9, 0.0, rng.random(n * 4)).astype(np.float32)
+    table = pa.table({
+        "continuous": rng.standard_normal(n).astype(np.float32),
+        "binary": rng.integers(0, 2, n).astype(np.float32),
+        "image": pa.FixedSizeListArray.from_arrays(pa.array(sparse), 4).cast(pa.list_(pa.float32())),
+        "noise": pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(n * 4).astype(np.float32)), 4)
+        .cast(pa.list_(pa.float32())),
+        "code": rng.integers(0, 1000, n).astype(np.int32),
+    })
+    assert writer_options(table.schema, table)["compression"] == {
+        "continuous": "NONE", "binary": "snappy", "image": "snappy", "noise": "NONE", "code": "snappy"}
+    assert writer_options(table.schema)["compression"] == "snappy"  # no sample (an empty file): snappy
 
 
 def test_preprocessing_is_fitted_on_train_only(generated, spark):
