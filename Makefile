@@ -45,6 +45,7 @@ bench: setup  # each prints JSON lines; results and machines in benchmarks/RESUL
 	$(PY) benchmarks/loader_throughput.py
 	$(PY) benchmarks/train_step_breakdown.py
 	$(PY) benchmarks/shard_throughput.py --rows 1000000
+	$(PY) benchmarks/shard_decode.py
 
 # dist/shardtrain-<version>-py3-none-any.whl: what a cluster installs (README: Databricks notebooks).
 # No dependencies inside: the cluster's runtime or the install command brings them.

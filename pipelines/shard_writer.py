@@ -53,8 +53,9 @@ def writer_options(schema: pa.Schema, sample: pa.Table | None = None) -> dict:
     - Compression is snappy, except for a floating-point column that snappy does not shrink by
       ``SNAPPY_MIN_GAIN`` on ``sample`` (the file's first ``COMPRESSION_SAMPLE_ROWS`` rows, the
       same rows however the job ran): continuous values do not compress, and decompressing them
-      anyway cost 40% of their decode (benchmarks/RESULTS.md, "Uncompressed floats"). Columns
-      that do compress (few distinct values, images with many zeros) keep snappy.
+      anyway doubled their decode CPU on pyarrow 14 (benchmarks/RESULTS.md, "Required columns
+      and uncompressed floats"). Columns that do compress (few distinct values, images with
+      many zeros) keep snappy.
 
     Measured on 1M rows of 16 float32 features (benchmarks/RESULTS.md, "Shard encoding"): files
     35% smaller and half the decode CPU of dictionary-everywhere. Every Parquet reader in use

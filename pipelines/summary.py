@@ -6,7 +6,7 @@ train split's value counts per categorical feature and its rows per class. These
 Spark aggregations, each a scan of the staged rows (the moments by ``posexplode`` into
 (value, exponent) groups); here one ``mapInArrow`` pass over the few narrow columns they read
 computes all of them per partition with numpy, and the driver adds the partitions' results.
-At 2M rows that took the count and fit phases from about 3 s to about 1 s (benchmarks/RESULTS.md,
+At 2M rows that took the count and fit phases from 2.8 s to 1.3-1.9 s (benchmarks/RESULTS.md,
 issue 11).
 
 Everything is exact, so no result depends on how the rows are partitioned:
