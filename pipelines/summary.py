@@ -127,7 +127,7 @@ class _Partial:
     def add(self, table: pa.Table, with_label: bool) -> None:
         reason = table.column("r")
         clean = pc.is_null(reason)
-        if reason.null_count:
+        if reason.null_count < len(reason):  # any bad rows (a chunk can hold only bad ones)
             for item in pc.value_counts(reason.drop_null()).to_pylist():
                 self.by_reason[item["values"]] = self.by_reason.get(item["values"], 0) + item["counts"]
         clean_np = clean.to_numpy(zero_copy_only=False)

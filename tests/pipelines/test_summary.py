@@ -61,6 +61,21 @@ def test_counts_and_values_equal_spark_aggregations_on_any_partitioning(spark):
     assert got.moments[0][0] == train.where("x IS NOT NULL").count()
 
 
+def test_partitions_of_only_bad_or_only_clean_rows_are_counted(spark):
+    """Malformed records reach the scan as partitions of their own (the job unions them onto
+    the checked rows): a partition with no clean row, and one with no bad row, count in full."""
+    rows = _rows(500)
+    bad = [r for r in rows if r[2] is not None]
+    clean = [r for r in rows if r[2] is None]
+    assert bad and clean
+    frame = spark.createDataFrame(clean, SCHEMA).coalesce(1).union(spark.createDataFrame(bad, SCHEMA).coalesce(1))
+    assert frame.rdd.getNumPartitions() == 2
+    got = _summary(frame)
+    assert sum(got.by_reason.values()) == len(bad)
+    assert sum(got.bucket_rows.values()) == len(clean)
+    assert got == _summary(spark.createDataFrame(rows, SCHEMA).repartition(3))
+
+
 def test_vocabulary_from_counts_equals_sparks_ranking(spark):
     """top_values (the driver's ranking of the scan's counts) and spark_vocabularies (the
     fallback for wide features) give the same vocabulary: order by count, ties by value."""
