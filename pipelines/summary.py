@@ -130,8 +130,8 @@ class _Partial:
         if reason.null_count < len(reason):  # any bad rows (a chunk can hold only bad ones)
             for item in pc.value_counts(reason.drop_null()).to_pylist():
                 self.by_reason[item["values"]] = self.by_reason.get(item["values"], 0) + item["counts"]
-        clean_np = clean.to_numpy(zero_copy_only=False)
-        key = (_ints(table.column("s"))[clean_np] << self.bucket_bits) + _ints(table.column("b"))[clean_np]
+        keys = table.select(["s", "b"]).filter(clean)  # a bad row's split may be null
+        key = (_ints(keys.column("s")) << self.bucket_bits) + _ints(keys.column("b"))
         if len(key):
             self.bucket_rows += np.bincount(key, minlength=self.keys)[:self.keys]
         picked = table.filter(pc.and_(clean, pc.fill_null(table.column("t"), False)))
