@@ -64,12 +64,16 @@ def test_counts_and_values_equal_spark_aggregations_on_any_partitioning(spark):
 def test_partitions_of_only_bad_or_only_clean_rows_are_counted(spark):
     """Malformed records reach the scan as partitions of their own (the job unions them onto
     the checked rows): a partition with no clean row, and one with no bad row, count in full."""
+    from pyspark.sql import functions as F
+
     rows = _rows(500)
     bad = [r for r in rows if r[2] is not None]
     clean = [r for r in rows if r[2] is None]
     assert bad and clean
-    frame = spark.createDataFrame(clean, SCHEMA).coalesce(1).union(spark.createDataFrame(bad, SCHEMA).coalesce(1))
-    assert frame.rdd.getNumPartitions() == 2
+    frame = (spark.createDataFrame(rows, SCHEMA).withColumn("bad", F.expr("CAST(r IS NOT NULL AS INT)"))
+             .repartitionByRange(2, "bad").drop("bad"))
+    layout = frame.selectExpr("spark_partition_id() AS p", "r IS NULL AS clean").distinct().collect()
+    assert sorted(r["clean"] for r in layout) == [False, True] and len({r["p"] for r in layout}) == 2
     got = _summary(frame)
     assert sum(got.by_reason.values()) == len(bad)
     assert sum(got.bucket_rows.values()) == len(clean)
