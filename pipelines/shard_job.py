@@ -145,7 +145,7 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
             stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg, summary)
         timer.done("fit statistics and vocabularies on train", counts.split_rows.get(split_names.index("train"), 0))
         with spark_errors("building the fitted encodings"):
-            prepared = encode(with_teacher(clean, cfg, teacher_scorer), cfg, stats)
+            prepared = encode(with_teacher(clean, cfg, teacher_scorer, teacher), cfg, stats)
         # `prepared` is the one point where the validated, encoded rows exist as a DataFrame
         # (placement columns _split, _bucket, _shuffle, _tiebreak + the stored columns): a step over
         # the rows plugs in here, before placement. It must keep every row and be deterministic.

@@ -45,9 +45,11 @@ class TeacherScorer:
     and ``features`` ({"numeric": [names], "categorical": [names], "arrays": [{"name", "shape"}]}:
     the raw columns it reads).
 
-    ``score(rows, model_uri, temperature)``: the Spark DataFrame ``rows`` with a ``teacher``
-    column added (lazily): array<float> of class probabilities at ``temperature``, or the float
-    value (regression), for every row, in the partitions ``rows`` has (no shuffle of its own).
+    ``score(rows, model_uri, temperature, fingerprint)``: the Spark DataFrame ``rows`` with a
+    ``teacher`` column added (lazily): array<float> of class probabilities at ``temperature``, or
+    the float value (regression), for every row, in the partitions ``rows`` has (no shuffle of its
+    own); it refuses a model whose fingerprint is no longer ``fingerprint`` (the one ``describe``
+    gave and the manifest records).
     """
 
     describe: Callable[[str], dict]
@@ -86,9 +88,10 @@ def _dataset_label(cfg: ShardConfig) -> dict:
     return {"task": cfg.label.task, "num_classes": cfg.label.num_classes}
 
 
-def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None):
+def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None, record: dict | None):
     """The prepared rows plus the ``teacher`` column (unchanged without ``cfg.teacher``), scored
-    in an arrangement that depends on the rows alone (see the module docstring)."""
+    in an arrangement that depends on the rows alone (see the module docstring), by the model
+    ``record`` (``teacher_record``) describes."""
     if cfg.teacher is None:
         return rows
     partitions = len(cfg.split.fractions) * cfg.output.num_shards
@@ -98,7 +101,8 @@ def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None):
     # array elements as floats: the typing scoring applies too), not the raw columns: the teacher
     # reads them under the feature names, and they leave again after scoring.
     inputs = _feature_inputs(cfg, arranged.columns)
-    scored = scorer.score(arranged.selectExpr("*", *inputs.values()), cfg.teacher.model, cfg.teacher.temperature)
+    scored = scorer.score(arranged.selectExpr("*", *inputs.values()), cfg.teacher.model, cfg.teacher.temperature,
+                          record["fingerprint"])
     return scored.drop(*inputs)
 
 

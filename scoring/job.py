@@ -104,7 +104,8 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
     with publish(out.uri, mode=mode, marker=marker) as staging:
         scored = predict_frame(checked.where(f"{REASON} IS NULL"), cfg.model, batch_size=cfg.batch_size,
                                temperature=cfg.temperature, keep_columns=cfg.output.keep_columns,
-                               encoded=encoded, program=cfg.program).drop(REASON)
+                               encoded=encoded, program=cfg.program,
+                               fingerprint=model_marker.get("model_json_sha256")).drop(REASON)
         with spark_errors(f"scoring with {cfg.model}"):
             _write(scored, staging.uri)
         with spark_errors("writing the quarantine"):

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.errors import InputDataError
+from common.errors import DatasetError, InputDataError
 
 log = logging.getLogger("shardtrain.score")
 
@@ -68,8 +68,13 @@ class ScoreTask:
 
 
 def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = 1.0,
-                  keep_columns: list[str] | None = None, encoded: bool = False, program: bool = False):
+                  keep_columns: list[str] | None = None, encoded: bool = False, program: bool = False,
+                  fingerprint: str | None = None):
     """``df`` scored with the model at ``model_uri``: see the module docstring for the columns.
+
+    ``fingerprint``: the model's identity (its model.json sha256, as its commit marker records
+    it) that the caller already recorded; a model at the URI with another one is refused, so a
+    job never publishes one model's scores under another's fingerprint.
 
     Raises DatasetError (exit 2) for a model that cannot be loaded, InputDataError (exit 2) for a
     missing feature column, a column of a type the model cannot take, or a kept column that is
@@ -83,6 +88,10 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     model = load_model(model_uri, program=program)  # verified once on the driver: a bad model fails here
+    if fingerprint is not None and model.fingerprint != fingerprint:
+        raise DatasetError(f"{model_uri}: the model was replaced while this job ran (its model.json sha256 is now "
+                           f"{model.fingerprint[:12]}, the job recorded {fingerprint[:12]}); nothing was published: "
+                           "run the job again")
     keep = list(df.columns) if keep_columns is None else list(keep_columns)
     _check_keep_columns(df, keep)
     fields = {f.name: f.dataType for f in df.schema.fields}

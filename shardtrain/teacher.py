@@ -19,19 +19,22 @@ def teacher_scorer() -> TeacherScorer:
 def describe_teacher(model_uri: str) -> dict:
     """A published model's identity (its model.json's sha256, which the commit marker records and
     which names every file's sha256) and contract (task, classes, the raw features it reads)."""
-    from common.storage import read_marker
     from training.export import load_model
 
     model = load_model(model_uri)  # verifies the files; a missing or damaged model is exit 2 here
     label, spec = model.meta["label"], model.features
-    return {"fingerprint": read_marker(model_uri)["model_json_sha256"], "task": label["task"],
+    return {"fingerprint": model.fingerprint, "task": label["task"],
             **({"num_classes": int(label["num_classes"])} if label["task"] == "classification" else {}),
             "features": {"numeric": list(spec.numeric), "categorical": list(spec.categorical),
                          "arrays": [{"name": n, "shape": list(s)} for n, s in spec.arrays.items()]}}
 
 
-def score_teacher(rows, model_uri: str, temperature: float):
+def score_teacher(rows, model_uri: str, temperature: float, fingerprint: str | None = None):
     """``rows`` plus the ``teacher`` column: probabilities at ``temperature`` or the value.
+
+    ``fingerprint``: the one ``describe_teacher`` gave, which the manifest records; a model
+    replaced at the URI since is refused (exit 2), so the soft targets always come from the model
+    the manifest names.
 
     A row the teacher cannot score fails the job: the shard job's row rules are the teacher's
     (pipelines.teacher checks the teacher reads the dataset's features), so it cannot happen
@@ -41,7 +44,7 @@ def score_teacher(rows, model_uri: str, temperature: float):
 
     # The shard job needs none of the raw columns named like score columns (it keeps its own typed copies).
     keep = [c for c in rows.columns if c not in OUTPUT_COLUMNS]
-    scored = predict_frame(rows, model_uri, temperature=temperature, keep_columns=keep)
+    scored = predict_frame(rows, model_uri, temperature=temperature, keep_columns=keep, fingerprint=fingerprint)
     value = PROBABILITIES if PROBABILITIES in scored.columns else PREDICTION
     return scored.selectExpr(
         *[_q(c) for c in keep],

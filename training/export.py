@@ -137,9 +137,12 @@ def versions() -> dict:
 class LoadedModel:
     """A published model: ``predict(frame)`` on raw feature columns, ``meta`` is model.json."""
 
-    def __init__(self, module: nn.Module, meta: dict):
+    def __init__(self, module: nn.Module, meta: dict, fingerprint: str | None = None):
         self.module = module.eval()
         self.meta = meta
+        # sha256 of the model.json this was loaded from (the commit marker's model_json_sha256):
+        # the model's identity, which a job records and compares (scoring, teacher soft targets).
+        self.fingerprint = fingerprint
         self.features = FeatureSpec(meta["features"])
         self.device = torch.device("cpu")
 
@@ -193,10 +196,10 @@ def load_model(uri: str, program: bool = False) -> LoadedModel:
         loc = require_committed(uri, "model")
     except StorageError as exc:  # keep its message, but as the dataset-contract exit status 2
         raise DatasetError(str(exc)) from None
-    meta = _read_meta(loc)
+    meta, fingerprint = _read_meta(loc)
     if program:
         module = _load_program(loc, _verified_bytes(loc, meta, PROGRAM))
-        return LoadedModel(module, meta)
+        return LoadedModel(module, meta, fingerprint)
     name = (meta.get("model") or {}).get("name")
     arguments = (meta.get("model") or {}).get("arguments")
     if name != "mlp":
@@ -219,10 +222,11 @@ def load_model(uri: str, program: bool = False) -> LoadedModel:
         raise DatasetError(f"{loc.uri}/{WEIGHTS}: cannot be loaded as the built-in model's weights "
                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); re-train or "
                            "re-publish the model") from None
-    return LoadedModel(serving_model(net, meta["label"]), meta)
+    return LoadedModel(serving_model(net, meta["label"]), meta, fingerprint)
 
 
-def _read_meta(loc: Location) -> dict:
+def _read_meta(loc: Location) -> tuple[dict, str]:
+    """model.json, checked against the sha256 its commit marker records, and that sha256."""
     raw = _read_bytes(loc, META, f"{loc.uri}: committed but has no {META}; it is not a shardtrain model")
     with storage_errors(f"reading {META}", loc.uri):
         marker = read_marker(loc)
@@ -242,7 +246,7 @@ def _read_meta(loc: Location) -> dict:
                            "it with this version")
     if not recorded:
         raise DatasetError(f"{loc.uri}: its {MARKER_NAME} marker records no sha256 for {META}; re-publish the model")
-    return meta
+    return meta, recorded
 
 
 def _read_bytes(loc: Location, name: str, missing: str) -> bytes:

@@ -276,3 +276,27 @@ def test_a_model_replaced_after_the_driver_checked_it_is_refused(spark, models, 
     with pytest.raises(SparkJobError, match="the model was replaced while this job ran"):
         with spark_errors("scoring"):
             scored.collect()
+
+
+def test_a_model_replaced_after_the_job_recorded_it_is_refused(spark, models, tmp_path):
+    """The driver compares the model it loads with the fingerprint the job recorded first (the
+    scores' marker, a dataset's teacher record): a model replaced at the URI in between is
+    refused, so one model's outputs are never published under another's fingerprint."""
+    from common.errors import DatasetError
+    from common.storage import read_marker
+    from shardtrain.teacher import describe_teacher, score_teacher
+
+    uri = str(tmp_path / "model")
+    shutil.copytree(models["classification"], uri)
+    recorded = describe_teacher(uri)["fingerprint"]
+    assert recorded == read_marker(uri)["model_json_sha256"] == load_model(uri).fingerprint
+    df = spark.read.parquet(write_parquet(raw_rows(20, seed=4), tmp_path / "raw"))
+    assert predict_frame(df, uri, keep_columns=["id"], fingerprint=recorded).count() == 20  # the same model: scored
+
+    shutil.rmtree(uri)
+    shutil.copytree(models["regression"], uri)  # a valid model, but another one
+    assert read_marker(uri)["model_json_sha256"] != recorded  # the replacement really is another model
+    with pytest.raises(DatasetError, match="the model was replaced while this job ran"):
+        predict_frame(df, uri, keep_columns=["id"], fingerprint=recorded)
+    with pytest.raises(DatasetError, match="the model was replaced while this job ran"):
+        score_teacher(df, uri, 1.0, recorded)
