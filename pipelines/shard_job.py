@@ -424,8 +424,9 @@ def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> tuple[list[tupl
     return layout, file_starts
 
 
-def _literal_array(values: list[int], suffix: str = "L") -> str:
-    return "array(" + ", ".join(f"{v}{suffix}" for v in values) + ")"
+def _literal_array(values: list[int]) -> str:
+    """A SQL array<bigint> literal."""
+    return "array(" + ", ".join(f"{v}L" for v in values) + ")"
 
 
 # Sorting by the shuffle key as an unsigned number is sorting by (bucket = its top bits, key).
@@ -495,13 +496,12 @@ def _write_quarantine(spark, rows, counts: RowCounts, staging_uri: str) -> list[
     bad = rows.where("_reason IS NOT NULL").selectExpr("_reason AS reason", "_source AS source", "_raw AS raw")
     num_files = max(1, math.ceil(counts.quarantined / QUARANTINE_ROWS_PER_FILE))
     keys = _partition_keys(num_files)
-    key_array = "array(" + ", ".join(f"{k}L" for k in keys) + ")"
     targets = [f"{QUARANTINE_DIR}/part-{i:05d}.parquet" for i in range(num_files)]
     writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets, schema=schema,
                                rows_per_row_group=QUARANTINE_ROWS_PER_FILE)
     placed = bad.selectExpr("reason", "source", "raw",
                             f"CAST(pmod(xxhash64(reason, source, raw), {num_files}) AS INT) AS {TARGET_COLUMN}")
-    placed = placed.selectExpr("*", f"element_at({key_array}, {TARGET_COLUMN} + 1) AS _pkey")
+    placed = placed.selectExpr("*", f"element_at({_literal_array(keys)}, {TARGET_COLUMN} + 1) AS _pkey")
     written = (placed.repartition(num_files, "_pkey").sortWithinPartitions("reason", "source", "raw")
                .select("reason", "source", "raw", TARGET_COLUMN).mapInArrow(writer, RESULT_DDL).collect())
     return sorted((r.asDict(recursive=True) for r in written), key=lambda f: f["path"])

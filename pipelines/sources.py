@@ -177,10 +177,10 @@ def read_sources(spark, cfg: ShardConfig) -> dict[str, SourceFrames]:
 
 
 def _parse_ddl(spark, name: str, ddl: str):
-    from pyspark.sql.types import StructType
+    from common.spark import ddl_schema
 
     try:
-        return StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], ddl).schema
+        return ddl_schema(spark, ddl)
     except Exception as exc:  # noqa: BLE001 - a parse error in user text becomes a config error
         raise ConfigError(f"sources.{name}.schema is not valid Spark DDL ({first_line(exc)}): {ddl!r}") from None
 

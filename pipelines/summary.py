@@ -93,7 +93,7 @@ def _scan(batches: Iterator[pa.RecordBatch], *, num_moments: int, num_categorica
     """mapInArrow body: one partition -> one pickled partial summary. Batches are gathered into
     chunks of about ``_SCAN_ROWS`` rows, so the per-call costs of numpy and pyarrow are paid per
     chunk, not per Arrow batch."""
-    part = _Partial(num_moments, num_categorical, num_classes, keys, bucket_bits, max_distinct)
+    part = _Partial(num_moments, num_categorical, with_label, num_classes, keys, bucket_bits, max_distinct)
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in batches:
@@ -101,10 +101,10 @@ def _scan(batches: Iterator[pa.RecordBatch], *, num_moments: int, num_categorica
             pending.append(batch)
             rows += batch.num_rows
         if rows >= _SCAN_ROWS:
-            part.add(pa.Table.from_batches(pending).combine_chunks(), with_label)
+            part.add(pa.Table.from_batches(pending).combine_chunks())
             pending, rows = [], 0
     if rows:
-        part.add(pa.Table.from_batches(pending).combine_chunks(), with_label)
+        part.add(pa.Table.from_batches(pending).combine_chunks())
     yield pa.RecordBatch.from_pylist([{"summary": pickle.dumps(part.result())}],
                                      schema=pa.schema([("summary", pa.binary())]))
 
@@ -115,16 +115,17 @@ _SCAN_ROWS = 1 << 18
 class _Partial:
     """One partition's sums (see ``_scan``)."""
 
-    def __init__(self, num_moments: int, num_categorical: int, num_classes: int, keys: int, bucket_bits: int,
-                 max_distinct: int):
+    def __init__(self, num_moments: int, num_categorical: int, with_label: bool, num_classes: int, keys: int,
+                 bucket_bits: int, max_distinct: int):
         self.bucket_rows = np.zeros(keys, dtype=np.int64)
         self.by_reason: dict[str, int] = {}
         self.moments = _MomentSums(num_moments)
         self.values: list[dict[str, int] | None] = [{} for _ in range(num_categorical)]
         self.class_counts = np.zeros(max(num_classes, 0), dtype=np.int64)
-        self.keys, self.bucket_bits, self.max_distinct, self.num_classes = keys, bucket_bits, max_distinct, num_classes
+        self.keys, self.bucket_bits, self.max_distinct = keys, bucket_bits, max_distinct
+        self.with_label, self.num_classes = with_label, num_classes
 
-    def add(self, table: pa.Table, with_label: bool) -> None:
+    def add(self, table: pa.Table) -> None:
         reason = table.column("r")
         clean = pc.is_null(reason)
         if reason.null_count < len(reason):  # any bad rows (a chunk can hold only bad ones)
@@ -145,7 +146,7 @@ class _Partial:
                 counts[item["values"]] = counts.get(item["values"], 0) + item["counts"]
             if len(counts) > self.max_distinct:
                 self.values[i] = None  # Spark's aggregation ranks this one (see the module docstring)
-        if with_label:
+        if self.with_label:
             labels = _ints(picked.column("y").drop_null())
             if len(labels):
                 self.class_counts += np.bincount(labels, minlength=self.num_classes)[:self.num_classes]
