@@ -128,21 +128,49 @@ class FeatureSpec:
         out: dict[str, np.ndarray] = {}
         num = np.zeros((n, len(self.numeric)), dtype=np.float32)
         for j, name in enumerate(self.numeric):
-            stats = self._num[name]
-            col = np.asarray(frame[name], dtype=np.float64)
-            col = np.where(np.isfinite(col), col, stats["fill"])
-            num[:, j] = (col - stats["mean"]) / stats["std"]
+            num[:, j] = self.encode_numeric(name, np.asarray(frame[name], dtype=np.float64))
         out["numeric"] = num
         cat = np.zeros((n, len(self.categorical)), dtype=np.int64)
         for j, name in enumerate(self.categorical):
-            vocab = self._vocab[name]
-            cat[:, j] = [NULL_INDEX if _is_null(v) else _lookup(vocab, v)
-                         for v in frame[name]]
+            cat[:, j] = self.encode_categorical(name, frame[name])
         out["categorical"] = cat
         for name, shape in self.arrays.items():
             rows = [np.asarray(v, dtype=np.float32).reshape(shape) for v in frame[name]]
             out[name] = np.stack(rows) if rows else np.zeros((0, *shape), dtype=np.float32)
         return out
+
+    # The one implementation of the fitted encodings: the shard job stores what these return
+    # (pipelines/shard_writer.py) and a loaded model applies them to raw rows (``transform``).
+
+    def encode_numeric(self, name: str, values: np.ndarray) -> np.ndarray:
+        """Standardized float32: (value - mean) / std in float64, then rounded once to float32; a
+        missing value (NaN, also what a null becomes) and +/-inf take the fill first."""
+        stats = self._num[name]
+        values = np.where(np.isfinite(values), values, stats["fill"])
+        return ((values - stats["mean"]) / stats["std"]).astype(np.float32)
+
+    def encode_categorical(self, name: str, values: Any) -> np.ndarray:
+        """int64 codes: a null is NULL_INDEX, a value outside the vocabulary UNSEEN_INDEX, the
+        vocabulary's i-th value RESERVED_INDICES + i. Arrow string arrays (what Spark's string
+        casts give) are looked up at once; other values one by one, as their string forms."""
+        import pyarrow as pa
+
+        if isinstance(values, (pa.Array, pa.ChunkedArray)) and (pa.types.is_string(values.type)
+                                                                or pa.types.is_large_string(values.type)):
+            import pyarrow.compute as pc
+
+            if isinstance(values, pa.ChunkedArray):
+                values = values.combine_chunks()
+            vocab = pa.array(list(self._vocab[name]), type=values.type)
+            index = pc.index_in(values, value_set=vocab).to_numpy(zero_copy_only=False)
+            codes = np.where(np.isnan(index), UNSEEN_INDEX - RESERVED_INDICES, index).astype(np.int64)
+            codes += RESERVED_INDICES
+            codes[pc.is_null(values).to_numpy(zero_copy_only=False)] = NULL_INDEX
+            return codes
+        if isinstance(values, (pa.Array, pa.ChunkedArray)):
+            values = values.to_pylist()
+        vocab = self._vocab[name]
+        return np.array([NULL_INDEX if _is_null(v) else _lookup(vocab, v) for v in values], dtype=np.int64)
 
 
 def _is_null(value: Any) -> bool:

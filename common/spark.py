@@ -165,15 +165,3 @@ def ddl_schema(spark, ddl: str):
     from pyspark.sql.types import StructType
 
     return StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], ddl).schema
-
-
-def local_frame(spark, rows: list[tuple], ddl: str):
-    """A small table the driver holds (a placement layout, a vocabulary) as a DataFrame, sent as
-    Arrow: a DataFrame of Python rows runs a Python job to unpickle them (about 0.3 s for 12k
-    rows against 0.15 s this way, per use)."""
-    import pandas as pd
-
-    schema = ddl_schema(spark, ddl)
-    if not rows:
-        return spark.createDataFrame([], schema)
-    return spark.createDataFrame(pd.DataFrame.from_records(rows, columns=schema.names), schema=schema)

@@ -6,8 +6,9 @@ Three steps, each a function of the config (and, for the last, of fitted statist
    data is read, naming the column, its config key and the source.
 2. ``row_columns``: per-row SQL for the split, the shuffle key, the typed values and the
    quarantine ``_reason`` (the first rule a row breaks, in a fixed order).
-3. ``encode``: the stored encodings from the statistics ``fit`` makes of the train split's
-   summary (pipelines/summary.py: exact moments, value counts, class counts).
+3. ``fit``: the statistics and vocabularies from the train split's summary
+   (pipelines/summary.py: exact moments, value counts, class counts); the stored encodings are
+   ``common.dataset.FeatureSpec``'s, applied by the shard writer (pipelines/shard_writer.py).
 
 Reasons: ``bad_encoding`` (a used text value holds U+FFFD, which Spark's CSV/JSON readers put in
 place of bytes that are not valid UTF-8), ``null_label``, ``invalid_label``,
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from pipelines.balance import split_index_sql
 from common.errors import InputDataError, first_line
-from common.dataset import LABEL_NAME, NULL_INDEX, RESERVED_INDICES, ROW_INDEX, TEACHER_COLUMN, UNSEEN_INDEX
+from common.dataset import LABEL_NAME, RESERVED_INDICES, ROW_INDEX
 from common.dataset import stored_schema as dataset_schema
 from pipelines.shard_config import ShardConfig
 from pipelines.summary import Summary, top_values
@@ -204,11 +206,11 @@ class FittedStats:
     label: dict               # manifest label spec
 
 
-def fit(clean_train, cfg: ShardConfig, summary: Summary) -> FittedStats:
-    """Statistics and vocabularies of the train split's clean rows (``clean_train``) from the
-    shard job's one scan of them (``summary``: exact moments of ``moment_values(cfg)``, value
-    counts, class counts). A categorical feature the scan left uncounted (too many distinct
-    values) is ranked by a Spark aggregation over ``clean_train`` instead."""
+def fit(clean_train: Callable, cfg: ShardConfig, summary: Summary) -> FittedStats:
+    """Statistics and vocabularies of the train split's clean rows from the shard job's one scan
+    of them (``summary``: exact moments of ``moment_values(cfg)``, value counts, class counts). A
+    categorical feature the scan left uncounted (too many distinct values) is ranked by a Spark
+    aggregation over ``clean_train()`` (those rows as a DataFrame, made only then) instead."""
     moments = list(summary.moments)
     label_moments = moments.pop() if cfg.label.task == "regression" else None
     feats = cfg.features
@@ -216,7 +218,7 @@ def fit(clean_train, cfg: ShardConfig, summary: Summary) -> FittedStats:
                     for name, counts in summary.value_counts.items() if counts is not None}
     wide = [name for name in feats.categorical if name not in vocabularies]
     if wide:
-        vocabularies.update(spark_vocabularies(clean_train, wide, feats.min_count, feats.max_vocab))
+        vocabularies.update(spark_vocabularies(clean_train(), wide, feats.min_count, feats.max_vocab))
     return FittedStats(numeric=_numeric_stats(cfg.features, moments),
                        categorical=_categorical_stats(cfg.features, vocabularies),
                        label=_label_stats(cfg.label, summary.class_counts, label_moments))
@@ -276,35 +278,6 @@ def moment_values(cfg: ShardConfig) -> list[str]:
     if cfg.label.task == "regression":
         values.append("CAST(_label AS DOUBLE)")
     return values
-
-
-def encode(clean, cfg: ShardConfig, stats: FittedStats):
-    """Clean rows -> (_split, _bucket, _shuffle, _tiebreak, stored columns...) with the fitted transform."""
-    from pyspark.sql import functions as F
-
-    from common.spark import local_frame
-
-    spark = clean.sparkSession
-    df = clean
-    select = ["_split", "_bucket", "_shuffle", "_tiebreak"]
-    for entry in stats.numeric:
-        n = entry["name"]
-        select.append(f"CAST((coalesce({num_col(n)}, {entry['fill']!r}) - {entry['mean']!r}) / {entry['std']!r} AS FLOAT)"
-                      f" AS {q(n)}")
-    for entry in stats.categorical:
-        n = entry["name"]
-        # The vocabulary is at most max_vocab rows: broadcast it and join, rather than a huge literal map.
-        lookup = local_frame(spark, [(v, i + RESERVED_INDICES) for i, v in enumerate(entry["vocab"])],
-                             f"`_v_{n}` STRING, `_i_{n}` INT")
-        df = df.join(F.broadcast(lookup), F.col(cat_col(n)) == F.col(f"_v_{n}"), "left")
-        select.append(f"CAST(CASE WHEN {cat_col(n)} IS NULL THEN {NULL_INDEX} "
-                      f"ELSE coalesce(`_i_{n}`, {UNSEEN_INDEX}) END AS INT) AS {q(n)}")
-    for n in cfg.features.arrays:
-        select.append(f"{arr_col(n)} AS {q(n)}")
-    select.append(f"_label AS {LABEL_NAME}")
-    if cfg.teacher is not None:  # added by pipelines.teacher.with_teacher, stored as it is
-        select.append(q(TEACHER_COLUMN))
-    return df.selectExpr(*select)
 
 
 def stored_schema(cfg: ShardConfig, teacher: dict | None = None) -> list[dict]:

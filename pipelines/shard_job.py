@@ -10,29 +10,32 @@ a failure removes):
 1. mode check (``error`` refuses, ``skip_if_exists`` compares the input fingerprint and returns,
    ``overwrite`` accepts only a dataset at the path);
 2. read sources, build the table (query, transform), check columns and types;
-3. inside ``storage.publish`` (a staging directory, removed on any failure): evaluate the row
-   expressions once and write the checked rows (split, keys, typed values, reason; malformed
-   records too) as Parquet under the staging directory; every later pass reads those files
-   (only the columns it needs), and they are removed before the commit;
-4. one scan of the staged rows (pipelines/summary.py): rows per split, bucket and quarantine
-   reason, and over the train split the exact moments, value counts and class counts; quality
-   gate, and every split must have at least num_shards rows;
-5. the statistics and vocabularies from that scan; with ``teacher``, its soft targets join
-   the rows as one more column (pipelines/teacher.py; the model's description was read and
-   checked before step 1); encode (the ``prepared`` rows);
-6. rank each split's rows by a seeded shuffle key, place each output file in its own Spark
-   partition, write it with pyarrow on the executor (shard_writer.py), write the quarantine,
-   check input = published + quarantined, write the manifest and config; commit.
+3. inside ``storage.publish`` (a staging directory, removed on any failure), pass one over the
+   rows: evaluate the row expressions once, send each checked row (split, keys, typed values,
+   reason; malformed records too) to its staging partition, a split's range of buckets or the
+   bad rows (one shuffle), and there write it as Parquet under the staging directory and take
+   the summary (pipelines/summary.py): rows per split, bucket and quarantine reason, and over
+   the train split the exact moments, value counts and class counts. With ``teacher``, its soft
+   targets are computed there too (pipelines/teacher.py; the model's description was read and
+   checked before step 1). The staged rows are removed before the commit;
+4. quality gate, and every split must have at least num_shards rows; the statistics and
+   vocabularies from the summary;
+5. pass two: one task per output file reads the staged files of its buckets, ranks the rows,
+   keeps its block, encodes it (``FeatureSpec``) and writes it with pyarrow (shard_writer.py);
+   write the quarantine, check input = published + quarantined, write the manifest and config;
+   commit.
 
-Ranking and placement with one shuffle, without a global sort or a driver collect: the shuffle
-key's top 12 bits form 4096 buckets per split; the counts per (split, bucket) come from step 4,
-so each bucket's range of ranks is known, and shards are contiguous blocks of ranks, so each
-bucket belongs to a known file (the few that straddle a shard boundary are sent to both files).
-A file's partition thus holds whole buckets, a contiguous range of ranks; sorted by the shuffle
-key, a row's rank is the range's start plus its position, and the file keeps its own block.
+Ranking and placement without a global sort or a driver collect: the shuffle key's top 12 bits
+form 4096 buckets per split; the counts per (split, bucket) come from pass one, so each bucket's
+range of ranks is known, and shards are contiguous blocks of ranks, so each bucket belongs to a
+known file (the few that straddle a shard boundary are read by both files). A file's task thus
+reads whole buckets, a contiguous range of ranks; sorted by the shuffle key, a row's rank is the
+range's start plus its position, and the file keeps its own block. The staging partitions are
+ranges of buckets of each split, num_shards of them, so a file's buckets lie in one or two staged
+files.
 
 Placement without hash collisions: ``repartition(n, k)`` sends key k to ``pmod(murmur3(k), n)``,
-so for each output file we find a key that lands exactly in its own partition (Spark's Murmur3,
+so for each staging key we find a k that lands exactly in its own partition (Spark's Murmur3,
 computed on the driver), rather than hoping hash buckets spread evenly (they do not).
 """
 
@@ -48,17 +51,17 @@ import time
 from dataclasses import dataclass
 
 from common import __version__
-from pipelines.balance import (BUCKET_BITS, check_split_rows, row_index_sql, rows_per_row_group, shard_sizes, shard_sql,
-                              shard_starts)
+from pipelines.balance import BUCKET_BITS, check_split_rows, rows_per_row_group, shard_sizes, shard_starts
 from common.config import dump_yaml, to_dict
 from common.plugins import load_callable
 from common.errors import AccountingError, InputDataError, OutputExistsError, QualityGateError, first_line
-from common.dataset import (FORMAT_VERSION, ROW_INDEX, Manifest, arrow_schema, build_manifest, read_manifest,
-                            row_bytes, write_manifest)
-from pipelines.preprocess import cat_col, check_table, encode, fit, moment_values, q, row_columns, stored_schema
+from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUMN, Manifest, arrow_schema,
+                            build_manifest, read_manifest, row_bytes, write_manifest)
+from pipelines.preprocess import arr_col, cat_col, check_table, fit, moment_values, num_col, q, row_columns, stored_schema
 from pipelines.shard_config import ShardConfig
-from pipelines.summary import Summary, summarize
-from pipelines.shard_writer import RESULT_DDL, TARGET_COLUMN, write_empty, write_partition
+from pipelines.summary import ScanSpec, Summary
+from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, TARGET_COLUMN, Encoding, ShardPlan,
+                                    stage_partition, write_empty, write_partition, write_shards)
 from pipelines.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
 from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
 from common.storage import (KIND_DATASET, check_disjoint, check_replaceable, clean_stale_staging, is_committed,
@@ -128,41 +131,32 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
     # Everything from here on happens inside the staging directory: a failed check (quality gate,
     # split sizes, accounting) removes it with whatever was written, and the output is untouched.
     with publish(out.uri, mode=mode, marker={"kind": KIND_DATASET, "input_fingerprint": input_fp}) as staging:
-        with spark_errors("reading and checking the input rows"):
-            rows = _stage_rows(spark, checked, staging)
-        staged_s = timer.lap()
-        with spark_errors("counting rows per split and quarantine reason, and the train statistics"):
-            counts, summary = _count(rows, cfg)
-        timer.report("read, check and stage rows", counts.input_rows, staged_s)
-        timer.done("count rows, train moments and values", counts.input_rows)
+        with spark_errors("reading, checking and staging the input rows"):
+            staged, counts, summary = _stage_rows(spark, checked, cfg, staging.uri, teacher_scorer, teacher)
+        timer.done("read, check, stage and count rows", counts.input_rows)
         _quality_gate(cfg, counts)
         for i, name in enumerate(split_names):
             check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
         _check_numeric_coverage(cfg, counts)
 
-        clean = rows.where("_reason IS NULL")
+        train = split_names.index("train")
         with spark_errors("fitting statistics and vocabularies on the train split"):
-            stats = fit(clean.where(f"_split = {split_names.index('train')}"), cfg, summary)
-        timer.done("fit statistics and vocabularies on train", counts.split_rows.get(split_names.index("train"), 0))
-        with spark_errors("building the fitted encodings"):
-            prepared = encode(with_teacher(clean, cfg, teacher_scorer, teacher), cfg, stats)
-        # `prepared` is the one point where the validated, encoded rows exist as a DataFrame
-        # (placement columns _split, _bucket, _shuffle, _tiebreak + the stored columns): a step over
-        # the rows plugs in here, before placement. It must keep every row and be deterministic.
+            stats = fit(lambda: staged.frame(spark, staged.split_paths(train)), cfg, summary)
+        timer.done("fit statistics and vocabularies on train", counts.split_rows.get(train, 0))
+        features = {"numeric": stats.numeric, "categorical": stats.categorical,
+                    "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
 
         columns = stored_schema(cfg, teacher)
         rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
         with spark_errors("writing the balanced shards"):
-            files = _write_shards(spark, prepared, cfg, counts, columns, rpg, staging.uri)
+            files = _write_shards(spark, staged, cfg, counts, features, columns, rpg)
         timer.done("write balanced shards", sum(counts.split_rows.values()))
         with spark_errors("writing the quarantine"):
-            qfiles = _write_quarantine(spark, rows, counts, staging.uri)
+            qfiles = _write_quarantine(spark, staged, counts)
         timer.done("write quarantine", counts.quarantined)
         _remove_staged_rows(staging)
         splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
         accounting = _check_accounting(counts, splits, qfiles)
-        features = {"numeric": stats.numeric, "categorical": stats.categorical,
-                    "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
         manifest = build_manifest(
             splits, features, stats.label, teacher=teacher, num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
             quarantine={"path": QUARANTINE_DIR, "rows": counts.quarantined,
@@ -222,21 +216,79 @@ def _kept_columns(checked, table_columns: list[str], reason: str, raw: str, sour
         f"{reason} AS _reason", f"{raw} AS _raw", f"CASE WHEN {reason} IS NOT NULL THEN {source} END AS _source")
 
 
-def _stage_rows(spark, checked, staging):
-    """Write the checked rows once, as Parquet inside the staging directory, and return them read back.
+@dataclass
+class StagedRows:
+    """The checked rows as the staging pass wrote them: one Parquet file per staging key under
+    ``uri`` (the publish staging directory). Key ``s * parts + r`` holds split s's clean rows of
+    bucket range r (the buckets b with ``b * parts >> BUCKET_BITS == r``), key ``num_splits *
+    parts`` the bad rows; a key no row took has no file."""
 
-    The source is read and the row expressions evaluated once, not once per pass; the later
-    passes read only the columns they use. A Parquet write cost far less than building Spark's
-    in-memory cache of the same rows (benchmarks/RESULTS.md, issue 11), and a task retried later
+    uri: str
+    files: dict[int, str]
+    parts: int
+    num_splits: int
+
+    @property
+    def bad_key(self) -> int:
+        return self.num_splits * self.parts
+
+    def split_paths(self, split: int, buckets: tuple[int, int] = (0, (1 << BUCKET_BITS) - 1)) -> list[str]:
+        """The files holding split ``split``'s clean rows of buckets ``buckets`` (first, last)."""
+        first, last = ((b * self.parts) >> BUCKET_BITS for b in buckets)
+        keys = (split * self.parts + r for r in range(first, last + 1))
+        return [self.files[k] for k in keys if k in self.files]
+
+    def frame(self, spark, paths: list[str]):
+        """Those files as a Spark DataFrame (the vocabulary fallback, the quarantine)."""
+        from common.spark import to_spark_path
+
+        return spark.read.parquet(*[to_spark_path(resolve(self.uri).join(p).uri) for p in paths])
+
+
+def stage_key_sql(num_splits: int, parts: int) -> str:
+    """A checked row's staging key (``StagedRows``)."""
+    return (f"CAST(CASE WHEN _reason IS NOT NULL THEN {num_splits * parts} "
+            f"ELSE _split * {parts} + ((_bucket * {parts}) DIV {1 << BUCKET_BITS}) END AS INT)")
+
+
+def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scorer: TeacherScorer | None,
+                teacher: dict | None) -> tuple[StagedRows, RowCounts, Summary]:
+    """Pass one over the rows: evaluate the row checks once, send each row to its staging key's
+    partition (one shuffle), and there write the rows as one Parquet file and take their summary
+    (pipelines/summary.py), in the same task. Returns the files, the counts and the summary.
+
+    The shuffle is the one a shard file needs: a split's bucket range holds the rows of about
+    one output file (the files are contiguous blocks of ranks, buckets hold about equal shares),
+    so the second pass reads one or two staged files per output file and no Spark shuffle, sort
+    or conversion of the rows to Python is left for it. A Parquet staging write cost no more than
+    the cache of the same rows (benchmarks/RESULTS.md, issue 11), and a task retried later
     re-reads the same files, so it sees the same rows. Removed before the commit.
-    """
-    from common.spark import to_spark_path
 
-    path = to_spark_path(staging.join(STAGED_ROWS_DIR).uri)
-    # No dictionary encoding: most staged columns are hashes and measurements, where building
-    # dictionaries only to drop them cost time (2M rows: 4.3-4.4 s instead of 4.9-6.6 s).
-    checked.write.mode("error").option("parquet.enable.dictionary", "false").parquet(path)
-    return spark.read.parquet(path)
+    With ``teacher``, its soft targets are computed here, on each partition's clean rows sorted
+    by content (pipelines/teacher.py): partitions and batches then depend on the rows alone.
+    """
+    from pyspark.sql import functions as F
+
+    num_splits, parts = len(cfg.split.fractions), cfg.output.num_shards
+    keys = _partition_keys(num_splits * parts + 1)
+    rows = checked.selectExpr("*", f"{stage_key_sql(num_splits, parts)} AS {STAGE_COLUMN}")
+    rows = rows.repartition(len(keys), F.expr(f"element_at({_literal_array(keys)}, {STAGE_COLUMN} + 1)"))
+    rows = with_teacher(rows, cfg, teacher_scorer, teacher)
+    label = cfg.label
+    scan = ScanSpec(split="_split", bucket="_bucket", reason="_reason",
+                    moments=tuple(num_col(n) for n in cfg.features.numeric) + (
+                        ("_label",) if label.task == "regression" else ()),
+                    categorical=tuple(cat_col(n) for n in cfg.features.categorical),
+                    label="_label" if label.task == "classification" else None, num_classes=label.num_classes or 0,
+                    selected=list(cfg.split.fractions).index("train"), num_splits=num_splits, bucket_bits=BUCKET_BITS)
+    writer = functools.partial(stage_partition, root_uri=staging_uri, directory=STAGED_ROWS_DIR, scan=scan)
+    written = rows.mapInArrow(writer, STAGE_RESULT_DDL).collect()
+    staged = StagedRows(uri=staging_uri, files={r["stage"]: r["path"] for r in written}, parts=parts,
+                        num_splits=num_splits)
+    if len(staged.files) != len(written):
+        raise AccountingError("two staging tasks wrote the same staging key; the driver's partition keys are wrong")
+    summary = scan.merge([r["summary"] for r in written], names=moment_values(cfg))
+    return staged, _counts(summary), summary
 
 
 def _remove_staged_rows(staging) -> None:
@@ -317,23 +369,15 @@ class RowCounts:
         return self.table_rows + self.malformed
 
 
-def _count(rows, cfg: ShardConfig) -> tuple[RowCounts, Summary]:
-    """One scan of the staged rows (pipelines/summary.py): rows per (split, bucket) and per
-    reason, and over the train split's clean rows the exact moments, value counts and class counts."""
-    train = list(cfg.split.fractions).index("train")
-    label = cfg.label
-    summary = summarize(rows, split="_split", bucket="_bucket", reason="_reason", moments=moment_values(cfg),
-                        categorical={name: cat_col(name) for name in cfg.features.categorical},
-                        label="_label" if label.task == "classification" else None,
-                        num_classes=label.num_classes or 0, selected=f"_split = {train}",
-                        num_splits=len(cfg.split.fractions), bucket_bits=BUCKET_BITS)
+def _counts(summary: Summary) -> RowCounts:
+    """Rows per split, (split, bucket) and reason, from the staging pass's summary."""
     split_rows: dict[int, int] = {}
     for (s, _), n in summary.bucket_rows.items():
         split_rows[s] = split_rows.get(s, 0) + n
     by_reason = summary.by_reason
     malformed = by_reason.get(MALFORMED, 0)  # staged with the rows (_checked_rows)
     table_rows = sum(split_rows.values()) + sum(by_reason.values()) - malformed
-    return RowCounts(split_rows, summary.bucket_rows, by_reason, table_rows, malformed, summary.moments), summary
+    return RowCounts(split_rows, summary.bucket_rows, by_reason, table_rows, malformed, summary.moments)
 
 
 def _quality_gate(cfg: ShardConfig, counts: RowCounts) -> None:
@@ -429,56 +473,19 @@ def _literal_array(values: list[int]) -> str:
     return "array(" + ", ".join(f"{v}L" for v in values) + ")"
 
 
-# Sorting by the shuffle key as an unsigned number is sorting by (bucket = its top bits, key).
-_RANK_ORDER = "_shuffle ^ shiftleft(1L, 63)"
-# monotonically_increasing_id(): the partition index in the upper 31 bits, the row's position in
-# the partition in the lower 33.
-_POSITION_BITS = 33
-
-
-def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns: list[dict], rpg: int,
-                  staging_uri: str) -> list[dict]:
-    """Rank, place and write with one shuffle: each file's rows (whole buckets, so a few rows
-    beyond its block at each end) go to the file's own partition, which is sorted in rank order;
-    a row's rank is the file's first rank plus its position, and the file keeps its block."""
-    from pyspark.sql import functions as F
-
-    from common.spark import local_frame
-
+def _write_shards(spark, staged: StagedRows, cfg: ShardConfig, counts: RowCounts, features: dict,
+                  columns: list[dict], rpg: int) -> list[dict]:
+    """Pass two: one task per output file reads its buckets' staged rows, ranks, encodes and
+    writes them (shard_writer.write_shards); no shuffle. The driver checks every file arrived."""
     n = cfg.output.num_shards
     split_names = list(cfg.split.fractions)
-    rows, file_starts = _shard_layout(counts, len(split_names), n)
-    layout = local_frame(spark, rows, "_split INT, _bucket INT, _file INT")
     targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
-    keys = _partition_keys(len(targets))
-    data_cols = [c["name"] for c in columns if c["name"] != ROW_INDEX]
-    # Only what placement needs after the shuffle travels with the rows: the file and the two
-    # keys. The file's split, block sizes and first rank are looked up from the file afterwards.
-    copies = (prepared.join(F.broadcast(layout), ["_split", "_bucket"])
-              .select(*[F.col(q(c)) for c in data_cols], "_shuffle", "_tiebreak", "_file")
-              .repartition(len(targets), F.expr(f"element_at({_literal_array(keys)}, _file + 1)")))
-    # The order is (_shuffle, _tiebreak): two independent 64-bit hashes of the key and every used
-    # raw value. Rows equal in both are, short of a 128-bit collision (about 1e-21 for 1e9 rows),
-    # identical input rows, hence identical output rows: any order among them writes the same
-    # bytes. (Sorting on every stored column instead made this stage twice as slow.)
-    # One sort key that varies from row to row (not a window partitioned by file and bucket,
-    # whose sort compares whole rows wherever the constant file key ties), and the position in
-    # the sorted partition read from monotonically_increasing_id, with no window at all. The
-    # writer checks the result: each file's _row starts at its block's first rank and rises by
-    # one from row to row; the driver checks each file's row count.
-    sizes = [divmod(counts.split_rows.get(s, 0), n) for s in range(len(split_names)) for _ in range(n)]
-    per_file = {"_start": file_starts, "_base": [b for b, _ in sizes], "_extra": [e for _, e in sizes]}
-    ordered = copies.sortWithinPartitions(F.expr(_RANK_ORDER), "_tiebreak")
-    ranked = ordered.selectExpr("*", *[f"element_at({_literal_array(v)}, _file + 1) AS {k}" for k, v in per_file.items()])
-    ranked = ranked.selectExpr(
-        "*", f"_start + (monotonically_increasing_id() & {(1 << _POSITION_BITS) - 1}) AS _idx")
-    placed = ranked.where(f"_file DIV {n} * {n} + {shard_sql()} = _file").selectExpr(
-        *[q(c) for c in data_cols], f"{row_index_sql()} AS {ROW_INDEX}", f"_file AS {TARGET_COLUMN}")
-    writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets,
-                               schema=arrow_schema(columns), rows_per_row_group=rpg, consecutive=ROW_INDEX,
-                               first_values=[start for i in range(len(split_names))
-                                             for start in shard_starts(counts.split_rows[i], n)])
-    files = [r.asDict(recursive=True) for r in placed.mapInArrow(writer, RESULT_DDL).collect()]
+    plans = _shard_plans(staged, counts, len(split_names), n)
+    writer = functools.partial(write_shards, root_uri=staged.uri, plans=plans, targets=targets,
+                               encoding=_encoding(cfg, features, columns), schema=arrow_schema(columns),
+                               rows_per_row_group=rpg)
+    ids = spark.range(0, len(targets), 1, len(targets)).selectExpr("CAST(id AS INT) AS id")
+    files = [r.asDict(recursive=True) for r in ids.mapInArrow(writer, RESULT_DDL).collect()]
     got = sorted(f["path"] for f in files)
     if got != sorted(targets):
         missing = sorted(set(targets) - set(got))
@@ -487,13 +494,49 @@ def _write_shards(spark, prepared, cfg: ShardConfig, counts: RowCounts, columns:
     return files
 
 
-def _write_quarantine(spark, rows, counts: RowCounts, staging_uri: str) -> list[dict]:
+def _shard_plans(staged: StagedRows, counts: RowCounts, num_splits: int, n: int) -> list[ShardPlan]:
+    """Per output file: its buckets, the first rank among them, its block of ranks, the staged
+    files that hold those buckets, and how many rows they must yield (``_shard_layout``)."""
+    layout, file_starts = _shard_layout(counts, num_splits, n)
+    buckets: dict[int, list[int]] = {}
+    for s, b, f in layout:
+        buckets.setdefault(f, []).append(b)
+    plans = []
+    for f in range(num_splits * n):
+        s, k = divmod(f, n)
+        rows = counts.split_rows.get(s, 0)
+        lo, hi = min(buckets[f]), max(buckets[f])
+        plans.append(ShardPlan(
+            target=f, buckets=(lo, hi), first_rank=file_starts[f], start=shard_starts(rows, n)[k],
+            rows=shard_sizes(rows, n)[k], inputs=tuple(staged.split_paths(s, (lo, hi))),
+            bucket_rows=sum(counts.bucket_rows.get((s, b), 0) for b in range(lo, hi + 1))))
+    return plans
+
+
+def _encoding(cfg: ShardConfig, features: dict, columns: list[dict]) -> Encoding:
+    """Each stored column's staged source: numeric and categorical features encoded with the
+    fitted statistics, arrays, the label and the teacher's soft targets copied as staged."""
+    feats = cfg.features
+    how = {**{n: ("numeric", num_col(n)) for n in feats.numeric},
+           **{n: ("categorical", cat_col(n)) for n in feats.categorical},
+           **{n: ("copy", arr_col(n)) for n in feats.arrays},
+           LABEL_NAME: ("copy", "_label"), TEACHER_COLUMN: ("copy", TEACHER_COLUMN)}
+    return Encoding(features=features,
+                    columns=tuple((c["name"], *how[c["name"]]) for c in columns if c["name"] != ROW_INDEX))
+
+
+def _write_quarantine(spark, staged: StagedRows, counts: RowCounts) -> list[dict]:
     import pyarrow as pa
 
+    staging_uri = staged.uri
     schema = pa.schema([("reason", pa.string()), ("source", pa.string()), ("raw", pa.string())])
     if counts.quarantined == 0:
         return [write_empty(staging_uri, f"{QUARANTINE_DIR}/part-00000.parquet", schema)]
-    bad = rows.where("_reason IS NOT NULL").selectExpr("_reason AS reason", "_source AS source", "_raw AS raw")
+    if staged.bad_key not in staged.files:
+        raise AccountingError(f"the count found {counts.quarantined} bad rows, but the staging pass wrote none; "
+                              "nothing was published")
+    rows = staged.frame(spark, [staged.files[staged.bad_key]])
+    bad = rows.selectExpr("_reason AS reason", "_source AS source", "_raw AS raw")
     num_files = max(1, math.ceil(counts.quarantined / QUARANTINE_ROWS_PER_FILE))
     keys = _partition_keys(num_files)
     targets = [f"{QUARANTINE_DIR}/part-{i:05d}.parquet" for i in range(num_files)]

@@ -1,20 +1,29 @@
-"""Executor side of the shard job: write one Spark partition as one Parquet file, byte-identically.
+"""Executor side of the shard job: the staging pass, and the shard files, byte-identically.
 
-The driver arranges that each partition holds the rows of exactly one output file, sorted in file
-order, with an int ``_target`` column naming the file (an index into ``targets``). This module
-turns that stream of Arrow batches into a Parquet file with fixed-size row groups and reports
-what it wrote (path, rows, row-group sizes, bytes, sha256), one small record per file.
+Two ``mapInArrow`` bodies, one per pass over the rows (pipelines/shard_job.py):
 
-Runs on executors: it imports only pyarrow and common.storage (never Spark, never the
-session), and everything it needs arrives as plain picklable arguments. A retried or speculative
-task writes a private temporary file and renames it, so a killed attempt leaves no half file
-under the final name and a rerun writes the same bytes.
+- ``stage_partition``: one partition of checked rows, all of one staging key (a split's range of
+  buckets, or the bad rows), becomes one Parquet file of the staging directory; the summary of
+  its rows (pipelines/summary.py) is taken on the way and reported with it.
+- ``write_shards``: for each output file the driver planned, read the staged files that hold
+  its buckets, sort the rows in rank order (the seeded shuffle key, then the tie-break), keep
+  the file's block of ranks, encode them with the fitted statistics (``FeatureSpec``, the same
+  code a loaded model applies) and write the file with fixed-size row groups; report what was
+  written (path, rows, row-group sizes, bytes, sha256), one small record per file.
+
+Runs on executors: it imports only numpy, pyarrow and common (never Spark, never the session),
+and everything it needs arrives as plain picklable arguments. A retried or speculative task
+writes a private temporary file and renames it, so a killed attempt leaves no half file under
+the final name and a rerun writes the same bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import uuid
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -22,8 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.dataset import ROW_INDEX, is_list_type, value_type
+from common.dataset import ROW_INDEX, FeatureSpec, is_list_type, value_type
 from common.storage import resolve
+from pipelines.summary import ScanSpec
 
 TARGET_COLUMN = "_target"
 
@@ -86,75 +96,65 @@ def _compresses(column: pa.ChunkedArray, codec: pa.Codec) -> bool:
 
 
 def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets: list[str],
-                    schema: pa.Schema, rows_per_row_group: int,
-                    consecutive: str | None = None, first_values: list[int] | None = None) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: the partition's batches -> one file under ``root_uri``; yields its record.
-
-    ``consecutive``: a column whose value must rise by exactly one from each row to the next (the
-    shards' ``_row``), so a partition that arrives out of order fails instead of writing it;
-    ``first_values``: per target, the value its first row must have (else any).
-    """
-    writer = None
-    target = None
-    pending: list[pa.Table] = []
-    pending_rows = 0
-    groups: list[int] = []
+                    schema: pa.Schema, rows_per_row_group: int) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: the partition's batches (rows of one output file, in file order, with
+    ``_target`` naming it) -> that file under ``root_uri``; yields its record."""
+    batches = (batch for batch in batches if batch.num_rows)
+    first = next(batches, None)
+    if first is None:
+        return  # an empty partition writes nothing; the driver checks every file arrived
+    target = pa.Table.from_batches([first]).column(TARGET_COLUMN)[0].as_py()
     root = resolve(root_uri)
-    tmp_path = final_path = None
-    sink = None
-    next_value = None
-    try:
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            table = pa.Table.from_batches([batch])
-            ids = table.column(TARGET_COLUMN)
-            first = ids[0].as_py()
-            if target is None:
-                target = first
-                final_path = root.join(targets[target]).path
-                tmp_path = f"{final_path}.tmp-{uuid.uuid4().hex}"
-                root.fs.makedirs(root.join(targets[target]).path.rsplit("/", 1)[0], exist_ok=True)
-                sink = root.fs.open(tmp_path, "wb")
-            lo, hi = pc.min_max(ids).values()
-            if lo.as_py() != target or hi.as_py() != target:
-                raise RuntimeError(f"partition holds rows of more than one output file ({targets[target]!r} and "
-                                   "another); the driver's partition keys are wrong")
-            if consecutive is not None:
-                if next_value is None and first_values is not None:
-                    next_value = first_values[target]
-                next_value = _check_consecutive(table.column(consecutive), next_value, targets[target])
-            pending.append(table.drop([TARGET_COLUMN]).cast(schema))
-            pending_rows += table.num_rows
-            if writer is None and pending_rows >= COMPRESSION_SAMPLE_ROWS:
-                writer = _open_writer(sink, schema, pending)
-            while writer is not None and pending_rows >= rows_per_row_group:
-                pending, pending_rows = _write_group(writer, pending, rows_per_row_group, groups)
-        if target is None:
-            return  # an empty partition writes nothing; the driver checks every file arrived
-        if writer is None:  # fewer rows than the sample
-            writer = _open_writer(sink, schema, pending)
-        while pending_rows >= rows_per_row_group:
-            pending, pending_rows = _write_group(writer, pending, rows_per_row_group, groups)
-        if pending_rows:
-            _write_group(writer, pending, pending_rows, groups)
-        writer.close()
+    groups: list[int] = []
+    with _atomic_file(root, targets[target]) as sink:
         writer = None
-        sink.close()
-        sink = None
-        root.fs.mv(tmp_path, final_path)
-        tmp_path = None
-    finally:
-        if writer is not None:
-            writer.close()
-        if sink is not None:
-            sink.close()
-        if tmp_path is not None and root.fs.exists(tmp_path):
-            root.fs.rm(tmp_path)
-    size, digest = file_digest(root.fs, final_path)
+        pending: list[pa.Table] = []
+        pending_rows = 0
+        try:
+            for batch in itertools.chain([first], batches):
+                table = pa.Table.from_batches([batch])
+                lo, hi = pc.min_max(table.column(TARGET_COLUMN)).values()
+                if lo.as_py() != target or hi.as_py() != target:
+                    raise RuntimeError(f"partition holds rows of more than one output file ({targets[target]!r} "
+                                       "and another); the driver's partition keys are wrong")
+                pending.append(table.drop([TARGET_COLUMN]).cast(schema))
+                pending_rows += table.num_rows
+                if writer is None and pending_rows >= COMPRESSION_SAMPLE_ROWS:
+                    writer = _open_writer(sink, schema, pending)
+                while writer is not None and pending_rows >= rows_per_row_group:
+                    pending, pending_rows = _write_group(writer, pending, rows_per_row_group, groups)
+            if writer is None:  # fewer rows than the sample
+                writer = _open_writer(sink, schema, pending)
+            while pending_rows >= rows_per_row_group:
+                pending, pending_rows = _write_group(writer, pending, rows_per_row_group, groups)
+            if pending_rows:
+                _write_group(writer, pending, pending_rows, groups)
+        finally:
+            if writer is not None:
+                writer.close()
+    size, digest = file_digest(root.fs, root.join(targets[target]).path)
     yield pa.RecordBatch.from_pylist(
         [{"path": targets[target], "rows": sum(groups), "row_groups": groups, "bytes": size, "sha256": digest}],
         schema=RESULT_SCHEMA)
+
+
+@contextlib.contextmanager
+def _atomic_file(root, path: str):
+    """A binary sink for ``path`` (under ``root``) that appears under that name only once the
+    block ends without an error: it is written under a private temporary name, then renamed."""
+    final = root.join(path).path
+    tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+    root.fs.makedirs(final.rsplit("/", 1)[0], exist_ok=True)
+    sink = root.fs.open(tmp, "wb")
+    try:
+        yield sink
+        sink.close()
+        root.fs.mv(tmp, final)
+    except BaseException:
+        sink.close()
+        if root.fs.exists(tmp):
+            root.fs.rm(tmp)
+        raise
 
 
 def _open_writer(sink, schema: pa.Schema, pending: list[pa.Table]) -> pq.ParquetWriter:
@@ -163,22 +163,167 @@ def _open_writer(sink, schema: pa.Schema, pending: list[pa.Table]) -> pq.Parquet
     return pq.ParquetWriter(sink, schema, **writer_options(schema, sample))
 
 
-def _check_consecutive(values: pa.ChunkedArray, expected: int | None, target: str) -> int:
-    """``values`` must be expected, expected + 1, ... (any start for the first batch); returns the next."""
-    array = values.to_numpy()
-    start = int(array[0]) if expected is None else expected
-    if array[0] != start or (len(array) > 1 and not (np.diff(array) == 1).all()):
-        raise RuntimeError(f"rows for {target!r} arrived out of order (row index {int(array[0])} where {start} was "
-                           "next, or a gap within a batch); nothing was published")
-    return start + len(array)
-
-
 def _write_group(writer: pq.ParquetWriter, pending: list[pa.Table], rows: int, groups: list[int]):
     table = pa.concat_tables(pending)
     writer.write_table(table.slice(0, rows), row_group_size=rows)
     groups.append(rows)
     rest = table.slice(rows)
     return ([rest] if rest.num_rows else []), rest.num_rows
+
+
+# ---- the staging pass ----
+
+STAGE_COLUMN = "_stage"
+STAGE_RESULT_SCHEMA = pa.schema([("stage", pa.int32()), ("path", pa.string()), ("rows", pa.int64()),
+                                 ("summary", pa.binary())])
+STAGE_RESULT_DDL = "stage INT, path STRING, rows BIGINT, summary BINARY"
+# Staged rows are read once more, by this module, and removed: written for speed (no
+# compression, no dictionaries, no statistics), in row groups of this many rows.
+STAGE_CHUNK_ROWS = 1 << 16
+STAGE_WRITER_OPTIONS = dict(compression="NONE", use_dictionary=False, write_statistics=False, version="2.6")
+
+
+def stage_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, directory: str,
+                    scan: ScanSpec) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body of the staging pass: one partition of checked rows, all with one
+    ``_stage`` key, -> ``directory/part-<key>.parquet`` under ``root_uri`` (without the key
+    column), and one record: the key, the file, its rows, and its rows' summary (``scan``).
+
+    The rows arrive in no particular order (a shuffle's reduce side), which nothing downstream
+    depends on: the summary is exact, and the shard files are sorted by content."""
+    batches = (batch for batch in batches if batch.num_rows)
+    first = next(batches, None)
+    if first is None:
+        return  # no rows carry this key: no file
+    stage = pa.Table.from_batches([first]).column(STAGE_COLUMN)[0].as_py()
+    path = f"{directory}/part-{stage:05d}.parquet"
+    scanner = scan.scanner()
+    root = resolve(root_uri)
+    rows = 0
+    with _atomic_file(root, path) as sink:
+        writer = None
+        try:
+            for chunk in _chunks(itertools.chain([first], batches), STAGE_CHUNK_ROWS):
+                lo, hi = pc.min_max(chunk.column(STAGE_COLUMN)).values()
+                if lo.as_py() != stage or hi.as_py() != stage:
+                    raise RuntimeError(f"a staging partition holds rows of keys {lo} and {hi}; the driver's "
+                                       "partition keys are wrong")
+                chunk = chunk.drop([STAGE_COLUMN])
+                scanner.add(chunk)
+                if writer is None:
+                    writer = pq.ParquetWriter(sink, chunk.schema, **STAGE_WRITER_OPTIONS)
+                writer.write_table(chunk, row_group_size=chunk.num_rows)
+                rows += chunk.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+    yield pa.RecordBatch.from_pylist([{"stage": stage, "path": path, "rows": rows, "summary": scanner.result()}],
+                                     schema=STAGE_RESULT_SCHEMA)
+
+
+def _chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+    """The batches regrouped into tables of about ``rows`` rows (contiguous memory), so that
+    per-call costs of pyarrow and numpy are paid per chunk, not per Arrow batch."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        pending.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(pending).combine_chunks()
+            pending, count = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending).combine_chunks()
+
+
+# ---- the shard files ----
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """One output file, as the driver places it from the summary's counts."""
+
+    target: int                # index into the targets (the file's path)
+    buckets: tuple[int, int]   # the first and last bucket of its split whose ranks meet its block
+    first_rank: int            # the rank of the first bucket's first row
+    start: int                 # its block of ranks: [start, start + rows)
+    rows: int
+    inputs: tuple[str, ...]    # the staged files (under the staging root) that hold those buckets
+    bucket_rows: int           # the clean rows in those buckets, as the summary counted them
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How each stored column comes from the staged ones: (stored name, how, staged column),
+    how = ``numeric`` or ``categorical`` (``FeatureSpec`` of ``features``, the manifest's) or
+    ``copy``; ``_row`` is the rank."""
+
+    features: dict
+    columns: tuple[tuple[str, str, str], ...]
+
+
+PLACEMENT_COLUMNS = ("_bucket", "_shuffle", "_tiebreak")
+# The batches the writer is given (Spark's Arrow batch size, so files match those of the job
+# when Spark delivered the rows).
+WRITE_BATCH_ROWS = 10_000
+
+
+def write_shards(ids: Iterator[pa.RecordBatch], *, root_uri: str, plans: list[ShardPlan], targets: list[str],
+                 encoding: Encoding, schema: pa.Schema, rows_per_row_group: int) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body over the planned files' indexes (one column): each file is read, ranked,
+    encoded and written (see the module docstring); yields one record per file."""
+    spec = FeatureSpec(encoding.features)
+    staged = sorted({source for _, _, source in encoding.columns})
+    for batch in ids:
+        for target in batch.column(0).to_pylist():
+            plan = plans[target]
+            rows = _placed_rows(root_uri, plan, staged, targets[target])
+            table = _encoded(rows, spec, encoding, plan.start)
+            table = table.append_column(TARGET_COLUMN, pa.array(np.full(table.num_rows, target, dtype=np.int32)))
+            # Fixed batches: the Parquet writer's page boundaries follow the batches it is given.
+            batches = table.combine_chunks().to_batches(max_chunksize=WRITE_BATCH_ROWS)
+            yield from write_partition(iter(batches), root_uri=root_uri, targets=targets, schema=schema,
+                                       rows_per_row_group=rows_per_row_group)
+
+
+def _placed_rows(root_uri: str, plan: ShardPlan, columns: list[str], target: str) -> pa.Table:
+    """The file's rows in rank order: its buckets' rows from the staged files, sorted by the
+    shuffle key as an unsigned number (its top bits are the bucket), then the tie-break; the
+    first bucket's first row has rank ``first_rank``, and the file keeps its block.
+
+    Rows equal in both keys are, short of a 128-bit collision, identical input rows, hence
+    identical output rows: their order among themselves cannot change a byte."""
+    root = resolve(root_uri)
+    lo, hi = plan.buckets
+    parts = []
+    for path in plan.inputs:  # batch by batch: only this file's buckets are kept in memory
+        with root.fs.open(root.join(path).path, "rb") as source:
+            for batch in pq.ParquetFile(source).iter_batches(batch_size=STAGE_CHUNK_ROWS,
+                                                             columns=[*columns, *PLACEMENT_COLUMNS]):
+                bucket = batch.column(batch.schema.get_field_index("_bucket"))
+                parts.append(batch.filter(pc.and_(pc.greater_equal(bucket, lo), pc.less_equal(bucket, hi))))
+    rows = pa.Table.from_batches(parts) if parts else None
+    found = rows.num_rows if rows is not None else 0
+    if found != plan.bucket_rows or plan.start - plan.first_rank + plan.rows > found:
+        raise RuntimeError(f"{target}: the staged files hold {found} rows of buckets {lo}-{hi} where the count found "
+                           f"{plan.bucket_rows}; the staging directory changed while the job ran, nothing was published")
+    shuffle = rows.column("_shuffle").to_numpy().view(np.uint64)
+    order = np.lexsort((rows.column("_tiebreak").to_numpy(), shuffle))
+    offset = plan.start - plan.first_rank
+    return rows.take(order[offset:offset + plan.rows])
+
+
+def _encoded(rows: pa.Table, spec: FeatureSpec, encoding: Encoding, first_rank: int) -> pa.Table:
+    columns = {}
+    for name, how, source in encoding.columns:
+        values = rows.column(source).combine_chunks()
+        if how == "numeric":
+            columns[name] = spec.encode_numeric(name, values.to_numpy(zero_copy_only=False).astype(np.float64))
+        elif how == "categorical":
+            columns[name] = spec.encode_categorical(name, values).astype(np.int32)
+        else:
+            columns[name] = values
+    columns[ROW_INDEX] = np.arange(first_rank, first_rank + rows.num_rows, dtype=np.int64)
+    return pa.table(columns)
 
 
 def write_empty(root_uri: str, path: str, schema: pa.Schema) -> dict:

@@ -88,6 +88,58 @@ def summarize(rows, *, split: str, bucket: str, reason: str, moments: list[str],
     return _merge(parts, moments, list(categorical), num_classes, bucket_bits)
 
 
+@dataclass(frozen=True)
+class ScanSpec:
+    """Where the summary's inputs are in a table of checked rows (by column name), for a scan
+    that runs inside another pass over them (the shard job's staging writer): ``split``,
+    ``bucket``, ``reason`` count every row; ``moments`` (floating point), ``categorical``
+    (strings) and ``label`` (class index) are taken over the clean rows of split ``selected``."""
+
+    split: str
+    bucket: str
+    reason: str
+    moments: tuple[str, ...]
+    categorical: tuple[str, ...]
+    label: str | None
+    num_classes: int
+    selected: int
+    num_splits: int
+    bucket_bits: int
+    max_distinct: int = MAX_DISTINCT_PER_PARTITION
+
+    def scanner(self) -> "Scanner":
+        return Scanner(self)
+
+    def merge(self, parts: list[bytes], names: list[str] | None = None) -> Summary:
+        """The partitions' pickled results (``Scanner.result``) added up; ``names`` label the
+        moment values in errors (default: their columns)."""
+        return _merge([pickle.loads(p) for p in parts], list(names or self.moments), list(self.categorical),
+                      self.num_classes, self.bucket_bits)
+
+
+class Scanner:
+    """One partition's summary, fed whole tables of checked rows as they pass."""
+
+    def __init__(self, spec: ScanSpec):
+        self.spec = spec
+        self.part = _Partial(len(spec.moments), len(spec.categorical), spec.label is not None, spec.num_classes,
+                             spec.num_splits << spec.bucket_bits, spec.bucket_bits, spec.max_distinct)
+
+    def add(self, table: pa.Table) -> None:
+        spec = self.spec
+        split = table.column(spec.split)
+        columns = {"s": split, "b": table.column(spec.bucket), "r": table.column(spec.reason),
+                   "t": pc.equal(split, pa.scalar(spec.selected, split.type))}
+        columns.update({f"m{i}": table.column(c).cast(pa.float64()) for i, c in enumerate(spec.moments)})
+        columns.update({f"c{i}": table.column(c) for i, c in enumerate(spec.categorical)})
+        if spec.label is not None:
+            columns["y"] = table.column(spec.label)
+        self.part.add(pa.table(columns))
+
+    def result(self) -> bytes:
+        return pickle.dumps(self.part.result())
+
+
 def _scan(batches: Iterator[pa.RecordBatch], *, num_moments: int, num_categorical: int, with_label: bool,
           num_classes: int, keys: int, bucket_bits: int, max_distinct: int) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: one partition -> one pickled partial summary. Batches are gathered into

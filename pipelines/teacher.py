@@ -1,7 +1,7 @@
 """The shard job's ``teacher`` option: a published model's soft targets, stored as the ``teacher``
 column of every split, for knowledge distillation (``train.distill``).
 
-The teacher runs once, by Spark, over the prepared rows (after the row checks, before encoding):
+The teacher runs once, by Spark, over the checked rows (in the staging pass, before encoding):
 it reads the raw feature columns and applies the preprocessing stored with it, exactly as
 ``load_model(uri).predict`` does. Its outputs ride along to the shard writer like any other
 column, so balance, accounting and the atomic publish are the shard job's as always. The
@@ -12,9 +12,9 @@ row can be scored.
 Byte-identical re-runs: a batched matmul's last bits depend on the batch a row is computed in
 (measured with torch on CPU: rows scored in batches of under 64 rows differ in the last bit from
 the same rows scored in larger batches), and Spark's input partitions, hence the scorer's batches,
-change with the cluster and the input files. So the rows are first arranged by their content
-alone: hash-partitioned on the job's shuffle key into one partition per output file and sorted
-within each. Every row then meets the same batch on any cluster, and the teacher column is
+change with the cluster and the input files. So the rows are scored where the shard job has
+arranged them by their content alone: in its staging pass, whose partitions are a split's range
+of buckets of the shuffle key, sorted within each by the shuffle key. Every row then meets the same batch on any cluster, and the teacher column is
 bit-identical across re-runs given the same hardware kind, torch build and
 ``spark.sql.execution.arrow.maxRecordsPerBatch`` (another CPU or GPU kernel may change last bits).
 
@@ -89,21 +89,24 @@ def _dataset_label(cfg: ShardConfig) -> dict:
 
 
 def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None, record: dict | None):
-    """The prepared rows plus the ``teacher`` column (unchanged without ``cfg.teacher``), scored
-    in an arrangement that depends on the rows alone (see the module docstring), by the model
-    ``record`` (``teacher_record``) describes."""
+    """The staging pass's rows plus the ``teacher`` column (unchanged without ``cfg.teacher``):
+    each partition's clean rows are sorted by content and scored there by the model ``record``
+    (``teacher_record``) describes; bad rows get a null (they are never stored in a shard).
+
+    ``rows`` must already be partitioned by content (the shard job's staging keys: a split's
+    bucket range, or the bad rows), so the scorer's batches depend on the rows alone (see the
+    module docstring)."""
     if cfg.teacher is None:
         return rows
-    partitions = len(cfg.split.fractions) * cfg.output.num_shards
-    # Rows equal in both keys are identical rows (shard_job._write_shards), so their order cannot matter.
-    arranged = rows.repartition(partitions, "_shuffle").sortWithinPartitions("_shuffle", "_tiebreak")
+    # Rows equal in both keys are identical rows (shard_writer._placed_rows), so their order cannot matter.
+    clean = rows.where("_reason IS NULL").sortWithinPartitions("_shuffle", "_tiebreak")
     # The checked rows carry the typed copies of the features (NaN as null, categories as strings,
     # array elements as floats: the typing scoring applies too), not the raw columns: the teacher
     # reads them under the feature names, and they leave again after scoring.
-    inputs = _feature_inputs(cfg, arranged.columns)
-    scored = scorer.score(arranged.selectExpr("*", *inputs.values()), cfg.teacher.model, cfg.teacher.temperature,
-                          record["fingerprint"])
-    return scored.drop(*inputs)
+    inputs = _feature_inputs(cfg, clean.columns)
+    scored = scorer.score(clean.selectExpr("*", *inputs.values()), cfg.teacher.model, cfg.teacher.temperature,
+                          record["fingerprint"]).drop(*inputs)
+    return scored.unionByName(rows.where("_reason IS NOT NULL"), allowMissingColumns=True)
 
 
 def _feature_inputs(cfg: ShardConfig, present: list[str]) -> dict[str, str]:

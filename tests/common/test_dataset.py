@@ -39,6 +39,21 @@ def test_transform_matches_the_stored_encodings():
     assert out["img"][2].tolist() == [[4, 3], [2, 1]]
 
 
+def test_arrow_strings_are_looked_up_at_once_with_the_same_codes():
+    # The shard job encodes Spark's string casts as Arrow arrays (one vectorized lookup); a model
+    # serving pandas rows looks them up one by one. Both must give every value the same code:
+    # vocabulary values, unseen ones, nulls, the empty string and text beyond ASCII.
+    import pyarrow as pa
+
+    spec = FeatureSpec({"categorical": [{"name": "c", "vocab": ["b", "", "é", "a\ufffd", "😀"]}]})
+    values = ["b", None, "", "B", "é", "e\u0301", "😀", "a\ufffd", "zz", None, "b"]
+    looked_up = spec.encode_categorical("c", pa.array(values, type=pa.string()))
+    assert looked_up.tolist() == [2, NULL_INDEX, 3, UNSEEN_INDEX, 4, UNSEEN_INDEX, 6, 5, UNSEEN_INDEX, NULL_INDEX, 2]
+    assert looked_up.tolist() == spec.encode_categorical("c", pd.Series(values, dtype=object)).tolist()
+    chunked = pa.chunked_array([pa.array(values[:4], type=pa.large_string()), pa.array(values[4:], type=pa.large_string())])
+    assert spec.encode_categorical("c", chunked).tolist() == looked_up.tolist()
+
+
 def test_missing_feature_column_is_named():
     with pytest.raises(DatasetError, match=r"missing feature column\(s\) \['img'\]"):
         SPEC.transform(pd.DataFrame({"x": [1.0], "n": [3], "flag": [True], "city": ["oslo"]}))
