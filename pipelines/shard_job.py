@@ -278,7 +278,7 @@ def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scor
     scan = ScanSpec(split="_split", bucket="_bucket", reason="_reason",
                     moments=tuple(num_col(n) for n in cfg.features.numeric) + (
                         ("_label",) if label.task == "regression" else ()),
-                    categorical=tuple(cat_col(n) for n in cfg.features.categorical),
+                    categorical=tuple((n, cat_col(n)) for n in cfg.features.categorical),
                     label="_label" if label.task == "classification" else None, num_classes=label.num_classes or 0,
                     selected=list(cfg.split.fractions).index("train"), num_splits=num_splits, bucket_bits=BUCKET_BITS)
     writer = functools.partial(stage_partition, root_uri=staging_uri, directory=STAGED_ROWS_DIR, scan=scan)

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from common.dataset import ROW_INDEX, FeatureSpec, is_list_type, value_type
 from common.storage import resolve
-from pipelines.summary import ScanSpec
+from pipelines.summary import ScanSpec, chunks
 
 TARGET_COLUMN = "_target"
 
@@ -203,7 +203,7 @@ def stage_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, directo
     with _atomic_file(root, path) as sink:
         writer = None
         try:
-            for chunk in _chunks(itertools.chain([first], batches), STAGE_CHUNK_ROWS):
+            for chunk in chunks(itertools.chain([first], batches), STAGE_CHUNK_ROWS):
                 lo, hi = pc.min_max(chunk.column(STAGE_COLUMN)).values()
                 if lo.as_py() != stage or hi.as_py() != stage:
                     raise RuntimeError(f"a staging partition holds rows of keys {lo} and {hi}; the driver's "
@@ -219,21 +219,6 @@ def stage_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, directo
                 writer.close()
     yield pa.RecordBatch.from_pylist([{"stage": stage, "path": path, "rows": rows, "summary": scanner.result()}],
                                      schema=STAGE_RESULT_SCHEMA)
-
-
-def _chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
-    """The batches regrouped into tables of about ``rows`` rows (contiguous memory), so that
-    per-call costs of pyarrow and numpy are paid per chunk, not per Arrow batch."""
-    pending: list[pa.RecordBatch] = []
-    count = 0
-    for batch in batches:
-        pending.append(batch)
-        count += batch.num_rows
-        if count >= rows:
-            yield pa.Table.from_batches(pending).combine_chunks()
-            pending, count = [], 0
-    if pending:
-        yield pa.Table.from_batches(pending).combine_chunks()
 
 
 # ---- the shard files ----
@@ -306,10 +291,21 @@ def _placed_rows(root_uri: str, plan: ShardPlan, columns: list[str], target: str
     if found != plan.bucket_rows or plan.start - plan.first_rank + plan.rows > found:
         raise RuntimeError(f"{target}: the staged files hold {found} rows of buckets {lo}-{hi} where the count found "
                            f"{plan.bucket_rows}; the staging directory changed while the job ran, nothing was published")
-    shuffle = rows.column("_shuffle").to_numpy().view(np.uint64)
-    order = np.lexsort((rows.column("_tiebreak").to_numpy(), shuffle))
     offset = plan.start - plan.first_rank
-    return rows.take(order[offset:offset + plan.rows])
+    return rows.take(rank_order(rows.column("_shuffle").to_numpy(), rows.column("_tiebreak").to_numpy())
+                     [offset:offset + plan.rows])
+
+
+def rank_order(shuffle: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
+    """The permutation that sorts rows by (shuffle as unsigned 64-bit, tiebreak as signed).
+    Equal shuffle keys are rare (duplicate rows, or a 64-bit collision), so the one-key sort
+    (several times faster than a two-key lexsort here) is checked and redone only if it has any."""
+    keys = shuffle.view(np.uint64)
+    order = np.argsort(keys)
+    ordered = keys[order]
+    if len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any():
+        order = np.lexsort((tiebreak, keys))
+    return order
 
 
 def _encoded(rows: pa.Table, spec: FeatureSpec, encoding: Encoding, first_rank: int) -> pa.Table:

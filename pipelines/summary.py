@@ -81,28 +81,30 @@ def summarize(rows, *, split: str, bucket: str, reason: str, moments: list[str],
     columns += [f"CAST({value} AS STRING) AS c{i}" for i, value in enumerate(categorical.values())]
     if label is not None:
         columns.append(f"CAST({label} AS BIGINT) AS y")
-    scan = functools.partial(_scan, num_moments=len(moments), num_categorical=len(categorical),
-                             with_label=label is not None, num_classes=num_classes,
-                             keys=num_splits << bucket_bits, bucket_bits=bucket_bits, max_distinct=max_distinct)
-    parts = [pickle.loads(r["summary"]) for r in rows.selectExpr(*columns).mapInArrow(scan, RESULT_DDL).collect()]
-    return _merge(parts, moments, list(categorical), num_classes, bucket_bits)
+    spec = ScanSpec(split="s", bucket="b", reason="r", moments=tuple(f"m{i}" for i in range(len(moments))),
+                    categorical=tuple((name, f"c{i}") for i, name in enumerate(categorical)),
+                    label="y" if label is not None else None, num_classes=num_classes, selected="t",
+                    num_splits=num_splits, bucket_bits=bucket_bits, max_distinct=max_distinct)
+    parts = rows.selectExpr(*columns).mapInArrow(functools.partial(_scan, spec=spec), RESULT_DDL).collect()
+    return spec.merge([r["summary"] for r in parts], names=moments)
 
 
 @dataclass(frozen=True)
 class ScanSpec:
-    """Where the summary's inputs are in a table of checked rows (by column name), for a scan
-    that runs inside another pass over them (the shard job's staging writer): ``split``,
-    ``bucket``, ``reason`` count every row; ``moments`` (floating point), ``categorical``
-    (strings) and ``label`` (class index) are taken over the clean rows of split ``selected``."""
+    """Where the summary's inputs are in a table of rows (by column name), so that the scan can
+    run inside another pass over them (the shard job's staging writer): ``split``, ``bucket``,
+    ``reason`` count every row; ``moments`` (floating point), ``categorical`` ((feature name,
+    column of strings) pairs) and ``label`` (class index) are taken over the clean rows that
+    ``selected`` picks: the split of that index, or where that boolean column is true."""
 
     split: str
     bucket: str
     reason: str
     moments: tuple[str, ...]
-    categorical: tuple[str, ...]
+    categorical: tuple[tuple[str, str], ...]
     label: str | None
     num_classes: int
-    selected: int
+    selected: int | str
     num_splits: int
     bucket_bits: int
     max_distinct: int = MAX_DISTINCT_PER_PARTITION
@@ -113,8 +115,8 @@ class ScanSpec:
     def merge(self, parts: list[bytes], names: list[str] | None = None) -> Summary:
         """The partitions' pickled results (``Scanner.result``) added up; ``names`` label the
         moment values in errors (default: their columns)."""
-        return _merge([pickle.loads(p) for p in parts], list(names or self.moments), list(self.categorical),
-                      self.num_classes, self.bucket_bits)
+        return _merge([pickle.loads(p) for p in parts], list(names or self.moments),
+                      [name for name, _ in self.categorical], self.num_classes, self.bucket_bits)
 
 
 class Scanner:
@@ -128,10 +130,11 @@ class Scanner:
     def add(self, table: pa.Table) -> None:
         spec = self.spec
         split = table.column(spec.split)
-        columns = {"s": split, "b": table.column(spec.bucket), "r": table.column(spec.reason),
-                   "t": pc.equal(split, pa.scalar(spec.selected, split.type))}
+        selected = (table.column(spec.selected) if isinstance(spec.selected, str)
+                    else pc.equal(split, pa.scalar(spec.selected, split.type)))
+        columns = {"s": split, "b": table.column(spec.bucket), "r": table.column(spec.reason), "t": selected}
         columns.update({f"m{i}": table.column(c).cast(pa.float64()) for i, c in enumerate(spec.moments)})
-        columns.update({f"c{i}": table.column(c) for i, c in enumerate(spec.categorical)})
+        columns.update({f"c{i}": table.column(c) for i, (_, c) in enumerate(spec.categorical)})
         if spec.label is not None:
             columns["y"] = table.column(spec.label)
         self.part.add(pa.table(columns))
@@ -140,28 +143,32 @@ class Scanner:
         return pickle.dumps(self.part.result())
 
 
-def _scan(batches: Iterator[pa.RecordBatch], *, num_moments: int, num_categorical: int, with_label: bool,
-          num_classes: int, keys: int, bucket_bits: int, max_distinct: int) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: one partition -> one pickled partial summary. Batches are gathered into
-    chunks of about ``_SCAN_ROWS`` rows, so the per-call costs of numpy and pyarrow are paid per
-    chunk, not per Arrow batch."""
-    part = _Partial(num_moments, num_categorical, with_label, num_classes, keys, bucket_bits, max_distinct)
-    pending: list[pa.RecordBatch] = []
-    rows = 0
-    for batch in batches:
-        if batch.num_rows:
-            pending.append(batch)
-            rows += batch.num_rows
-        if rows >= _SCAN_ROWS:
-            part.add(pa.Table.from_batches(pending).combine_chunks())
-            pending, rows = [], 0
-    if rows:
-        part.add(pa.Table.from_batches(pending).combine_chunks())
-    yield pa.RecordBatch.from_pylist([{"summary": pickle.dumps(part.result())}],
-                                     schema=pa.schema([("summary", pa.binary())]))
+def _scan(batches: Iterator[pa.RecordBatch], *, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: one partition -> one pickled partial summary."""
+    scanner = spec.scanner()
+    for table in chunks(batches, _SCAN_ROWS):
+        scanner.add(table)
+    yield pa.RecordBatch.from_pylist([{"summary": scanner.result()}], schema=pa.schema([("summary", pa.binary())]))
 
 
 _SCAN_ROWS = 1 << 18
+
+
+def chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+    """The non-empty batches regrouped into tables of about ``rows`` rows (contiguous memory),
+    so that the per-call costs of numpy and pyarrow are paid per chunk, not per Arrow batch."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        pending.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(pending).combine_chunks()
+            pending, count = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending).combine_chunks()
 
 
 class _Partial:

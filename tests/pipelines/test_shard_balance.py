@@ -162,3 +162,23 @@ def test_example_config_loads_with_overrides():
     cfg = load_shard_config("conf/shard.yaml", ["output.num_shards=8", "split.seed=3"])
     assert cfg.output.num_shards == 8 and cfg.split.seed == 3
     assert cfg.features.arrays == {"image": [8]}
+
+
+def test_rank_order_is_the_two_key_order_with_and_without_ties():
+    # The shard writer sorts by the shuffle key alone and falls back to both keys on ties; either
+    # way the order must be (shuffle unsigned, tiebreak signed), as a lexsort gives it.
+    import numpy as np
+
+    from pipelines.shard_writer import rank_order
+
+    rng = np.random.default_rng(3)
+    for ties in (False, True):
+        shuffle = rng.integers(-2**63, 2**63 - 1, size=5000, dtype=np.int64)
+        tiebreak = rng.integers(-2**63, 2**63 - 1, size=5000, dtype=np.int64)
+        if ties:
+            shuffle[:2500] = shuffle[2500:]  # equal shuffle keys, different tie-breaks
+            shuffle[:3] = [-1, 0, 2**63 - 1]
+        order = rank_order(shuffle, tiebreak)
+        want = np.lexsort((tiebreak, shuffle.view(np.uint64)))
+        assert ties == bool((np.diff(np.sort(shuffle.view(np.uint64))) == 0).any())
+        assert (shuffle[order] == shuffle[want]).all() and (tiebreak[order] == tiebreak[want]).all()

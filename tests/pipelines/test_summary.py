@@ -10,7 +10,7 @@ import random
 import pytest
 
 from pipelines.preprocess import cat_col, spark_vocabularies
-from pipelines.summary import summarize, top_values
+from pipelines.summary import ScanSpec, summarize, top_values
 
 pytestmark = pytest.mark.spark
 
@@ -40,6 +40,29 @@ TIED = ["\U0001f600", "\ufffd", "tie2", "tie1"]
 def _summary(frame, max_distinct: int = 100_000):
     return summarize(frame, split="s", bucket="b", reason="r", moments=["x"], categorical={"a": "a"}, label="y",
                      num_classes=4, selected="s = 0", num_splits=3, bucket_bits=12, max_distinct=max_distinct)
+
+
+def test_the_scan_inside_the_staging_writer_equals_the_scan_by_spark(spark):
+    # The shard job takes the summary inside its staging pass, from whole Arrow tables of checked
+    # rows (ScanSpec with a split index); it must equal the scan of the same rows by Spark, keyed
+    # by feature names (fit looks vocabularies up by them), whatever tables the rows came in.
+    import pyarrow as pa
+
+    rows = _rows()
+    want = _summary(spark.createDataFrame(rows, SCHEMA))
+    types = {"s": pa.int32(), "b": pa.int32(), "r": pa.string(), "x": pa.float64(), "a": pa.string(), "y": pa.int64()}
+    table = pa.table({name: pa.array([r[i] for r in rows], type=t) for i, (name, t) in enumerate(types.items())})
+    spec = ScanSpec(split="s", bucket="b", reason="r", moments=("x",), categorical=(("feature", "a"),), label="y",
+                    num_classes=4, selected=0, num_splits=3, bucket_bits=12)
+    parts = []
+    for piece in (table.slice(0, 1000), table.slice(1000)):
+        scanner = spec.scanner()
+        scanner.add(piece)
+        parts.append(scanner.result())
+    got = spec.merge(parts, names=["x"])
+    assert got.value_counts == {"feature": want.value_counts["a"]}
+    assert (got.bucket_rows, got.by_reason, got.moments, got.class_counts) == (
+        want.bucket_rows, want.by_reason, want.moments, want.class_counts)
 
 
 def test_counts_and_values_equal_spark_aggregations_on_any_partitioning(spark):
