@@ -100,9 +100,15 @@ class OutputConfig:
     row_group_mb: float | None = None
     rows_per_row_group: int | None = None
     mode: Literal["error", "overwrite", "skip_if_exists"] = "error"
+    # Partitions per split of the job's staging pass (how it runs, not what it writes: the files
+    # are the same for any value). Default: num_shards, times what it takes to give every core of
+    # the cluster a task (pipelines/shard_job.py, staging_parts).
+    staging_partitions: int | None = None
 
     def __post_init__(self):
         require(self.num_shards >= 1, "num_shards", f"must be >= 1, got {self.num_shards}")
+        require(self.staging_partitions is None or 1 <= self.staging_partitions <= 4096, "staging_partitions",
+                f"must be in [1, 4096] (the buckets per split), got {self.staging_partitions}")
         require(self.row_group_mb is None or self.rows_per_row_group is None, "row_group_mb",
                 "and rows_per_row_group (same section) are alternatives; set one")
         require(self.row_group_mb is None or self.row_group_mb > 0, "row_group_mb", "must be > 0")

@@ -245,6 +245,24 @@ class StagedRows:
         return spark.read.parquet(*[to_spark_path(resolve(self.uri).join(p).uri) for p in paths])
 
 
+def staging_parts(spark, cfg: ShardConfig) -> int:
+    """Staging partitions per split: ``output.staging_partitions``, else num_shards times the
+    smallest factor that gives every core of the cluster a task (pass one's writes and scans run
+    in num_splits x parts tasks). With a teacher, always num_shards: its soft targets are
+    computed in these partitions, and their last bits depend on the batches (pipelines/teacher.py).
+    The shard files do not depend on it (tests/pipelines/test_shard_job.py)."""
+    n = cfg.output.num_shards
+    if cfg.teacher is not None:
+        return n
+    if cfg.output.staging_partitions is not None:
+        return cfg.output.staging_partitions
+    try:
+        cores = spark.sparkContext.defaultParallelism
+    except Exception:  # noqa: BLE001 - no SparkContext here (Spark Connect)
+        return n
+    return n * max(1, math.ceil(cores / (len(cfg.split.fractions) * n)))
+
+
 def stage_key_sql(num_splits: int, parts: int) -> str:
     """A checked row's staging key (``StagedRows``)."""
     return (f"CAST(CASE WHEN _reason IS NOT NULL THEN {num_splits * parts} "
@@ -269,7 +287,7 @@ def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scor
     """
     from pyspark.sql import functions as F
 
-    num_splits, parts = len(cfg.split.fractions), cfg.output.num_shards
+    num_splits, parts = len(cfg.split.fractions), staging_parts(spark, cfg)
     keys = _partition_keys(num_splits * parts + 1)
     rows = checked.selectExpr("*", f"{stage_key_sql(num_splits, parts)} AS {STAGE_COLUMN}")
     rows = rows.repartition(len(keys), F.expr(f"element_at({_literal_array(keys)}, {STAGE_COLUMN} + 1)"))
@@ -303,6 +321,7 @@ def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: dict | None =
     config = to_dict(cfg)
     config.pop("spark", None)
     config["output"].pop("mode", None)
+    config["output"].pop("staging_partitions", None)  # how the job runs, not what it writes
     payload = {"config": config, "sources": sources_fp, "shardtrain_version": __version__,
                "format_version": FORMAT_VERSION}
     if teacher is not None:

@@ -172,10 +172,13 @@ def test_quarantine_accounting_and_reasons(generated):
 
 def test_rerun_is_byte_identical_and_independent_of_partitioning(generated, spark, tmp_path):
     data, cfg, result = generated
-    # The same rows, stored as 5 files instead of 2, sharded with another shuffle partition count.
+    # The same rows, stored as 5 files instead of 2, sharded with another shuffle partition count
+    # and 7 staging partitions per split instead of num_shards (each shard then reads its rows
+    # from two or three staged files).
     again = generate_dataset(spark, str(tmp_path / "raw"), 3000, seed=7, array_shape=[2, 3], num_classes=3,
                              bad_rows=40, partitions=5)
-    cfg2 = from_dict(ShardConfig, again.shard_config(str(tmp_path / "out"), output={"num_shards": 3, "rows_per_row_group": 300},
+    cfg2 = from_dict(ShardConfig, again.shard_config(str(tmp_path / "out"), output={"num_shards": 3, "rows_per_row_group": 300,
+                                                                                       "staging_partitions": 7},
                                                      quality={"max_bad_fraction": 0.05},
                                                      features={"numeric": data.numeric + ["id"]}))
     old = spark.conf.get("spark.sql.shuffle.partitions")
