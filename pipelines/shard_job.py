@@ -59,6 +59,7 @@ from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUM
                             build_manifest, read_manifest, row_bytes, write_manifest)
 from pipelines.preprocess import arr_col, cat_col, check_table, fit, moment_values, num_col, q, row_columns, stored_schema
 from pipelines.shard_config import ShardConfig
+from pipelines import summary as summary_module
 from pipelines.summary import ScanSpec, Summary
 from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, TARGET_COLUMN, Encoding, ShardPlan,
                                     stage_partition, write_empty, write_partition, write_shards)
@@ -298,7 +299,8 @@ def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scor
                         ("_label",) if label.task == "regression" else ()),
                     categorical=tuple((n, cat_col(n)) for n in cfg.features.categorical),
                     label="_label" if label.task == "classification" else None, num_classes=label.num_classes or 0,
-                    selected=list(cfg.split.fractions).index("train"), num_splits=num_splits, bucket_bits=BUCKET_BITS)
+                    selected=list(cfg.split.fractions).index("train"), num_splits=num_splits, bucket_bits=BUCKET_BITS,
+                    max_distinct=summary_module.MAX_DISTINCT_PER_PARTITION)
     writer = functools.partial(stage_partition, root_uri=staging_uri, directory=STAGED_ROWS_DIR, scan=scan)
     written = rows.mapInArrow(writer, STAGE_RESULT_DDL).collect()
     staged = StagedRows(uri=staging_uri, files={r["stage"]: r["path"] for r in written}, parts=parts,

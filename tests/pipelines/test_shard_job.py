@@ -149,11 +149,29 @@ def test_preprocessing_is_fitted_on_train_only(generated, spark):
     # Stored values equal the manifest's transform of the raw rows (what serving will do).
     table = read_split(result.uri, "train").to_pandas()
     encoded = manifest.features.transform(train_raw.reset_index())
-    np.testing.assert_allclose(table[data.numeric].to_numpy(), encoded["numeric"][:, :4], rtol=1e-5, atol=1e-5)
+    # Exactly: both are FeatureSpec's encodings (the shard writer and serving share them).
+    np.testing.assert_array_equal(table[data.numeric].to_numpy(), encoded["numeric"][:, :4])
     np.testing.assert_array_equal(table[data.categorical].to_numpy(), encoded["categorical"])
     # Splits are disjoint and, with the quarantine, cover the input.
     all_ids = np.concatenate([ids_of(s) for s in manifest.split_names])
     assert len(set(all_ids)) == len(all_ids) == manifest.data["accounting"]["published_rows"]
+
+
+def test_vocabularies_too_wide_to_count_in_a_task_come_from_spark_the_same(generated, spark, tmp_path, monkeypatch):
+    # A categorical feature with more distinct values in one staging task than the scan counts is
+    # ranked by Spark over the staged train rows instead: the same vocabularies and the same files.
+    import pipelines.summary as summary
+
+    data, cfg, result = generated
+    monkeypatch.setattr(summary, "MAX_DISTINCT_PER_PARTITION", 3)  # the generated features have ~20 values
+    wide = from_dict(ShardConfig, data.shard_config(str(tmp_path / "out"), output={"num_shards": 3, "rows_per_row_group": 300},
+                                                    quality={"max_bad_fraction": 0.05},
+                                                    features={"numeric": data.numeric + ["id"]}))
+    run_shard_job(spark, wide)
+    vocab = {f["name"]: f["vocab"] for f in read_manifest(result.uri).data["features"]["categorical"]}
+    assert all(len(v) > 3 for v in vocab.values())
+    assert {f["name"]: f["vocab"] for f in read_manifest(str(tmp_path / "out")).data["features"]["categorical"]} == vocab
+    assert file_hashes(str(tmp_path / "out")) == file_hashes(result.uri)
 
 
 def test_quarantine_accounting_and_reasons(generated):
