@@ -190,6 +190,8 @@ def _checked_rows(table, cfg: ShardConfig, frames):
         raw = (f"CASE WHEN {q(CORRUPT_COLUMN)} IS NOT NULL THEN {q(CORRUPT_COLUMN)} "
                f"WHEN _reason IS NOT NULL THEN to_json(struct({', '.join(q(c) for c in data_columns)})) END")
         return _kept_columns(checked, parse.columns, reason, raw, _sql_string(next(iter(frames))))
+    for frame in frames.values():
+        frame.persist()  # the table and the malformed records each read the parse: parse once
     checked = table.selectExpr(*row_columns(table, cfg))
     raw = f"CASE WHEN _reason IS NOT NULL THEN to_json(struct({', '.join(q(c) for c in table.columns)})) END"
     # Row-level reasons name the table's source, or "query" for a query's rows.
@@ -203,11 +205,11 @@ def _checked_rows(table, cfg: ShardConfig, frames):
 
 
 def _single_parse(cfg: ShardConfig, frames):
-    """The unpersisted parse of the one CSV/JSON source when the table is its clean rows as they are."""
+    """The parse of the one CSV/JSON source when the table is its clean rows as they are."""
     if cfg.query is not None or cfg.transform is not None:
         return None
     (frame,) = frames.values()
-    return frame.unpersisted
+    return frame.parsed
 
 
 def _kept_columns(checked, table_columns: list[str], reason: str, raw: str, source: str):

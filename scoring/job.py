@@ -159,6 +159,7 @@ def _sources_table(spark, cfg: ScoreConfig):
     frames = {}
     for name, src in cfg.sources.items():
         frames[name] = read_source(spark, name, src)
+        frames[name].persist()  # the table and the malformed records each read the parse
         frames[name].clean.createOrReplaceTempView(name)
     if cfg.query is not None:
         try:
