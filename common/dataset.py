@@ -40,7 +40,7 @@ Optional, written by a shard job with a ``teacher`` (knowledge distillation)::
 Also written by the shard job (readers must not require them): ``num_shards``,
 ``rows_per_row_group``; ``label.source`` (the raw column or expression); ``quarantine.files``
 (same entries as a split's files); ``input_fingerprint`` (sha256 of the resolved config minus
-``spark`` and ``output.mode``, the source fingerprints and the versions: what ``skip_if_exists``
+``spark``, ``output.mode`` and ``output.staging_partitions``, the source fingerprints and the versions: what ``skip_if_exists``
 compares). The quarantine is Parquet with string columns ``reason``, ``source`` (a source name,
 or "query") and ``raw`` (the malformed line, or the table row as JSON). ``config.yaml`` beside the
 manifest holds the same resolved config.

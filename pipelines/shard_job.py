@@ -31,8 +31,9 @@ range of ranks is known, and shards are contiguous blocks of ranks, so each buck
 known file (the few that straddle a shard boundary are read by both files). A file's task thus
 reads whole buckets, a contiguous range of ranks; sorted by the shuffle key, a row's rank is the
 range's start plus its position, and the file keeps its own block. The staging partitions are
-ranges of buckets of each split, num_shards of them, so a file's buckets lie in one or two staged
-files.
+ranges of buckets of each split (``output.staging_partitions`` of them: by default num_shards, or
+a multiple where the cluster has more cores), so a file's buckets lie in one or a few staged
+files (with fewer partitions than shards, each file reads a larger part of its split).
 
 Placement without hash collisions: ``repartition(n, k)`` sends key k to ``pmod(murmur3(k), n)``,
 so for each staging key we find a k that lands exactly in its own partition (Spark's Murmur3,
@@ -134,6 +135,8 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
     with publish(out.uri, mode=mode, marker={"kind": KIND_DATASET, "input_fingerprint": input_fp}) as staging:
         with spark_errors("reading, checking and staging the input rows"):
             staged, counts, summary = _stage_rows(spark, checked, cfg, staging.uri, teacher_scorer, teacher)
+        for frame in frames.values():
+            frame.release()  # only pass one reads the sources
         timer.done("read, check, stage and count rows", counts.input_rows)
         _quality_gate(cfg, counts)
         for i, name in enumerate(split_names):
@@ -156,6 +159,7 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
             qfiles = _write_quarantine(spark, staged, counts)
         timer.done("write quarantine", counts.quarantined)
         _remove_staged_rows(staging)
+        _remove_temporaries(staging, [*split_names, QUARANTINE_DIR])
         splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
         accounting = _check_accounting(counts, splits, qfiles)
         manifest = build_manifest(
@@ -223,17 +227,19 @@ def _kept_columns(checked, table_columns: list[str], reason: str, raw: str, sour
 class StagedRows:
     """The checked rows as the staging pass wrote them: one Parquet file per staging key under
     ``uri`` (the publish staging directory). Key ``s * parts + r`` holds split s's clean rows of
-    bucket range r (the buckets b with ``b * parts >> BUCKET_BITS == r``), key ``num_splits *
-    parts`` the bad rows; a key no row took has no file."""
+    bucket range r (the buckets b with ``b * parts >> BUCKET_BITS == r``), keys ``num_splits *
+    parts + r`` the bad rows, spread by a hash of reason and raw text (a job whose rows are all
+    bad still stages them in parallel before its quality gate fails); a key no row took has no
+    file."""
 
     uri: str
     files: dict[int, str]
     parts: int
     num_splits: int
 
-    @property
-    def bad_key(self) -> int:
-        return self.num_splits * self.parts
+    def bad_paths(self) -> list[str]:
+        first = self.num_splits * self.parts
+        return [self.files[k] for k in range(first, first + self.parts) if k in self.files]
 
     def split_paths(self, split: int, buckets: tuple[int, int] = (0, (1 << BUCKET_BITS) - 1)) -> list[str]:
         """The files holding split ``split``'s clean rows of buckets ``buckets`` (first, last)."""
@@ -268,7 +274,7 @@ def staging_parts(spark, cfg: ShardConfig) -> int:
 
 def stage_key_sql(num_splits: int, parts: int) -> str:
     """A checked row's staging key (``StagedRows``)."""
-    return (f"CAST(CASE WHEN _reason IS NOT NULL THEN {num_splits * parts} "
+    return (f"CAST(CASE WHEN _reason IS NOT NULL THEN {num_splits * parts} + pmod(xxhash64(_reason, _raw), {parts}) "
             f"ELSE _split * {parts} + ((_bucket * {parts}) DIV {1 << BUCKET_BITS}) END AS INT)")
 
 
@@ -280,8 +286,8 @@ def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scor
 
     The shuffle is the one a shard file needs: a split's bucket range holds the rows of about
     one output file (the files are contiguous blocks of ranks, buckets hold about equal shares),
-    so the second pass reads one or two staged files per output file and no Spark shuffle, sort
-    or conversion of the rows to Python is left for it. A Parquet staging write cost no more than
+    so the second pass reads one or a few staged files per output file and no Spark shuffle,
+    sort or conversion of the rows to Python is left for it. A Parquet staging write cost no more than
     the cache of the same rows (benchmarks/RESULTS.md, issue 11), and a task retried later
     re-reads the same files, so it sees the same rows. Removed before the commit.
 
@@ -291,10 +297,24 @@ def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scor
     from pyspark.sql import functions as F
 
     num_splits, parts = len(cfg.split.fractions), staging_parts(spark, cfg)
-    keys = _partition_keys(num_splits * parts + 1)
+    keys = _partition_keys((num_splits + 1) * parts)
     rows = checked.selectExpr("*", f"{stage_key_sql(num_splits, parts)} AS {STAGE_COLUMN}")
-    rows = rows.repartition(len(keys), F.expr(f"element_at({_literal_array(keys)}, {STAGE_COLUMN} + 1)"))
-    rows = with_teacher(rows, cfg, teacher_scorer, teacher)
+    placed = rows.repartition(len(keys), F.expr(f"element_at({_literal_array(keys)}, {STAGE_COLUMN} + 1)"))
+    if cfg.teacher is not None:
+        from pyspark import StorageLevel
+
+        # The teacher scores the clean rows and passes the bad ones (two branches over the same
+        # partitions): kept, so that the input is read, checked and shuffled once.
+        placed.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        return _write_staged(with_teacher(placed, cfg, teacher_scorer, teacher), cfg, staging_uri, parts)
+    finally:
+        if cfg.teacher is not None:
+            placed.unpersist()
+
+
+def _write_staged(rows, cfg: ShardConfig, staging_uri: str, parts: int) -> tuple[StagedRows, RowCounts, Summary]:
+    num_splits = len(cfg.split.fractions)
     label = cfg.label
     scan = ScanSpec(split="_split", bucket="_bucket", reason="_reason",
                     moments=tuple(num_col(n) for n in cfg.features.numeric) + (
@@ -317,6 +337,19 @@ def _remove_staged_rows(staging) -> None:
     loc = staging.join(STAGED_ROWS_DIR)
     with storage_errors("removing the staged rows", loc.uri):
         loc.fs.rm(loc.path, recursive=True)
+
+
+def _remove_temporaries(staging, directories: list[str]) -> None:
+    """Remove what a killed write attempt left (``<file>.tmp-<id>``, shard_writer._atomic_file):
+    its retry wrote the file itself, and nothing half-written may be published with it."""
+    for name in directories:
+        loc = staging.join(name)
+        with storage_errors("removing temporary files of killed write attempts", loc.uri):
+            if not loc.fs.exists(loc.path):
+                continue
+            for path in loc.fs.ls(loc.path, detail=False):
+                if ".tmp-" in path.rsplit("/", 1)[-1]:
+                    loc.fs.rm(path)
 
 
 def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: dict | None = None) -> str:
@@ -469,7 +502,7 @@ def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> tuple[list[tupl
 
     A bucket's rows take a contiguous range of its split's ranks (buckets in order), and shards
     take contiguous blocks of ranks, so a bucket meets one shard, or two or more where it straddles
-    a boundary: those few buckets are sent to each file they meet. A file thus receives whole
+    a boundary: those few buckets are read by each file they meet. A file thus reads whole
     buckets, a contiguous range of ranks from its start on, and keeps its own block of them.
     """
     layout = []
@@ -524,14 +557,15 @@ def _shard_plans(staged: StagedRows, counts: RowCounts, num_splits: int, n: int)
     buckets: dict[int, list[int]] = {}
     for s, b, f in layout:
         buckets.setdefault(f, []).append(b)
+    starts = [shard_starts(counts.split_rows.get(s, 0), n) for s in range(num_splits)]
+    sizes = [shard_sizes(counts.split_rows.get(s, 0), n) for s in range(num_splits)]
     plans = []
     for f in range(num_splits * n):
         s, k = divmod(f, n)
-        rows = counts.split_rows.get(s, 0)
         lo, hi = min(buckets[f]), max(buckets[f])
         plans.append(ShardPlan(
-            target=f, buckets=(lo, hi), first_rank=file_starts[f], start=shard_starts(rows, n)[k],
-            rows=shard_sizes(rows, n)[k], inputs=tuple(staged.split_paths(s, (lo, hi))),
+            target=f, buckets=(lo, hi), first_rank=file_starts[f], start=starts[s][k], rows=sizes[s][k],
+            inputs=tuple(staged.split_paths(s, (lo, hi))),
             bucket_rows=sum(counts.bucket_rows.get((s, b), 0) for b in range(lo, hi + 1))))
     return plans
 
@@ -555,10 +589,10 @@ def _write_quarantine(spark, staged: StagedRows, counts: RowCounts) -> list[dict
     schema = pa.schema([("reason", pa.string()), ("source", pa.string()), ("raw", pa.string())])
     if counts.quarantined == 0:
         return [write_empty(staging_uri, f"{QUARANTINE_DIR}/part-00000.parquet", schema)]
-    if staged.bad_key not in staged.files:
+    if not staged.bad_paths():
         raise AccountingError(f"the count found {counts.quarantined} bad rows, but the staging pass wrote none; "
                               "nothing was published")
-    rows = staged.frame(spark, [staged.files[staged.bad_key]])
+    rows = staged.frame(spark, staged.bad_paths())
     bad = rows.selectExpr("_reason AS reason", "_source AS source", "_raw AS raw")
     num_files = max(1, math.ceil(counts.quarantined / QUARANTINE_ROWS_PER_FILE))
     keys = _partition_keys(num_files)

@@ -14,7 +14,8 @@ Two ``mapInArrow`` bodies, one per pass over the rows (pipelines/shard_job.py):
 Runs on executors: it imports only numpy, pyarrow and common (never Spark, never the session),
 and everything it needs arrives as plain picklable arguments. A retried or speculative task
 writes a private temporary file and renames it, so a killed attempt leaves no half file under
-the final name and a rerun writes the same bytes.
+the final name. A rerun writes the same shard bytes; a staged file may hold its rows in another
+order (a shuffle's arrival order), which nothing downstream depends on.
 """
 
 from __future__ import annotations
@@ -286,7 +287,7 @@ def _placed_rows(root_uri: str, plan: ShardPlan, columns: list[str], target: str
                                                              columns=[*columns, *PLACEMENT_COLUMNS]):
                 bucket = batch.column(batch.schema.get_field_index("_bucket"))
                 parts.append(batch.filter(pc.and_(pc.greater_equal(bucket, lo), pc.less_equal(bucket, hi))))
-    rows = pa.Table.from_batches(parts) if parts else None
+    rows = _wide_lists(pa.Table.from_batches(parts)) if parts else None
     found = rows.num_rows if rows is not None else 0
     if found != plan.bucket_rows or plan.start - plan.first_rank + plan.rows > found:
         raise RuntimeError(f"{target}: the staged files hold {found} rows of buckets {lo}-{hi} where the count found "
@@ -294,6 +295,15 @@ def _placed_rows(root_uri: str, plan: ShardPlan, columns: list[str], target: str
     offset = plan.start - plan.first_rank
     return rows.take(rank_order(rows.column("_shuffle").to_numpy(), rows.column("_tiebreak").to_numpy())
                      [offset:offset + plan.rows])
+
+
+def _wide_lists(table: pa.Table) -> pa.Table:
+    """List columns with 64-bit offsets: a shard's array feature can hold more than 2^31 values
+    in all (``take`` and ``combine_chunks`` join chunks into one array). The writer casts each
+    batch back to the stored type, so the file does not change."""
+    schema = pa.schema([f.with_type(pa.large_list(f.type.value_field)) if pa.types.is_list(f.type) else f
+                        for f in table.schema])
+    return table if schema.equals(table.schema) else table.cast(schema)
 
 
 def rank_order(shuffle: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:

@@ -154,19 +154,22 @@ def _scan(batches: Iterator[pa.RecordBatch], *, spec: ScanSpec) -> Iterator[pa.R
 _SCAN_ROWS = 1 << 18
 
 
-def chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
-    """The non-empty batches regrouped into tables of about ``rows`` rows (contiguous memory),
-    so that the per-call costs of numpy and pyarrow are paid per chunk, not per Arrow batch."""
+def chunks(batches: Iterator[pa.RecordBatch], rows: int, max_bytes: int = 64 << 20) -> Iterator[pa.Table]:
+    """The non-empty batches regrouped into tables of about ``rows`` rows, or fewer once they
+    hold ``max_bytes`` (wide array features: memory, and a list column joined into one array
+    must stay under 2^31 elements), in contiguous memory, so that the per-call costs of numpy
+    and pyarrow are paid per chunk, not per Arrow batch."""
     pending: list[pa.RecordBatch] = []
-    count = 0
+    count = size = 0
     for batch in batches:
         if not batch.num_rows:
             continue
         pending.append(batch)
         count += batch.num_rows
-        if count >= rows:
+        size += batch.nbytes
+        if count >= rows or size >= max_bytes:
             yield pa.Table.from_batches(pending).combine_chunks()
-            pending, count = [], 0
+            pending, count, size = [], 0, 0
     if pending:
         yield pa.Table.from_batches(pending).combine_chunks()
 
@@ -211,7 +214,9 @@ class _Partial:
                 self.class_counts += np.bincount(labels, minlength=self.num_classes)[:self.num_classes]
 
     def result(self) -> dict:
-        return {"bucket_rows": self.bucket_rows, "by_reason": self.by_reason, "moments": self.moments.groups,
+        # Sparse: a staging task's rows fill only its own range of buckets.
+        keys = np.flatnonzero(self.bucket_rows)
+        return {"bucket_rows": (keys, self.bucket_rows[keys]), "by_reason": self.by_reason, "moments": self.moments.groups,
                 "values": self.values, "class_counts": self.class_counts}
 
 
@@ -316,9 +321,9 @@ def _merge(parts: list[dict], moments: list[str], categorical: list[str], num_cl
     values: list[dict[str, int] | None] = [{} for _ in categorical]
     class_counts = [0] * max(num_classes, 0)
     for part in parts:
-        for key in np.flatnonzero(part["bucket_rows"]):
+        for key, n in zip(*part["bucket_rows"]):
             k = (int(key) >> bucket_bits, int(key) & ((1 << bucket_bits) - 1))
-            bucket_rows[k] = bucket_rows.get(k, 0) + int(part["bucket_rows"][key])
+            bucket_rows[k] = bucket_rows.get(k, 0) + int(n)
         for reason, n in part["by_reason"].items():
             by_reason[reason] = by_reason.get(reason, 0) + n
         for mine, theirs in zip(groups, part["moments"]):

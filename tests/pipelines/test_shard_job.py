@@ -445,3 +445,18 @@ def test_csv_without_a_schema_parses_strings_and_names_bad_values(spark, tmp_pat
     assert m.data["accounting"]["published_rows"] == 12
     with pytest.raises(InputDataError, match=r"source 'raw': path .*nowhere does not exist \(sources.raw.path\)"):
         run_shard_job(spark, config(str(tmp_path / "nowhere"), str(tmp_path / "out2")))
+
+
+def test_temporaries_of_killed_write_attempts_are_not_published(tmp_path):
+    # A write attempt killed mid-file leaves `<file>.tmp-<id>` beside the file its retry wrote;
+    # the job removes such leftovers from the staging directory before it commits.
+    from common.storage import resolve
+    from pipelines.shard_job import _remove_temporaries
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "part-00000.parquet").write_bytes(b"the file")
+    (tmp_path / "train" / "part-00000.parquet.tmp-3f2a").write_bytes(b"half a fi")
+    (tmp_path / "_quarantine").mkdir()
+    (tmp_path / "_quarantine" / "part-00000.parquet.tmp-77").write_bytes(b"half")
+    _remove_temporaries(resolve(str(tmp_path)), ["train", "val", "_quarantine"])
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["part-00000.parquet"]
