@@ -7,9 +7,9 @@ sees) and ``malformed`` (reason/source/raw rows for the quarantine). Both come f
 the text (``parsed``); a caller that reads both calls ``SourceFrames.persist`` first, so each file
 is parsed once, not once per pass, and ``release`` afterwards. Nothing is persisted unless asked:
 Spark substitutes a persisted plan wherever the same plan is read, so a persisted parse would be
-built (and cost more than the parse, 2M CSV rows: 14.4 s instead of about 6 s for the shard job's
-first pass) even for a caller that reads ``parsed`` once, as the shard job does when its table is
-one source's rows as they are.
+built (and cost more than the parse: 2M CSV rows, 13.2-13.8 s instead of 10.6 s for the shard
+job's first pass, benchmarks/RESULTS.md) even for a caller that reads ``parsed`` once, as the shard
+job does when its table is one source's rows as they are.
 
 Source fingerprints (file paths, sizes, modification times) are listed with the storage module,
 not Spark, so ``skip_if_exists`` can decide without starting any Spark work.
