@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -177,7 +178,8 @@ class RankLoader:
 
     def __init__(self, layout: SplitLayout, columns: Columns, rank: int, world_size: int, batch_size: int,
                  grad_accum: int = 1, seed: int = 0, shuffle: bool = True, shuffle_buffer_rows: int = 65_536,
-                 reader_workers: int = 1, prefetch_row_groups: int = 4, reader: str = "petastorm"):
+                 reader_workers: int = 1, prefetch_row_groups: int = 4, reader: str = "petastorm",
+                 memory: "BufferMemory | None" = None):
         self.layout, self.columns = layout, columns
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.grad_accum, self.seed, self.shuffle = batch_size, grad_accum, seed, shuffle
@@ -189,6 +191,9 @@ class RankLoader:
         self.batches_per_epoch = self.steps_per_epoch * grad_accum
         self.files = layout.files_overlapping(self.lo, self.hi)
         self.stats: list[EpochStats] = []
+        # The shuffle buffers' memory, used again from epoch to epoch; loaders that never build
+        # buffers at the same time (a rank's training and validation) can share one.
+        self.memory = memory if memory is not None else BufferMemory()
 
     def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
         """Exactly ``batches_per_epoch - skip_batches`` batches; the first ``skip_batches`` of the
@@ -281,22 +286,28 @@ class RankLoader:
     def _buffers(self, tables: Iterator, rng: np.random.Generator) -> Iterator["_Buffer"]:
         """Row groups -> shuffle buffers in batch order.
 
-        Each row group is masked to this rank's rows; row groups are collected until, with the
-        rows the previous buffer left over (fewer than a batch), they hold ``shuffle_buffer_rows``;
-        then they are converted once into arrays that start with those left-over rows and, when
-        shuffling, permuted as a whole with the epoch's generator (one draw per buffer, in order).
-        The buffer's own left-over rows (its last ``total % batch_size``) open the next buffer.
+        Each row group is masked to this rank's rows. A buffer takes the rows the previous one
+        left over (fewer than a batch), then rows of the row groups in order up to exactly
+        ``shuffle_buffer_rows``: a row group larger than what is missing is cut (a zero-copy
+        slice), and its other rows open the next buffer. So a buffer's memory and the wait for the
+        first batch follow ``shuffle_buffer_rows``, not the size of the row groups. Its rows are
+        converted once into arrays and, when shuffling, permuted as a whole with the epoch's
+        generator (one draw per buffer, in order). The buffer's own left-over rows (its last
+        ``total % batch_size``) open the next buffer.
         """
         group, group_rows, rows_read = [], 0, 0
         rest = None
         for table in tables:
             rows_read += table.num_rows
             table = self._mask(table)
-            if not table.num_rows:
-                continue
-            group.append(table)
-            group_rows += table.num_rows
-            if (len(rest[ROW_INDEX]) if rest else 0) + group_rows >= self.shuffle_buffer_rows:
+            while table.num_rows:
+                missing = self.shuffle_buffer_rows - (len(rest[ROW_INDEX]) if rest else 0) - group_rows
+                taken = min(table.num_rows, missing)
+                group.append(table if taken == table.num_rows else table.slice(0, taken))
+                group_rows += taken
+                table = table.slice(taken)
+                if taken < missing:
+                    break  # the buffer is not full yet: the next row group
                 buffer = self._buffer(group, rest, rows_read, rng)
                 # The tables are let go before waiting to hand the buffer over.
                 rest, group, group_rows, rows_read = buffer.rest, [], 0, 0
@@ -308,7 +319,7 @@ class RankLoader:
         total = (len(rest[ROW_INDEX]) if rest else 0) + sum(table.num_rows for table in tables)
         order = rng.permutation(total) if self.shuffle and total else None
         # Converted into batch order once, for the whole buffer: a batch is then a slice of it.
-        arrays = tables_to_arrays(tables, self.columns, lead=rest, order=order)
+        arrays = tables_to_arrays(tables, self.columns, lead=rest, order=order, empty=self.memory.empty)
         full = total // self.batch_size * self.batch_size
         return _Buffer(arrays=arrays, full=full, rows_read=rows_read,
                        rest={name: value[full:] for name, value in arrays.items()} if full < total else None)
@@ -374,23 +385,80 @@ class _Buffer:
     rest: dict[str, np.ndarray] | None
 
 
+class BufferMemory:
+    """The memory of a loader's shuffle buffers, used again once nothing refers to it.
+
+    A buffer of the default 65,536 rows of the benchmark's tabular rows is about 6 MB of arrays
+    and 5 MB of scratch. Taken fresh from malloc for every buffer, that memory came back from the
+    kernel page by page, and the page faults cost about as much as the conversion itself
+    (benchmarks/RESULTS.md, "Buffers cut to size, their memory reused"). So ``empty`` hands out a
+    view of an array it made before when no one else refers to that array any more, and a new
+    one otherwise.
+
+    "No one else" is CPython's reference count of the array: a batch tensor (``torch.from_numpy``
+    of a slice), the slice and the buffer's left-over rows each hold a reference to it, so an array
+    still in use, by the training step or by a batch a caller kept, is never handed out again.
+    Only the thread that builds buffers calls ``empty``; other threads only drop references, which
+    can only make an array free later, never in use again. What it keeps is what the next epoch
+    needs again: about three buffers (the one being built, the one waiting, the one being read).
+
+    Several loaders can share one as long as they never build buffers at the same time (a
+    rank's training and validation loaders: each epoch's reader thread is joined before the
+    next pass starts), so what it holds is the larger of their needs, not the sum.
+    """
+
+    def __init__(self, keep: int = 32):
+        self._arrays: list[np.ndarray] = []
+        self._keep = keep  # arrays kept; beyond that the oldest is left to its holders
+        self.reused = 0  # arrays handed out again (benchmarks and tests read it)
+        probe = np.empty(0)
+        self._free_refs = _refs(probe)  # the count of an array only this code refers to
+
+    def empty(self, shape: tuple, dtype) -> np.ndarray:
+        """An uninitialized array of ``shape`` and ``dtype`` (a view of a reused one, or new)."""
+        dtype = np.dtype(dtype)
+        rows, tail = shape[0], tuple(shape[1:])
+        smaller = []
+        for index in range(len(self._arrays)):
+            array = self._arrays[index]
+            if array.dtype != dtype or array.shape[1:] != tail or _refs(array) > self._free_refs + 1:
+                continue  # another kind, or in use (+ 1: the list holds it)
+            if array.shape[0] >= rows:
+                self.reused += 1
+                return array[:rows]
+            smaller.append(index)
+        for index in reversed(smaller):  # free but too small: a new one takes its place
+            del self._arrays[index]
+        array = np.empty((rows, *tail), dtype=dtype)
+        self._arrays.append(array)
+        if len(self._arrays) > self._keep:
+            del self._arrays[0]  # left to whoever still holds it
+        return array
+
+
+def _refs(array: np.ndarray) -> int:
+    return sys.getrefcount(array)
+
+
 def table_to_arrays(table, columns: Columns) -> dict[str, np.ndarray]:
     """Arrow table of stored columns -> the batch arrays (columns stacked as the model wants them)."""
     return tables_to_arrays([table], columns)
 
 
 def tables_to_arrays(tables: list, columns: Columns, lead: dict | None = None,
-                     order: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                     order: np.ndarray | None = None, empty=np.empty) -> dict[str, np.ndarray]:
     """The rows of ``lead`` (batch arrays: the rows a shuffle buffer carries over), then those of
     the Arrow ``tables``, as new batch arrays; in ``order`` (a permutation of those rows) if given.
+    ``empty(shape, dtype)`` makes the arrays (``BufferMemory.empty`` reuses memory).
 
     The flat columns are stacked into [n, k] arrays, then gathered; array features, soft targets
     and scalars are gathered from the Arrow buffers (one copy when the rows are one row group's).
     """
     rows = (len(lead[ROW_INDEX]) if lead else 0) + sum(t.num_rows for t in tables)
     out: dict[str, np.ndarray] = {
-        "numeric": _in_order(_stacked(tables, columns.numeric, np.float32, lead and lead["numeric"]), order),
-        "categorical": _in_order(_stacked(tables, columns.categorical, np.int64, lead and lead["categorical"]), order),
+        key: _in_order(_stacked(tables, names, dtype, lead and lead[key], empty), order, empty)
+        for key, names, dtype in (("numeric", columns.numeric, np.float32),
+                                  ("categorical", columns.categorical, np.int64))
     }
     lists = list(columns.arrays)
     scalars = [(columns.label, "label", np.dtype(columns.label_dtype)), (ROW_INDEX, ROW_INDEX, np.int64)]
@@ -400,24 +468,28 @@ def tables_to_arrays(tables: list, columns: Columns, lead: dict | None = None,
         scalars.append((TEACHER_COLUMN, TEACHER_COLUMN, np.float32))
     for name, shape in lists:
         parts = ([lead[name]] if lead else []) + [_list_column(table, name, shape) for table in tables]
-        out[name] = _gathered(parts, (rows, *shape), np.float32, order)
+        out[name] = _gathered(parts, (rows, *shape), np.float32, order, empty)
     for name, key, dtype in scalars:
         parts = ([lead[key]] if lead else []) + [chunk.to_numpy() for table in tables
                                                  for chunk in _non_null(table, name).chunks]
-        out[key] = _gathered(parts, (rows,), dtype, order)
+        out[key] = _gathered(parts, (rows,), dtype, order, empty)
     return out
 
 
-def _in_order(values: np.ndarray, order: np.ndarray | None) -> np.ndarray:
-    # np.take along axis 0 is 2-3x faster than fancy indexing for [n, k] arrays.
-    return values if order is None else np.take(values, order, axis=0)
+def _in_order(values: np.ndarray, order: np.ndarray | None, empty=np.empty) -> np.ndarray:
+    if order is None:
+        return values
+    # np.take along axis 0 is 2-3x faster than fancy indexing for [n, k] arrays. mode="clip"
+    # (``order`` is a permutation, nothing to clip): with the default "raise", numpy gathers into
+    # a temporary array first and copies that into ``out``.
+    return np.take(values, order, axis=0, out=empty(values.shape, values.dtype), mode="clip")
 
 
-def _gathered(parts: list[np.ndarray], shape: tuple, dtype, order: np.ndarray | None) -> np.ndarray:
+def _gathered(parts: list[np.ndarray], shape: tuple, dtype, order: np.ndarray | None, empty=np.empty) -> np.ndarray:
     """``parts`` (consecutive blocks of rows) as one new array of ``shape``, rows in ``order`` if
     given. One row group's part (the usual case) is gathered straight from its Arrow buffer;
     several are joined first (gathering part by part measured no cheaper)."""
-    out = np.empty(shape, dtype=dtype)
+    out = empty(shape, dtype)
     if order is None:
         pos = 0
         for part in parts:
@@ -425,7 +497,7 @@ def _gathered(parts: list[np.ndarray], shape: tuple, dtype, order: np.ndarray | 
             pos += len(part)
         return out
     source = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    np.take(source.astype(dtype, copy=False), order, axis=0, out=out)
+    np.take(source.astype(dtype, copy=False), order, axis=0, out=out, mode="clip")  # "clip": see _in_order
     return out
 
 
@@ -434,7 +506,7 @@ def _gathered(parts: list[np.ndarray], shape: tuple, dtype, order: np.ndarray | 
 _BLOCK_ROWS = 16_384
 
 
-def _stacked(tables: list, names, dtype, lead: np.ndarray | None = None) -> np.ndarray:
+def _stacked(tables: list, names, dtype, lead: np.ndarray | None = None, empty=np.empty) -> np.ndarray:
     """``lead`` ([m, len(names)], if given), then columns ``names`` of ``tables``, as one
     C-contiguous [m + n, len(names)] array.
 
@@ -443,7 +515,7 @@ def _stacked(tables: list, names, dtype, lead: np.ndarray | None = None) -> np.n
     slice of the [n, k] array, and the block stays in cache.
     """
     pos = len(lead) if lead is not None else 0
-    out = np.empty((pos + sum(t.num_rows for t in tables), len(names)), dtype=dtype)
+    out = empty((pos + sum(t.num_rows for t in tables), len(names)), dtype)
     if not names:
         return out
     if pos:
@@ -531,6 +603,6 @@ def columns_for(manifest: Manifest, teacher: bool = False) -> Columns:
                    teacher=tuple(teacher_shape(manifest.teacher)) if teacher else None)
 
 
-__all__ = ["Columns", "EpochStats", "RankLoader", "ShardFile", "SplitLayout", "columns_for", "epoch_seed",
+__all__ = ["BufferMemory", "Columns", "EpochStats", "RankLoader", "ShardFile", "SplitLayout", "columns_for", "epoch_seed",
            "rank_row_range", "read_first_rows", "skipped_rows_per_epoch", "steps_per_epoch", "table_to_arrays",
            "tables_to_arrays"]

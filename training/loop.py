@@ -38,7 +38,7 @@ from common.dataset import ROW_INDEX, TEACHER_COLUMN
 from common.storage import resolve
 from training.checkpoint import CheckpointManager
 from training.config import DistillConfig, TrainConfig, TrainLoopConfig
-from training.data import RankLoader, read_first_rows
+from training.data import BufferMemory, RankLoader, read_first_rows
 from training.distributed import LocalGroup, resolve_device, set_threads, spark_gpu_addresses
 from training.export import publish_model, published_by, serving_model, target_scaling
 from training.models import build_model, mlp_arguments
@@ -70,8 +70,9 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
         run.progress = Progress(plan, group.size, run.total_steps, state.step)
 
     t = plan.config.train
-    train_loader = _loader(plan, plan.train, group, t.grad_accum, shuffle=True)
-    val_loader = _loader(plan, plan.val, group, 1, shuffle=False) if plan.val else None
+    memory = BufferMemory()  # one for both: they never build buffers at the same time
+    train_loader = _loader(plan, plan.train, group, t.grad_accum, shuffle=True, memory=memory)
+    val_loader = _loader(plan, plan.val, group, 1, shuffle=False, memory=memory) if plan.val else None
     for epoch in range(state.step // plan.steps_per_epoch, t.epochs):
         record = train_epoch(run, state, train_loader, epoch, on_step)
         if val_loader:
@@ -524,11 +525,11 @@ def _to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def _loader(plan: RankPlan, layout, group, accum: int, shuffle: bool) -> RankLoader:
+def _loader(plan: RankPlan, layout, group, accum: int, shuffle: bool, memory: BufferMemory) -> RankLoader:
     d, t = plan.config.data, plan.config.train
     return RankLoader(layout, plan.columns, group.rank, group.size, t.batch_size, accum, seed=t.seed, shuffle=shuffle,
                       shuffle_buffer_rows=d.shuffle_buffer_rows, reader_workers=d.reader_workers,
-                      prefetch_row_groups=d.prefetch_row_groups, reader=d.reader)
+                      prefetch_row_groups=d.prefetch_row_groups, reader=d.reader, memory=memory)
 
 
 def _run_identity(plan: RankPlan) -> dict:

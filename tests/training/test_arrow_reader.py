@@ -1,7 +1,8 @@
 """The arrow reader (data.reader=arrow): plain pyarrow, no petastorm, yet for the same seed, epoch
 and rank it yields the batches petastorm's path yields, so runs and checkpoints do not depend on
 which reader a profile has. Where petastorm is not installed (the current-stack profile) the
-comparisons skip and the reader's own promises are still checked."""
+comparisons skip and the reader's own promises are still checked. The shuffle buffers both readers
+share (their size, their reused memory) are checked here too, so that both profiles run it."""
 
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from common.dataset import read_manifest
 from common.errors import DatasetError
 from tabular_data import write_dataset
 from training.arrow_reader import row_group_order
-from training.data import RankLoader, SplitLayout, columns_for
+from training.data import BufferMemory, RankLoader, SplitLayout, columns_for
 
 # Files of unequal row groups (one empty file) that divide evenly by neither 2 nor 3 ranks.
 UNEVEN = {"train": [[300, 77], [13], [500, 111, 2], [0], [250]], "val": [[90], [33]]}
@@ -58,6 +59,66 @@ def test_order_depends_on_epoch_and_rank_and_resumes(uneven):
     _assert_same(first[3:], _batches(manifest, "arrow", 1, 2, 0, skip=3))  # resume position = batch count
     rows = np.concatenate([b["_row"] for b in first])
     assert len(np.unique(rows)) == len(rows)  # no row twice in an epoch
+
+
+def _readers():
+    import importlib.util
+
+    return ["arrow"] + (["petastorm"] if importlib.util.find_spec("petastorm") else [])
+
+
+@pytest.mark.parametrize("reader", _readers())
+def test_a_shuffle_buffer_holds_shuffle_buffer_rows_whatever_the_row_groups(uneven, reader):
+    """Row groups larger than the buffer (the 300- and 500-row ones here) are cut, so a buffer's
+    memory follows data.shuffle_buffer_rows; every row still lands in exactly one buffer."""
+    import pyarrow.parquet as pq
+
+    _, manifest = uneven
+    layout = SplitLayout.from_manifest(manifest, "train")
+    loader = RankLoader(layout, columns_for(manifest), 0, 1, 16, seed=2, shuffle_buffer_rows=64, reader=reader)
+    files = [pq.ParquetFile(uri) for uri in manifest.file_uris("train")]
+    tables = [f.read_row_group(g, columns=loader.columns.stored) for f in files for g in range(f.num_row_groups)]
+    assert max(t.num_rows for t in tables) > 64
+    buffers = list(loader._buffers(iter(tables), np.random.default_rng(0)))
+    sizes = [len(b.arrays["_row"]) for b in buffers]
+    assert all(size == 64 for size in sizes[:-1]) and 0 < sizes[-1] <= 64
+    rows = np.concatenate([b.arrays["_row"][:b.full] for b in buffers] + [buffers[-1].rest["_row"]])
+    np.testing.assert_array_equal(np.sort(rows), np.arange(layout.rows))
+
+
+def test_buffer_memory_hands_out_only_what_no_one_holds():
+    import torch
+
+    memory = BufferMemory()
+    first = memory.empty((100, 4), np.float32)
+    address = first.__array_interface__["data"][0]
+    batch = torch.from_numpy(first[:10])  # a batch tensor the caller kept
+    del first
+    second = memory.empty((100, 4), np.float32)
+    assert second.__array_interface__["data"][0] != address and memory.reused == 0
+    assert memory.empty((100, 4), np.int64).__array_interface__["data"][0] != address  # another dtype
+    del batch, second
+    third = memory.empty((80, 4), np.float32)  # no one holds the first array now: its memory again
+    assert third.__array_interface__["data"][0] == address and third.shape == (80, 4) and memory.reused == 1
+    assert memory.empty((200, 4), np.float32).shape == (200, 4)  # too small to reuse: a new array
+
+
+@pytest.mark.parametrize("reader", _readers())
+def test_batches_a_caller_keeps_never_change_when_memory_is_reused(uneven, reader):
+    """An epoch whose batches are all kept next to the same epoch read one batch at a time (each
+    copied, then let go, so its memory is reused): equal, and the kept ones unchanged after."""
+    _, manifest = uneven
+    loader = RankLoader(SplitLayout.from_manifest(manifest, "train"), columns_for(manifest), 0, 1, 16, seed=4,
+                        shuffle_buffer_rows=64, reader=reader)
+    kept = list(loader.epoch(0))
+    snapshot = [{k: v.clone() for k, v in b.items()} for b in kept]
+    before = loader.memory.reused
+    copies = [{k: v.clone() for k, v in b.items()} for b in loader.epoch(0)]
+    assert loader.memory.reused > before  # the second pass did run on reused memory
+    assert len(kept) == len(copies) == loader.batches_per_epoch
+    for held, frozen, copy in zip(kept, snapshot, copies):
+        for key in held:
+            assert held[key].equal(frozen[key]) and held[key].equal(copy[key]), key
 
 
 def test_row_group_order_is_petastorms_ventilator_order():
@@ -123,7 +184,7 @@ def test_arrow_path_never_imports_petastorm(uneven):
     ds, _ = uneven
     code = ("import sys; sys.path.insert(0, 'tests/training')\n"
             "from common.dataset import read_manifest\n"
-            "from training.data import RankLoader, SplitLayout, columns_for\n"
+            "from training.data import BufferMemory, RankLoader, SplitLayout, columns_for\n"
             f"m = read_manifest({ds.uri!r})\n"
             "loader = RankLoader(SplitLayout.from_manifest(m, 'train'), columns_for(m), 0, 2, 32, reader='arrow')\n"
             "assert sum(1 for _ in loader.epoch(0)) == loader.batches_per_epoch\n"
