@@ -80,9 +80,10 @@ class ArrowRowGroupReader:
         # pyarrow's threaded decode splits a row group by column: a gain for many flat columns,
         # but with a list column (an array feature, soft targets) it took 2-3x the CPU and wall
         # time of a plain read (benchmarks/RESULTS.md, "array columns"), so those read in one thread.
-        self._use_threads = not any(is_list_type(f.schema_arrow.field(name).type)
-                                    for f in self._files for name in self._columns
-                                    if f.schema_arrow.get_field_index(name) >= 0)
+        schemas = [f.schema_arrow for f in self._files]  # made anew on each access: ~0.05 ms each
+        self._use_threads = not any(is_list_type(schema.field(name).type)
+                                    for schema in schemas for name in self._columns
+                                    if schema.get_field_index(name) >= 0)
         self._order = row_group_order([f.metadata.num_row_groups for f in self._files], shuffle, seed)
         self._stopping = threading.Event()
         self._tables_queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch_row_groups))
