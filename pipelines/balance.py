@@ -1,16 +1,16 @@
-"""The arithmetic of splits and balanced shards: the Spark SQL the job evaluates per row, and the
-driver-side numbers it checks the written files against. Tests run these same expressions on
-real Spark (tests/pipelines/test_shard_balance.py).
+"""The arithmetic of splits and balanced shards: the split's Spark SQL, which the job evaluates per
+row, and the driver-side blocks of ranks each shard holds, which the shard writer keeps and the job
+checks the written files against (tests/pipelines/test_shard_balance.py runs the SQL on real Spark).
 
 Split: a row's key hashes to u in [0, 1) (53 bits of xxhash64(seed, key)); the row goes to the
 first split, in declared order, whose cumulative fraction exceeds u (``split_index_sql``).
 
 Shards: within a split, rows are ranked 0..N-1 by a seeded shuffle key, and the shards take
 contiguous blocks of ranks in order: the first ``N % num_shards`` shards hold ``N // num_shards + 1``
-rows, the others ``N // num_shards`` (``shard_sql``), so sizes differ by at most one whatever N is,
-as long as N >= num_shards. A row's ``_row`` is its rank (``row_index_sql``). Contiguous blocks
-let the job place rows with one shuffle: a hash bucket of the shuffle key covers a range of ranks
-known from the counts, so it belongs to one shard, or (at a shard boundary) to two.
+rows, the others ``N // num_shards`` (``shard_sizes``, ``shard_starts``), so sizes differ by at most
+one whatever N is, as long as N >= num_shards. A row's ``_row`` is its rank. Contiguous blocks let
+the job place rows with one shuffle: a hash bucket of the shuffle key covers a range of ranks known
+from the counts, so it belongs to one shard, or (at a shard boundary) to two.
 """
 
 from __future__ import annotations
@@ -50,27 +50,13 @@ def shard_sizes(rows: int, num_shards: int) -> list[int]:
     return [base + (1 if s < extra else 0) for s in range(num_shards)]
 
 
-def shard_sql(idx: str = "_idx", base: str = "_base", extra: str = "_extra") -> str:
-    """The shard (0-based, within the split) of the row ranked ``idx``. ``base``/``extra``: the
-    split's rows divmod num_shards (the first ``extra`` shards hold ``base + 1`` rows)."""
-    big = f"({base} + 1)"
-    boundary = f"({extra} * {big})"
-    return f"CAST(CASE WHEN {idx} < {boundary} THEN {idx} DIV {big} ELSE {extra} + ({idx} - {boundary}) DIV {base} END AS INT)"
-
-
 def shard_starts(rows: int, num_shards: int) -> list[int]:
-    """The first rank of each shard (driver side; the same blocks as ``shard_sql``)."""
+    """The first rank of each shard: shard s holds ranks [starts[s], starts[s] + sizes[s])."""
     starts, start = [], 0
     for size in shard_sizes(rows, num_shards):
         starts.append(start)
         start += size
     return starts
-
-
-def row_index_sql(idx: str = "_idx") -> str:
-    """The row's ``_row``: rows in earlier shards of the split plus its position in its shard,
-    which with contiguous blocks is its rank."""
-    return idx
 
 
 def check_split_rows(split: str, rows: int, num_shards: int) -> None:

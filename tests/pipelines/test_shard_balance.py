@@ -1,12 +1,14 @@
-"""Split and shard placement as the job computes them: the SQL expressions from pipelines/balance.py
-evaluated on real Spark over many (rows, shards) pairs and many keys; config validation (no Spark)."""
+"""Split and shard placement as the job computes them: the split SQL from pipelines/balance.py
+evaluated on real Spark over many keys, the driver-side placement of buckets into shard files over
+about 1,000 (rows, shards) pairs; config validation (no Spark)."""
 
+import numpy as np
 import pytest
 
 from common.config import from_dict
 from common.errors import ConfigError, InputDataError
-from pipelines.balance import (check_split_rows, row_index_sql, rows_per_row_group, shard_sizes, shard_sql,
-                               shard_starts, split_bounds, split_draw_sql, split_index_sql)
+from pipelines.balance import (BUCKET_BITS, check_split_rows, rows_per_row_group, shard_sizes, shard_starts,
+                               split_bounds, split_draw_sql, split_index_sql)
 from pipelines.preprocess import row_columns
 from pipelines.shard_config import ShardConfig, load_shard_config
 from shard_testdata import config, simple_rows, write_parquet
@@ -26,36 +28,43 @@ def test_shard_sizes_differ_by_at_most_one_and_cover_every_row(rows, shards):
 PAIRS = [(rows, n) for n in range(1, 13) for rows in range(n, n + 81)] + [(1001, 4), (99_999, 16), (100_003, 7)]
 
 
-@pytest.mark.spark
-def test_placement_sql_gives_each_shard_a_contiguous_block_of_row_indices(spark):
-    """The job's placement expressions, run on every rank of each split: shard s of a split holds
-    shard_sizes(rows, n)[s] rows whose _row values are exactly the next block after shard s-1's,
-    in rank order, so the files read in order give _row = 0..rows-1, each once."""
-    from pyspark.sql import functions as F
+def test_each_shard_file_keeps_its_block_of_ranks_from_whole_buckets():
+    """The job's placement (shard_job._shard_layout, then the writer keeping ranks [start, start +
+    rows) of the buckets it reads): bucket b's rows take the next ranks after the buckets before
+    it, so, with random bucket sizes (empty buckets absent, as in the summary's counts), file k of
+    a split reads a run of whole buckets that holds shard k's block, every bucket it reads meets
+    that block, and the blocks kept give each rank 0..rows-1 exactly once, in shard order."""
+    import random
 
-    pairs = spark.createDataFrame(PAIRS, "rows BIGINT, n BIGINT")
-    # The job's layout columns: _base/_extra are the split's rows divmod num_shards.
-    ranked = pairs.selectExpr("rows", "n", "explode(sequence(0L, rows - 1)) AS _idx",
-                              "rows DIV n AS _base", "pmod(rows, n) AS _extra")
-    placed = ranked.selectExpr("rows", "n", "_idx", f"{shard_sql()} AS shard", f"{row_index_sql()} AS row")
-    ordered = placed.selectExpr(
-        "*", "row - lag(row) OVER (PARTITION BY rows, n, shard ORDER BY _idx) AS step")
-    per_shard = ordered.groupBy("rows", "n", "shard").agg(
-        F.count("*").alias("count"), F.min("row").alias("first"),
-        F.min("step").alias("min_step"), F.max("step").alias("max_step"))
-    got = {(r["rows"], r["n"], r["shard"]): (r["count"], r["first"], r["min_step"], r["max_step"])
-           for r in per_shard.collect()}
+    from pipelines.shard_job import RowCounts, _shard_layout
 
+    draw = random.Random(7)
     for rows, n in PAIRS:
-        sizes = shard_sizes(rows, n)
-        first = 0
-        for shard, size in enumerate(sizes):
-            count, smallest, min_step, max_step = got.pop((rows, n, shard))
-            assert (count, smallest) == (size, first), (rows, n, shard)
-            # Each next rank in the shard takes the next _row: the block is contiguous, in rank order.
-            assert (min_step, max_step) in ((None, None), (1, 1)), (rows, n, shard)
-            first += size
-    assert not got, f"rows placed in shards that should not exist: {sorted(got)[:5]}"
+        for s_splits in (1, 2):
+            bucket_rows = {}
+            for s in range(s_splits):
+                used = sorted(draw.sample(range(1 << BUCKET_BITS), min(rows, draw.choice([1, 3, 50, 4096]))))
+                cuts = sorted(draw.sample(range(1, rows), len(used) - 1)) if len(used) > 1 else []
+                for b, size in zip(used, [hi - lo for lo, hi in zip([0, *cuts], [*cuts, rows])]):
+                    bucket_rows[(s, b)] = size
+            counts = RowCounts({s: rows for s in range(s_splits)}, bucket_rows, {}, rows * s_splits, 0, [])
+            layout, file_starts = _shard_layout(counts, s_splits, n)
+            for s in range(s_splits):
+                offsets, offset = {}, 0  # each bucket's first rank
+                for b in sorted(b for (si, b) in bucket_rows if si == s):
+                    offsets[b], offset = offset, offset + bucket_rows[(s, b)]
+                kept = []
+                for k, (start, size) in enumerate(zip(shard_starts(rows, n), shard_sizes(rows, n))):
+                    read = [b for (si, b, f) in layout if si == s and f == s * n + k]
+                    assert read == sorted(offsets)[sorted(offsets).index(read[0]):][:len(read)], (rows, n, k)
+                    assert file_starts[s * n + k] == offsets[read[0]]
+                    ranks = np.concatenate([np.arange(offsets[b], offsets[b] + bucket_rows[(s, b)]) for b in read])
+                    block = ranks[(ranks >= start) & (ranks < start + size)]
+                    assert len(block) == size, (rows, n, k)
+                    for b in read:  # no bucket read for nothing
+                        assert offsets[b] < start + size and offsets[b] + bucket_rows[(s, b)] > start, (rows, n, k, b)
+                    kept.append(block)
+                np.testing.assert_array_equal(np.concatenate(kept), np.arange(rows))
 
 
 SPLITS = [{"train": 0.8, "val": 0.1, "test": 0.1}, {"train": 0.5, "test": 0.5}, {"train": 1.0},
@@ -167,8 +176,6 @@ def test_example_config_loads_with_overrides():
 def test_rank_order_is_the_two_key_order_with_and_without_ties():
     # The shard writer sorts by the shuffle key alone and falls back to both keys on ties; either
     # way the order must be (shuffle unsigned, tiebreak signed), as a lexsort gives it.
-    import numpy as np
-
     from pipelines.shard_writer import rank_order
 
     rng = np.random.default_rng(3)
