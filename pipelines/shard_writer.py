@@ -98,27 +98,40 @@ def _compresses(column: pa.ChunkedArray, codec: pa.Codec) -> bool:
 
 def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets: list[str],
                     schema: pa.Schema, rows_per_row_group: int) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: the partition's batches (rows of one output file, in file order, with
-    ``_target`` naming it) -> that file under ``root_uri``; yields its record."""
+    """mapInArrow body for a partition Spark placed (the quarantine): its batches (rows of one
+    output file, in file order, with ``_target`` naming it) -> that file under ``root_uri``;
+    yields its record. A partition with rows of two files fails the task: the driver's partition
+    keys would be wrong."""
     batches = (batch for batch in batches if batch.num_rows)
     first = next(batches, None)
     if first is None:
         return  # an empty partition writes nothing; the driver checks every file arrived
-    target = pa.Table.from_batches([first]).column(TARGET_COLUMN)[0].as_py()
-    root = resolve(root_uri)
+    target = first.column(first.schema.get_field_index(TARGET_COLUMN))[0].as_py()
+
+    def tables() -> Iterator[pa.Table]:
+        for batch in itertools.chain([first], batches):
+            table = pa.Table.from_batches([batch])
+            lo, hi = pc.min_max(table.column(TARGET_COLUMN)).values()
+            if lo.as_py() != target or hi.as_py() != target:
+                raise RuntimeError(f"partition holds rows of more than one output file ({targets[target]!r} "
+                                   "and another); the driver's partition keys are wrong")
+            yield table.drop([TARGET_COLUMN])
+
+    yield _write_file(tables(), resolve(root_uri), targets[target], schema, rows_per_row_group)
+
+
+def _write_file(tables: Iterator[pa.Table], root, path: str, schema: pa.Schema,
+                rows_per_row_group: int) -> pa.RecordBatch:
+    """``tables`` (one file's rows in file order) as the Parquet file ``path`` under ``root``,
+    written atomically in row groups of ``rows_per_row_group``; returns the file's record."""
     groups: list[int] = []
-    with _atomic_file(root, targets[target]) as sink:
+    with _atomic_file(root, path) as sink:
         writer = None
         pending: list[pa.Table] = []
         pending_rows = 0
         try:
-            for batch in itertools.chain([first], batches):
-                table = pa.Table.from_batches([batch])
-                lo, hi = pc.min_max(table.column(TARGET_COLUMN)).values()
-                if lo.as_py() != target or hi.as_py() != target:
-                    raise RuntimeError(f"partition holds rows of more than one output file ({targets[target]!r} "
-                                       "and another); the driver's partition keys are wrong")
-                pending.append(table.drop([TARGET_COLUMN]).cast(schema))
+            for table in tables:
+                pending.append(table.cast(schema))
                 pending_rows += table.num_rows
                 if writer is None and pending_rows >= COMPRESSION_SAMPLE_ROWS:
                     writer = _open_writer(sink, schema, pending)
@@ -133,9 +146,9 @@ def write_partition(batches: Iterator[pa.RecordBatch], *, root_uri: str, targets
         finally:
             if writer is not None:
                 writer.close()
-    size, digest = file_digest(root.fs, root.join(targets[target]).path)
-    yield pa.RecordBatch.from_pylist(
-        [{"path": targets[target], "rows": sum(groups), "row_groups": groups, "bytes": size, "sha256": digest}],
+    size, digest = file_digest(root.fs, root.join(path).path)
+    return pa.RecordBatch.from_pylist(
+        [{"path": path, "rows": sum(groups), "row_groups": groups, "bytes": size, "sha256": digest}],
         schema=RESULT_SCHEMA)
 
 
@@ -264,11 +277,10 @@ def write_shards(ids: Iterator[pa.RecordBatch], *, root_uri: str, plans: list[Sh
             plan = plans[target]
             rows = _placed_rows(root_uri, plan, staged, targets[target])
             table = _encoded(rows, spec, encoding, plan.start)
-            table = table.append_column(TARGET_COLUMN, pa.array(np.full(table.num_rows, target, dtype=np.int32)))
             # Fixed batches: the Parquet writer's page boundaries follow the batches it is given.
             batches = table.combine_chunks().to_batches(max_chunksize=WRITE_BATCH_ROWS)
-            yield from write_partition(iter(batches), root_uri=root_uri, targets=targets, schema=schema,
-                                       rows_per_row_group=rows_per_row_group)
+            yield _write_file((pa.Table.from_batches([batch]) for batch in batches), resolve(root_uri),
+                              targets[target], schema, rows_per_row_group)
 
 
 def _placed_rows(root_uri: str, plan: ShardPlan, columns: list[str], target: str) -> pa.Table:
