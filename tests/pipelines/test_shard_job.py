@@ -460,3 +460,29 @@ def test_temporaries_of_killed_write_attempts_are_not_published(tmp_path):
     (tmp_path / "_quarantine" / "part-00000.parquet.tmp-77").write_bytes(b"half")
     _remove_temporaries(resolve(str(tmp_path)), ["train", "val", "_quarantine"])
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["part-00000.parquet"]
+
+
+def test_staged_rows_that_change_between_the_passes_fail_the_job_and_publish_nothing(spark, tmp_path, monkeypatch):
+    # Pass two checks the rows it reads from the staging files against pass one's counts: a
+    # staging file that lost rows in between (another process, a broken disk) fails the job.
+    from common.errors import SparkJobError
+    from common.storage import resolve
+    from pipelines import shard_job
+
+    src = write_parquet(tmp_path / "in", simple_rows(300))
+    out = tmp_path / "out"
+    damaged = []
+    original = shard_job._write_shards
+
+    def damage_then_write(spark_, staged, *args, **kwargs):
+        path = resolve(staged.uri).join(staged.split_paths(0)[0]).path
+        table = pq.read_table(path)
+        pq.write_table(table.slice(0, table.num_rows - 1), path)
+        damaged.append((table.num_rows, pq.read_metadata(path).num_rows))
+        return original(spark_, staged, *args, **kwargs)
+
+    monkeypatch.setattr(shard_job, "_write_shards", damage_then_write)
+    with pytest.raises(SparkJobError, match=r"the staging directory changed while the job ran, nothing was published"):
+        run_shard_job(spark, config(src, str(out)))
+    assert damaged and damaged[0][1] == damaged[0][0] - 1  # the staged file did lose a row
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
