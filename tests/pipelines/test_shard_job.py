@@ -447,17 +447,55 @@ def test_csv_without_a_schema_parses_strings_and_names_bad_values(spark, tmp_pat
         run_shard_job(spark, config(str(tmp_path / "nowhere"), str(tmp_path / "out2")))
 
 
-def test_temporaries_of_killed_write_attempts_are_not_published(tmp_path):
-    # A write attempt killed mid-file leaves `<file>.tmp-<id>` beside the file its retry wrote;
-    # the job removes such leftovers from the staging directory before it commits.
+# A shard writer (pipelines.shard_writer._write_file, through its atomic file) in its own process,
+# fed one 1,000-row table every 50 ms so that a test can kill it in the middle of the file.
+_SLOW_WRITER = """
+import sys, time
+import pyarrow as pa
+from common.storage import resolve
+from pipelines.shard_writer import _write_file
+
+schema = pa.schema([pa.field("x", pa.float64(), nullable=False)])
+
+def tables():
+    for i in range(100_000):
+        yield pa.table({"x": pa.array([float(i)] * 1000)}, schema=schema)
+        time.sleep(0.05)
+
+_write_file(tables(), resolve(sys.argv[1]), "train/part-00000.parquet", schema, 1000)
+"""
+
+
+def test_temporaries_of_a_killed_writer_are_not_published(tmp_path):
+    # A write attempt killed mid-file (here: SIGKILL to a real writer process) leaves
+    # `<file>.tmp-<id>` and no file; the job removes such leftovers from the staging directory
+    # before it commits, so a retry's file is published alone.
+    import signal
+    import subprocess
+    import sys
+    import time
+
     from common.storage import resolve
     from pipelines.shard_job import _remove_temporaries
 
-    (tmp_path / "train").mkdir()
-    (tmp_path / "train" / "part-00000.parquet").write_bytes(b"the file")
-    (tmp_path / "train" / "part-00000.parquet.tmp-3f2a").write_bytes(b"half a fi")
-    (tmp_path / "_quarantine").mkdir()
-    (tmp_path / "_quarantine" / "part-00000.parquet.tmp-77").write_bytes(b"half")
+    root = Path(__file__).resolve().parents[2]
+    writer = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(tmp_path)], cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root)}, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not [p for p in (tmp_path / "train").glob("part-00000.parquet.tmp-*") if p.stat().st_size > 4096]:
+            assert writer.poll() is None, writer.stderr.read().decode()
+            assert time.monotonic() < deadline, "the writer wrote no row group"
+            time.sleep(0.05)
+        os.kill(writer.pid, signal.SIGKILL)
+        assert writer.wait(timeout=30) == -signal.SIGKILL  # it died by the signal, mid-file
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    left = sorted(p.name for p in (tmp_path / "train").iterdir())
+    assert len(left) == 1 and left[0].startswith("part-00000.parquet.tmp-")  # the half-written file, no final one
+    (tmp_path / "train" / "part-00000.parquet").write_bytes(b"the retry's file")
     _remove_temporaries(resolve(str(tmp_path)), ["train", "val", "_quarantine"])
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["part-00000.parquet"]
 
