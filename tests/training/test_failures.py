@@ -73,12 +73,15 @@ def marked_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
-def wait_for(condition, what: str, timeout: float = 240):
+def wait_for(condition, what: str, timeout: float = 240, abort: threading.Event | None = None):
+    """Poll ``condition`` until it is truthy; fail after ``timeout``, or at once when ``abort`` is set."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
+        if abort is not None and abort.is_set():
+            raise AssertionError(f"the job ended before {what}")
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -108,11 +111,18 @@ class Saboteur(threading.Thread):
         super().__init__(daemon=True)
         self.marker, self.run_dir, self.sig = marker, run_dir, sig
         self.proc, self.error, self.signalled_at, self.stopped = None, None, None, False
+        self.job_ended = threading.Event()
+
+    def finish(self):
+        """The job returned or raised: stop waiting for it (a job that failed before its first
+        checkpoint then fails the test in seconds, not after the waits' timeouts), and join."""
+        self.job_ended.set()
+        self.join()
 
     def run(self):
         try:
-            wait_for(lambda: committed_checkpoint(self.run_dir), "the first checkpoint")
-            self.proc = wait_for(lambda: rank_process(self.marker, 1), "rank 1's process")
+            wait_for(lambda: committed_checkpoint(self.run_dir), "the first checkpoint", abort=self.job_ended)
+            self.proc = wait_for(lambda: rank_process(self.marker, 1), "rank 1's process", abort=self.job_ended)
             self.proc.send_signal(self.sig)
             self.signalled_at = time.monotonic()
             if self.sig == signal.SIGSTOP:  # proof it is stopped: state 'T' in /proc/<pid>/stat
@@ -128,7 +138,7 @@ def test_a_killed_rank_is_named_with_its_cause(spark, dataset, tmp_path):
     saboteur.start()
     with pytest.raises(LaunchError) as info:
         train(_cfg(dataset, tmp_path, marker, "launch.max_restarts=0"), spark)
-    saboteur.join()
+    saboteur.finish()
     assert saboteur.error is None and gone(saboteur.proc)  # the kill really happened, to rank 1
     message = str(info.value)
     assert message.startswith("training failed on rank 1: its process exited with status"), message
@@ -147,7 +157,7 @@ def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(sp
     saboteur = Saboteur(marker, f"{out}/model.run", signal.SIGKILL)
     saboteur.start()
     result = train(_cfg(dataset, out, marker), spark)
-    saboteur.join()
+    saboteur.finish()
     assert saboteur.error is None and gone(saboteur.proc)
 
     assert result.resumed_from is not None  # the relaunched ranks resumed from a checkpoint...
@@ -183,7 +193,7 @@ def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path):
             train(_cfg(dataset, tmp_path, marker, f"launch.stall_timeout_s={stall}", "launch.max_restarts=0",
                        "train.epochs=20"), spark)
         ended = time.monotonic()
-        saboteur.join()
+        saboteur.finish()
         assert saboteur.error is None and saboteur.stopped
         message = str(info.value)
         assert message.startswith("rank 1 stalled"), message
@@ -289,8 +299,8 @@ def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_
          *_overrides(dataset, tmp_path, marker, "launch.elastic=true", "launch.max_restarts=0",
                      "spark.master=local[2,4]")],
         capture_output=True, text=True, timeout=540)
-    saboteur.join()
-    assert saboteur.error is None and gone(saboteur.proc)  # rank 1 really died
+    saboteur.finish()
+    assert saboteur.error is None and gone(saboteur.proc), (saboteur.error, job.stderr[-3000:])  # rank 1 really died
     assert job.returncode == 0, job.stderr[-3000:]
 
     assert "rank 1 left: its process died at step" in job.stderr
