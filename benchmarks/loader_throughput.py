@@ -188,59 +188,60 @@ def main() -> None:
     from training.data import columns_for
 
     torch.set_num_threads(1)
-    tmp = tempfile.mkdtemp(prefix="loader-bench-")
-    for name, rows, shape in (("tabular", args.rows, None), ("array28x28", args.array_rows, (28, 28))):
-        from pipelines.balance import rows_per_row_group
+    # Removed at the end: each run writes ~370 MB of Parquet (the runs of earlier sessions had left 13 GB in /tmp).
+    with tempfile.TemporaryDirectory(prefix="loader-bench-") as tmp:
+        for name, rows, shape in (("tabular", args.rows, None), ("array28x28", args.array_rows, (28, 28))):
+            from pipelines.balance import rows_per_row_group
 
-        width = 16 * 4 + 2 * 4 + 8 + 8 + (4 * int(np.prod(shape)) if shape else 0)  # stored bytes per row
-        row_group = args.row_group_rows or rows_per_row_group(None, None, width)
-        root = write(f"{tmp}/{name}", rows, numeric=16, categorical=2, array_shape=shape, files=4,
-                     row_group=row_group)
-        manifest = read_manifest(root)
-        columns = columns_for(manifest)
-        limit(manifest, columns, args.batch)  # warm the page cache
-        # Interleaved and best-of-N: the cores are shared, so single runs swing by 2x.
-        lim = our = our4 = pet = arrow = stock = 0.0
-        have_petastorm = _installed("petastorm")
-        # What the shuffle costs: a random gather over the buffer is cache-miss bound, so it
-        # grows with the buffer ("none": row-group order shuffled, rows in file order).
-        sweep = {"16384": 0.0, "262144": 0.0, "none": 0.0}
-        cpu = CpuSeconds()
-        for _ in range(args.repeats):
-            lim = max(lim, cpu("limit", limit, manifest, columns, args.batch)[0])
-            rate, n = cpu("arrow", ours, manifest, columns, args.batch, reader="arrow")
-            arrow = max(arrow, rate)
-            if not have_petastorm:  # the current-stack profile: the arrow reader and the limit only
+            width = 16 * 4 + 2 * 4 + 8 + 8 + (4 * int(np.prod(shape)) if shape else 0)  # stored bytes per row
+            row_group = args.row_group_rows or rows_per_row_group(None, None, width)
+            root = write(f"{tmp}/{name}", rows, numeric=16, categorical=2, array_shape=shape, files=4,
+                         row_group=row_group)
+            manifest = read_manifest(root)
+            columns = columns_for(manifest)
+            limit(manifest, columns, args.batch)  # warm the page cache
+            # Interleaved and best-of-N: the cores are shared, so single runs swing by 2x.
+            lim = our = our4 = pet = arrow = stock = 0.0
+            have_petastorm = _installed("petastorm")
+            # What the shuffle costs: a random gather over the buffer is cache-miss bound, so it
+            # grows with the buffer ("none": row-group order shuffled, rows in file order).
+            sweep = {"16384": 0.0, "262144": 0.0, "none": 0.0}
+            cpu = CpuSeconds()
+            for _ in range(args.repeats):
+                lim = max(lim, cpu("limit", limit, manifest, columns, args.batch)[0])
+                rate, n = cpu("arrow", ours, manifest, columns, args.batch, reader="arrow")
+                arrow = max(arrow, rate)
+                if not have_petastorm:  # the current-stack profile: the arrow reader and the limit only
+                    continue
+                our = max(our, cpu("petastorm_path", ours, manifest, columns, args.batch)[0])
+                our4 = max(our4, ours(manifest, columns, args.batch, workers=4)[0])
+                pet = max(pet, petastorm_default(manifest, columns, args.batch)[0])
+                stock = max(stock, cpu("petastorm_stock", petastorm_stock, manifest, columns, args.batch)[0])
+                for key in sweep:
+                    rate = (ours(manifest, columns, args.batch, shuffle=False) if key == "none"
+                            else ours(manifest, columns, args.batch, buffer=int(key)))[0]
+                    sweep[key] = max(sweep[key], rate)
+            record = {"dataset": name, "rows": rows, "rows_per_row_group": row_group, "batch": args.batch,
+                      "cpus": os.cpu_count(), "limit_samples_per_s": round(lim),
+                      "arrow_reader_samples_per_s": round(arrow), "arrow_reader_ratio": round(arrow / lim, 3),
+                      "rows_per_epoch": n, "verify_seconds": round(verify_seconds(manifest), 3),
+                      "cpu_seconds_per_epoch": {k: round(v, 3) for k, v in cpu.best.items()},
+                      "load_average_1m": round(os.getloadavg()[0], 1)}
+            if not have_petastorm:
+                print(json.dumps(record), flush=True)
                 continue
-            our = max(our, cpu("petastorm_path", ours, manifest, columns, args.batch)[0])
-            our4 = max(our4, ours(manifest, columns, args.batch, workers=4)[0])
-            pet = max(pet, petastorm_default(manifest, columns, args.batch)[0])
-            stock = max(stock, cpu("petastorm_stock", petastorm_stock, manifest, columns, args.batch)[0])
-            for key in sweep:
-                rate = (ours(manifest, columns, args.batch, shuffle=False) if key == "none"
-                        else ours(manifest, columns, args.batch, buffer=int(key)))[0]
-                sweep[key] = max(sweep[key], rate)
-        record = {"dataset": name, "rows": rows, "rows_per_row_group": row_group, "batch": args.batch,
-                  "cpus": os.cpu_count(), "limit_samples_per_s": round(lim),
-                  "arrow_reader_samples_per_s": round(arrow), "arrow_reader_ratio": round(arrow / lim, 3),
-                  "rows_per_epoch": n, "verify_seconds": round(verify_seconds(manifest), 3),
-                  "cpu_seconds_per_epoch": {k: round(v, 3) for k, v in cpu.best.items()},
-                  "load_average_1m": round(os.getloadavg()[0], 1)}
-        if not have_petastorm:
-            print(json.dumps(record), flush=True)
-            continue
-        print(json.dumps({**record,
-                          # The arrow reader against the petastorm path and petastorm's stock loader
-                          # (both shuffled, 65,536-row buffer / shuffling capacity).
-                          "arrow_vs_petastorm_path": round(arrow / our, 3),
-                          "arrow_vs_petastorm_stock_loader": round(arrow / stock, 3),
-                          "petastorm_stock_samples_per_s": round(stock),
-                          "loader_samples_per_s": round(our),
-                          "loader_ratio": round(our / lim, 3), "loader_4_workers_ratio": round(our4 / lim, 3),
-                          "petastorm_default_ratio": round(pet / lim, 3),
-                          "loader_ratio_by_shuffle_buffer": {"65536 (default)": round(our / lim, 3),
-                                                             **{k: round(v / lim, 3) for k, v in sweep.items()}}}),
-              flush=True)
+            print(json.dumps({**record,
+                              # The arrow reader against the petastorm path and petastorm's stock loader
+                              # (both shuffled, 65,536-row buffer / shuffling capacity).
+                              "arrow_vs_petastorm_path": round(arrow / our, 3),
+                              "arrow_vs_petastorm_stock_loader": round(arrow / stock, 3),
+                              "petastorm_stock_samples_per_s": round(stock),
+                              "loader_samples_per_s": round(our),
+                              "loader_ratio": round(our / lim, 3), "loader_4_workers_ratio": round(our4 / lim, 3),
+                              "petastorm_default_ratio": round(pet / lim, 3),
+                              "loader_ratio_by_shuffle_buffer": {"65536 (default)": round(our / lim, 3),
+                                                                 **{k: round(v / lim, 3) for k, v in sweep.items()}}}),
+                  flush=True)
 
 
 def _installed(module: str) -> bool:
