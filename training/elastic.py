@@ -22,7 +22,6 @@ import logging
 from typing import Callable
 
 from training import loop
-from training.data import BufferMemory
 from training.plan import RankPlan
 
 log = logging.getLogger("shardtrain.train")
@@ -102,9 +101,7 @@ def _adopt(run, plan: RankPlan, group, step: int) -> None:
 
 def _train(run, plan: RankPlan, group, state, elastic, device, on_step, on_validation) -> dict:
     t = plan.config.train
-    memory = BufferMemory()  # one for both: they never build buffers at the same time
-    train_loader = loop._loader(plan, plan.train, group, t.grad_accum, shuffle=True, memory=memory)
-    val_loader = loop._loader(plan, plan.val, group, 1, shuffle=False, memory=memory) if plan.val else None
+    train_loader, val_loader = loop.loaders(plan, group)
     for epoch in range(state.step // plan.steps_per_epoch, t.epochs):
         record = loop.train_epoch(run, state, train_loader, epoch, on_step)
         if val_loader:

@@ -70,9 +70,7 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
         run.progress = Progress(plan, group.size, run.total_steps, state.step)
 
     t = plan.config.train
-    memory = BufferMemory()  # one for both: they never build buffers at the same time
-    train_loader = _loader(plan, plan.train, group, t.grad_accum, shuffle=True, memory=memory)
-    val_loader = _loader(plan, plan.val, group, 1, shuffle=False, memory=memory) if plan.val else None
+    train_loader, val_loader = loaders(plan, group)
     for epoch in range(state.step // plan.steps_per_epoch, t.epochs):
         record = train_epoch(run, state, train_loader, epoch, on_step)
         if val_loader:
@@ -525,11 +523,19 @@ def _to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def _loader(plan: RankPlan, layout, group, accum: int, shuffle: bool, memory: BufferMemory) -> RankLoader:
+def loaders(plan: RankPlan, group) -> tuple[RankLoader, RankLoader | None]:
+    """The rank's training loader and its validation loader (None without a val split). They
+    share one BufferMemory: they never build buffers at the same time."""
     d, t = plan.config.data, plan.config.train
-    return RankLoader(layout, plan.columns, group.rank, group.size, t.batch_size, accum, seed=t.seed, shuffle=shuffle,
-                      shuffle_buffer_rows=d.shuffle_buffer_rows, reader_workers=d.reader_workers,
-                      prefetch_row_groups=d.prefetch_row_groups, reader=d.reader, memory=memory)
+    memory = BufferMemory()
+
+    def loader(layout, accum: int, shuffle: bool) -> RankLoader:
+        return RankLoader(layout, plan.columns, group.rank, group.size, t.batch_size, accum, seed=t.seed,
+                          shuffle=shuffle, shuffle_buffer_rows=d.shuffle_buffer_rows,
+                          reader_workers=d.reader_workers, prefetch_row_groups=d.prefetch_row_groups,
+                          reader=d.reader, memory=memory)
+
+    return loader(plan.train, t.grad_accum, True), loader(plan.val, 1, False) if plan.val else None
 
 
 def _run_identity(plan: RankPlan) -> dict:
@@ -660,5 +666,5 @@ def _quiet_libraries() -> None:
     logging.getLogger("petastorm").setLevel(logging.WARNING)
 
 
-__all__ = ["NonFiniteGuard", "RankRun", "StepTimer", "TrainState", "evaluate", "loss_fn", "run_rank", "train_epoch",
+__all__ = ["NonFiniteGuard", "RankRun", "StepTimer", "TrainState", "evaluate", "loaders", "loss_fn", "run_rank", "train_epoch",
            "train_step"]
