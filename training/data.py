@@ -496,8 +496,11 @@ def _gathered(parts: list[np.ndarray], shape: tuple, dtype, order: np.ndarray | 
             out[pos:pos + len(part)] = part  # casts to the target dtype on the way
             pos += len(part)
         return out
-    source = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    np.take(source.astype(dtype, copy=False), order, axis=0, out=out, mode="clip")  # "clip": see _in_order
+    if len(parts) == 1:
+        source = parts[0].astype(dtype, copy=False)
+    else:  # joined in memory from ``empty`` too; "unsafe": the cast astype makes
+        source = np.concatenate(parts, out=empty(shape, dtype), casting="unsafe")
+    np.take(source, order, axis=0, out=out, mode="clip")  # "clip": see _in_order
     return out
 
 
