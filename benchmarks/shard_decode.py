@@ -10,9 +10,9 @@ size. One JSON line per variant, ``ratio`` = its best CPU / the shard writer's:
   - ``shard_writer``: pipelines/shard_writer.py as the job uses it (required columns, floats
     plain, ``_row`` delta, dictionaries for codes and labels, snappy except for float columns
     that snappy does not shrink on the file's first rows);
-  - ``snappy_everywhere``: the same, but every column snappy (the writer before session 5);
+  - ``snappy_everywhere``: the same, but every column snappy (the writer before 2026-12-01 midday);
   - ``nullable``: the same as the writer, but the columns optional (definition levels decoded);
-  - ``dictionary_everywhere``: required, snappy, a dictionary for every column (session 3's writer).
+  - ``dictionary_everywhere``: required, snappy, a dictionary for every column (the 2026-11-30 writer).
 """
 
 from __future__ import annotations
