@@ -25,8 +25,10 @@ demo: setup
 	$(VENV)/bin/shardtrain demo
 
 test: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 $(PYTEST_ARGS)
-	$(MAKE) test-current
+	@start=$$(date +%s); \
+	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 $(PYTEST_ARGS) && pinned=$$(date +%s) && \
+	$(MAKE) --no-print-directory test-current && end=$$(date +%s) && \
+	echo "make test: $$((end - start)) s wall (pinned profile $$((pinned - start)) s, current profile $$((end - pinned)) s)"
 
 # Tests that need Horovod or the standalone cluster are left to the pinned run; those needing
 # petastorm skip themselves (importorskip) where it is not installed.
