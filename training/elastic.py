@@ -23,6 +23,7 @@ from typing import Callable
 
 from training import loop
 from training.plan import RankPlan
+from training.run_record import write_run_info
 
 log = logging.getLogger("shardtrain.train")
 
@@ -97,6 +98,8 @@ def _adopt(run, plan: RankPlan, group, step: int) -> None:
     run.checkpoints.steps_per_epoch = plan.steps_per_epoch
     run.checkpoints.is_writer = group.rank == 0
     run.progress = loop.Progress(plan, group.size, run.total_steps, step) if group.rank == 0 else None
+    if group.rank == 0:  # run.json (the report's world size, steps per epoch) follows the world size
+        write_run_info(plan)
 
 
 def _train(run, plan: RankPlan, group, state, elastic, device, on_step, on_validation) -> dict:
@@ -113,6 +116,7 @@ def _train(run, plan: RankPlan, group, state, elastic, device, on_step, on_valid
               "epoch_stats": [stats.__dict__ for stats in train_loader.stats]}
     if group.rank == 0:
         result.update(loop._finish(plan, run.model, state.history, device))
+        loop._report_and_track(plan, state.history)  # what every run writes: report.html, MLflow
     return result
 
 

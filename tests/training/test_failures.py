@@ -291,13 +291,15 @@ def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_
     from training.data import steps_per_epoch
 
     marker = uuid.uuid4().hex
+    tracking = f"sqlite:///{tmp_path}/mlflow.db"
     saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGKILL)
     saboteur.start()
     job = subprocess.run(
         [sys.executable, "-c", "import sys\nfrom training import load_train_config, train\n"
                                "train(load_train_config(None, sys.argv[1:]))\n",
          *_overrides(dataset, tmp_path, marker, "launch.elastic=true", "launch.max_restarts=0",
-                     "spark.master=local[2,4]")],
+                     "spark.master=local[2,4]", f"tracking.mlflow.tracking_uri={tracking}",
+                     "tracking.mlflow.experiment=elastic")],
         capture_output=True, text=True, timeout=540)
     saboteur.finish()
     assert saboteur.error is None and gone(saboteur.proc), (saboteur.error, job.stderr[-3000:])  # rank 1 really died
@@ -312,4 +314,17 @@ def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_
     assert summary["steps_per_epoch"] == per_rank
     assert summary["steps_per_rank"] == [2 * per_rank] * world  # equal on every rank, in the final size's steps
     assert len(summary["metrics"]) == 2 and load_model(str(tmp_path / "model")).metrics == summary["metrics"]
+    # Like any other run: report.html, and every epoch in MLflow.
+    assert_run_report(tmp_path / "model.run", dataset.manifest["fingerprint"], world, summary["metrics"])
+    _assert_epochs_tracked(tracking, "elastic", summary["metrics"])
     wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
+
+
+def _assert_epochs_tracked(tracking_uri: str, experiment: str, metrics: list[dict]) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert run.info.status == "FINISHED"
+    history = sorted(client.get_metric_history(run.info.run_id, "val_loss"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in history] == [(e["step"], pytest.approx(e["val_loss"])) for e in metrics]
