@@ -5,6 +5,8 @@ live in separate environments: the tasks run the ``shardtrain`` executable of th
 (the ``shardtrain`` param, e.g. ``/opt/shardtrain/.venv/bin/shardtrain``), with Airflow's own
 Python, its ``AIRFLOW__*`` settings and its virtualenv taken out of the command's environment.
 
+Before running anything, each task checks its ``shardtrain`` executable and ``workdir``: a missing
+one fails the task at once, naming the path, without retries (a retry would find it missing too).
 Exit status decides what Airflow does: 0 success (the shard step's ``output.mode=skip_if_exists``
 and the score step's ``output.mode=skip_if_exists`` make a re-run of a finished date a no-op); 2 ("fix the input": a config, key, URI or column) fails
 the task at once, with no retries, since a retry would fail the same way; 1 (a worker died,
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from datetime import timedelta
@@ -63,11 +66,35 @@ def shardtrain_env(executable: str) -> dict[str, str]:
     return env
 
 
+def check_deployment(executable: str, workdir: str, env: dict[str, str]) -> None:
+    """Fail the task without retries when the ``workdir`` or ``shardtrain`` param names nothing
+    usable on this worker: a retry would find it missing too, 600 s later, twice."""
+    if workdir and not os.path.isdir(workdir):
+        raise AirflowFailException(f"the workdir param: {workdir} {_missing_or('is not a directory', workdir)} on "
+                                   "this worker; set it to the folder the shardtrain configs are in (not retried)")
+    # Where the command will be looked for: a path from the workdir, a bare name on the PATH.
+    if os.sep not in executable:
+        problem = None if shutil.which(executable, path=env["PATH"]) else "is not on the PATH"
+    else:
+        executable = os.path.join(workdir, executable) if workdir else executable
+        usable = os.path.isfile(executable) and os.access(executable, os.X_OK)
+        problem = None if usable else _missing_or("is not an executable file", executable)
+    if problem:
+        raise AirflowFailException(f"the shardtrain param: {executable} {problem} on this worker; set it to the "
+                                   "training venv's shardtrain, e.g. /opt/shardtrain/.venv/bin/shardtrain (not retried)")
+
+
+def _missing_or(wrong: str, path: str) -> str:
+    return wrong if os.path.exists(path) else "does not exist"
+
+
 def run_shardtrain(executable: str, argv: list[str], workdir: str) -> None:
     """Run ``shardtrain ARGV``, its output into the task log; map its exit status for Airflow."""
     command = [executable, *argv]
+    env = shardtrain_env(executable)
+    check_deployment(executable, workdir, env)
     log.info("running: %s (in %s)", " ".join(command), workdir)
-    proc = subprocess.Popen(command, cwd=workdir or None, env=shardtrain_env(executable),
+    proc = subprocess.Popen(command, cwd=workdir or None, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         log.info("%s", line.rstrip())

@@ -1,7 +1,8 @@
 """examples/airflow/shardtrain_dag.py under a real Airflow 2.10 (its own venv, built by setup):
 ``airflow dags test`` runs shard -> train -> score on local Spark with this venv's shardtrain and
 publishes a model and its scores; a bad config (exit 2) fails the task at once though retries are configured; a job that
-finds another writer holding its output (exit 1) is retried.
+finds another writer holding its output (exit 1) is retried; a missing executable or workdir fails the task at once,
+naming the path.
 """
 
 from __future__ import annotations
@@ -141,3 +142,20 @@ def test_a_retryable_failure_is_retried(airflow_home, workdir):
     state, tries, max_tries = task_states(airflow_home)["shard"]
     assert (state, tries, max_tries) == ("failed", 2, 1), f"shard: {state} after {tries} try(s):\n{output[-6000:]}"
     assert not (dataset / "_manifest.json").exists()
+
+
+@pytest.mark.parametrize("missing", ["shardtrain", "workdir"])
+def test_a_missing_executable_or_workdir_fails_the_task_without_retries(airflow_home, tmp_path, missing):
+    # A path this worker does not have, as the default /opt/shardtrain/... on a worker where the
+    # training venv is not installed. Retries are configured, 1 s apart, so a retried task would
+    # show here as a second try.
+    absent = tmp_path / "not-deployed" / ("bin/shardtrain" if missing == "shardtrain" else "work")
+    conf = {"shardtrain": SHARDTRAIN, "workdir": str(tmp_path), missing: str(absent)}
+    proc = dags_test(airflow_home, conf, env={"SHARDTRAIN_DAG_RETRIES": "2", "SHARDTRAIN_DAG_RETRY_DELAY_S": "1"})
+    output = proc.stdout + proc.stderr
+
+    assert f"the {missing} param: {absent} does not exist on this worker" in output, output[-6000:]
+    assert "FileNotFoundError" not in output, output[-6000:]
+    state, tries, max_tries = task_states(airflow_home)["shard"]
+    assert (state, tries, max_tries) == ("failed", 1, 2), f"shard: {state} after {tries} try(s):\n{output[-6000:]}"
+    assert task_states(airflow_home)["train"][0] == "upstream_failed"
