@@ -22,6 +22,10 @@ is reported and must be removed by hand if that job is dead. HDFS (and a local m
 flock) has no conditional create: there the lock is checked, then written (two writers starting
 in the same instant may both pass).
 
+Paths are data, never patterns: staging directories, locks and checkpoints are found by listing
+the parent and comparing names exactly (``siblings``, ``list_names``) and removed by exact path
+(``remove_tree``); only source paths (pipelines.sources) are globbed.
+
 This module must stay free of Spark and torch: executors and training ranks import it.
 """
 
@@ -32,6 +36,8 @@ import json
 import logging
 import os
 import posixpath
+import re
+import shutil
 import socket
 import time
 import uuid
@@ -49,6 +55,9 @@ MARKER = "_COMMITTED"
 PUBLISHING = "_PUBLISHING"
 STAGING_TAG = "._staging-"
 LOCK_TAG = ".shardtrain-lock"
+# A hidden sibling of output NAME: ``.NAME<tag><token>``. The token never holds a dot, so the name
+# is everything before the last tag (``.a._staging-b._staging-T`` belongs to ``a._staging-b``).
+_SIBLING = re.compile(r"^\.(?P<name>.+)(?P<tag>\._staging-)(?P<token>[A-Za-z0-9-]+)$")
 KIND_DATASET = "shardtrain.dataset"
 KIND_MODEL = "shardtrain.model"
 KIND_CHECKPOINT = "shardtrain.checkpoint"
@@ -197,6 +206,11 @@ def _check_s3_credentials(uri: str, options: dict) -> None:
             "AWS_PROFILE, an instance role, or SHARDTRAIN_S3_ANON=1 for a public bucket")
 
 
+def _new_token() -> str:
+    """A sortable, unique token for a staging directory (time first, then randomness)."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
 def _join_uri(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/"), *[p.strip("/") for p in parts if p]])
 
@@ -249,16 +263,13 @@ def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterat
                 "(or skip_if_exists to keep it)")
         check_replaceable(final.uri, kind)
         _remove_staging(final)  # left by writers of this output that died (we hold its lock)
-        parent, name = posixpath.split(final.path.rstrip("/"))
-        token = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-        staging = Location(uri=_join_uri(_parent_uri(final.uri), f".{name}{STAGING_TAG}{token}"),
-                           scheme=final.scheme, path=posixpath.join(parent, f".{name}{STAGING_TAG}{token}"))
+        staging = _beside(final, STAGING_TAG + _new_token())
         with storage_errors("creating the staging directory", staging.uri):
             fs.makedirs(staging.path, exist_ok=True)
         try:
             yield staging
         except BaseException:
-            _remove(fs, staging.path)
+            remove_tree(staging)
             raise
         with storage_errors("committing the output", final.uri):
             commit(staging, final, marker, kind)
@@ -272,8 +283,8 @@ def commit(staging: Location, final: Location, marker: dict, kind: str | None = 
         # Unmark first: from here until the new marker lands, readers refuse the directory.
         marker_path = posixpath.join(final.path, MARKER)
         if fs.exists(marker_path):
-            fs.rm(marker_path)
-        _remove(fs, final.path)
+            fs.rm_file(marker_path)
+        remove_tree(final)
     if final.scheme == "file":
         staging.write_text(PUBLISHING, pending)
         os.makedirs(os.path.dirname(final.path) or "/", exist_ok=True)
@@ -282,12 +293,12 @@ def commit(staging: Location, final: Location, marker: dict, kind: str | None = 
         # Object stores have no directory rename: copy each object, then drop the staging prefix.
         # Readers still see nothing until the marker below lands.
         final.write_text(PUBLISHING, pending)
-        for src in fs.find(staging.path):
-            fs.copy(src, final.path + src[len(staging.path):])
-        _remove(fs, staging.path)
+        for src in _objects(staging):
+            fs.cp_file(src, final.path + src[len(staging.path):])
+        remove_tree(staging)
     record = {"committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **marker}
     final.write_text(MARKER, json.dumps(record, indent=2, sort_keys=True))
-    fs.rm(posixpath.join(final.path, PUBLISHING))
+    fs.rm_file(posixpath.join(final.path, PUBLISHING))
 
 
 # --- what an output may replace, and what it must not touch ---------------------------------------
@@ -384,9 +395,7 @@ _HELD: dict[str, object] = {}  # lock path -> what releases it, for the locks th
 def lock_location(uri: str | Location) -> Location:
     """The lock file of an output: beside it, hidden (Spark and source listings skip dot-files)."""
     final = uri if isinstance(uri, Location) else resolve(uri)
-    parent, name = posixpath.split(final.path.rstrip("/"))
-    return Location(uri=_join_uri(_parent_uri(final.uri), f".{name}{LOCK_TAG}"), scheme=final.scheme,
-                    path=posixpath.join(parent, f".{name}{LOCK_TAG}"))
+    return _beside(final, LOCK_TAG)
 
 
 @contextlib.contextmanager
@@ -494,7 +503,7 @@ def _lock_object(lock: Location, record: dict):
             if holder and holder.get("host") == socket.gethostname() and not _pid_alive(holder.get("pid")):
                 log.warning("%s: removing the writer lock of pid %s (started %s), which has exited",
                             lock.uri, holder.get("pid"), holder.get("started_at"))
-                fs.rm(lock.path)
+                fs.rm_file(lock.path)
                 continue
             raise _locked_error(lock, holder, "; if it is dead (another host cannot be checked from here), "
                                               f"delete {lock.uri}") from None
@@ -507,7 +516,7 @@ def _lock_object(lock: Location, record: dict):
         except FileNotFoundError:
             return
         if holder and holder.get("token") == record["token"]:
-            fs.rm(lock.path)
+            fs.rm_file(lock.path)
 
     return release
 
@@ -542,27 +551,89 @@ def clean_stale_staging(uri: str) -> list[str]:
 
 
 def _remove_staging(final: Location) -> list[str]:
-    parent, name = posixpath.split(final.path.rstrip("/"))
-    fs = final.fs
-    pattern = posixpath.join(parent, f".{name}{STAGING_TAG}*")
     removed = []
     with storage_errors("removing staging left by an earlier job", final.uri):
-        for path in fs.glob(pattern):
-            _remove(fs, path)
-            removed.append(path)
+        for staging in siblings(final, STAGING_TAG):
+            remove_tree(staging)
+            removed.append(staging.path)
     if removed:
         log.info("%s: removed %d staging director%s left by earlier jobs", final.uri, len(removed),
                  "y" if len(removed) == 1 else "ies")
     return removed
 
 
-def _parent_uri(uri: str) -> str:
-    return uri.rstrip("/").rsplit("/", 1)[0]
+# --- paths are data, never patterns -------------------------------------------------------------
+# A user's path may hold ``[``, ``*``, ``?``: every listing and removal here compares names
+# exactly (list the parent, then filter), never hands a path to glob() or to an fsspec call that
+# expands patterns (on S3, ``rm`` and ``copy`` glob their argument).
+
+def parse_sibling(name: str) -> tuple[str, str, str] | None:
+    """(output name, tag, token) of a hidden sibling's base name (``.NAME<tag><token>``), or None."""
+    match = _SIBLING.match(name)
+    return (match.group("name"), match.group("tag"), match.group("token")) if match else None
 
 
-def _remove(fs: fsspec.AbstractFileSystem, path: str) -> None:
+def siblings(final: Location, tag: str) -> list[Location]:
+    """``final``'s hidden siblings carrying ``tag`` (its staging directories), by exact name."""
+    parent, name = posixpath.split(final.path.rstrip("/"))
+    found = []
+    for base in list_names(Location(uri=_parent_uri(final.uri), scheme=final.scheme, path=parent)):
+        parsed = parse_sibling(base)
+        if parsed and parsed[0] == name and parsed[1] == tag:
+            found.append(_beside(final, tag + parsed[2]))
+    return sorted(found, key=lambda loc: loc.path)
+
+
+def list_names(loc: Location) -> list[str]:
+    """The base names of the entries directly under ``loc`` ([] if it does not exist)."""
+    fs = loc.fs
+    fs.invalidate_cache(loc.path)  # another process may have just added or removed an entry
     try:
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+        if not fs.isdir(loc.path):
+            return []
+        paths = fs.ls(loc.path, detail=False)
+    except FileNotFoundError:
+        return []
+    own = loc.path.rstrip("/")  # an object store may list the prefix itself
+    return [posixpath.basename(p.rstrip("/")) for p in paths if p.rstrip("/") != own]
+
+
+def remove_tree(loc: Location) -> None:
+    """Remove ``loc`` and everything under it, naming exactly that path (no pattern expansion)."""
+    fs = loc.fs
+    try:
+        if loc.scheme == "file":
+            if os.path.isdir(loc.path) and not os.path.islink(loc.path):
+                shutil.rmtree(loc.path)
+            elif os.path.lexists(loc.path):
+                os.remove(loc.path)
+        elif loc.scheme == "s3":
+            for path in _objects(loc):
+                fs.rm_file(path)
+            fs.invalidate_cache(loc.path)
+        elif fs.exists(loc.path):
+            fs.rm(loc.path, recursive=True)  # pyarrow's HDFS client deletes the path it is given
     except FileNotFoundError:
         pass
+
+
+def _objects(loc: Location) -> list[str]:
+    """Every object (file) under ``loc``, by exact prefix ``loc/`` (plus ``loc`` itself if a file)."""
+    fs = loc.fs
+    try:
+        found = fs.find(loc.path)
+    except FileNotFoundError:
+        return []
+    prefix = loc.path.rstrip("/") + "/"
+    return sorted(p for p in found if p.startswith(prefix) or p == loc.path)
+
+
+def _beside(final: Location, suffix: str) -> Location:
+    """The hidden sibling ``.NAME<suffix>`` of ``final`` (staging, lock)."""
+    parent, name = posixpath.split(final.path.rstrip("/"))
+    base = f".{name}{suffix}"
+    return Location(uri=_join_uri(_parent_uri(final.uri), base), scheme=final.scheme, path=posixpath.join(parent, base))
+
+
+def _parent_uri(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[0]

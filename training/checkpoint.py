@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from common.errors import CorruptCheckpoint, OutputExistsError
-from common.storage import (KIND_CHECKPOINT, MARKER, STAGING_TAG, is_committed, output_kind, publish, resolve,
-                            storage_errors)
+from common.storage import (KIND_CHECKPOINT, MARKER, STAGING_TAG, is_committed, list_names, output_kind,
+                            parse_sibling, publish, remove_tree, resolve, storage_errors)
 
 log = logging.getLogger("shardtrain.checkpoint")
 
@@ -157,13 +157,15 @@ class CheckpointManager:
         complete = [(step, loc) for step, loc, committed in listed if committed]
         newest = complete[-1][0] if complete else 0
         for _, loc in complete[:-self.keep]:
-            loc.fs.rm(loc.path, recursive=True)
+            remove_tree(loc)
         for step, loc, committed in listed:
             if not committed and step < newest:
-                loc.fs.rm(loc.path, recursive=True)
+                remove_tree(loc)
         root = resolve(self.uri)
-        for path in root.fs.glob(posixpath.join(root.path, f".step-*{STAGING_TAG}*")):
-            root.fs.rm(path, recursive=True)  # left by a writer that died mid-save
+        for name in list_names(root):  # exact names: the root's own path may hold glob characters
+            parsed = parse_sibling(name)
+            if parsed and parsed[1] == STAGING_TAG and _NAME.match(parsed[0]):
+                remove_tree(root.join(name))  # left by a writer that died mid-save
 
 
 __all__ = ["CheckpointManager", "Restored", "check_checkpoint_root"]

@@ -4,8 +4,10 @@ flock, and the loopback S3 endpoint for the conditional-create lock."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import posixpath
 import signal
 import subprocess
 import sys
@@ -15,8 +17,9 @@ import pytest
 
 from common import storage
 from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageIOError
-from common.storage import (KIND_DATASET, KIND_MODEL, MARKER, check_disjoint, check_replaceable, lock_location,
-                            output_lock, publish, resolve)
+from common.storage import (KIND_CHECKPOINT, KIND_DATASET, KIND_MODEL, KIND_SCORES, MARKER, STAGING_TAG,
+                            check_disjoint, check_replaceable, is_committed, lock_location, output_lock, publish,
+                            resolve)
 
 
 def _publish(uri: str, kind: str | None, files=("a.txt",), mode="overwrite"):
@@ -161,6 +164,109 @@ def test_staging_left_by_a_killed_writer_is_removed_by_the_next_run_but_not_whil
     _publish(uri, KIND_DATASET)
     assert not stale.exists()
     assert sorted(os.listdir(tmp_path)) == ["ds"]
+
+
+# --- paths are data, never patterns -----------------------------------------------------------------
+
+STAGER = textwrap.dedent("""
+    import sys
+    from common.storage import publish
+    with publish(sys.argv[1], mode="overwrite", marker={"kind": sys.argv[2]}) as staging:
+        with staging.open("part-0", "wb") as fh:
+            fh.write(b"neighbour")
+        print(staging.uri, flush=True)
+        sys.stdin.readline()  # staged, under the output's lock, until the test closes stdin
+""")
+
+
+class _Stager:
+    """A real process writing ``uri``: its staging directory exists and its lock is held until
+    ``finish()``, which lets it commit and returns its exit status."""
+
+    def __init__(self, uri: str, kind: str):
+        self.proc = subprocess.Popen([sys.executable, "-c", STAGER, uri, kind], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().strip()
+        assert line, f"the neighbour's writer did not stage (rc={self.proc.poll()})"
+        self.staging = resolve(line)
+
+    def staged_bytes(self) -> bytes:
+        return self.staging.fs.cat_file(posixpath.join(self.staging.path, "part-0"))
+
+    def finish(self) -> int:
+        self.proc.stdin.close()
+        return self.proc.wait(timeout=60)
+
+
+def _old_glob(final_uri: str, name: str) -> str:
+    """The pattern the stale-staging cleanup used to glob for ``final_uri`` (``parent/.NAME._staging-*``)."""
+    parent = resolve(final_uri).path.rsplit("/", 1)[0]
+    return f"{parent}/.{name}{STAGING_TAG}*"
+
+
+def _check_a_glob_named_output_spares_a_live_neighbour(base: str, name: str, neighbour: str) -> None:
+    target, other = f"{base}/{name}", f"{base}/{neighbour}"
+    _publish(target, KIND_SCORES, ["old.txt"])
+    final = resolve(target)
+    dead = storage._beside(final, f"{STAGING_TAG}20260101T000000-dead")  # left by a killed writer of target
+    dead.write_text("part-0", "dead")
+    stager = _Stager(other, KIND_SCORES)
+    try:
+        # The neighbour's writer is alive, holds its lock, and its staging is what a glob of the
+        # target's name would have matched.
+        assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
+        assert fnmatch.fnmatchcase(stager.staging.path, _old_glob(target, name.rsplit("/", 1)[-1]))
+        neighbour_lock = lock_location(other)
+        assert neighbour_lock.fs.exists(neighbour_lock.path)
+
+        assert storage.clean_stale_staging(target) == [dead.path]  # its own dead staging, and only that
+        _publish(target, KIND_SCORES, ["new.txt"])  # overwrite: cleans again, then commits
+        assert is_committed(target) and storage.read_marker(target)["kind"] == KIND_SCORES
+        assert sorted(p.rsplit("/", 1)[-1] for p in final.fs.find(final.path)) == [MARKER, "new.txt"]
+
+        assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
+        assert neighbour_lock.fs.exists(neighbour_lock.path)
+    finally:
+        rc = stager.finish()
+    assert rc == 0  # the neighbour's job then committed its own output
+    assert is_committed(other) and resolve(other).fs.cat_file(resolve(other).path + "/part-0") == b"neighbour"
+
+
+GLOB_NAMES = [("scores[0-9]", "scores2"), ("run[12]/scores", "run1/scores"), ("s*", "scores"), ("sc?res", "scores"),
+              ("my scores ü[ab]", "my scores üa")]
+
+
+@pytest.mark.parametrize("name, neighbour", GLOB_NAMES)
+def test_a_glob_named_output_never_touches_a_live_neighbours_staging(tmp_path, name, neighbour):
+    _check_a_glob_named_output_spares_a_live_neighbour(str(tmp_path), name, neighbour)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("name, neighbour", GLOB_NAMES[:2])
+def test_a_glob_named_output_never_touches_a_live_neighbours_staging_on_s3(s3_bucket, name, neighbour):
+    _check_a_glob_named_output_spares_a_live_neighbour(f"{s3_bucket}/glob", name, neighbour)
+
+
+def test_checkpoint_pruning_beside_a_glob_named_directory_spares_a_live_neighbour(tmp_path):
+    import torch
+
+    from training.checkpoint import CheckpointManager
+
+    root, neighbour = tmp_path / "ckpt[12]", tmp_path / "ckpt1"
+    dead = root / f".step-000000001{STAGING_TAG}20260101T000000-dead"  # a save of ours that died
+    dead.mkdir(parents=True)
+    stager = _Stager(str(neighbour / "step-000000005"), KIND_CHECKPOINT)
+    try:
+        assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
+        assert fnmatch.fnmatchcase(stager.staging.path, str(root / f".step-*{STAGING_TAG}*"))  # the old glob
+        manager = CheckpointManager(str(root), steps_per_epoch=1, every_epochs=1, keep=1)
+        for step in (1, 2, 3):
+            manager.save(step, step, lambda: {"w": torch.zeros(2)})
+        assert sorted(os.listdir(root)) == ["step-000000003"]  # pruned to keep=1, its dead staging removed
+        assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
+    finally:
+        rc = stager.finish()
+    assert rc == 0 and is_committed(str(neighbour / "step-000000005"))
 
 
 def test_storage_errors_are_one_line_naming_the_path(tmp_path):
