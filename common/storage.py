@@ -3,10 +3,13 @@
 Supported: local paths and ``file://``, ``s3://`` (s3fs; ``s3a://`` is accepted as an alias),
 ``hdfs://`` (pyarrow's HDFS client), ``dbfs:/`` (the ``/dbfs`` FUSE mount on Databricks).
 
-Publishing a directory: everything is written under a staging location beside the target,
-then moved into place, and a ``_COMMITTED`` marker is written last. Readers call
-``require_committed`` and refuse a directory without the marker, so a job that dies at any
-point leaves nothing a reader will accept.
+Publishing a directory: everything is written under a staging location beside the target, the
+``_COMMITTED`` marker last, then it is moved into place. Readers call ``require_committed`` and
+refuse a directory without the marker, so a job that dies at any point leaves nothing a reader
+will accept. Overwrite is a swap (``commit``): the old output is moved aside, the new one moved
+in, then the old one deleted, so a failure at any point leaves one of them committed, and the
+next writer finishes a swap a dead job left half-done (``clean_stale_staging``). A local path
+is used with its symlinks resolved: a linked output is replaced at its target.
 
 What an output may replace: the marker records the output's ``kind`` (``shardtrain.dataset``,
 ``shardtrain.model``, ``shardtrain.checkpoint``, ``shardtrain.scores``); ``overwrite`` replaces only an empty directory or
@@ -32,12 +35,14 @@ This module must stay free of Spark and torch: executors and training ranks impo
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import posixpath
 import re
 import shutil
+import signal
 import socket
 import time
 import uuid
@@ -54,10 +59,13 @@ MARKER = "_COMMITTED"
 # whose commit died half-way (object stores copy file by file), so overwrite may replace it.
 PUBLISHING = "_PUBLISHING"
 STAGING_TAG = "._staging-"
+# Where an overwrite keeps the output it replaces until the new one is committed.
+REPLACED_TAG = "._replaced-"
 LOCK_TAG = ".shardtrain-lock"
 # A hidden sibling of output NAME: ``.NAME<tag><token>``. The token never holds a dot, so the name
 # is everything before the last tag (``.a._staging-b._staging-T`` belongs to ``a._staging-b``).
-_SIBLING = re.compile(r"^\.(?P<name>.+)(?P<tag>\._staging-)(?P<token>[A-Za-z0-9-]+)$")
+_SIBLING = re.compile(r"^\.(?P<name>.+)(?P<tag>\._staging-|\._replaced-)(?P<token>[A-Za-z0-9-]+)$")
+FAULT_ENV = "SHARDTRAIN_FAULT"
 KIND_DATASET = "shardtrain.dataset"
 KIND_MODEL = "shardtrain.model"
 KIND_CHECKPOINT = "shardtrain.checkpoint"
@@ -126,7 +134,7 @@ def resolve(uri: str) -> Location:
         scheme = ""
     if scheme in ("", "file"):
         path = parsed.path if scheme == "file" else uri
-        path = os.path.abspath(os.path.expanduser(path))
+        path = _real_local_path(uri, os.path.abspath(os.path.expanduser(path)))
         return Location(uri=path, scheme="file", path=path)
     if scheme in ("s3", "s3a"):
         if not parsed.netloc:
@@ -144,6 +152,19 @@ def resolve(uri: str) -> Location:
         return Location(uri=path, scheme="file", path=path)
     raise StorageError(
         f"{uri}: unsupported URI scheme {parsed.scheme!r}; use a local path, file://, s3://, hdfs:// or dbfs:/")
+
+
+def _real_local_path(uri: str, path: str) -> str:
+    """``path`` with every symlink resolved: an output reached through a link is checked and
+    replaced at its target (the link stays a link), and two spellings of one directory share one
+    lock. A link loop fails here, naming the URI, before any work."""
+    try:
+        return os.path.realpath(path, strict=True)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(f"{uri}: is a symlink loop (following its links leads back to them); point the link at "
+                               "a real directory, or choose another path") from None
+        return os.path.realpath(path)  # not there yet (an output to create, a glob): resolve what exists
 
 
 def check_uri(uri: str) -> Location:
@@ -226,6 +247,11 @@ def require_committed(uri: str | Location, what: str = "output") -> Location:
     """Return the Location if it holds a committed output; otherwise a StorageError that says why."""
     loc = uri if isinstance(uri, Location) else resolve(uri)
     if not loc.fs.exists(loc.path):
+        replaced = siblings(loc, REPLACED_TAG)
+        if replaced:
+            raise StorageError(f"{loc.uri}: no such {what} now: an overwrite of it was interrupted, and the previous "
+                               f"{what} is kept at {replaced[-1].uri}; the next job writing this path restores it "
+                               "first (or re-run the job that produces it)")
         raise StorageError(f"{loc.uri}: no such {what}")
     if not is_committed(loc):
         raise StorageError(
@@ -245,10 +271,10 @@ def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterat
 
     ``mode``: ``error`` refuses an existing output, ``overwrite`` replaces it if it is an output of
     the same kind (``marker["kind"]``; see ``check_replaceable``). The caller writes everything
-    under the yielded staging Location; on normal exit the staging directory is moved to ``uri``
-    and the marker is written last. On an exception the staging directory is removed and ``uri``
-    is untouched. The output's lock is held throughout (re-entrant: a job holding it already,
-    as the shard job does, keeps it).
+    under the yielded staging Location; on normal exit ``commit`` swaps it in (see there). On an
+    exception the staging directory is removed and ``uri`` is untouched. The output's lock is held
+    throughout (re-entrant: a job holding it already, as the shard job does, keeps it); under it,
+    an overwrite that a dead job left half-done is finished first (``clean_stale_staging``).
     """
     final = resolve(uri)
     fs = final.fs
@@ -257,12 +283,12 @@ def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterat
     if mode not in ("error", "overwrite"):
         raise ValueError(f"publish mode must be error or overwrite, got {mode!r}")
     with output_lock(final.uri):
+        _clean_beside(final)  # left by writers of this output that died (we hold its lock)
         if mode == "error" and fs.exists(final.path):
             raise OutputExistsError(
                 f"{final.uri} already exists; set output.mode=overwrite to replace it "
                 "(or skip_if_exists to keep it)")
         check_replaceable(final.uri, kind)
-        _remove_staging(final)  # left by writers of this output that died (we hold its lock)
         staging = _beside(final, STAGING_TAG + _new_token())
         with storage_errors("creating the staging directory", staging.uri):
             fs.makedirs(staging.path, exist_ok=True)
@@ -276,29 +302,139 @@ def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterat
 
 
 def commit(staging: Location, final: Location, marker: dict, kind: str | None = None) -> None:
-    fs = final.fs
+    """Swap the staged output in at ``final``; a failure at any point leaves the old output
+    committed or the new one, and never destroys the old one before the new one is complete:
+
+    1. the marker is written into the staging directory: the new output is complete;
+    2. a committed old output is moved aside, to the hidden ``.NAME._replaced-<token>`` beside it
+       (anything else there, an empty directory or our own half-done commit, holds nothing to keep
+       and is removed);
+    3. the staging directory is moved to ``final``: from here the new output is committed there;
+    4. the aside copy is removed.
+
+    A move is a rename on local disk and HDFS (atomic, so after 3 the marker is already in place).
+    Object stores have no rename and a reader takes the marker as the output: a move copies every
+    object, the marker last (so a copy is committed only once complete), then removes the source,
+    which holds ``_PUBLISHING`` until its last object goes, so a cut-short removal is still known as
+    ours. Between 2 and 3 nothing is committed at ``final`` (an instant locally; the copy on S3).
+    If 2 or 3 fails, the old output is moved back before the error is raised; if the job dies
+    there (or the move back fails too), the next writer of ``final`` restores it under the lock
+    before anything else (``_recover_swap``). The new output is not installed then: its job did
+    not finish, and its retry publishes again.
+    """
     check_replaceable(final.uri, kind)  # again: the staged work took time
-    pending = json.dumps({"kind": kind})
-    if fs.exists(final.path):
-        # Unmark first: from here until the new marker lands, readers refuse the directory.
-        marker_path = posixpath.join(final.path, MARKER)
-        if fs.exists(marker_path):
-            fs.rm_file(marker_path)
-        remove_tree(final)
-    if final.scheme == "file":
-        staging.write_text(PUBLISHING, pending)
-        os.makedirs(os.path.dirname(final.path) or "/", exist_ok=True)
-        os.replace(staging.path, final.path)  # atomic on one file system
-    else:
-        # Object stores have no directory rename: copy each object, then drop the staging prefix.
-        # Readers still see nothing until the marker below lands.
-        final.write_text(PUBLISHING, pending)
-        for src in _objects(staging):
-            fs.cp_file(src, final.path + src[len(staging.path):])
-        remove_tree(staging)
     record = {"committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **marker}
-    final.write_text(MARKER, json.dumps(record, indent=2, sort_keys=True))
-    fs.rm_file(posixpath.join(final.path, PUBLISHING))
+    staging.write_text(MARKER, json.dumps(record, indent=2, sort_keys=True))
+    _fault_point("before-aside")
+    aside = _beside(final, REPLACED_TAG + _new_token()) if is_committed(final) else None
+    if aside is None:
+        _remove_output(final)  # nothing committed there: nothing to keep
+    try:
+        if aside is not None:
+            _move(final, aside)
+            _fault_point("after-aside")
+        _move(staging, final)
+    except BaseException:
+        if aside is not None:
+            _restore(aside, final)
+        raise
+    _fault_point("after-swap")
+    if aside is not None:
+        try:
+            remove_tree(aside)
+        except Exception as exc:  # noqa: BLE001 - the new output is committed; the next writer removes it
+            log.warning("%s: could not remove the replaced output %s (%s); the next job writing this output "
+                        "removes it", final.uri, aside.uri, exc)
+
+
+def _fault_point(step: str) -> None:
+    """The one fault-injection point of shardtrain's storage, for the tests of ``commit``'s swap.
+
+    ``SHARDTRAIN_FAULT=commit:<step>`` makes this process kill itself (SIGKILL) at ``step``;
+    ``commit:<step>:stop`` makes it stop itself (SIGSTOP) there, so a test can change the world
+    (make the next rename fail for real) and let it go on (SIGCONT). Steps: ``before-aside`` (the
+    new output staged with its marker, the old untouched), ``after-aside`` (the old output moved
+    aside, nothing at the path), ``after-swap`` (the new output committed, the old still aside).
+    Unset (as always outside tests), nothing happens.
+    """
+    flag = os.environ.get(FAULT_ENV, "").split(":")
+    if flag[:2] == ["commit", step]:
+        os.kill(os.getpid(), signal.SIGSTOP if flag[2:] == ["stop"] else signal.SIGKILL)
+
+
+def _move(src: Location, dst: Location) -> None:
+    """Move an output directory (see ``commit``): a rename where the file system has one, else a
+    copy (the marker last) and a removal of the source."""
+    if src.scheme == "file":
+        os.makedirs(os.path.dirname(dst.path) or "/", exist_ok=True)
+        os.rename(src.path, dst.path)
+    elif src.scheme == "hdfs":
+        src.fs.makedirs(posixpath.dirname(dst.path), exist_ok=True)
+        src.fs.mv(src.path, dst.path)  # pyarrow's move: an HDFS rename, exact path
+    else:
+        _copy_objects(src, dst)
+        _remove_output(src)
+
+
+def _copy_objects(src: Location, dst: Location) -> None:
+    """Copy every object of ``src`` under ``dst``, the marker last; ``dst`` holds ``_PUBLISHING``
+    meanwhile, so a copy cut short is ours to replace and is never read."""
+    fs = src.fs
+    dst.write_text(PUBLISHING, json.dumps({"kind": output_kind(src)[1]}))
+    marker, publishing = posixpath.join(src.path, MARKER), posixpath.join(src.path, PUBLISHING)
+    objects = _objects(src)
+    for path in objects:
+        if path not in (marker, publishing):
+            fs.cp_file(path, dst.path + path[len(src.path):])
+    if marker in objects:
+        fs.cp_file(marker, posixpath.join(dst.path, MARKER))
+    fs.rm_file(posixpath.join(dst.path, PUBLISHING))
+
+
+def _remove_output(loc: Location) -> None:
+    """Remove our output at ``loc``: unmarked first, ``_PUBLISHING`` until its last file goes, so a
+    removal cut short leaves nothing a reader accepts and something overwrite still knows as ours."""
+    fs = loc.fs
+    names = list_names(loc)
+    if not names:
+        remove_tree(loc)
+        return
+    if PUBLISHING not in names:
+        loc.write_text(PUBLISHING, json.dumps({"kind": output_kind(loc)[1]}))
+    if MARKER in names:
+        fs.rm_file(posixpath.join(loc.path, MARKER))
+    for name in names:
+        if name not in (MARKER, PUBLISHING):
+            remove_tree(loc.join(name))
+    remove_tree(loc)
+
+
+def _restore(aside: Location, final: Location) -> bool:
+    """Move the committed output kept at ``aside`` back to ``final``, if nothing committed is there
+    and what is there is ours (or nothing); a copy that is not complete is dropped instead (the
+    output it copied was never touched). Failing that, the next writer of ``final`` tries again."""
+    try:
+        if not is_committed(aside):
+            remove_tree(aside)
+            return False
+        if is_committed(final) or not _holds_nothing_to_keep(final):
+            return False
+        _remove_output(final)
+        _move(aside, final)
+        log.warning("%s: restored the output an interrupted overwrite had moved aside (%s)", final.uri, aside.uri)
+        return True
+    except Exception as exc:  # noqa: BLE001 - the caller's own error is the one to report
+        log.warning("%s: could not move the previous output back from %s (%s); the next job writing this output "
+                    "restores it", final.uri, aside.uri, exc)
+        return False
+
+
+def _holds_nothing_to_keep(loc: Location) -> bool:
+    """Nothing at ``loc``, an empty directory, or our own output half-done (``_PUBLISHING``)."""
+    if not loc.fs.isdir(loc.path):
+        return not loc.fs.exists(loc.path)
+    names = list_names(loc)
+    return not names or PUBLISHING in names
 
 
 # --- what an output may replace, and what it must not touch ---------------------------------------
@@ -540,14 +676,41 @@ def _pid_alive(pid) -> bool:
 
 
 def clean_stale_staging(uri: str) -> list[str]:
-    """Remove staging directories that dead jobs left beside ``uri``; returns what was removed.
+    """Finish what dead writers left beside ``uri``; returns the paths removed or restored.
 
-    Runs under ``output_lock(uri)`` (re-entrant): every writer of ``uri`` stages under that lock,
-    so while we hold it no live job owns a staging directory there.
+    Staging directories are removed. An overwrite that died half-way is finished
+    (``_recover_swap``): with a committed output at ``uri`` the replaced copies beside it are
+    removed; with none, the newest replaced copy is moved back. Runs under ``output_lock(uri)``
+    (re-entrant): every writer of ``uri`` stages and swaps under that lock, so while we hold it
+    nothing beside ``uri`` belongs to a live job.
     """
     final = resolve(uri)
     with output_lock(final.uri):
-        return _remove_staging(final)
+        return _clean_beside(final)
+
+
+def _clean_beside(final: Location) -> list[str]:
+    final.fs.invalidate_cache()  # we just took the lock: see what earlier holders did, not old listings
+    return _recover_swap(final) + _remove_staging(final)
+
+
+def _recover_swap(final: Location) -> list[str]:
+    """See ``clean_stale_staging``. A ``final`` that holds something not ours keeps its replaced
+    copies too (check_replaceable then refuses the path, naming what it holds)."""
+    done = []
+    with storage_errors("finishing an interrupted overwrite", final.uri):
+        asides = siblings(final, REPLACED_TAG)
+        if asides and not is_committed(final):
+            committed = [aside for aside in asides if is_committed(aside)]
+            if committed and _restore(committed[-1], final):  # the newest: tokens sort by time
+                done.append(committed[-1].path)
+        if asides and is_committed(final):
+            for aside in asides:
+                if aside.path not in done:
+                    remove_tree(aside)
+                    done.append(aside.path)
+                    log.info("%s: removed %s, an output it replaced", final.uri, aside.uri)
+    return done
 
 
 def _remove_staging(final: Location) -> list[str]:

@@ -5,9 +5,11 @@ flock, and the loopback S3 endpoint for the conditional-create lock."""
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import os
 import posixpath
+import re
 import signal
 import subprocess
 import sys
@@ -16,10 +18,10 @@ import textwrap
 import pytest
 
 from common import storage
-from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageIOError
-from common.storage import (KIND_CHECKPOINT, KIND_DATASET, KIND_MODEL, KIND_SCORES, MARKER, STAGING_TAG,
-                            check_disjoint, check_replaceable, is_committed, lock_location, output_lock, publish,
-                            resolve)
+from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageError, StorageIOError
+from common.storage import (FAULT_ENV, KIND_CHECKPOINT, KIND_DATASET, KIND_MODEL, KIND_SCORES, MARKER, REPLACED_TAG,
+                            STAGING_TAG, check_disjoint, check_replaceable, is_committed, lock_location, output_lock,
+                            publish, require_committed, resolve, siblings)
 
 
 def _publish(uri: str, kind: str | None, files=("a.txt",), mode="overwrite"):
@@ -267,6 +269,156 @@ def test_checkpoint_pruning_beside_a_glob_named_directory_spares_a_live_neighbou
     finally:
         rc = stager.finish()
     assert rc == 0 and is_committed(str(neighbour / "step-000000005"))
+
+
+# --- overwrite swaps: the old output is never destroyed before the new one is complete --------------
+
+OLD_FILES = ("old-a.txt", "sub/old-b.txt")
+# A real job's commit, through the command line's error path (one line, the error's exit status).
+OVERWRITER = textwrap.dedent("""
+    import sys
+    from common.cli import run_command
+    from common.storage import publish
+
+    def overwrite(_args):
+        with publish(sys.argv[1], mode="overwrite", marker={"kind": "shardtrain.scores"}) as staging:
+            with staging.open("new.txt", "wb") as fh:
+                fh.write(b"the new output")
+
+    sys.exit(run_command(overwrite, None))
+""")
+
+
+def _digests(loc) -> dict[str, str]:
+    """sha256 of every file of an output (the marker included), by path inside it."""
+    loc = resolve(loc) if isinstance(loc, str) else loc
+    loc.fs.invalidate_cache()  # S3: another process changed it; list and read it afresh
+    return {path[len(loc.path) + 1:]: hashlib.sha256(loc.fs.cat_file(path)).hexdigest()
+            for path in storage._objects(loc)}
+
+
+def _overwriter(uri: str, fault: str | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    if fault:
+        env[FAULT_ENV] = fault
+    return subprocess.Popen([sys.executable, "-c", OVERWRITER, uri], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _check_new_output(uri: str) -> None:
+    resolve(uri).fs.invalidate_cache()
+    final = require_committed(uri)
+    assert sorted(_digests(final)) == [MARKER, "new.txt"] and storage.read_marker(uri)["kind"] == KIND_SCORES
+    assert not siblings(final, STAGING_TAG) and not siblings(final, REPLACED_TAG)  # nothing left beside it
+
+
+def _check_killed_overwrite(base: str, step: str) -> None:
+    target = f"{base}/scores"
+    _publish(target, KIND_SCORES, OLD_FILES)
+    old = _digests(target)
+    proc = _overwriter(target, f"commit:{step}")
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL  # it died by the signal, at the fault point
+    final = resolve(target)
+    final.fs.invalidate_cache()
+    staged, aside = siblings(final, STAGING_TAG), siblings(final, REPLACED_TAG)
+    if step == "before-aside":  # the new output was staged complete; the old one untouched and committed
+        assert len(staged) == 1 and is_committed(staged[0]) and not aside
+        assert _digests(require_committed(target)) == old
+    elif step == "after-aside":  # the old output is aside, committed and intact; nothing at the path
+        assert len(aside) == 1 and _digests(aside[0]) == old and not final.exists()
+        with pytest.raises(StorageError, match=r"an overwrite of it was interrupted, and the previous output is kept"):
+            require_committed(target)
+        assert storage.clean_stale_staging(target)  # what the next job writing it does first, under its lock
+        assert _digests(require_committed(target)) == old
+    else:  # after-swap: the new output is committed; the replaced one is removed by the next writer
+        assert len(aside) == 1 and _digests(aside[0]) == old
+        assert sorted(_digests(require_committed(target))) == [MARKER, "new.txt"]
+    retry = _overwriter(target)
+    stderr = retry.communicate(timeout=120)[1]
+    assert retry.returncode == 0 and "error" not in stderr, stderr
+    _check_new_output(target)
+
+
+@pytest.mark.parametrize("step", ["before-aside", "after-aside", "after-swap"])
+def test_an_overwrite_killed_at_any_step_leaves_an_output_committed_and_a_retry_succeeds(tmp_path, step):
+    _check_killed_overwrite(str(tmp_path), step)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("step", ["before-aside", "after-aside", "after-swap"])
+def test_an_overwrite_killed_at_any_step_on_s3_leaves_an_output_committed(s3_bucket, step):
+    _check_killed_overwrite(f"{s3_bucket}/swap", step)
+
+
+def _wait_stopped(proc: subprocess.Popen) -> None:
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), f"the overwriting job did not reach its fault point (status {status})"
+
+
+def _deny_rename(path) -> callable:
+    """Make renaming ``path`` fail for real; returns what undoes it. Root ignores permissions, so
+    there the directory is made immutable (chattr +i: EPERM even for root); otherwise its parent
+    is made read-only (EACCES)."""
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+            pytest.skip("running as root on a file system without chattr +i: no real way to make a rename fail")
+        return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
+    parent = os.path.dirname(path)
+    os.chmod(parent, 0o555)
+    return lambda: os.chmod(parent, 0o755)
+
+
+@pytest.mark.parametrize("rename", ["old output aside", "new output in"])
+def test_a_rename_the_file_system_refuses_leaves_the_old_output_and_a_retry_succeeds(tmp_path, rename):
+    target = str(tmp_path / "out" / "scores")
+    _publish(target, KIND_SCORES, OLD_FILES)
+    old = _digests(target)
+    final = resolve(target)
+    proc = _overwriter(target, "commit:before-aside:stop" if rename == "old output aside" else "commit:after-aside:stop")
+    try:
+        _wait_stopped(proc)
+        if rename == "old output aside":
+            victim = final.path
+        else:  # the old output really was moved aside before the refused rename
+            assert not final.exists() and _digests(siblings(final, REPLACED_TAG)[0]) == old
+            victim = siblings(final, STAGING_TAG)[0].path
+        undo = _deny_rename(victim)
+        try:
+            os.kill(proc.pid, signal.SIGCONT)
+            stderr = proc.communicate(timeout=120)[1]
+        finally:
+            undo()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    error = stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in stderr
+    assert re.fullmatch(rf"shardtrain: error: {re.escape(target)}: committing the output failed: PermissionError: .*",
+                        error)
+    if not final.exists():  # non-root: the read-only parent refused the move back too; the old output is aside
+        assert _digests(siblings(final, REPLACED_TAG)[0]) == old
+        storage.clean_stale_staging(target)  # what the next job writing it does first
+    assert _digests(require_committed(target)) == old  # the old output, committed and intact
+    _publish(target, KIND_SCORES, ["new.txt"])  # the retry is not refused, and replaces it
+    _check_new_output(target)
+
+
+def test_overwrite_through_a_symlink_replaces_its_target_and_the_link_stays_a_link(tmp_path):
+    real, alias = tmp_path / "real_scores", tmp_path / "alias"
+    _publish(str(real), KIND_SCORES, OLD_FILES)
+    os.symlink(real, alias)
+    check_replaceable(str(alias), KIND_SCORES)  # the check sees what the link points at
+    _publish(str(alias), KIND_SCORES, ["new.txt"])
+    assert alias.is_symlink() and os.readlink(alias) == str(real)
+    assert sorted(_digests(str(real))) == [MARKER, "new.txt"] and storage.read_marker(str(alias))["kind"] == KIND_SCORES
+    assert sorted(os.listdir(tmp_path)) == ["alias", "real_scores"]  # nothing left beside either
+    holder = _start_holder(str(alias))  # one output, one lock, whichever way it is spelt
+    try:
+        with pytest.raises(OutputLockedError, match=rf"{real} is being written by pid {holder.pid}"):
+            _publish(str(real), KIND_SCORES)
+    finally:
+        _kill(holder)
 
 
 def test_storage_errors_are_one_line_naming_the_path(tmp_path):
