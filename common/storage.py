@@ -52,7 +52,7 @@ from urllib.parse import urlparse
 
 import fsspec
 
-from common.errors import OutputExistsError, OutputLockedError, StorageError, StorageIOError
+from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageError, StorageIOError, first_line
 
 MARKER = "_COMMITTED"
 # Written with the files and removed after the marker: a directory holding it is our own output
@@ -111,7 +111,8 @@ class Location:
 
 @contextlib.contextmanager
 def storage_errors(what: str, uri: str) -> Iterator[None]:
-    """Turn an OSError from the file system into one line naming the path (exit status 1)."""
+    """Turn an OSError from the file system, or an S3 endpoint that does not answer, into one
+    line naming the path (exit status 1)."""
     try:
         yield
     except StorageError:
@@ -121,6 +122,29 @@ def storage_errors(what: str, uri: str) -> Iterator[None]:
         if exc.filename and str(exc.filename) not in reason:
             reason += f": {exc.filename}"  # the file inside ``uri`` that failed, when the error knows it
         raise StorageIOError(f"{uri}: {what} failed: {type(exc).__name__}: {reason}") from None
+    except Exception as exc:
+        unreachable = _unreachable_endpoint(uri, exc)
+        if unreachable is None:
+            raise
+        raise unreachable from None
+
+
+def _unreachable_endpoint(uri: str, exc: BaseException) -> StorageIOError | None:
+    """The one-line error for an S3 endpoint that refused, timed out or could not be resolved
+    (botocore's own error, after its retries), or None for any other error."""
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError, ReadTimeoutError
+    except ImportError:  # no S3 support installed, so no S3 error either
+        return None
+    if not isinstance(exc, (BotoConnectionError, ReadTimeoutError)):
+        return None
+    endpoint = s3_options().get("client_kwargs", {}).get("endpoint_url")
+    if not endpoint:  # AWS itself: botocore's error carries the URL it tried
+        tried = urlparse(str(getattr(exc, "kwargs", {}).get("endpoint_url", "")))
+        endpoint = f"{tried.scheme}://{tried.netloc}" if tried.netloc else "of AWS"
+    reason = first_line(exc)
+    return StorageIOError(f"{uri}: cannot reach the S3 endpoint {endpoint}: {reason} (check SHARDTRAIN_S3_ENDPOINT "
+                          "or AWS_ENDPOINT_URL, and the network)")
 
 
 def resolve(uri: str) -> Location:
@@ -133,16 +157,21 @@ def resolve(uri: str) -> Location:
     if len(scheme) == 1:  # a Windows drive letter is a local path, not a scheme
         scheme = ""
     if scheme in ("", "file"):
+        if scheme == "file":
+            _check_file_uri(uri, parsed.netloc)
         path = parsed.path if scheme == "file" else uri
         path = _real_local_path(uri, os.path.abspath(os.path.expanduser(path)))
         return Location(uri=path, scheme="file", path=path)
+    # An S3 key or HDFS path may hold '?' and '#' (and '?' is a glob character in a source
+    # path): everything after the authority is the path, never a query or a fragment to drop.
+    authority, _, rest = uri.split("://", 1)[1].partition("/") if "://" in uri else ("", "", "")
     if scheme in ("s3", "s3a"):
-        if not parsed.netloc:
+        if not authority:
             raise StorageError(f"{uri}: an S3 URI needs a bucket, as in s3://bucket/prefix")
-        path = f"{parsed.netloc}{parsed.path}".rstrip("/")
+        path = f"{authority}/{rest}".rstrip("/")
         return Location(uri=f"s3://{path}", scheme="s3", path=path)
     if scheme == "hdfs":
-        return Location(uri=uri.rstrip("/"), scheme="hdfs", path=parsed.path.rstrip("/") or "/")
+        return Location(uri=uri.rstrip("/"), scheme="hdfs", path=("/" + rest).rstrip("/") or "/")
     if scheme == "dbfs":
         # dbfs:/a/b and dbfs:///a/b both name /dbfs/a/b on a Databricks driver or worker.
         rel = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
@@ -152,6 +181,18 @@ def resolve(uri: str) -> Location:
         return Location(uri=path, scheme="file", path=path)
     raise StorageError(
         f"{uri}: unsupported URI scheme {parsed.scheme!r}; use a local path, file://, s3://, hdfs:// or dbfs:/")
+
+
+def _check_file_uri(uri: str, host: str) -> None:
+    """A file:// URI names a local path and nothing else: a host, a ?query or a #fragment would be
+    silently dropped, so they are refused (exit 2), naming the URI."""
+    extra = [f"a host ({host!r})" if host not in ("", "localhost") else "",
+             "a ?query" if "?" in uri else "", "a #fragment" if "#" in uri else ""]
+    extra = [e for e in extra if e]
+    if extra:
+        raise StorageError(f"{uri}: a file:// URI names a local path only, and this one has {' and '.join(extra)}, "
+                           "which would be ignored; write the path itself (/abs/path or file:///abs/path; a "
+                           "'?' or '#' in a file name needs the plain path form)")
 
 
 def _real_local_path(uri: str, path: str) -> str:
@@ -172,7 +213,21 @@ def check_uri(uri: str) -> Location:
     fail on a bad URI before it starts Spark or any other work."""
     loc = resolve(uri)
     loc.fs  # noqa: B018 - building the file system is the check (S3 credentials, HDFS connection)
+    if loc.scheme == "s3":
+        _check_s3_reachable(loc)
     return loc
+
+
+def _check_s3_reachable(loc: Location) -> None:
+    """One cheap request, so an S3 endpoint that does not answer fails the job now, in one line
+    naming it (exit 1). Any other answer (a missing key, no permission) is left to the job's own
+    first access, which names what it needed."""
+    try:
+        loc.fs.exists(loc.path)
+    except Exception as exc:  # noqa: BLE001 - only an unreachable endpoint is this check's business
+        unreachable = _unreachable_endpoint(loc.uri, exc)
+        if unreachable is not None:
+            raise unreachable from None
 
 
 _FS_CACHE: dict[tuple, fsspec.AbstractFileSystem] = {}
@@ -261,8 +316,27 @@ def require_committed(uri: str | Location, what: str = "output") -> Location:
 
 
 def read_marker(uri: str | Location) -> dict:
-    loc = require_committed(uri)
-    return json.loads(loc.read_text(MARKER))
+    return read_record(require_committed(uri), MARKER)
+
+
+def read_record(loc: Location, name: str) -> dict:
+    """The JSON object in marker file ``name`` of ``loc``; a damaged one (not UTF-8, not JSON, not an
+    object) is a StorageError (exit 2) naming the file."""
+    with storage_errors(f"reading {name}", loc.uri):
+        raw = loc.fs.cat_file(posixpath.join(loc.path, name))
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
+        problem = f"is not valid JSON ({first_line(exc)})"
+    else:
+        if isinstance(record, dict):
+            return record
+        problem = f"holds a JSON {_JSON_TYPES.get(type(record), type(record).__name__)}, not an object"
+    raise StorageError(f"{loc.join(name).uri} {problem}: the marker is damaged; restore it, or move {loc.uri} away "
+                       "and re-run the job that produces it")
+
+
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
 @contextlib.contextmanager
@@ -444,12 +518,7 @@ def output_kind(uri: str | Location) -> tuple[bool, str | None]:
     loc = uri if isinstance(uri, Location) else resolve(uri)
     for name in (MARKER, PUBLISHING):
         if loc.fs.exists(posixpath.join(loc.path, name)):
-            try:
-                record = json.loads(loc.read_text(name))
-            except (OSError, ValueError):
-                return False, None
-            if not isinstance(record, dict):
-                return False, None
+            record = read_record(loc, name)  # a damaged marker is named, not taken for someone's file
             # Models published before markers carried a kind recorded it as "format".
             return True, record.get("kind") or record.get("format")
     return False, None
@@ -485,10 +554,10 @@ def check_replaceable(uri: str, kind: str | None) -> None:
 
 
 def check_disjoint(output_uri: str, output_key: str, inputs: dict[str, str]) -> None:
-    """Refuse (exit 2) an output equal to, inside or containing an input; ``inputs`` maps a
+    """Refuse (exit 2) an output path no job can write (``check_output_uri``), or one equal to,
+    inside or containing an input; ``inputs`` maps a
     description (naming the config key) to the input's URI."""
-    from common.errors import ConfigError
-
+    check_output_uri(output_uri, output_key)  # every job's outputs pass here before any work
     out = _comparable(output_uri)
     for what, uri in inputs.items():
         if not uri:
@@ -506,6 +575,16 @@ def check_disjoint(output_uri: str, output_key: str, inputs: dict[str, str]) -> 
             continue
         raise ConfigError(f"{output_key} {output_uri} {relation} {what} ({uri}); writing the output there would "
                           "replace or mix with that input: choose an output path outside it")
+
+
+def check_output_uri(uri: str, key: str) -> Location:
+    """Refuse (exit 2, naming ``key``) an output path no job can write: one holding ':', which a
+    Hadoop path cannot (Spark's writers and HDFS fail on it deep inside a job)."""
+    loc = resolve(uri)
+    if ":" in loc.path:
+        raise ConfigError(f"{key} {uri} holds ':', which a Hadoop path cannot (Spark's writers and HDFS reject it); "
+                          "choose a path without ':'")
+    return loc
 
 
 def _comparable(uri: str) -> tuple[str, str]:

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from common.errors import CorruptCheckpoint, OutputExistsError
+from common.errors import CorruptCheckpoint, OutputExistsError, StorageError
 from common.storage import (KIND_CHECKPOINT, MARKER, STAGING_TAG, is_committed, list_names, output_kind,
-                            parse_sibling, publish, remove_tree, resolve, storage_errors)
+                            parse_sibling, publish, read_record, remove_tree, resolve, storage_errors)
 
 log = logging.getLogger("shardtrain.checkpoint")
 
@@ -139,10 +138,10 @@ class CheckpointManager:
         if not is_committed(loc):
             raise CorruptCheckpoint(f"checkpoint {loc.uri} is incomplete (no {MARKER} marker: a save was interrupted)")
         try:
-            marker = json.loads(loc.read_text(MARKER))
+            marker = read_record(loc, MARKER)
             with loc.open(STATE_FILE, "rb") as fh:
                 payload = fh.read()
-        except (OSError, ValueError) as exc:
+        except (OSError, StorageError) as exc:
             raise CorruptCheckpoint(f"checkpoint {loc.uri} cannot be read ({exc})") from None
         if marker.get("sha256") != hashlib.sha256(payload).hexdigest():
             raise CorruptCheckpoint(f"checkpoint {loc.uri} is corrupt ({STATE_FILE} does not match the sha256 "

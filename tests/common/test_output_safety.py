@@ -271,6 +271,23 @@ def test_checkpoint_pruning_beside_a_glob_named_directory_spares_a_live_neighbou
     assert rc == 0 and is_committed(str(neighbour / "step-000000005"))
 
 
+def test_a_checkpoint_whose_marker_is_damaged_is_skipped_for_the_previous_one(tmp_path):
+    import torch
+
+    from training.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(str(tmp_path / "ckpt"), steps_per_epoch=1, every_epochs=1, keep=3)
+    for step in (1, 2):
+        manager.save(step, step, lambda: {"w": torch.zeros(2)})
+    damaged = tmp_path / "ckpt" / "step-000000002" / MARKER
+    damaged.write_text("[1, 2]")  # a JSON list where the marker's object belongs
+    restored = manager.restore_latest()
+    assert restored.step == 1
+    assert restored.problems == [f"checkpoint {damaged.parent} cannot be read ({damaged} holds a JSON array, not an "
+                                 f"object: the marker is damaged; restore it, or move {damaged.parent} away and re-run "
+                                 "the job that produces it)"]
+
+
 # --- overwrite swaps: the old output is never destroyed before the new one is complete --------------
 
 OLD_FILES = ("old-a.txt", "sub/old-b.txt")
