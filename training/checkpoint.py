@@ -163,8 +163,15 @@ class CheckpointManager:
         root = resolve(self.uri)
         for name in list_names(root):  # exact names: the root's own path may hold glob characters
             parsed = parse_sibling(name)
-            if parsed and parsed[1] == STAGING_TAG and _NAME.match(parsed[0]):
+            match = _NAME.match(parsed[0]) if parsed else None
+            if match is None:
+                continue
+            if parsed[1] == STAGING_TAG:
                 remove_tree(root.join(name))  # left by a writer that died mid-save
+            elif int(match.group(1)) <= newest:
+                # A copy an interrupted re-save moved aside: dead once that step or a newer one is
+                # complete (the newest complete checkpoint is committed by definition).
+                remove_tree(root.join(name))
 
 
 __all__ = ["CheckpointManager", "Restored", "check_checkpoint_root"]

@@ -257,6 +257,7 @@ def test_checkpoint_pruning_beside_a_glob_named_directory_spares_a_live_neighbou
     root, neighbour = tmp_path / "ckpt[12]", tmp_path / "ckpt1"
     dead = root / f".step-000000001{STAGING_TAG}20260101T000000-dead"  # a save of ours that died
     dead.mkdir(parents=True)
+    (root / f".step-000000001{REPLACED_TAG}20260101T000000-dead").mkdir()  # a re-save of ours that died
     stager = _Stager(str(neighbour / "step-000000005"), KIND_CHECKPOINT)
     try:
         assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
@@ -264,7 +265,7 @@ def test_checkpoint_pruning_beside_a_glob_named_directory_spares_a_live_neighbou
         manager = CheckpointManager(str(root), steps_per_epoch=1, every_epochs=1, keep=1)
         for step in (1, 2, 3):
             manager.save(step, step, lambda: {"w": torch.zeros(2)})
-        assert sorted(os.listdir(root)) == ["step-000000003"]  # pruned to keep=1, its dead staging removed
+        assert sorted(os.listdir(root)) == ["step-000000003"]  # pruned to keep=1, its dead copies removed
         assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
     finally:
         rc = stager.finish()
