@@ -3,10 +3,13 @@
 Supported: local paths and ``file://``, ``s3://`` (s3fs; ``s3a://`` is accepted as an alias),
 ``hdfs://`` (pyarrow's HDFS client), ``dbfs:/`` (the ``/dbfs`` FUSE mount on Databricks).
 
-Publishing a directory: everything is written under a staging location beside the target,
-then moved into place, and a ``_COMMITTED`` marker is written last. Readers call
-``require_committed`` and refuse a directory without the marker, so a job that dies at any
-point leaves nothing a reader will accept.
+Publishing a directory: everything is written under a staging location beside the target, the
+``_COMMITTED`` marker last, then it is moved into place. Readers call ``require_committed`` and
+refuse a directory without the marker, so a job that dies at any point leaves nothing a reader
+will accept. Overwrite is a swap (``commit``): the old output is moved aside, the new one moved
+in, then the old one deleted, so a failure at any point leaves one of them committed, and the
+next writer finishes a swap a dead job left half-done (``clean_stale_staging``). A local path
+is used with its symlinks resolved: a linked output is replaced at its target.
 
 What an output may replace: the marker records the output's ``kind`` (``shardtrain.dataset``,
 ``shardtrain.model``, ``shardtrain.checkpoint``, ``shardtrain.scores``); ``overwrite`` replaces only an empty directory or
@@ -22,16 +25,24 @@ is reported and must be removed by hand if that job is dead. HDFS (and a local m
 flock) has no conditional create: there the lock is checked, then written (two writers starting
 in the same instant may both pass).
 
+Paths are data, never patterns: staging directories, locks and checkpoints are found by listing
+the parent and comparing names exactly (``siblings``, ``list_names``) and removed by exact path
+(``remove_tree``); only source paths (pipelines.sources) are globbed.
+
 This module must stay free of Spark and torch: executors and training ranks import it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import posixpath
+import re
+import shutil
+import signal
 import socket
 import time
 import uuid
@@ -41,14 +52,20 @@ from urllib.parse import urlparse
 
 import fsspec
 
-from common.errors import OutputExistsError, OutputLockedError, StorageError, StorageIOError
+from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageError, StorageIOError, first_line
 
 MARKER = "_COMMITTED"
 # Written with the files and removed after the marker: a directory holding it is our own output
 # whose commit died half-way (object stores copy file by file), so overwrite may replace it.
 PUBLISHING = "_PUBLISHING"
 STAGING_TAG = "._staging-"
+# Where an overwrite keeps the output it replaces until the new one is committed.
+REPLACED_TAG = "._replaced-"
 LOCK_TAG = ".shardtrain-lock"
+# A hidden sibling of output NAME: ``.NAME<tag><token>``. The token never holds a dot, so the name
+# is everything before the last tag (``.a._staging-b._staging-T`` belongs to ``a._staging-b``).
+_SIBLING = re.compile(r"^\.(?P<name>.+)(?P<tag>\._staging-|\._replaced-)(?P<token>[A-Za-z0-9-]+)$")
+FAULT_ENV = "SHARDTRAIN_FAULT"
 KIND_DATASET = "shardtrain.dataset"
 KIND_MODEL = "shardtrain.model"
 KIND_CHECKPOINT = "shardtrain.checkpoint"
@@ -94,7 +111,8 @@ class Location:
 
 @contextlib.contextmanager
 def storage_errors(what: str, uri: str) -> Iterator[None]:
-    """Turn an OSError from the file system into one line naming the path (exit status 1)."""
+    """Turn an OSError from the file system, or an S3 endpoint that does not answer, into one
+    line naming the path (exit status 1)."""
     try:
         yield
     except StorageError:
@@ -104,6 +122,29 @@ def storage_errors(what: str, uri: str) -> Iterator[None]:
         if exc.filename and str(exc.filename) not in reason:
             reason += f": {exc.filename}"  # the file inside ``uri`` that failed, when the error knows it
         raise StorageIOError(f"{uri}: {what} failed: {type(exc).__name__}: {reason}") from None
+    except Exception as exc:
+        unreachable = _unreachable_endpoint(uri, exc)
+        if unreachable is None:
+            raise
+        raise unreachable from None
+
+
+def _unreachable_endpoint(uri: str, exc: BaseException) -> StorageIOError | None:
+    """The one-line error for an S3 endpoint that refused, timed out or could not be resolved
+    (botocore's own error, after its retries), or None for any other error."""
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError, ReadTimeoutError
+    except ImportError:  # no S3 support installed, so no S3 error either
+        return None
+    if not isinstance(exc, (BotoConnectionError, ReadTimeoutError)):
+        return None
+    endpoint = s3_options().get("client_kwargs", {}).get("endpoint_url")
+    if not endpoint:  # AWS itself: botocore's error carries the URL it tried
+        tried = urlparse(str(getattr(exc, "kwargs", {}).get("endpoint_url", "")))
+        endpoint = f"{tried.scheme}://{tried.netloc}" if tried.netloc else "of AWS"
+    reason = first_line(exc)
+    return StorageIOError(f"{uri}: cannot reach the S3 endpoint {endpoint}: {reason} (check SHARDTRAIN_S3_ENDPOINT "
+                          "or AWS_ENDPOINT_URL, and the network)")
 
 
 def resolve(uri: str) -> Location:
@@ -116,16 +157,21 @@ def resolve(uri: str) -> Location:
     if len(scheme) == 1:  # a Windows drive letter is a local path, not a scheme
         scheme = ""
     if scheme in ("", "file"):
+        if scheme == "file":
+            _check_file_uri(uri, parsed.netloc)
         path = parsed.path if scheme == "file" else uri
-        path = os.path.abspath(os.path.expanduser(path))
+        path = _real_local_path(uri, os.path.abspath(os.path.expanduser(path)))
         return Location(uri=path, scheme="file", path=path)
+    # An S3 key or HDFS path may hold '?' and '#' (and '?' is a glob character in a source
+    # path): everything after the authority is the path, never a query or a fragment to drop.
+    authority, _, rest = uri.split("://", 1)[1].partition("/") if "://" in uri else ("", "", "")
     if scheme in ("s3", "s3a"):
-        if not parsed.netloc:
+        if not authority:
             raise StorageError(f"{uri}: an S3 URI needs a bucket, as in s3://bucket/prefix")
-        path = f"{parsed.netloc}{parsed.path}".rstrip("/")
+        path = f"{authority}/{rest}".rstrip("/")
         return Location(uri=f"s3://{path}", scheme="s3", path=path)
     if scheme == "hdfs":
-        return Location(uri=uri.rstrip("/"), scheme="hdfs", path=parsed.path.rstrip("/") or "/")
+        return Location(uri=uri.rstrip("/"), scheme="hdfs", path=("/" + rest).rstrip("/") or "/")
     if scheme == "dbfs":
         # dbfs:/a/b and dbfs:///a/b both name /dbfs/a/b on a Databricks driver or worker.
         rel = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
@@ -137,12 +183,51 @@ def resolve(uri: str) -> Location:
         f"{uri}: unsupported URI scheme {parsed.scheme!r}; use a local path, file://, s3://, hdfs:// or dbfs:/")
 
 
+def _check_file_uri(uri: str, host: str) -> None:
+    """A file:// URI names a local path and nothing else: a host, a ?query or a #fragment would be
+    silently dropped, so they are refused (exit 2), naming the URI."""
+    extra = [f"a host ({host!r})" if host not in ("", "localhost") else "",
+             "a ?query" if "?" in uri else "", "a #fragment" if "#" in uri else ""]
+    extra = [e for e in extra if e]
+    if extra:
+        raise StorageError(f"{uri}: a file:// URI names a local path only, and this one has {' and '.join(extra)}, "
+                           "which would be ignored; write the path itself (/abs/path or file:///abs/path; a "
+                           "'?' or '#' in a file name needs the plain path form)")
+
+
+def _real_local_path(uri: str, path: str) -> str:
+    """``path`` with every symlink resolved: an output reached through a link is checked and
+    replaced at its target (the link stays a link), and two spellings of one directory share one
+    lock. A link loop fails here, naming the URI, before any work."""
+    try:
+        return os.path.realpath(path, strict=True)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(f"{uri}: is a symlink loop (following its links leads back to them); point the link at "
+                               "a real directory, or choose another path") from None
+        return os.path.realpath(path)  # not there yet (an output to create, a glob): resolve what exists
+
+
 def check_uri(uri: str) -> Location:
     """Resolve ``uri`` and set up its file system now (scheme, bucket, credentials), so a job can
     fail on a bad URI before it starts Spark or any other work."""
     loc = resolve(uri)
     loc.fs  # noqa: B018 - building the file system is the check (S3 credentials, HDFS connection)
+    if loc.scheme == "s3":
+        _check_s3_reachable(loc)
     return loc
+
+
+def _check_s3_reachable(loc: Location) -> None:
+    """One cheap request, so an S3 endpoint that does not answer fails the job now, in one line
+    naming it (exit 1). Any other answer (a missing key, no permission) is left to the job's own
+    first access, which names what it needed."""
+    try:
+        loc.fs.exists(loc.path)
+    except Exception as exc:  # noqa: BLE001 - only an unreachable endpoint is this check's business
+        unreachable = _unreachable_endpoint(loc.uri, exc)
+        if unreachable is not None:
+            raise unreachable from None
 
 
 _FS_CACHE: dict[tuple, fsspec.AbstractFileSystem] = {}
@@ -197,6 +282,11 @@ def _check_s3_credentials(uri: str, options: dict) -> None:
             "AWS_PROFILE, an instance role, or SHARDTRAIN_S3_ANON=1 for a public bucket")
 
 
+def _new_token() -> str:
+    """A sortable, unique token for a staging directory (time first, then randomness)."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
 def _join_uri(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/"), *[p.strip("/") for p in parts if p]])
 
@@ -212,6 +302,11 @@ def require_committed(uri: str | Location, what: str = "output") -> Location:
     """Return the Location if it holds a committed output; otherwise a StorageError that says why."""
     loc = uri if isinstance(uri, Location) else resolve(uri)
     if not loc.fs.exists(loc.path):
+        replaced = siblings(loc, REPLACED_TAG)
+        if replaced:
+            raise StorageError(f"{loc.uri}: no such {what} now: an overwrite of it was interrupted, and the previous "
+                               f"{what} is kept at {replaced[-1].uri}; the next job writing this path restores it "
+                               "first (or re-run the job that produces it)")
         raise StorageError(f"{loc.uri}: no such {what}")
     if not is_committed(loc):
         raise StorageError(
@@ -221,8 +316,27 @@ def require_committed(uri: str | Location, what: str = "output") -> Location:
 
 
 def read_marker(uri: str | Location) -> dict:
-    loc = require_committed(uri)
-    return json.loads(loc.read_text(MARKER))
+    return read_record(require_committed(uri), MARKER)
+
+
+def read_record(loc: Location, name: str) -> dict:
+    """The JSON object in marker file ``name`` of ``loc``; a damaged one (not UTF-8, not JSON, not an
+    object) is a StorageError (exit 2) naming the file."""
+    with storage_errors(f"reading {name}", loc.uri):
+        raw = loc.fs.cat_file(posixpath.join(loc.path, name))
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
+        problem = f"is not valid JSON ({first_line(exc)})"
+    else:
+        if isinstance(record, dict):
+            return record
+        problem = f"holds a JSON {_JSON_TYPES.get(type(record), type(record).__name__)}, not an object"
+    raise StorageError(f"{loc.join(name).uri} {problem}: the marker is damaged; restore it, or move {loc.uri} away "
+                       "and re-run the job that produces it")
+
+
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
 @contextlib.contextmanager
@@ -231,10 +345,10 @@ def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterat
 
     ``mode``: ``error`` refuses an existing output, ``overwrite`` replaces it if it is an output of
     the same kind (``marker["kind"]``; see ``check_replaceable``). The caller writes everything
-    under the yielded staging Location; on normal exit the staging directory is moved to ``uri``
-    and the marker is written last. On an exception the staging directory is removed and ``uri``
-    is untouched. The output's lock is held throughout (re-entrant: a job holding it already,
-    as the shard job does, keeps it).
+    under the yielded staging Location; on normal exit ``commit`` swaps it in (see there). On an
+    exception the staging directory is removed and ``uri`` is untouched. The output's lock is held
+    throughout (re-entrant: a job holding it already, as the shard job does, keeps it); under it,
+    an overwrite that a dead job left half-done is finished first (``clean_stale_staging``).
     """
     final = resolve(uri)
     fs = final.fs
@@ -243,51 +357,158 @@ def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterat
     if mode not in ("error", "overwrite"):
         raise ValueError(f"publish mode must be error or overwrite, got {mode!r}")
     with output_lock(final.uri):
+        _clean_beside(final)  # left by writers of this output that died (we hold its lock)
         if mode == "error" and fs.exists(final.path):
             raise OutputExistsError(
                 f"{final.uri} already exists; set output.mode=overwrite to replace it "
                 "(or skip_if_exists to keep it)")
         check_replaceable(final.uri, kind)
-        _remove_staging(final)  # left by writers of this output that died (we hold its lock)
-        parent, name = posixpath.split(final.path.rstrip("/"))
-        token = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-        staging = Location(uri=_join_uri(_parent_uri(final.uri), f".{name}{STAGING_TAG}{token}"),
-                           scheme=final.scheme, path=posixpath.join(parent, f".{name}{STAGING_TAG}{token}"))
+        staging = _beside(final, STAGING_TAG + _new_token())
         with storage_errors("creating the staging directory", staging.uri):
             fs.makedirs(staging.path, exist_ok=True)
         try:
             yield staging
         except BaseException:
-            _remove(fs, staging.path)
+            remove_tree(staging)
             raise
         with storage_errors("committing the output", final.uri):
             commit(staging, final, marker, kind)
 
 
 def commit(staging: Location, final: Location, marker: dict, kind: str | None = None) -> None:
-    fs = final.fs
+    """Swap the staged output in at ``final``; a failure at any point leaves the old output
+    committed or the new one, and never destroys the old one before the new one is complete:
+
+    1. the marker is written into the staging directory: the new output is complete;
+    2. a committed old output is moved aside, to the hidden ``.NAME._replaced-<token>`` beside it
+       (anything else there, an empty directory or our own half-done commit, holds nothing to keep
+       and is removed);
+    3. the staging directory is moved to ``final``: from here the new output is committed there;
+    4. the aside copy is removed.
+
+    A move is a rename on local disk and HDFS (atomic, so after 3 the marker is already in place).
+    Object stores have no rename and a reader takes the marker as the output: a move copies every
+    object, the marker last (so a copy is committed only once complete), then removes the source,
+    which holds ``_PUBLISHING`` until its last object goes, so a cut-short removal is still known as
+    ours. Between 2 and 3 nothing is committed at ``final`` (an instant locally; the copy on S3).
+    If 2 or 3 fails, the old output is moved back before the error is raised; if the job dies
+    there (or the move back fails too), the next writer of ``final`` restores it under the lock
+    before anything else (``_recover_swap``). The new output is not installed then: its job did
+    not finish, and its retry publishes again.
+    """
     check_replaceable(final.uri, kind)  # again: the staged work took time
-    pending = json.dumps({"kind": kind})
-    if fs.exists(final.path):
-        # Unmark first: from here until the new marker lands, readers refuse the directory.
-        marker_path = posixpath.join(final.path, MARKER)
-        if fs.exists(marker_path):
-            fs.rm(marker_path)
-        _remove(fs, final.path)
-    if final.scheme == "file":
-        staging.write_text(PUBLISHING, pending)
-        os.makedirs(os.path.dirname(final.path) or "/", exist_ok=True)
-        os.replace(staging.path, final.path)  # atomic on one file system
-    else:
-        # Object stores have no directory rename: copy each object, then drop the staging prefix.
-        # Readers still see nothing until the marker below lands.
-        final.write_text(PUBLISHING, pending)
-        for src in fs.find(staging.path):
-            fs.copy(src, final.path + src[len(staging.path):])
-        _remove(fs, staging.path)
     record = {"committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **marker}
-    final.write_text(MARKER, json.dumps(record, indent=2, sort_keys=True))
-    fs.rm(posixpath.join(final.path, PUBLISHING))
+    staging.write_text(MARKER, json.dumps(record, indent=2, sort_keys=True))
+    _fault_point("before-aside")
+    aside = _beside(final, REPLACED_TAG + _new_token()) if is_committed(final) else None
+    if aside is None:
+        _remove_output(final)  # nothing committed there: nothing to keep
+    try:
+        if aside is not None:
+            _move(final, aside)
+            _fault_point("after-aside")
+        _move(staging, final)
+    except BaseException:
+        if aside is not None:
+            _restore(aside, final)
+        raise
+    _fault_point("after-swap")
+    if aside is not None:
+        try:
+            remove_tree(aside)
+        except Exception as exc:  # noqa: BLE001 - the new output is committed; the next writer removes it
+            log.warning("%s: could not remove the replaced output %s (%s); the next job writing this output "
+                        "removes it", final.uri, aside.uri, exc)
+
+
+def _fault_point(step: str) -> None:
+    """The one fault-injection point of shardtrain's storage, for the tests of ``commit``'s swap.
+
+    ``SHARDTRAIN_FAULT=commit:<step>`` makes this process kill itself (SIGKILL) at ``step``;
+    ``commit:<step>:stop`` makes it stop itself (SIGSTOP) there, so a test can change the world
+    (make the next rename fail for real) and let it go on (SIGCONT). Steps: ``before-aside`` (the
+    new output staged with its marker, the old untouched), ``after-aside`` (the old output moved
+    aside, nothing at the path), ``after-swap`` (the new output committed, the old still aside).
+    Unset (as always outside tests), nothing happens.
+    """
+    flag = os.environ.get(FAULT_ENV, "").split(":")
+    if flag[:2] == ["commit", step]:
+        os.kill(os.getpid(), signal.SIGSTOP if flag[2:] == ["stop"] else signal.SIGKILL)
+
+
+def _move(src: Location, dst: Location) -> None:
+    """Move an output directory (see ``commit``): a rename where the file system has one, else a
+    copy (the marker last) and a removal of the source."""
+    if src.scheme == "file":
+        os.makedirs(os.path.dirname(dst.path) or "/", exist_ok=True)
+        os.rename(src.path, dst.path)
+    elif src.scheme == "hdfs":
+        src.fs.makedirs(posixpath.dirname(dst.path), exist_ok=True)
+        src.fs.mv(src.path, dst.path)  # pyarrow's move: an HDFS rename, exact path
+    else:
+        _copy_objects(src, dst)
+        _remove_output(src)
+
+
+def _copy_objects(src: Location, dst: Location) -> None:
+    """Copy every object of ``src`` under ``dst``, the marker last; ``dst`` holds ``_PUBLISHING``
+    meanwhile, so a copy cut short is ours to replace and is never read."""
+    fs = src.fs
+    dst.write_text(PUBLISHING, json.dumps({"kind": output_kind(src)[1]}))
+    marker, publishing = posixpath.join(src.path, MARKER), posixpath.join(src.path, PUBLISHING)
+    objects = _objects(src)
+    for path in objects:
+        if path not in (marker, publishing):
+            fs.cp_file(path, dst.path + path[len(src.path):])
+    if marker in objects:
+        fs.cp_file(marker, posixpath.join(dst.path, MARKER))
+    fs.rm_file(posixpath.join(dst.path, PUBLISHING))
+
+
+def _remove_output(loc: Location) -> None:
+    """Remove our output at ``loc``: unmarked first, ``_PUBLISHING`` until its last file goes, so a
+    removal cut short leaves nothing a reader accepts and something overwrite still knows as ours."""
+    fs = loc.fs
+    names = list_names(loc)
+    if not names:
+        remove_tree(loc)
+        return
+    if PUBLISHING not in names:
+        loc.write_text(PUBLISHING, json.dumps({"kind": output_kind(loc)[1]}))
+    if MARKER in names:
+        fs.rm_file(posixpath.join(loc.path, MARKER))
+    for name in names:
+        if name not in (MARKER, PUBLISHING):
+            remove_tree(loc.join(name))
+    remove_tree(loc)
+
+
+def _restore(aside: Location, final: Location) -> bool:
+    """Move the committed output kept at ``aside`` back to ``final``, if nothing committed is there
+    and what is there is ours (or nothing); a copy that is not complete is dropped instead (the
+    output it copied was never touched). Failing that, the next writer of ``final`` tries again."""
+    try:
+        if not is_committed(aside):
+            remove_tree(aside)
+            return False
+        if is_committed(final) or not _holds_nothing_to_keep(final):
+            return False
+        _remove_output(final)
+        _move(aside, final)
+        log.warning("%s: restored the output an interrupted overwrite had moved aside (%s)", final.uri, aside.uri)
+        return True
+    except Exception as exc:  # noqa: BLE001 - the caller's own error is the one to report
+        log.warning("%s: could not move the previous output back from %s (%s); the next job writing this output "
+                    "restores it", final.uri, aside.uri, exc)
+        return False
+
+
+def _holds_nothing_to_keep(loc: Location) -> bool:
+    """Nothing at ``loc``, an empty directory, or our own output half-done (``_PUBLISHING``)."""
+    if not loc.fs.isdir(loc.path):
+        return not loc.fs.exists(loc.path)
+    names = list_names(loc)
+    return not names or PUBLISHING in names
 
 
 # --- what an output may replace, and what it must not touch ---------------------------------------
@@ -297,12 +518,7 @@ def output_kind(uri: str | Location) -> tuple[bool, str | None]:
     loc = uri if isinstance(uri, Location) else resolve(uri)
     for name in (MARKER, PUBLISHING):
         if loc.fs.exists(posixpath.join(loc.path, name)):
-            try:
-                record = json.loads(loc.read_text(name))
-            except (OSError, ValueError):
-                return False, None
-            if not isinstance(record, dict):
-                return False, None
+            record = read_record(loc, name)  # a damaged marker is named, not taken for someone's file
             # Models published before markers carried a kind recorded it as "format".
             return True, record.get("kind") or record.get("format")
     return False, None
@@ -338,10 +554,10 @@ def check_replaceable(uri: str, kind: str | None) -> None:
 
 
 def check_disjoint(output_uri: str, output_key: str, inputs: dict[str, str]) -> None:
-    """Refuse (exit 2) an output equal to, inside or containing an input; ``inputs`` maps a
+    """Refuse (exit 2) an output path no job can write (``check_output_uri``), or one equal to,
+    inside or containing an input; ``inputs`` maps a
     description (naming the config key) to the input's URI."""
-    from common.errors import ConfigError
-
+    check_output_uri(output_uri, output_key)  # every job's outputs pass here before any work
     out = _comparable(output_uri)
     for what, uri in inputs.items():
         if not uri:
@@ -359,6 +575,16 @@ def check_disjoint(output_uri: str, output_key: str, inputs: dict[str, str]) -> 
             continue
         raise ConfigError(f"{output_key} {output_uri} {relation} {what} ({uri}); writing the output there would "
                           "replace or mix with that input: choose an output path outside it")
+
+
+def check_output_uri(uri: str, key: str) -> Location:
+    """Refuse (exit 2, naming ``key``) an output path no job can write: one holding ':', which a
+    Hadoop path cannot (Spark's writers and HDFS fail on it deep inside a job)."""
+    loc = resolve(uri)
+    if ":" in loc.path:
+        raise ConfigError(f"{key} {uri} holds ':', which a Hadoop path cannot (Spark's writers and HDFS reject it); "
+                          "choose a path without ':'")
+    return loc
 
 
 def _comparable(uri: str) -> tuple[str, str]:
@@ -384,9 +610,7 @@ _HELD: dict[str, object] = {}  # lock path -> what releases it, for the locks th
 def lock_location(uri: str | Location) -> Location:
     """The lock file of an output: beside it, hidden (Spark and source listings skip dot-files)."""
     final = uri if isinstance(uri, Location) else resolve(uri)
-    parent, name = posixpath.split(final.path.rstrip("/"))
-    return Location(uri=_join_uri(_parent_uri(final.uri), f".{name}{LOCK_TAG}"), scheme=final.scheme,
-                    path=posixpath.join(parent, f".{name}{LOCK_TAG}"))
+    return _beside(final, LOCK_TAG)
 
 
 @contextlib.contextmanager
@@ -494,7 +718,7 @@ def _lock_object(lock: Location, record: dict):
             if holder and holder.get("host") == socket.gethostname() and not _pid_alive(holder.get("pid")):
                 log.warning("%s: removing the writer lock of pid %s (started %s), which has exited",
                             lock.uri, holder.get("pid"), holder.get("started_at"))
-                fs.rm(lock.path)
+                fs.rm_file(lock.path)
                 continue
             raise _locked_error(lock, holder, "; if it is dead (another host cannot be checked from here), "
                                               f"delete {lock.uri}") from None
@@ -507,7 +731,7 @@ def _lock_object(lock: Location, record: dict):
         except FileNotFoundError:
             return
         if holder and holder.get("token") == record["token"]:
-            fs.rm(lock.path)
+            fs.rm_file(lock.path)
 
     return release
 
@@ -531,38 +755,127 @@ def _pid_alive(pid) -> bool:
 
 
 def clean_stale_staging(uri: str) -> list[str]:
-    """Remove staging directories that dead jobs left beside ``uri``; returns what was removed.
+    """Finish what dead writers left beside ``uri``; returns the paths removed or restored.
 
-    Runs under ``output_lock(uri)`` (re-entrant): every writer of ``uri`` stages under that lock,
-    so while we hold it no live job owns a staging directory there.
+    Staging directories are removed. An overwrite that died half-way is finished
+    (``_recover_swap``): with a committed output at ``uri`` the replaced copies beside it are
+    removed; with none, the newest replaced copy is moved back. Runs under ``output_lock(uri)``
+    (re-entrant): every writer of ``uri`` stages and swaps under that lock, so while we hold it
+    nothing beside ``uri`` belongs to a live job.
     """
     final = resolve(uri)
     with output_lock(final.uri):
-        return _remove_staging(final)
+        return _clean_beside(final)
+
+
+def _clean_beside(final: Location) -> list[str]:
+    final.fs.invalidate_cache()  # we just took the lock: see what earlier holders did, not old listings
+    return _recover_swap(final) + _remove_staging(final)
+
+
+def _recover_swap(final: Location) -> list[str]:
+    """See ``clean_stale_staging``. A ``final`` that holds something not ours keeps its replaced
+    copies too (check_replaceable then refuses the path, naming what it holds)."""
+    done = []
+    with storage_errors("finishing an interrupted overwrite", final.uri):
+        asides = siblings(final, REPLACED_TAG)
+        if asides and not is_committed(final):
+            committed = [aside for aside in asides if is_committed(aside)]
+            if committed and _restore(committed[-1], final):  # the newest: tokens sort by time
+                done.append(committed[-1].path)
+        if asides and is_committed(final):
+            for aside in asides:
+                if aside.path not in done:
+                    remove_tree(aside)
+                    done.append(aside.path)
+                    log.info("%s: removed %s, an output it replaced", final.uri, aside.uri)
+    return done
 
 
 def _remove_staging(final: Location) -> list[str]:
-    parent, name = posixpath.split(final.path.rstrip("/"))
-    fs = final.fs
-    pattern = posixpath.join(parent, f".{name}{STAGING_TAG}*")
     removed = []
     with storage_errors("removing staging left by an earlier job", final.uri):
-        for path in fs.glob(pattern):
-            _remove(fs, path)
-            removed.append(path)
+        for staging in siblings(final, STAGING_TAG):
+            remove_tree(staging)
+            removed.append(staging.path)
     if removed:
         log.info("%s: removed %d staging director%s left by earlier jobs", final.uri, len(removed),
                  "y" if len(removed) == 1 else "ies")
     return removed
 
 
-def _parent_uri(uri: str) -> str:
-    return uri.rstrip("/").rsplit("/", 1)[0]
+# --- paths are data, never patterns -------------------------------------------------------------
+# A user's path may hold ``[``, ``*``, ``?``: every listing and removal here compares names
+# exactly (list the parent, then filter), never hands a path to glob() or to an fsspec call that
+# expands patterns (on S3, ``rm`` and ``copy`` glob their argument).
+
+def parse_sibling(name: str) -> tuple[str, str, str] | None:
+    """(output name, tag, token) of a hidden sibling's base name (``.NAME<tag><token>``), or None."""
+    match = _SIBLING.match(name)
+    return (match.group("name"), match.group("tag"), match.group("token")) if match else None
 
 
-def _remove(fs: fsspec.AbstractFileSystem, path: str) -> None:
+def siblings(final: Location, tag: str) -> list[Location]:
+    """``final``'s hidden siblings carrying ``tag`` (its staging directories), by exact name."""
+    parent, name = posixpath.split(final.path.rstrip("/"))
+    found = []
+    for base in list_names(Location(uri=_parent_uri(final.uri), scheme=final.scheme, path=parent)):
+        parsed = parse_sibling(base)
+        if parsed and parsed[0] == name and parsed[1] == tag:
+            found.append(_beside(final, tag + parsed[2]))
+    return sorted(found, key=lambda loc: loc.path)
+
+
+def list_names(loc: Location) -> list[str]:
+    """The base names of the entries directly under ``loc`` ([] if it does not exist)."""
+    fs = loc.fs
+    fs.invalidate_cache(loc.path)  # another process may have just added or removed an entry
     try:
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+        if not fs.isdir(loc.path):
+            return []
+        paths = fs.ls(loc.path, detail=False)
+    except FileNotFoundError:
+        return []
+    own = loc.path.rstrip("/")  # an object store may list the prefix itself
+    return [posixpath.basename(p.rstrip("/")) for p in paths if p.rstrip("/") != own]
+
+
+def remove_tree(loc: Location) -> None:
+    """Remove ``loc`` and everything under it, naming exactly that path (no pattern expansion)."""
+    fs = loc.fs
+    try:
+        if loc.scheme == "file":
+            if os.path.isdir(loc.path) and not os.path.islink(loc.path):
+                shutil.rmtree(loc.path)
+            elif os.path.lexists(loc.path):
+                os.remove(loc.path)
+        elif loc.scheme == "s3":
+            for path in _objects(loc):
+                fs.rm_file(path)
+            fs.invalidate_cache(loc.path)
+        elif fs.exists(loc.path):
+            fs.rm(loc.path, recursive=True)  # pyarrow's HDFS client deletes the path it is given
     except FileNotFoundError:
         pass
+
+
+def _objects(loc: Location) -> list[str]:
+    """Every object (file) under ``loc``, by exact prefix ``loc/`` (plus ``loc`` itself if a file)."""
+    fs = loc.fs
+    try:
+        found = fs.find(loc.path)
+    except FileNotFoundError:
+        return []
+    prefix = loc.path.rstrip("/") + "/"
+    return sorted(p for p in found if p.startswith(prefix) or p == loc.path)
+
+
+def _beside(final: Location, suffix: str) -> Location:
+    """The hidden sibling ``.NAME<suffix>`` of ``final`` (staging, lock)."""
+    parent, name = posixpath.split(final.path.rstrip("/"))
+    base = f".{name}{suffix}"
+    return Location(uri=_join_uri(_parent_uri(final.uri), base), scheme=final.scheme, path=posixpath.join(parent, base))
+
+
+def _parent_uri(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[0]

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from common.errors import CorruptCheckpoint, OutputExistsError
-from common.storage import (KIND_CHECKPOINT, MARKER, STAGING_TAG, is_committed, output_kind, publish, resolve,
-                            storage_errors)
+from common.errors import CorruptCheckpoint, OutputExistsError, StorageError
+from common.storage import (KIND_CHECKPOINT, MARKER, STAGING_TAG, is_committed, list_names, output_kind,
+                            parse_sibling, publish, read_record, remove_tree, resolve, storage_errors)
 
 log = logging.getLogger("shardtrain.checkpoint")
 
@@ -139,10 +138,10 @@ class CheckpointManager:
         if not is_committed(loc):
             raise CorruptCheckpoint(f"checkpoint {loc.uri} is incomplete (no {MARKER} marker: a save was interrupted)")
         try:
-            marker = json.loads(loc.read_text(MARKER))
+            marker = read_record(loc, MARKER)
             with loc.open(STATE_FILE, "rb") as fh:
                 payload = fh.read()
-        except (OSError, ValueError) as exc:
+        except (OSError, StorageError) as exc:
             raise CorruptCheckpoint(f"checkpoint {loc.uri} cannot be read ({exc})") from None
         if marker.get("sha256") != hashlib.sha256(payload).hexdigest():
             raise CorruptCheckpoint(f"checkpoint {loc.uri} is corrupt ({STATE_FILE} does not match the sha256 "
@@ -157,13 +156,22 @@ class CheckpointManager:
         complete = [(step, loc) for step, loc, committed in listed if committed]
         newest = complete[-1][0] if complete else 0
         for _, loc in complete[:-self.keep]:
-            loc.fs.rm(loc.path, recursive=True)
+            remove_tree(loc)
         for step, loc, committed in listed:
             if not committed and step < newest:
-                loc.fs.rm(loc.path, recursive=True)
+                remove_tree(loc)
         root = resolve(self.uri)
-        for path in root.fs.glob(posixpath.join(root.path, f".step-*{STAGING_TAG}*")):
-            root.fs.rm(path, recursive=True)  # left by a writer that died mid-save
+        for name in list_names(root):  # exact names: the root's own path may hold glob characters
+            parsed = parse_sibling(name)
+            match = _NAME.match(parsed[0]) if parsed else None
+            if match is None:
+                continue
+            if parsed[1] == STAGING_TAG:
+                remove_tree(root.join(name))  # left by a writer that died mid-save
+            elif int(match.group(1)) <= newest:
+                # A copy an interrupted re-save moved aside: dead once that step or a newer one is
+                # complete (the newest complete checkpoint is committed by definition).
+                remove_tree(root.join(name))
 
 
 __all__ = ["CheckpointManager", "Restored", "check_checkpoint_root"]

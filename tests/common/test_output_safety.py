@@ -4,8 +4,12 @@ flock, and the loopback S3 endpoint for the conditional-create lock."""
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
 import os
+import posixpath
+import re
 import signal
 import subprocess
 import sys
@@ -14,9 +18,10 @@ import textwrap
 import pytest
 
 from common import storage
-from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageIOError
-from common.storage import (KIND_DATASET, KIND_MODEL, MARKER, check_disjoint, check_replaceable, lock_location,
-                            output_lock, publish, resolve)
+from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageError, StorageIOError
+from common.storage import (FAULT_ENV, KIND_CHECKPOINT, KIND_DATASET, KIND_MODEL, KIND_SCORES, MARKER, REPLACED_TAG,
+                            STAGING_TAG, check_disjoint, check_replaceable, is_committed, lock_location, output_lock,
+                            publish, require_committed, resolve, siblings)
 
 
 def _publish(uri: str, kind: str | None, files=("a.txt",), mode="overwrite"):
@@ -161,6 +166,277 @@ def test_staging_left_by_a_killed_writer_is_removed_by_the_next_run_but_not_whil
     _publish(uri, KIND_DATASET)
     assert not stale.exists()
     assert sorted(os.listdir(tmp_path)) == ["ds"]
+
+
+# --- paths are data, never patterns -----------------------------------------------------------------
+
+STAGER = textwrap.dedent("""
+    import sys
+    from common.storage import publish
+    with publish(sys.argv[1], mode="overwrite", marker={"kind": sys.argv[2]}) as staging:
+        with staging.open("part-0", "wb") as fh:
+            fh.write(b"neighbour")
+        print(staging.uri, flush=True)
+        sys.stdin.readline()  # staged, under the output's lock, until the test closes stdin
+""")
+
+
+class _Stager:
+    """A real process writing ``uri``: its staging directory exists and its lock is held until
+    ``finish()``, which lets it commit and returns its exit status."""
+
+    def __init__(self, uri: str, kind: str):
+        self.proc = subprocess.Popen([sys.executable, "-c", STAGER, uri, kind], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().strip()
+        assert line, f"the neighbour's writer did not stage (rc={self.proc.poll()})"
+        self.staging = resolve(line)
+
+    def staged_bytes(self) -> bytes:
+        return self.staging.fs.cat_file(posixpath.join(self.staging.path, "part-0"))
+
+    def finish(self) -> int:
+        self.proc.stdin.close()
+        return self.proc.wait(timeout=60)
+
+
+def _old_glob(final_uri: str, name: str) -> str:
+    """The pattern the stale-staging cleanup used to glob for ``final_uri`` (``parent/.NAME._staging-*``)."""
+    parent = resolve(final_uri).path.rsplit("/", 1)[0]
+    return f"{parent}/.{name}{STAGING_TAG}*"
+
+
+def _check_a_glob_named_output_spares_a_live_neighbour(base: str, name: str, neighbour: str) -> None:
+    target, other = f"{base}/{name}", f"{base}/{neighbour}"
+    _publish(target, KIND_SCORES, ["old.txt"])
+    final = resolve(target)
+    dead = storage._beside(final, f"{STAGING_TAG}20260101T000000-dead")  # left by a killed writer of target
+    dead.write_text("part-0", "dead")
+    stager = _Stager(other, KIND_SCORES)
+    try:
+        # The neighbour's writer is alive, holds its lock, and its staging is what a glob of the
+        # target's name would have matched.
+        assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
+        assert fnmatch.fnmatchcase(stager.staging.path, _old_glob(target, name.rsplit("/", 1)[-1]))
+        neighbour_lock = lock_location(other)
+        assert neighbour_lock.fs.exists(neighbour_lock.path)
+
+        assert storage.clean_stale_staging(target) == [dead.path]  # its own dead staging, and only that
+        _publish(target, KIND_SCORES, ["new.txt"])  # overwrite: cleans again, then commits
+        assert is_committed(target) and storage.read_marker(target)["kind"] == KIND_SCORES
+        assert sorted(p.rsplit("/", 1)[-1] for p in final.fs.find(final.path)) == [MARKER, "new.txt"]
+
+        assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
+        assert neighbour_lock.fs.exists(neighbour_lock.path)
+    finally:
+        rc = stager.finish()
+    assert rc == 0  # the neighbour's job then committed its own output
+    assert is_committed(other) and resolve(other).fs.cat_file(resolve(other).path + "/part-0") == b"neighbour"
+
+
+GLOB_NAMES = [("scores[0-9]", "scores2"), ("run[12]/scores", "run1/scores"), ("s*", "scores"), ("sc?res", "scores"),
+              ("my scores ü[ab]", "my scores üa")]
+
+
+@pytest.mark.parametrize("name, neighbour", GLOB_NAMES)
+def test_a_glob_named_output_never_touches_a_live_neighbours_staging(tmp_path, name, neighbour):
+    _check_a_glob_named_output_spares_a_live_neighbour(str(tmp_path), name, neighbour)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("name, neighbour", GLOB_NAMES[:2])
+def test_a_glob_named_output_never_touches_a_live_neighbours_staging_on_s3(s3_bucket, name, neighbour):
+    _check_a_glob_named_output_spares_a_live_neighbour(f"{s3_bucket}/glob", name, neighbour)
+
+
+def test_checkpoint_pruning_beside_a_glob_named_directory_spares_a_live_neighbour(tmp_path):
+    import torch
+
+    from training.checkpoint import CheckpointManager
+
+    root, neighbour = tmp_path / "ckpt[12]", tmp_path / "ckpt1"
+    dead = root / f".step-000000001{STAGING_TAG}20260101T000000-dead"  # a save of ours that died
+    dead.mkdir(parents=True)
+    (root / f".step-000000001{REPLACED_TAG}20260101T000000-dead").mkdir()  # a re-save of ours that died
+    stager = _Stager(str(neighbour / "step-000000005"), KIND_CHECKPOINT)
+    try:
+        assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
+        assert fnmatch.fnmatchcase(stager.staging.path, str(root / f".step-*{STAGING_TAG}*"))  # the old glob
+        manager = CheckpointManager(str(root), steps_per_epoch=1, every_epochs=1, keep=1)
+        for step in (1, 2, 3):
+            manager.save(step, step, lambda: {"w": torch.zeros(2)})
+        assert sorted(os.listdir(root)) == ["step-000000003"]  # pruned to keep=1, its dead copies removed
+        assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
+    finally:
+        rc = stager.finish()
+    assert rc == 0 and is_committed(str(neighbour / "step-000000005"))
+
+
+def test_a_checkpoint_whose_marker_is_damaged_is_skipped_for_the_previous_one(tmp_path):
+    import torch
+
+    from training.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(str(tmp_path / "ckpt"), steps_per_epoch=1, every_epochs=1, keep=3)
+    for step in (1, 2):
+        manager.save(step, step, lambda: {"w": torch.zeros(2)})
+    damaged = tmp_path / "ckpt" / "step-000000002" / MARKER
+    damaged.write_text("[1, 2]")  # a JSON list where the marker's object belongs
+    restored = manager.restore_latest()
+    assert restored.step == 1
+    assert restored.problems == [f"checkpoint {damaged.parent} cannot be read ({damaged} holds a JSON array, not an "
+                                 f"object: the marker is damaged; restore it, or move {damaged.parent} away and re-run "
+                                 "the job that produces it)"]
+
+
+# --- overwrite swaps: the old output is never destroyed before the new one is complete --------------
+
+OLD_FILES = ("old-a.txt", "sub/old-b.txt")
+# A real job's commit, through the command line's error path (one line, the error's exit status).
+OVERWRITER = textwrap.dedent("""
+    import sys
+    from common.cli import run_command
+    from common.storage import publish
+
+    def overwrite(_args):
+        with publish(sys.argv[1], mode="overwrite", marker={"kind": "shardtrain.scores"}) as staging:
+            with staging.open("new.txt", "wb") as fh:
+                fh.write(b"the new output")
+
+    sys.exit(run_command(overwrite, None))
+""")
+
+
+def _digests(loc) -> dict[str, str]:
+    """sha256 of every file of an output (the marker included), by path inside it."""
+    loc = resolve(loc) if isinstance(loc, str) else loc
+    loc.fs.invalidate_cache()  # S3: another process changed it; list and read it afresh
+    return {path[len(loc.path) + 1:]: hashlib.sha256(loc.fs.cat_file(path)).hexdigest()
+            for path in storage._objects(loc)}
+
+
+def _overwriter(uri: str, fault: str | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    if fault:
+        env[FAULT_ENV] = fault
+    return subprocess.Popen([sys.executable, "-c", OVERWRITER, uri], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _check_new_output(uri: str) -> None:
+    resolve(uri).fs.invalidate_cache()
+    final = require_committed(uri)
+    assert sorted(_digests(final)) == [MARKER, "new.txt"] and storage.read_marker(uri)["kind"] == KIND_SCORES
+    assert not siblings(final, STAGING_TAG) and not siblings(final, REPLACED_TAG)  # nothing left beside it
+
+
+def _check_killed_overwrite(base: str, step: str) -> None:
+    target = f"{base}/scores"
+    _publish(target, KIND_SCORES, OLD_FILES)
+    old = _digests(target)
+    proc = _overwriter(target, f"commit:{step}")
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL  # it died by the signal, at the fault point
+    final = resolve(target)
+    final.fs.invalidate_cache()
+    staged, aside = siblings(final, STAGING_TAG), siblings(final, REPLACED_TAG)
+    if step == "before-aside":  # the new output was staged complete; the old one untouched and committed
+        assert len(staged) == 1 and is_committed(staged[0]) and not aside
+        assert _digests(require_committed(target)) == old
+    elif step == "after-aside":  # the old output is aside, committed and intact; nothing at the path
+        assert len(aside) == 1 and _digests(aside[0]) == old and not final.exists()
+        with pytest.raises(StorageError, match=r"an overwrite of it was interrupted, and the previous output is kept"):
+            require_committed(target)
+        assert storage.clean_stale_staging(target)  # what the next job writing it does first, under its lock
+        assert _digests(require_committed(target)) == old
+    else:  # after-swap: the new output is committed; the replaced one is removed by the next writer
+        assert len(aside) == 1 and _digests(aside[0]) == old
+        assert sorted(_digests(require_committed(target))) == [MARKER, "new.txt"]
+    retry = _overwriter(target)
+    stderr = retry.communicate(timeout=120)[1]
+    assert retry.returncode == 0 and "error" not in stderr, stderr
+    _check_new_output(target)
+
+
+@pytest.mark.parametrize("step", ["before-aside", "after-aside", "after-swap"])
+def test_an_overwrite_killed_at_any_step_leaves_an_output_committed_and_a_retry_succeeds(tmp_path, step):
+    _check_killed_overwrite(str(tmp_path), step)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("step", ["before-aside", "after-aside", "after-swap"])
+def test_an_overwrite_killed_at_any_step_on_s3_leaves_an_output_committed(s3_bucket, step):
+    _check_killed_overwrite(f"{s3_bucket}/swap", step)
+
+
+def _wait_stopped(proc: subprocess.Popen) -> None:
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), f"the overwriting job did not reach its fault point (status {status})"
+
+
+def _deny_rename(path) -> callable:
+    """Make renaming ``path`` fail for real; returns what undoes it. Root ignores permissions, so
+    there the directory is made immutable (chattr +i: EPERM even for root); otherwise its parent
+    is made read-only (EACCES)."""
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+            pytest.skip("running as root on a file system without chattr +i: no real way to make a rename fail")
+        return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
+    parent = os.path.dirname(path)
+    os.chmod(parent, 0o555)
+    return lambda: os.chmod(parent, 0o755)
+
+
+@pytest.mark.parametrize("rename", ["old output aside", "new output in"])
+def test_a_rename_the_file_system_refuses_leaves_the_old_output_and_a_retry_succeeds(tmp_path, rename):
+    target = str(tmp_path / "out" / "scores")
+    _publish(target, KIND_SCORES, OLD_FILES)
+    old = _digests(target)
+    final = resolve(target)
+    proc = _overwriter(target, "commit:before-aside:stop" if rename == "old output aside" else "commit:after-aside:stop")
+    try:
+        _wait_stopped(proc)
+        if rename == "old output aside":
+            victim = final.path
+        else:  # the old output really was moved aside before the refused rename
+            assert not final.exists() and _digests(siblings(final, REPLACED_TAG)[0]) == old
+            victim = siblings(final, STAGING_TAG)[0].path
+        undo = _deny_rename(victim)
+        try:
+            os.kill(proc.pid, signal.SIGCONT)
+            stderr = proc.communicate(timeout=120)[1]
+        finally:
+            undo()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    error = stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in stderr
+    assert re.fullmatch(rf"shardtrain: error: {re.escape(target)}: committing the output failed: PermissionError: .*",
+                        error)
+    if not final.exists():  # non-root: the read-only parent refused the move back too; the old output is aside
+        assert _digests(siblings(final, REPLACED_TAG)[0]) == old
+        storage.clean_stale_staging(target)  # what the next job writing it does first
+    assert _digests(require_committed(target)) == old  # the old output, committed and intact
+    _publish(target, KIND_SCORES, ["new.txt"])  # the retry is not refused, and replaces it
+    _check_new_output(target)
+
+
+def test_overwrite_through_a_symlink_replaces_its_target_and_the_link_stays_a_link(tmp_path):
+    real, alias = tmp_path / "real_scores", tmp_path / "alias"
+    _publish(str(real), KIND_SCORES, OLD_FILES)
+    os.symlink(real, alias)
+    check_replaceable(str(alias), KIND_SCORES)  # the check sees what the link points at
+    _publish(str(alias), KIND_SCORES, ["new.txt"])
+    assert alias.is_symlink() and os.readlink(alias) == str(real)
+    assert sorted(_digests(str(real))) == [MARKER, "new.txt"] and storage.read_marker(str(alias))["kind"] == KIND_SCORES
+    assert sorted(os.listdir(tmp_path)) == ["alias", "real_scores"]  # nothing left beside either
+    holder = _start_holder(str(alias))  # one output, one lock, whichever way it is spelt
+    try:
+        with pytest.raises(OutputLockedError, match=rf"{real} is being written by pid {holder.pid}"):
+            _publish(str(real), KIND_SCORES)
+    finally:
+        _kill(holder)
 
 
 def test_storage_errors_are_one_line_naming_the_path(tmp_path):

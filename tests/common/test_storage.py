@@ -3,12 +3,14 @@ over real HTTP on 127.0.0.1 (moto's server, started and stopped by the fixture).
 
 from __future__ import annotations
 
+import os
+import socket
 
 import pytest
 
 from common import storage
 from common.errors import OutputExistsError, StorageError
-from common.storage import MARKER, is_committed, publish, require_committed, resolve
+from common.storage import KIND_SCORES, MARKER, check_uri, is_committed, publish, require_committed, resolve
 
 
 def test_resolve_schemes(tmp_path):
@@ -28,6 +30,27 @@ def test_resolve_schemes(tmp_path):
 def test_bad_uris_name_the_uri(uri, message):
     with pytest.raises(StorageError, match=message):
         resolve(uri)
+
+
+def test_s3_and_hdfs_paths_keep_question_marks_and_hashes():
+    # Legal in a key (and '?' is a glob character in a source path): part of the path, never dropped.
+    assert resolve("s3://bucket/runs/a?b#c/").path == "bucket/runs/a?b#c"
+    assert resolve("hdfs://namenode:8020/data/x#1").path == "/data/x#1"
+
+
+@pytest.mark.parametrize("uri, extra", [
+    ("file://{tmp}/out#part", r"a #fragment"),
+    ("file://{tmp}/out?version=2", r"a \?query"),
+    ("file://otherhost{tmp}/out", r"a host \('otherhost'\)"),
+    ("file://data{tmp}/out?x#y", r"a host \('data'\) and a \?query and a #fragment"),
+])
+def test_file_uris_with_a_host_query_or_fragment_are_refused(tmp_path, uri, extra):
+    uri = uri.format(tmp=tmp_path)
+    with pytest.raises(StorageError, match=rf"^{uri.replace('?', '[?]')}: a file:// URI names a local path only, "
+                                           rf"and this one has {extra}, which would be ignored") as err:
+        resolve(uri)
+    assert err.value.exit_code == 2
+    assert resolve(f"file://localhost{tmp_path}/out").path == f"{tmp_path}/out"  # the one host that is here
 
 
 def test_dbfs_needs_the_mount(monkeypatch, tmp_path):
@@ -111,3 +134,89 @@ def test_s3_without_credentials_fails_before_work(s3_endpoint, monkeypatch, tmp_
     storage._FS_CACHE.clear()
     with pytest.raises(StorageError, match=r"s3://bucket/data: no AWS credentials found"):
         resolve("s3://bucket/data").fs
+
+
+# --- bad locations: one line, exit 2 (1 for an endpoint that does not answer), before any work ------
+
+@pytest.mark.parametrize("raw, problem", [
+    (b"{not json", r"is not valid JSON \(Expecting property name"),
+    (b"\xff\xfe{}", r"is not valid JSON \('utf-8' codec can't decode byte 0xff"),
+    (b"[1, 2]", r"holds a JSON array, not an object"),
+    (b'"shardtrain.scores"', r"holds a JSON string, not an object"),
+])
+def test_a_damaged_marker_is_one_error_naming_the_file(tmp_path, raw, problem):
+    out = tmp_path / "scores"
+    out.mkdir()
+    (out / "part-0.parquet").write_bytes(b"rows")
+    (out / MARKER).write_bytes(raw)
+    message = rf"^{out}/{MARKER} {problem}.*: the marker is damaged; restore it, or move {out} away"
+    for call in (storage.read_marker, storage.output_kind, lambda uri: storage.check_replaceable(uri, KIND_SCORES)):
+        with pytest.raises(StorageError, match=message) as err:
+            call(str(out))
+        assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    with pytest.raises(StorageError, match=message):  # not taken for a user's directory, and not replaced
+        with publish(str(out), mode="overwrite", marker={"kind": KIND_SCORES}):
+            pass
+    assert (out / MARKER).read_bytes() == raw and sorted(os.listdir(tmp_path)) == ["scores"]
+
+
+def _cli(monkeypatch, capsys, *argv) -> tuple[int, list[str]]:
+    """A shardtrain command run in-process, which must fail before Spark starts; (exit status, stderr lines)."""
+    from common import spark as spark_module
+    from shardtrain.cli import main
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(spark_module, "get_or_create_session", no_spark)
+    capsys.readouterr()
+    rc = main(list(argv))
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+def _job_args(command: str, tmp_path, output: str) -> list[str]:
+    if command == "score":
+        return ["score", "--config", "conf/score.yaml", f"model={tmp_path}/model", f"sources.raw.path={tmp_path}/raw",
+                f"output.path={output}"]
+    return ["shard", "--config", "conf/shard.yaml", f"sources.raw.path={tmp_path}/raw", f"output.path={output}"]
+
+
+@pytest.mark.parametrize("command", ["shard", "score"])
+def test_an_output_path_with_a_colon_is_refused_naming_the_key(tmp_path, monkeypatch, capsys, command):
+    out = f"{tmp_path}/scores:v2"
+    rc, err = _cli(monkeypatch, capsys, *_job_args(command, tmp_path, out))
+    assert rc == 2
+    assert err[-1] == (f"shardtrain: error: output.path {out} holds ':', which a Hadoop path cannot (Spark's writers "
+                       "and HDFS reject it); choose a path without ':'")
+    assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("command", ["shard", "score"])
+def test_an_output_that_is_a_symlink_loop_fails_before_any_work(tmp_path, monkeypatch, capsys, command):
+    loop = tmp_path / "scores"
+    os.symlink(loop, loop)
+    rc, err = _cli(monkeypatch, capsys, *_job_args(command, tmp_path, str(loop)))
+    assert rc == 2 and err[-1].startswith(f"shardtrain: error: {loop}: is a symlink loop")
+    assert os.readlink(loop) == str(loop)  # left as it was
+
+
+def test_an_unreachable_s3_endpoint_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("s3fs")
+    with socket.socket() as sock:  # a loopback port where nothing listens (connections are refused)
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "SHARDTRAIN_S3_ENDPOINT": endpoint,
+                       "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(var, value)  # one attempt, so the test takes a second, not botocore's retries
+    storage._FS_CACHE.clear()
+    try:
+        with pytest.raises(StorageError, match=rf"^s3://bucket/scores: cannot reach the S3 endpoint {endpoint}: "
+                                               r"Could not connect to the endpoint URL") as err:
+            check_uri("s3://bucket/scores")
+        assert err.value.exit_code == 1
+        rc, lines = _cli(monkeypatch, capsys, *_job_args("score", tmp_path, "s3://bucket/scores"))
+        assert rc == 1 and len(lines) == 1, lines  # no traceback: the one line, from the check before any work
+        assert lines[0].startswith(f"shardtrain: error: s3://bucket/scores: cannot reach the S3 endpoint {endpoint}")
+    finally:
+        storage._FS_CACHE.clear()
