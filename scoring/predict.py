@@ -96,7 +96,7 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     _check_keep_columns(df, keep)
     fields = {f.name: f.dataType for f in df.schema.fields}
     spec = model.features
-    _check_feature_types(fields, spec, encoded)
+    check_feature_types(fields, spec, encoded)
     names = spec.columns
     task = ScoreTask(
         model_uri=model_uri, program=program,
@@ -170,26 +170,26 @@ def _check_keep_columns(df, keep: list[str]) -> None:
         raise InputDataError(f"output.keep_columns lists column(s) {dup} more than once")
 
 
-def _check_feature_types(fields: dict, spec, encoded: bool) -> None:
-    """Every feature the model reads is there, with a type its preprocessing can take (exit 2)."""
+def check_feature_types(fields: dict, spec, encoded: bool) -> None:
+    """Every feature the model reads is there, with a type its preprocessing can take (exit 2).
+    Runs before any SQL is built from the features (``reason_sql``), so the user sees the column,
+    the type it has and the type wanted, never an analysis error."""
     from pyspark.sql import types as T
 
-    missing = [c for c in spec.columns if c not in fields]
-    if missing:
-        raise InputDataError(f"the input lacks the model's feature column(s) {missing}; it has {sorted(fields)}")
     scalar = (T.NumericType, T.BooleanType) if encoded else (T.NumericType, T.BooleanType, T.StringType)
-    wanted = [(n, isinstance(fields[n], scalar), "a number") for n in spec.numeric]
-    for name in spec.categorical:
-        dt = fields[name]
-        ok = isinstance(dt, T.IntegralType) if encoded else (isinstance(dt, T.AtomicType)
-                                                             and not isinstance(dt, T.BinaryType))
-        wanted.append((name, ok, "a category index" if encoded else "a category (string)"))
-    for name in spec.arrays:
-        dt = fields[name]
-        ok = isinstance(dt, T.ArrayType) and isinstance(dt.elementType, (T.NumericType, T.BooleanType))
-        wanted.append((name, ok, "array<float>"))
+    wanted = [(n, lambda dt: isinstance(dt, scalar), "a number") for n in spec.numeric]
+    if encoded:
+        wanted += [(n, lambda dt: isinstance(dt, T.IntegralType), "a category index") for n in spec.categorical]
+    else:
+        wanted += [(n, lambda dt: isinstance(dt, T.AtomicType) and not isinstance(dt, T.BinaryType),
+                    "a category (string)") for n in spec.categorical]
+    wanted += [(n, lambda dt: isinstance(dt, T.ArrayType) and isinstance(dt.elementType, (T.NumericType, T.BooleanType)),
+                "array<float>") for n in spec.arrays]
     for name, ok, want in wanted:
-        if not ok:
+        if name not in fields:
+            raise InputDataError(f"the input lacks the model's feature column {name!r} ({want}); it has "
+                                 f"{sorted(fields)}")
+        if not ok(fields[name]):
             raise InputDataError(f"column {name!r} has type {fields[name].simpleString()}, which the model's "
                                  f"preprocessing cannot take as {want}; convert it in the query")
 
@@ -317,5 +317,5 @@ def _encoded_arrays(table, spec) -> dict:
     return out
 
 
-__all__ = ["OUTPUT_COLUMNS", "PREDICTION", "PROBABILITIES", "REASON", "ScoreTask", "output_schema", "predict_frame",
+__all__ = ["OUTPUT_COLUMNS", "PREDICTION", "PROBABILITIES", "REASON", "ScoreTask", "check_feature_types", "output_schema", "predict_frame",
            "reason_sql", "score_batch", "worker_model"]
