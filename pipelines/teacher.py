@@ -32,7 +32,8 @@ from typing import Callable
 
 from common.dataset import TEACHER_COLUMN, teacher_differences
 from common.errors import ConfigError, InputDataError
-from pipelines.preprocess import arr_col, cat_col, num_col, q
+from common.sql import quote_identifier as q
+from pipelines.preprocess import arr_col, cat_col, num_col
 from pipelines.shard_config import ShardConfig
 
 

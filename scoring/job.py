@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from common import __version__
 from common.config import dump_yaml, to_dict
+from common.sql import quote_identifier
 from common.errors import AccountingError, DatasetError, InputDataError, OutputExistsError, first_line
 from common.storage import (KIND_SCORES, check_disjoint, check_replaceable, clean_stale_staging, is_committed,
                             output_lock, publish, read_marker, resolve)
@@ -256,7 +257,7 @@ def _quarantine_rows(cfg: ScoreConfig, checked, columns: list[str], malformed: l
     from pyspark.sql import functions as F
 
     source = "dataset" if cfg.dataset is not None else ("query" if cfg.query is not None else next(iter(cfg.sources)))
-    fields = ", ".join("`" + c.replace("`", "``") + "`" for c in columns)
+    fields = ", ".join(quote_identifier(c) for c in columns)
     bad = checked.where(f"{REASON} IS NOT NULL").select(
         F.col(REASON).alias("reason"), F.lit(source).alias("source"), F.expr(f"to_json(struct({fields}))").alias("raw"))
     for frame in malformed:
