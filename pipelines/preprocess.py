@@ -14,9 +14,11 @@ Reasons: ``bad_encoding`` (a used text value holds U+FFFD, which Spark's CSV/JSO
 place of bytes that are not valid UTF-8), ``null_label``, ``invalid_label``,
 ``too_long:<col>`` (a category longer than features.max_category_bytes),
 ``bad_value:<col>`` (a string that is not a number),
-``non_finite:<col>`` (+/-inf in a numeric column; NaN/null/inf elements in an array column),
-``bad_shape:<col>`` (null array or wrong length), and ``malformed_record`` (sources.py).
-NaN in a numeric column counts as missing and is imputed.
+``non_finite:<col>`` (a numeric value that is NaN, +/-inf or beyond float32, as stored; a
+null, NaN, inf or beyond-float32 element of an array), ``bad_shape:<col>`` (null array or wrong
+length), and ``malformed_record`` (sources.py). A null numeric value is missing and is imputed.
+The same rules quarantine the rows scoring cannot take (scoring.predict), so neither a
+statistic nor a prediction ever sees a value float32 cannot hold.
 """
 
 from __future__ import annotations
@@ -178,22 +180,22 @@ def reason(rule: str, column: str) -> str:
 # quarantine exactly the rows the shard job would: a model scores what it was trained on.
 
 def numeric_reasons(name: str, dtype) -> list[str]:
-    """CASE branches for a numeric feature: text that is not a number, an infinite value
-    (null and NaN are not reasons: they are imputed)."""
+    """CASE branches for a numeric feature: text that is not a number; NaN, +/-inf or a value
+    beyond float32 (1e300 would make the train statistics infinite and store 0 for every row, or
+    score as NaN probabilities). Null is not a reason: it is imputed."""
     from pyspark.sql import types as T
 
     value = f"try_cast({q(name)} AS DOUBLE)"
     reasons = []
     if isinstance(dtype, T.StringType):
         reasons.append(f"WHEN {q(name)} IS NOT NULL AND {value} IS NULL THEN {reason('bad_value', name)}")
-    reasons.append(f"WHEN abs({value}) = double('Infinity') THEN {reason('non_finite', name)}")
+    reasons.append(f"WHEN isnan({value}) OR abs({value}) > {FLOAT_MAX!r} THEN {reason('non_finite', name)}")
     return reasons
 
 
 def numeric_value(name: str) -> str:
-    """A numeric feature as DOUBLE, NaN as null (imputed later)."""
-    value = f"try_cast({q(name)} AS DOUBLE)"
-    return f"CASE WHEN isnan({value}) THEN NULL ELSE {value} END"
+    """A numeric feature as DOUBLE (null, imputed later, where it is null or not a number)."""
+    return f"try_cast({q(name)} AS DOUBLE)"
 
 
 def array_reasons(name: str, shape) -> list[str]:

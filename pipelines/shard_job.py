@@ -458,8 +458,7 @@ def _check_numeric_coverage(cfg: ShardConfig, counts: RowCounts) -> None:
              if count == 0 and name not in cfg.features.impute]
     if empty:
         raise InputDataError(
-            f"numeric feature column(s) {empty} (features.numeric) have no value in any train row (all null or "
-            f"NaN); fix the input, remove the column from features.numeric, or give features.impute.{empty[0]} "
+            f"numeric feature column(s) {empty} (features.numeric) have no value in any train row (all null); fix the input, remove the column from features.numeric, or give features.impute.{empty[0]} "
             "a value to store")
 
 

@@ -101,7 +101,7 @@ def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None, record: d
         return rows
     # Rows equal in both keys are identical rows (shard_writer._placed_rows), so their order cannot matter.
     clean = rows.where("_reason IS NULL").sortWithinPartitions("_shuffle", "_tiebreak")
-    # The checked rows carry the typed copies of the features (NaN as null, categories as strings,
+    # The checked rows carry the typed copies of the features (numbers as doubles, categories as strings,
     # array elements as floats: the typing scoring applies too), not the raw columns: the teacher
     # reads them under the feature names, and they leave again after scoring.
     inputs = _feature_inputs(cfg, clean.columns)

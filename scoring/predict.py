@@ -12,13 +12,14 @@ The result has one row per input row (none dropped, none added), with these colu
 * regression: ``prediction`` float (the model's value; ``temperature`` does not apply);
 * ``score_reason`` string: null for a scored row; for a row the model's preprocessing cannot take,
   the reason (its predictions are null): ``bad_value:<col>`` (a string that is not a number),
-  ``non_finite:<col>`` (+/-inf in a numeric column; a null, NaN or inf element of an array),
+  ``non_finite:<col>`` (NaN, +/-inf or beyond float32 in a numeric column; a null, NaN, inf or
+  beyond-float32 element of an array),
   ``bad_shape:<col>`` (a null array, or one of another length than the model's shape). These are
   the shard job's own rules, so a row training would have quarantined is not scored.
 
 What runs per row is the model's stored preprocessing, ``FeatureSpec.transform`` (the code
 ``LoadedModel.predict`` runs), after the shard job's own typing in Spark SQL: numeric columns cast
-to double (NaN counts as missing and is imputed), categorical ones cast to string, array elements
+to double (null counts as missing and is imputed), categorical ones cast to string, array elements
 to float. ``encoded=True`` takes the stored encodings of a published dataset instead (standardized
 float32, int32 category indices, flat float32 arrays: what ``FeatureSpec.transform`` produced)
 and runs ``LoadedModel.predict_arrays`` on them without preprocessing them again; the caller must

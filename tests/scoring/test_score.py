@@ -259,6 +259,38 @@ def test_score_job_refuses_a_missing_or_uncastable_feature_in_one_line(spark, mo
         assert "Traceback" not in err and not out.exists()
 
 
+def test_score_job_quarantines_values_float32_cannot_hold(spark, models, tmp_path, capsys):
+    """1e300 was scored as probabilities [nan, nan], prediction 0, and counted as scored. Now a
+    numeric value that is NaN, infinite or beyond float32 is quarantined as non_finite:<col>,
+    like the shard job does; a valid neighbour (3e38, which float32 holds) is scored; the
+    accounting adds up."""
+    frame = raw_rows(30, seed=13)
+    bad = {3: ("x1", 1e300), 4: ("x2", -1e300), 5: ("x1", float("nan"))}
+    for row, (column, value) in bad.items():
+        frame.loc[row, column] = value
+    frame.loc[6, "x1"] = 3.0e38
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    # from_pandas would make NaN a null (imputed): write it as the NaN a Spark job or a file can hold.
+    x1 = table.column("x1").to_pylist()
+    x1[5] = float("nan")
+    table = table.set_column(table.schema.get_field_index("x1"), "x1", pa.array(x1, pa.float64(), from_pandas=False))
+    os.makedirs(tmp_path / "raw")
+    pq.write_table(table, tmp_path / "raw" / "part-0.parquet")
+    assert np.isnan(pq.read_table(tmp_path / "raw").column("x1").to_numpy()[5])  # a NaN, not a null
+    out = tmp_path / "scores"
+    config = score_config(tmp_path / "score.yaml", models["classification"], str(tmp_path / "raw"), str(out))
+    assert cli("score", "--config", config) == 0, capsys.readouterr().err
+    scored = pd.read_parquet(out, engine="pyarrow")
+    assert sorted(scored["id"]) == [i for i in range(30) if i not in bad]
+    assert np.isfinite(np.stack(scored["probabilities"].to_numpy())).all()
+    quarantine = pd.read_parquet(out / "_quarantine")
+    assert {json.loads(raw)["id"]: reason for raw, reason in zip(quarantine["raw"], quarantine["reason"])} == {
+        3: "non_finite:x1", 4: "non_finite:x2", 5: "non_finite:x1"}
+    summary = json.loads((out / "_scores.json").read_text())
+    assert summary["accounting"] == {"input_rows": 30, "scored_rows": 27, "quarantined_rows": 3}
+    assert summary["quarantine"]["by_reason"] == {"non_finite:x1": 2, "non_finite:x2": 1}
+
+
 def test_score_job_on_a_dataset_split_uses_its_stored_encodings(spark, models, tmp_path, capsys):
     ds = models["classification-dataset"]
     out = tmp_path / "val-scores"
