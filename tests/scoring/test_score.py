@@ -291,6 +291,33 @@ def test_score_job_quarantines_values_float32_cannot_hold(spark, models, tmp_pat
     assert summary["quarantine"]["by_reason"] == {"non_finite:x1": 2, "non_finite:x2": 1}
 
 
+def test_score_job_refuses_a_model_json_that_disagrees_with_the_network(spark, models, tmp_path, capsys):
+    """model.json edited consistently (its digest re-recorded in the marker): num_classes 1 was
+    published as 1-element probabilities with exit 0, num_classes 3 and task regression gave
+    tracebacks. Each is one line naming the field, exit 2, and nothing is written."""
+    import hashlib
+
+    source, _, _ = bad_source(tmp_path)
+    for field, value in (("num_classes", 1), ("num_classes", 3), ("task", "regression")):
+        model = tmp_path / f"model-{field}-{value}"
+        shutil.copytree(models["classification"], model)
+        meta = json.loads((model / "model.json").read_text())
+        meta["label"][field] = value
+        text = json.dumps(meta)
+        (model / "model.json").write_text(text)
+        marker = json.loads((model / MARKER).read_text())
+        marker["model_json_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+        (model / MARKER).write_text(json.dumps(marker))
+        out = tmp_path / f"scores-{field}-{value}"
+        config = score_config(tmp_path / "score.yaml", str(model), source, str(out))
+        capsys.readouterr()
+        assert cli("score", "--config", config) == 2
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("shardtrain: error:")]
+        assert len(errors) == 1 and f"{model}/model.json: field 'label.{field}' is {value!r}" in errors[0], err
+        assert "Traceback" not in err and not out.exists()
+
+
 def test_score_job_on_a_dataset_split_uses_its_stored_encodings(spark, models, tmp_path, capsys):
     ds = models["classification-dataset"]
     out = tmp_path / "val-scores"
