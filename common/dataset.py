@@ -552,7 +552,14 @@ def build_manifest(splits: dict, features: dict, label: dict, teacher: dict | No
 
 
 def write_manifest(root: Location, manifest: dict) -> None:
-    root.write_text(MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+    """Strict JSON only: a NaN or infinite statistic (``std: Infinity``) is refused, not written
+    as a manifest no JSON reader but Python's accepts."""
+    try:
+        text = json.dumps(manifest, indent=2, sort_keys=False, allow_nan=False)
+    except ValueError as exc:
+        raise DatasetError(f"{root.uri}: the manifest would hold a non-finite number ({exc}); nothing was published: "
+                           "this is a bug, report it with the input that caused it") from None
+    root.write_text(MANIFEST_NAME, text + "\n")
 
 
 def file_entry(root: Location, rel: str) -> dict:

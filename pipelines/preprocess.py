@@ -14,9 +14,11 @@ Reasons: ``bad_encoding`` (a used text value holds U+FFFD, which Spark's CSV/JSO
 place of bytes that are not valid UTF-8), ``null_label``, ``invalid_label``,
 ``too_long:<col>`` (a category longer than features.max_category_bytes),
 ``bad_value:<col>`` (a string that is not a number),
-``non_finite:<col>`` (+/-inf in a numeric column; NaN/null/inf elements in an array column),
-``bad_shape:<col>`` (null array or wrong length), and ``malformed_record`` (sources.py).
-NaN in a numeric column counts as missing and is imputed.
+``non_finite:<col>`` (a numeric value that is NaN, +/-inf or beyond float32, as stored; a
+null, NaN, inf or beyond-float32 element of an array), ``bad_shape:<col>`` (null array or wrong
+length), and ``malformed_record`` (sources.py). A null numeric value is missing and is imputed.
+The same rules quarantine the rows scoring cannot take (scoring.predict), so neither a
+statistic nor a prediction ever sees a value float32 cannot hold.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Callable
 
 from pipelines.balance import split_index_sql
 from common.errors import InputDataError, first_line
+from common.sql import quote_identifier as q
+from common.sql import quote_string
 from common.dataset import LABEL_NAME, RESERVED_INDICES, ROW_INDEX
 from common.dataset import stored_schema as dataset_schema
 from pipelines.shard_config import ShardConfig
@@ -36,20 +40,25 @@ FLOAT_MAX = 3.4028234663852886e38
 RESERVED_NAMES = {LABEL_NAME, ROW_INDEX}
 
 
-def q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
+# The typed copies of the features, by column name (Arrow tables, dict keys); SQL text names them
+# through q(), like every other column: a feature may be called "price-usd" or "first name". The
+# name itself is escaped where Spark's DataFrame API would parse it (a backtick, a dot: pyspark's
+# mapInArrow looks its input columns up by name), so the staging pass can take any feature name.
+
+def _typed_name(prefix: str, name: str) -> str:
+    return prefix + name.replace("%", "%25").replace("`", "%60").replace(".", "%2E")
 
 
 def num_col(name: str) -> str:
-    return f"_n_{name}"
+    return _typed_name("_n_", name)
 
 
 def cat_col(name: str) -> str:
-    return f"_c_{name}"
+    return _typed_name("_c_", name)
 
 
 def arr_col(name: str) -> str:
-    return f"_a_{name}"
+    return _typed_name("_a_", name)
 
 
 def check_table(table, cfg: ShardConfig, where: str) -> None:
@@ -150,38 +159,43 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
 
     for name in feats.numeric:
         reasons += numeric_reasons(name, fields[name])
-        cols.append(f"{numeric_value(name)} AS {num_col(name)}")
+        cols.append(f"{numeric_value(name)} AS {q(num_col(name))}")
     for name in feats.categorical:
         reasons.append(f"WHEN octet_length(CAST({q(name)} AS STRING)) > {feats.max_category_bytes} "
-                       f"THEN 'too_long:{name}'")
-        cols.append(f"CAST({q(name)} AS STRING) AS {cat_col(name)}")
+                       f"THEN {reason('too_long', name)}")
+        cols.append(f"CAST({q(name)} AS STRING) AS {q(cat_col(name))}")
     for name, shape in feats.arrays.items():
         reasons += array_reasons(name, shape)
-        cols.append(f"{array_value(name)} AS {arr_col(name)}")
+        cols.append(f"{array_value(name)} AS {q(arr_col(name))}")
     cols.append(f"CASE {' '.join(reasons)} END AS _reason")
     return cols
+
+
+def reason(rule: str, column: str) -> str:
+    """The SQL literal of a reason naming a column, e.g. 'non_finite:price-usd'."""
+    return quote_string(f"{rule}:{column}")
 
 
 # The rules for one feature's raw value, shared with scoring (scoring.predict), which must
 # quarantine exactly the rows the shard job would: a model scores what it was trained on.
 
 def numeric_reasons(name: str, dtype) -> list[str]:
-    """CASE branches for a numeric feature: text that is not a number, an infinite value
-    (null and NaN are not reasons: they are imputed)."""
+    """CASE branches for a numeric feature: text that is not a number; NaN, +/-inf or a value
+    beyond float32 (1e300 would make the train statistics infinite and store 0 for every row, or
+    score as NaN probabilities). Null is not a reason: it is imputed."""
     from pyspark.sql import types as T
 
     value = f"try_cast({q(name)} AS DOUBLE)"
     reasons = []
     if isinstance(dtype, T.StringType):
-        reasons.append(f"WHEN {q(name)} IS NOT NULL AND {value} IS NULL THEN 'bad_value:{name}'")
-    reasons.append(f"WHEN abs({value}) = double('Infinity') THEN 'non_finite:{name}'")
+        reasons.append(f"WHEN {q(name)} IS NOT NULL AND {value} IS NULL THEN {reason('bad_value', name)}")
+    reasons.append(f"WHEN isnan({value}) OR abs({value}) > {FLOAT_MAX!r} THEN {reason('non_finite', name)}")
     return reasons
 
 
 def numeric_value(name: str) -> str:
-    """A numeric feature as DOUBLE, NaN as null (imputed later)."""
-    value = f"try_cast({q(name)} AS DOUBLE)"
-    return f"CASE WHEN isnan({value}) THEN NULL ELSE {value} END"
+    """A numeric feature as DOUBLE (null, imputed later, where it is null or not a number)."""
+    return f"try_cast({q(name)} AS DOUBLE)"
 
 
 def array_reasons(name: str, shape) -> list[str]:
@@ -190,9 +204,9 @@ def array_reasons(name: str, shape) -> list[str]:
     functions rather than lambdas (exists/transform), which Spark evaluates row by row outside
     its generated code: they doubled the checking cost."""
     top, bottom = f"CAST(array_max({q(name)}) AS DOUBLE)", f"CAST(array_min({q(name)}) AS DOUBLE)"
-    return [f"WHEN {q(name)} IS NULL OR size({q(name)}) <> {math.prod(shape)} THEN 'bad_shape:{name}'",
+    return [f"WHEN {q(name)} IS NULL OR size({q(name)}) <> {math.prod(shape)} THEN {reason('bad_shape', name)}",
             f"WHEN size(array_compact({q(name)})) <> size({q(name)}) OR isnan({top}) "
-            f"OR {top} > {FLOAT_MAX!r} OR {bottom} < {-FLOAT_MAX!r} THEN 'non_finite:{name}'"]
+            f"OR {top} > {FLOAT_MAX!r} OR {bottom} < {-FLOAT_MAX!r} THEN {reason('non_finite', name)}"]
 
 
 def array_value(name: str) -> str:
@@ -245,7 +259,7 @@ def spark_vocabularies(clean_train, names: list[str], min_count: int, max_vocab:
     from pyspark.sql import functions as F
     from pyspark.sql import Window
 
-    stacked = [F.struct(F.lit(name).alias("column"), F.col(cat_col(name)).alias("value")) for name in names]
+    stacked = [F.struct(F.lit(name).alias("column"), F.col(q(cat_col(name))).alias("value")) for name in names]
     counts = (clean_train.select(F.explode(F.array(*stacked)).alias("e")).select("e.column", "e.value")
               .where(F.col("value").isNotNull()).groupBy("column", "value").count())
     rank = F.row_number().over(Window.partitionBy("column").orderBy(F.desc("count"), F.asc("value")))
@@ -274,7 +288,7 @@ def _label_stats(label, class_counts: list[int], label_moments: tuple[int, float
 
 def moment_values(cfg: ShardConfig) -> list[str]:
     """The SQL values whose train-split moments ``fit`` needs: numeric features, a regression label."""
-    values = [num_col(n) for n in cfg.features.numeric]
+    values = [q(num_col(n)) for n in cfg.features.numeric]
     if cfg.label.task == "regression":
         values.append("CAST(_label AS DOUBLE)")
     return values

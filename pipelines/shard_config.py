@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from common.config import SparkConfig, load_config, require
 from common.dataset import TEACHER_COLUMN
+from common.sql import quote_identifier
 
 
 @dataclass
@@ -74,7 +75,7 @@ class LabelConfig:
 
     @property
     def sql(self) -> str:
-        return self.expr if self.expr is not None else f"`{self.column}`"
+        return self.expr if self.expr is not None else quote_identifier(self.column)
 
 
 @dataclass

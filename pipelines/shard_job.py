@@ -58,7 +58,9 @@ from common.plugins import load_callable
 from common.errors import AccountingError, InputDataError, OutputExistsError, QualityGateError, first_line
 from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUMN, Manifest, arrow_schema,
                             build_manifest, read_manifest, row_bytes, write_manifest)
-from pipelines.preprocess import arr_col, cat_col, check_table, fit, moment_values, num_col, q, row_columns, stored_schema
+from common.sql import quote_identifier as q
+from common.sql import quote_string
+from pipelines.preprocess import arr_col, cat_col, check_table, fit, moment_values, num_col, row_columns, stored_schema
 from pipelines.shard_config import ShardConfig
 from pipelines import summary as summary_module
 from pipelines.summary import ScanSpec, Summary
@@ -193,14 +195,14 @@ def _checked_rows(table, cfg: ShardConfig, frames):
         reason = f"CASE WHEN {q(CORRUPT_COLUMN)} IS NOT NULL THEN '{MALFORMED}' ELSE _reason END"
         raw = (f"CASE WHEN {q(CORRUPT_COLUMN)} IS NOT NULL THEN {q(CORRUPT_COLUMN)} "
                f"WHEN _reason IS NOT NULL THEN to_json(struct({', '.join(q(c) for c in data_columns)})) END")
-        return _kept_columns(checked, parse.columns, reason, raw, _sql_string(next(iter(frames))))
+        return _kept_columns(checked, parse.columns, reason, raw, quote_string(next(iter(frames))))
     for frame in frames.values():
         frame.persist()  # the table and the malformed records each read the parse: parse once
     checked = table.selectExpr(*row_columns(table, cfg))
     raw = f"CASE WHEN _reason IS NOT NULL THEN to_json(struct({', '.join(q(c) for c in table.columns)})) END"
     # Row-level reasons name the table's source, or "query" for a query's rows.
     source = "query" if cfg.query is not None else next(iter(frames))
-    rows = _kept_columns(checked, table.columns, "_reason", raw, _sql_string(source))
+    rows = _kept_columns(checked, table.columns, "_reason", raw, quote_string(source))
     for frame in frames.values():
         if frame.malformed is not None:
             rows = rows.unionByName(frame.malformed.selectExpr("reason AS _reason", "raw AS _raw", "source AS _source"),
@@ -456,8 +458,7 @@ def _check_numeric_coverage(cfg: ShardConfig, counts: RowCounts) -> None:
              if count == 0 and name not in cfg.features.impute]
     if empty:
         raise InputDataError(
-            f"numeric feature column(s) {empty} (features.numeric) have no value in any train row (all null or "
-            f"NaN); fix the input, remove the column from features.numeric, or give features.impute.{empty[0]} "
+            f"numeric feature column(s) {empty} (features.numeric) have no value in any train row (all null); fix the input, remove the column from features.numeric, or give features.impute.{empty[0]} "
             "a value to store")
 
 
@@ -652,7 +653,3 @@ class _PhaseTimer:
     @staticmethod
     def report(what: str, rows: int, seconds: float) -> None:
         log.info("%s: %s rows in %.1fs (%s rows/s)", what, f"{rows:,}", seconds, f"{rows / max(seconds, 1e-9):,.0f}")
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -24,7 +24,7 @@ import posixpath
 from dataclasses import dataclass
 
 from common.errors import ConfigError, InputDataError, first_line
-from pipelines.preprocess import q
+from common.sql import quote_identifier as q
 from pipelines.shard_config import ShardConfig, SourceConfig
 from common.storage import resolve, storage_errors
 

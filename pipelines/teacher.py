@@ -32,7 +32,8 @@ from typing import Callable
 
 from common.dataset import TEACHER_COLUMN, teacher_differences
 from common.errors import ConfigError, InputDataError
-from pipelines.preprocess import arr_col, cat_col, num_col, q
+from common.sql import quote_identifier as q
+from pipelines.preprocess import arr_col, cat_col, num_col
 from pipelines.shard_config import ShardConfig
 
 
@@ -100,7 +101,7 @@ def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None, record: d
         return rows
     # Rows equal in both keys are identical rows (shard_writer._placed_rows), so their order cannot matter.
     clean = rows.where("_reason IS NULL").sortWithinPartitions("_shuffle", "_tiebreak")
-    # The checked rows carry the typed copies of the features (NaN as null, categories as strings,
+    # The checked rows carry the typed copies of the features (numbers as doubles, categories as strings,
     # array elements as floats: the typing scoring applies too), not the raw columns: the teacher
     # reads them under the feature names, and they leave again after scoring.
     inputs = _feature_inputs(cfg, clean.columns)

@@ -12,7 +12,8 @@ file, notebooks). Nothing is written until every check that can fail has passed:
    that do not parse are quarantined as ``malformed_record``), or the dataset split's stored
    encodings, after checking the model was fitted on the same encodings (equal feature spec)
    and every file against its manifest sha256;
-3. one aggregation counts rows per quarantine reason (``scoring.predict.reason_sql``);
+3. every feature the model reads is checked against the input's schema (present, of a type its
+   preprocessing takes: exit 2 naming the column); one aggregation counts rows per quarantine reason (``scoring.predict.reason_sql``);
 4. inside ``storage.publish``: the clean rows are scored (``predict_frame``) and written as
    Parquet at the output's root, the others under ``_quarantine/`` (``reason``, ``source``,
    ``raw`` as JSON, as the shard job writes them); the rows in the written files must add up to
@@ -29,11 +30,12 @@ from dataclasses import dataclass, field
 
 from common import __version__
 from common.config import dump_yaml, to_dict
+from common.sql import quote_identifier
 from common.errors import AccountingError, DatasetError, InputDataError, OutputExistsError, first_line
 from common.storage import (KIND_SCORES, check_disjoint, check_replaceable, clean_stale_staging, is_committed,
                             output_lock, publish, read_marker, resolve)
 from scoring.config import ScoreConfig
-from scoring.predict import REASON, predict_frame, reason_sql
+from scoring.predict import REASON, check_feature_types, predict_frame, reason_sql
 
 log = logging.getLogger("shardtrain.score")
 
@@ -90,6 +92,9 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
     table, malformed = _dataset_table(spark, cfg, spec) if encoded else _sources_table(spark, cfg)
     fields = {f.name: f.dataType for f in table.schema.fields}
     _check_columns(fields, cfg)
+    # Before any SQL is built from the features: a missing or uncastable one is the user's to fix
+    # (exit 2, naming it), not an analysis error of the quarantine's SQL.
+    check_feature_types(fields, spec, encoded)
     reason = reason_sql(fields, spec, encoded)
     checked = table.selectExpr("*", f"{reason} AS {REASON}")
     with spark_errors("counting rows per quarantine reason"):
@@ -252,7 +257,7 @@ def _quarantine_rows(cfg: ScoreConfig, checked, columns: list[str], malformed: l
     from pyspark.sql import functions as F
 
     source = "dataset" if cfg.dataset is not None else ("query" if cfg.query is not None else next(iter(cfg.sources)))
-    fields = ", ".join("`" + c.replace("`", "``") + "`" for c in columns)
+    fields = ", ".join(quote_identifier(c) for c in columns)
     bad = checked.where(f"{REASON} IS NOT NULL").select(
         F.col(REASON).alias("reason"), F.lit(source).alias("source"), F.expr(f"to_json(struct({fields}))").alias("raw"))
     for frame in malformed:

@@ -12,13 +12,14 @@ The result has one row per input row (none dropped, none added), with these colu
 * regression: ``prediction`` float (the model's value; ``temperature`` does not apply);
 * ``score_reason`` string: null for a scored row; for a row the model's preprocessing cannot take,
   the reason (its predictions are null): ``bad_value:<col>`` (a string that is not a number),
-  ``non_finite:<col>`` (+/-inf in a numeric column; a null, NaN or inf element of an array),
+  ``non_finite:<col>`` (NaN, +/-inf or beyond float32 in a numeric column; a null, NaN, inf or
+  beyond-float32 element of an array),
   ``bad_shape:<col>`` (a null array, or one of another length than the model's shape). These are
   the shard job's own rules, so a row training would have quarantined is not scored.
 
 What runs per row is the model's stored preprocessing, ``FeatureSpec.transform`` (the code
 ``LoadedModel.predict`` runs), after the shard job's own typing in Spark SQL: numeric columns cast
-to double (NaN counts as missing and is imputed), categorical ones cast to string, array elements
+to double (null counts as missing and is imputed), categorical ones cast to string, array elements
 to float. ``encoded=True`` takes the stored encodings of a published dataset instead (standardized
 float32, int32 category indices, flat float32 arrays: what ``FeatureSpec.transform`` produced)
 and runs ``LoadedModel.predict_arrays`` on them without preprocessing them again; the caller must
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.errors import DatasetError, InputDataError
+from common.sql import quote_identifier as q
 
 log = logging.getLogger("shardtrain.score")
 
@@ -49,6 +51,9 @@ REASON = "score_reason"
 OUTPUT_COLUMNS = (PROBABILITIES, PREDICTION, REASON)
 DEFAULT_BATCH_SIZE = 1024
 _FEATURE = "__score_feature_{}"  # private names of the typed feature columns inside the job
+# ... and of the kept columns: pyspark's mapInArrow looks its input columns up by name, which a
+# name with a backtick or a dot does not survive; they get their own names back after it.
+_KEPT = "__score_kept_{}"
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class ScoreTask:
     weights_sha256: str
     task: str  # classification | regression
     num_classes: int
-    keep_columns: tuple[str, ...]
+    keep_columns: tuple[str, ...]  # the kept columns' private names (_KEPT)
     features: tuple[tuple[str, str], ...]  # (feature name, private column name) in FeatureSpec order
     encoded: bool
     temperature: float
@@ -96,19 +101,29 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     _check_keep_columns(df, keep)
     fields = {f.name: f.dataType for f in df.schema.fields}
     spec = model.features
-    _check_feature_types(fields, spec, encoded)
+    check_feature_types(fields, spec, encoded)
     names = spec.columns
     task = ScoreTask(
         model_uri=model_uri, program=program,
         weights_sha256=model.meta["files"][PROGRAM if program else WEIGHTS]["sha256"],
         task=model.task, num_classes=int(model.meta["label"].get("num_classes") or 0),
-        keep_columns=tuple(keep), features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
+        keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))), features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
         encoded=encoded, temperature=float(temperature), batch_size=batch_size)
     typed = [f"{expr} AS {private}" for (name, private), expr in
              zip(task.features, _typed_features(fields, spec, encoded))]
     reason = reason_sql(fields, spec, encoded)
-    prepared = df.selectExpr(*[_q(c) for c in keep], *typed, f"{reason} AS {REASON}")
-    return prepared.mapInArrow(_Scorer(task), output_schema(df, keep, model.task))
+    kept = [f"{q(c)} AS {private}" for c, private in zip(keep, task.keep_columns)]
+    prepared = df.selectExpr(*kept, *typed, f"{reason} AS {REASON}")
+    schema = output_schema(df, keep, model.task)
+    private = [*task.keep_columns, *schema.fieldNames()[len(keep):]]
+    scored = prepared.mapInArrow(_Scorer(task), _renamed(schema, private))
+    return scored.toDF(*schema.fieldNames())  # toDF renames without parsing the names
+
+
+def _renamed(schema, names: list[str]):
+    from pyspark.sql import types as T
+
+    return T.StructType([T.StructField(n, f.dataType, f.nullable) for n, f in zip(names, schema.fields)])
 
 
 def output_schema(df, keep_columns: list[str], task: str):
@@ -129,18 +144,18 @@ def output_schema(df, keep_columns: list[str], task: str):
 def reason_sql(fields: dict, spec, encoded: bool = False) -> str:
     """Spark SQL giving a row's quarantine reason (the first rule it breaks), or NULL when the model
     can score it. ``fields``: column name -> Spark type; ``spec``: the model's FeatureSpec."""
-    from pipelines.preprocess import array_reasons, numeric_reasons
+    from pipelines.preprocess import array_reasons, numeric_reasons, reason
 
     reasons = []
     for name in spec.numeric:
         if encoded:  # stored values were imputed by the shard job: a gap means the data is not its output
-            reasons.append(f"WHEN {_q(name)} IS NULL OR isnan(try_cast({_q(name)} AS DOUBLE)) "
-                           f"THEN 'bad_value:{name}'")
+            reasons.append(f"WHEN {q(name)} IS NULL OR isnan(try_cast({q(name)} AS DOUBLE)) "
+                           f"THEN {reason('bad_value', name)}")
         reasons += numeric_reasons(name, fields[name])
     if encoded:
         for name in spec.categorical:
-            reasons.append(f"WHEN {_q(name)} IS NULL OR {_q(name)} < 0 OR {_q(name)} >= {spec.num_embeddings(name)} "
-                           f"THEN 'bad_value:{name}'")
+            reasons.append(f"WHEN {q(name)} IS NULL OR {q(name)} < 0 OR {q(name)} >= {spec.num_embeddings(name)} "
+                           f"THEN {reason('bad_value', name)}")
     for name, shape in spec.arrays.items():
         reasons += array_reasons(name, shape)
     return f"CASE {' '.join(reasons)} END" if reasons else "CAST(NULL AS STRING)"
@@ -152,8 +167,8 @@ def _typed_features(fields: dict, spec, encoded: bool) -> list[str]:
 
     arrays = [array_value(n) for n in spec.arrays]
     if encoded:
-        return [f"CAST({_q(n)} AS FLOAT)" for n in spec.numeric] + [f"CAST({_q(n)} AS INT)" for n in spec.categorical] + arrays
-    return [numeric_value(n) for n in spec.numeric] + [f"CAST({_q(n)} AS STRING)" for n in spec.categorical] + arrays
+        return [f"CAST({q(n)} AS FLOAT)" for n in spec.numeric] + [f"CAST({q(n)} AS INT)" for n in spec.categorical] + arrays
+    return [numeric_value(n) for n in spec.numeric] + [f"CAST({q(n)} AS STRING)" for n in spec.categorical] + arrays
 
 
 def _check_keep_columns(df, keep: list[str]) -> None:
@@ -170,32 +185,28 @@ def _check_keep_columns(df, keep: list[str]) -> None:
         raise InputDataError(f"output.keep_columns lists column(s) {dup} more than once")
 
 
-def _check_feature_types(fields: dict, spec, encoded: bool) -> None:
-    """Every feature the model reads is there, with a type its preprocessing can take (exit 2)."""
+def check_feature_types(fields: dict, spec, encoded: bool) -> None:
+    """Every feature the model reads is there, with a type its preprocessing can take (exit 2).
+    Runs before any SQL is built from the features (``reason_sql``), so the user sees the column,
+    the type it has and the type wanted, never an analysis error."""
     from pyspark.sql import types as T
 
-    missing = [c for c in spec.columns if c not in fields]
-    if missing:
-        raise InputDataError(f"the input lacks the model's feature column(s) {missing}; it has {sorted(fields)}")
     scalar = (T.NumericType, T.BooleanType) if encoded else (T.NumericType, T.BooleanType, T.StringType)
-    wanted = [(n, isinstance(fields[n], scalar), "a number") for n in spec.numeric]
-    for name in spec.categorical:
-        dt = fields[name]
-        ok = isinstance(dt, T.IntegralType) if encoded else (isinstance(dt, T.AtomicType)
-                                                             and not isinstance(dt, T.BinaryType))
-        wanted.append((name, ok, "a category index" if encoded else "a category (string)"))
-    for name in spec.arrays:
-        dt = fields[name]
-        ok = isinstance(dt, T.ArrayType) and isinstance(dt.elementType, (T.NumericType, T.BooleanType))
-        wanted.append((name, ok, "array<float>"))
+    wanted = [(n, lambda dt: isinstance(dt, scalar), "a number") for n in spec.numeric]
+    if encoded:
+        wanted += [(n, lambda dt: isinstance(dt, T.IntegralType), "a category index") for n in spec.categorical]
+    else:
+        wanted += [(n, lambda dt: isinstance(dt, T.AtomicType) and not isinstance(dt, T.BinaryType),
+                    "a category (string)") for n in spec.categorical]
+    wanted += [(n, lambda dt: isinstance(dt, T.ArrayType) and isinstance(dt.elementType, (T.NumericType, T.BooleanType)),
+                "array<float>") for n in spec.arrays]
     for name, ok, want in wanted:
-        if not ok:
+        if name not in fields:
+            raise InputDataError(f"the input lacks the model's feature column {name!r} ({want}); it has "
+                                 f"{sorted(fields)}")
+        if not ok(fields[name]):
             raise InputDataError(f"column {name!r} has type {fields[name].simpleString()}, which the model's "
                                  f"preprocessing cannot take as {want}; convert it in the query")
-
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 # --- executor side -----------------------------------------------------------------------------
@@ -317,5 +328,5 @@ def _encoded_arrays(table, spec) -> dict:
     return out
 
 
-__all__ = ["OUTPUT_COLUMNS", "PREDICTION", "PROBABILITIES", "REASON", "ScoreTask", "output_schema", "predict_frame",
+__all__ = ["OUTPUT_COLUMNS", "PREDICTION", "PROBABILITIES", "REASON", "ScoreTask", "check_feature_types", "output_schema", "predict_frame",
            "reason_sql", "score_batch", "worker_model"]

@@ -9,6 +9,7 @@ are lazy: building the scorer costs nothing, so ``shardtrain --help`` stays fast
 from __future__ import annotations
 
 from common.dataset import TEACHER_COLUMN
+from common.sql import quote_identifier, quote_string
 from pipelines.teacher import TeacherScorer
 
 
@@ -46,18 +47,10 @@ def score_teacher(rows, model_uri: str, temperature: float, fingerprint: str | N
     keep = [c for c in rows.columns if c not in OUTPUT_COLUMNS]
     scored = predict_frame(rows, model_uri, temperature=temperature, keep_columns=keep, fingerprint=fingerprint)
     value = PROBABILITIES if PROBABILITIES in scored.columns else PREDICTION
+    failure = quote_string(f"the teacher model {model_uri} cannot score a row the shard job kept: ")
     return scored.selectExpr(
-        *[_q(c) for c in keep],
-        f"CASE WHEN {REASON} IS NULL THEN {value} ELSE raise_error(concat('the teacher model {_sql(model_uri)} "
-        f"cannot score a row the shard job kept: ', {REASON})) END AS {TEACHER_COLUMN}")
-
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
-def _sql(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'")
+        *[quote_identifier(c) for c in keep],
+        f"CASE WHEN {REASON} IS NULL THEN {value} ELSE raise_error(concat({failure}, {REASON})) END AS {TEACHER_COLUMN}")
 
 
 __all__ = ["describe_teacher", "score_teacher", "teacher_scorer"]

@@ -19,8 +19,11 @@ DatasetError names the damaged file) and never unpickles arbitrary objects. The 
 what runs: by default the built-in MLP, rebuilt from model.json and safetensors (a plug-in model
 is refused with the advice to pass ``program=True``); ``program=True`` loads the TorchScript
 program (code + tensors only). No field of model.json switches between them, so an edited
-model.json cannot change which code runs. ``.predict(frame)`` applies the training
-preprocessing to raw feature columns.
+model.json cannot change which code runs. Nor can it change what the outputs mean: on load, the
+network (either kind, a plug-in's program too) runs on a two-row probe batch built from
+model.json's feature spec, and its output must be what model.json's label says (``[2,
+num_classes]`` probabilities, or ``[2]`` values); a disagreement is a DatasetError naming the
+field. ``.predict(frame)`` applies the training preprocessing to raw feature columns.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.errors import DatasetError, StorageError
+from common.errors import DatasetError, StorageError, first_line
 from common.dataset import FeatureSpec
 from common.storage import MARKER as MARKER_NAME
 from common.storage import (KIND_MODEL, Location, is_committed, publish, read_marker, require_committed, resolve,
@@ -199,7 +202,7 @@ def load_model(uri: str, program: bool = False) -> LoadedModel:
     meta, fingerprint = _read_meta(loc)
     if program:
         module = _load_program(loc, _verified_bytes(loc, meta, PROGRAM))
-        return LoadedModel(module, meta, fingerprint)
+        return _checked_against_network(loc, LoadedModel(module, meta, fingerprint))
     name = (meta.get("model") or {}).get("name")
     arguments = (meta.get("model") or {}).get("arguments")
     if name != "mlp":
@@ -222,7 +225,49 @@ def load_model(uri: str, program: bool = False) -> LoadedModel:
         raise DatasetError(f"{loc.uri}/{WEIGHTS}: cannot be loaded as the built-in model's weights "
                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); re-train or "
                            "re-publish the model") from None
-    return LoadedModel(serving_model(net, meta["label"]), meta, fingerprint)
+    return _checked_against_network(loc, LoadedModel(serving_model(net, meta["label"]), meta, fingerprint))
+
+
+def _probe_batch(spec: FeatureSpec) -> dict:
+    """Two rows of the inputs the network takes: zeros, then each category's largest index (an
+    embedding table smaller than model.json's vocabulary fails on it)."""
+    categorical = np.zeros((2, len(spec.categorical)), dtype=np.int64)
+    categorical[1] = [spec.num_embeddings(name) - 1 for name in spec.categorical]
+    return {"numeric": np.zeros((2, len(spec.numeric)), dtype=np.float32), "categorical": categorical,
+            **{name: np.zeros((2, *shape), dtype=np.float32) for name, shape in spec.arrays.items()}}
+
+
+def _checked_against_network(loc: Location, model: LoadedModel) -> LoadedModel:
+    """``model``, after checking that its network takes model.json's features and gives what
+    model.json's label says. A forward pass rather than the weights' shapes: it holds for a
+    plug-in's TorchScript program as for the built-in MLP."""
+    where = f"{loc.uri}/{META}"
+    try:
+        out = model.predict_arrays(_probe_batch(model.features))
+    except Exception as exc:  # noqa: BLE001 - the network's own error on inputs of the wrong shape
+        raise DatasetError(f"{where}: field 'features' ({_feature_summary(model.features)}) does not match the "
+                           f"inputs the network takes ({type(exc).__name__}: {first_line(exc)}); the file was edited "
+                           "or damaged: re-train, or re-publish the model") from None
+    label = model.meta["label"]
+    found = f"the network outputs shape {list(out.shape)} for 2 rows"
+    if label["task"] == "classification":
+        if out.ndim != 2:
+            raise DatasetError(f"{where}: field 'label.task' is 'classification', but {found} (values, not class "
+                               "probabilities); the file was edited or damaged: re-train, or re-publish the model")
+        if out.shape[1] != label["num_classes"]:
+            raise DatasetError(f"{where}: field 'label.num_classes' is {label['num_classes']}, but {found} "
+                               f"({out.shape[1]} classes); the file was edited or damaged: re-train, or re-publish "
+                               "the model")
+    elif out.ndim != 1:
+        raise DatasetError(f"{where}: field 'label.task' is 'regression', but {found} (one value per row "
+                           "expected); the file was edited or damaged: re-train, or re-publish the model")
+    return model
+
+
+def _feature_summary(spec: FeatureSpec) -> str:
+    arrays = ", ".join(f"{name} {list(shape)}" for name, shape in spec.arrays.items())
+    return (f"{len(spec.numeric)} numeric, {len(spec.categorical)} categorical"
+            + (f", arrays {arrays}" if arrays else ""))
 
 
 def _read_meta(loc: Location) -> tuple[dict, str]:
@@ -239,14 +284,37 @@ def _read_meta(loc: Location) -> tuple[dict, str]:
     try:
         meta = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise DatasetError(f"{loc.uri}/{META}: not valid JSON ({exc})") from None
+        raise DatasetError(f"{loc.uri}/{META}: not valid JSON ({first_line(exc)}); re-train, or re-publish the "
+                           "model") from None
+    if not isinstance(meta, dict):
+        raise DatasetError(f"{loc.uri}/{META}: holds a JSON {type(meta).__name__}, not the object a model.json is; "
+                           "re-train, or re-publish the model")
     if meta.get("format") != MODEL_FORMAT or meta.get("format_version") != MODEL_FORMAT_VERSION:
         raise DatasetError(f"{loc.uri}/{META}: format {meta.get('format')!r} version {meta.get('format_version')!r} "
                            f"is not a model this shardtrain reads ({MODEL_FORMAT} v{MODEL_FORMAT_VERSION}); re-train "
                            "it with this version")
     if not recorded:
         raise DatasetError(f"{loc.uri}: its {MARKER_NAME} marker records no sha256 for {META}; re-publish the model")
+    _check_meta_fields(f"{loc.uri}/{META}", meta)
     return meta, recorded
+
+
+def _check_meta_fields(where: str, meta: dict) -> None:
+    """The fields loading and scoring read, of the types they need (named when they are not)."""
+    label = meta.get("label")
+    if not isinstance(label, dict) or label.get("task") not in ("classification", "regression"):
+        task = label.get("task") if isinstance(label, dict) else None
+        raise DatasetError(f"{where}: field 'label.task' is {task!r}, not 'classification' or 'regression'; "
+                           "re-train, or re-publish the model")
+    classes = label.get("num_classes")
+    if label["task"] == "classification" and not (type(classes) is int and classes >= 2):
+        raise DatasetError(f"{where}: field 'label.num_classes' is {classes!r}; a classifier has an integer >= 2 "
+                           "classes: re-train, or re-publish the model")
+    try:
+        FeatureSpec(meta.get("features"))
+    except Exception as exc:  # noqa: BLE001 - KeyError / TypeError from a spec of the wrong shape
+        raise DatasetError(f"{where}: field 'features' is not a feature spec ({type(exc).__name__}: "
+                           f"{first_line(exc)}); re-train, or re-publish the model") from None
 
 
 def _read_bytes(loc: Location, name: str, missing: str) -> bytes:

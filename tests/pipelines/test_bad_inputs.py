@@ -1,13 +1,16 @@
 """Bad inputs that used to be published silently (issue 9, item 7), each on real Spark: an
 all-null numeric feature, undecodable bytes, an overlong category, duplicate CSV header names,
-an empty split, and a raw Parquet directory given to training."""
+an empty split, a raw Parquet directory given to training, and numbers float32 cannot hold."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401 - pa.parquet
 import pytest
 
 from common.dataset import read_manifest
@@ -119,3 +122,44 @@ def test_a_source_file_that_cannot_be_read_is_one_line_naming_it(spark, tmp_path
     assert message.startswith(f"{loop}: ") and "Too many levels of symbolic links" in message, message
     assert "\n" not in message and err.value.exit_code == EXIT_RUNTIME
     assert not (tmp_path / "out").exists()
+
+
+def _strict_json(text: str):
+    """json.loads that refuses NaN and Infinity, as every JSON reader but Python's does."""
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_values_float32_cannot_hold_are_quarantined_and_the_statistics_stay_finite(spark, tmp_path):
+    """1e300 (and -1e300), inf and NaN in a numeric feature, beside valid rows up to float32's
+    largest value: the bad rows are quarantined as non_finite:<col>, the train statistics are
+    finite, the manifest is strict JSON and the valid rows are stored standardized (not all 0)."""
+    rows = simple_rows(40)
+    bad = {40: 1e300, 41: -1e300, 42: float("inf"), 43: float("nan")}
+    rows["id"] += list(bad)
+    rows["x"] += list(bad.values())
+    rows["c"] += ["k1"] * len(bad)
+    rows["y"] += [1] * len(bad)
+    rows["x"][7] = 3.0e38  # a valid neighbour: float32 holds it
+    src = write_parquet(tmp_path / "in", rows)
+    assert pa.parquet.read_table(src).column("x").to_pylist()[40] == 1e300  # the input really holds it
+    result = run_shard_job(spark, config(src, str(tmp_path / "out")))
+    assert result.manifest.data["quarantine"]["by_reason"] == {"non_finite:x": 4}
+    q = quarantine(result.uri)
+    assert sorted(json.loads(raw)["id"] for raw in q["raw"]) == sorted(bad)
+    manifest = _strict_json((Path(result.uri) / "_manifest.json").read_text())
+    (stats,) = manifest["features"]["numeric"]
+    assert all(map(math.isfinite, (stats["mean"], stats["std"], stats["fill"]))) and stats["std"] > 1e36
+    stored = read_split(result.uri, "train").column("x").to_numpy()
+    assert len(stored) == 40 and np.isfinite(stored).all() and stored.max() > 5  # 3e38 stands out
+
+
+def test_the_manifest_writer_refuses_a_non_finite_number(tmp_path):
+    from common.dataset import write_manifest
+    from common.storage import resolve
+
+    root = resolve(str(tmp_path))
+    with pytest.raises(DatasetError, match="the manifest would hold a non-finite number") as err:
+        write_manifest(root, {"features": {"numeric": [{"name": "x", "std": float("inf")}]}})
+    assert err.value.exit_code == 2 and not (tmp_path / "_manifest.json").exists()

@@ -273,6 +273,8 @@ def test_every_bad_row_kind_is_quarantined_with_its_reason(spark, tmp_path):
         (1.0, "1.5", [1.0, 2.0], float("nan"), "invalid_label"),
         (inf, "1.5", [1.0, 2.0], 1.0, "non_finite:x"),
         (-inf, "1.5", [1.0, 2.0], 1.0, "non_finite:x"),
+        (float("nan"), "1.5", [1.0, 2.0], 1.0, "non_finite:x"),
+        (1.0, "1e300", [1.0, 2.0], 1.0, "non_finite:s"),  # beyond float32
         (1.0, "abc", [1.0, 2.0], 1.0, "bad_value:s"),
         (1.0, "1.5", [1.0], 1.0, "bad_shape:a"),
         (1.0, "1.5", None, 1.0, "bad_shape:a"),
@@ -282,7 +284,7 @@ def test_every_bad_row_kind_is_quarantined_with_its_reason(spark, tmp_path):
         (1.0, "1.5", [None, 1.0], 1.0, "non_finite:a"),
         (1.0, "1.5", [-1e39, 1.0], 1.0, "non_finite:a"),  # beyond float32
     ]
-    good_nan = (float("nan"), None, [3.0, 4.0], 1.0)  # NaN and null numerics are imputed, not quarantined
+    good_nan = (None, None, [3.0, 4.0], 1.0)  # null numerics are imputed, not quarantined
     n = len(rows["id"])
     cols = {
         "id": rows["id"] + list(range(n, n + len(bad) + 1)),
@@ -305,8 +307,8 @@ def test_every_bad_row_kind_is_quarantined_with_its_reason(spark, tmp_path):
     q = quarantine(result.uri)
     assert sorted(q["reason"]) == sorted(b[-1] for b in bad)
     row = json.loads(q[q["reason"] == "bad_value:s"]["raw"].iloc[0])
-    assert row["s"] == "abc" and row["id"] == n + 7
-    # The NaN/null row was imputed with the train mean (standardized: (mean - mean) / std = 0).
+    assert row["s"] == "abc" and row["id"] == n + 9
+    # The null row was imputed with the train mean (standardized: (mean - mean) / std = 0).
     table = read_split(result.uri, "train").to_pandas()
     assert np.isfinite(table["x"]).all() and np.isfinite(table["s"]).all()
 

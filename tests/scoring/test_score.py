@@ -139,7 +139,7 @@ def test_values_the_model_cannot_take_are_quarantined_with_the_column(spark, mod
 
 def test_missing_feature_or_uncastable_type_fails_before_any_work(spark, models):
     df = spark.createDataFrame([(1, 0.5, "paris")], "id BIGINT, x1 DOUBLE, city STRING")
-    with pytest.raises(InputDataError, match=r"lacks the model's feature column\(s\) \['x2', 'image'\]"):
+    with pytest.raises(InputDataError, match=r"lacks the model's feature column 'x2' \(a number\)"):
         predict_frame(df, models["classification"])
     df = spark.createDataFrame([(1, 0.5, 1.0, "paris", "oops")], "id BIGINT, x1 DOUBLE, x2 DOUBLE, city STRING, image STRING")
     with pytest.raises(InputDataError, match="column 'image' has type string, which the model's preprocessing cannot"):
@@ -227,6 +227,95 @@ def test_score_job_publishes_scores_and_quarantine_and_keeps_the_modes(spark, mo
     assert cli("score", "--config", config, f"output.path={source}/scores") == 2
     assert "is inside source 'raw' (sources.raw.path)" in capsys.readouterr().err
     assert not os.path.exists(f"{source}/scores")
+
+
+def test_score_job_refuses_a_missing_or_uncastable_feature_in_one_line(spark, models, tmp_path, capsys):
+    """The job checks every feature against the input's schema before it builds any SQL from them:
+    a missing numeric or array feature, a timestamp where a number is wanted: exit 2, one line
+    naming the column, the type found and the type wanted; no output."""
+    frame = raw_rows(20, seed=12)
+    cases = {"no-x2": (frame.drop(columns=["x2"]), "the input lacks the model's feature column 'x2' (a number)"),
+             "no-image": (frame.drop(columns=["image"]),
+                          "the input lacks the model's feature column 'image' (array<float>)"),
+             "timestamp-x2": (frame.assign(x2=pd.Timestamp("2026-01-01")),
+                              # timestamp_ntz on Spark >= 3.4 (the file's timestamps have no time zone)
+                              "column 'x2' has type timestamp")}
+    for name, (rows, message) in cases.items():
+        table = pa.Table.from_pandas(rows, preserve_index=False)
+        if name == "timestamp-x2":
+            table = table.set_column(table.schema.get_field_index("x2"), "x2", table.column("x2").cast(pa.timestamp("us")))
+        os.makedirs(tmp_path / name)
+        pq.write_table(table, tmp_path / name / "part-0.parquet")
+        assert spark.read.parquet(str(tmp_path / name)).schema  # the source is readable: only the feature is wrong
+        out = tmp_path / f"scores-{name}"
+        config = score_config(tmp_path / f"{name}.yaml", models["classification"], str(tmp_path / name), str(out))
+        capsys.readouterr()
+        assert cli("score", "--config", config) == 2, name
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("shardtrain: error:")]
+        assert len(errors) == 1 and message in errors[0], err
+        if name == "timestamp-x2":
+            assert "which the model's preprocessing cannot take as a number" in errors[0], err
+        assert "Traceback" not in err and not out.exists()
+
+
+def test_score_job_quarantines_values_float32_cannot_hold(spark, models, tmp_path, capsys):
+    """1e300 was scored as probabilities [nan, nan], prediction 0, and counted as scored. Now a
+    numeric value that is NaN, infinite or beyond float32 is quarantined as non_finite:<col>,
+    like the shard job does; a valid neighbour (3e38, which float32 holds) is scored; the
+    accounting adds up."""
+    frame = raw_rows(30, seed=13)
+    bad = {3: ("x1", 1e300), 4: ("x2", -1e300), 5: ("x1", float("nan"))}
+    for row, (column, value) in bad.items():
+        frame.loc[row, column] = value
+    frame.loc[6, "x1"] = 3.0e38
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    # from_pandas would make NaN a null (imputed): write it as the NaN a Spark job or a file can hold.
+    x1 = table.column("x1").to_pylist()
+    x1[5] = float("nan")
+    table = table.set_column(table.schema.get_field_index("x1"), "x1", pa.array(x1, pa.float64(), from_pandas=False))
+    os.makedirs(tmp_path / "raw")
+    pq.write_table(table, tmp_path / "raw" / "part-0.parquet")
+    assert np.isnan(pq.read_table(tmp_path / "raw").column("x1").to_numpy()[5])  # a NaN, not a null
+    out = tmp_path / "scores"
+    config = score_config(tmp_path / "score.yaml", models["classification"], str(tmp_path / "raw"), str(out))
+    assert cli("score", "--config", config) == 0, capsys.readouterr().err
+    scored = pd.read_parquet(out, engine="pyarrow")
+    assert sorted(scored["id"]) == [i for i in range(30) if i not in bad]
+    assert np.isfinite(np.stack(scored["probabilities"].to_numpy())).all()
+    quarantine = pd.read_parquet(out / "_quarantine")
+    assert {json.loads(raw)["id"]: reason for raw, reason in zip(quarantine["raw"], quarantine["reason"])} == {
+        3: "non_finite:x1", 4: "non_finite:x2", 5: "non_finite:x1"}
+    summary = json.loads((out / "_scores.json").read_text())
+    assert summary["accounting"] == {"input_rows": 30, "scored_rows": 27, "quarantined_rows": 3}
+    assert summary["quarantine"]["by_reason"] == {"non_finite:x1": 2, "non_finite:x2": 1}
+
+
+def test_score_job_refuses_a_model_json_that_disagrees_with_the_network(spark, models, tmp_path, capsys):
+    """model.json edited consistently (its digest re-recorded in the marker): num_classes 1 was
+    published as 1-element probabilities with exit 0, num_classes 3 and task regression gave
+    tracebacks. Each is one line naming the field, exit 2, and nothing is written."""
+    import hashlib
+
+    source, _, _ = bad_source(tmp_path)
+    for field, value in (("num_classes", 1), ("num_classes", 3), ("task", "regression")):
+        model = tmp_path / f"model-{field}-{value}"
+        shutil.copytree(models["classification"], model)
+        meta = json.loads((model / "model.json").read_text())
+        meta["label"][field] = value
+        text = json.dumps(meta)
+        (model / "model.json").write_text(text)
+        marker = json.loads((model / MARKER).read_text())
+        marker["model_json_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+        (model / MARKER).write_text(json.dumps(marker))
+        out = tmp_path / f"scores-{field}-{value}"
+        config = score_config(tmp_path / "score.yaml", str(model), source, str(out))
+        capsys.readouterr()
+        assert cli("score", "--config", config) == 2
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("shardtrain: error:")]
+        assert len(errors) == 1 and f"{model}/model.json: field 'label.{field}' is {value!r}" in errors[0], err
+        assert "Traceback" not in err and not out.exists()
 
 
 def test_score_job_on_a_dataset_split_uses_its_stored_encodings(spark, models, tmp_path, capsys):
