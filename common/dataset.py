@@ -247,13 +247,32 @@ def read_manifest(uri: str | Location) -> Manifest:
     with storage_errors("reading the dataset manifest", loc.uri):
         _require_dataset(loc)
         try:
-            data = json.loads(loc.read_text(MANIFEST_NAME))
+            data = _manifest_record(loc)
         except FileNotFoundError:
             raise DatasetError(f"{loc.uri}: committed but has no {MANIFEST_NAME}; it is not a shardtrain dataset "
                                "(give the path of a dataset published by `shardtrain shard`)") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DatasetError(f"{loc.uri}/{MANIFEST_NAME}: not valid JSON ({exc})") from None
     return Manifest(data, loc)
+
+
+def _manifest_record(loc: Location) -> dict:
+    """``_manifest.json`` parsed: a JSON object, or a DatasetError (exit 2) naming the file and
+    what is wrong with it (not UTF-8 text, not JSON, not an object)."""
+    where = f"{loc.uri}/{MANIFEST_NAME}"
+    with loc.open(MANIFEST_NAME, "rb") as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{where}: not UTF-8 text (byte {exc.start}); the manifest is damaged: re-run the shard "
+                           "job") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise DatasetError(f"{where}: not valid JSON ({exc}); the manifest is damaged: re-run the shard job") from None
+    if not isinstance(data, dict):
+        raise DatasetError(f"{where}: holds a JSON {type(data).__name__}, not the manifest's object; the manifest is "
+                           "damaged: re-run the shard job")
+    return data
 
 
 def _require_dataset(loc: Location) -> None:
