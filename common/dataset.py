@@ -63,6 +63,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -319,6 +320,37 @@ def verify_digest(loc: Location, sha256: str, size: int | None = None) -> None:
         raise DatasetError(f"{loc.uri}: sha256 {digest.hexdigest()[:16]}... does not match the manifest's "
                            f"{str(sha256)[:16]}...; the file changed after the shard job wrote it (a damaged or "
                            "replaced file): re-run the shard job")
+
+
+# --- a file's version: what tells a rewrite cheaply, without reading the file ---------------------
+
+# fsspec's info fields that change when an object is written again: GCS's generation, S3's
+# VersionId and ETag, HDFS's mtime. The size always.
+_VERSION_FIELDS = ("generation", "VersionId", "ETag", "etag", "mtime")
+
+
+def file_identity(loc: Location) -> tuple:
+    """``(field, value)`` pairs naming this version of the file: size and mtime_ns locally (a
+    rewrite is a new file with a new mtime), the size and what fsspec's ``info`` reports of the
+    generation, version id, ETag or mtime elsewhere. FileNotFoundError when it is gone."""
+    if loc.scheme == "file":
+        st = os.stat(loc.path)
+        return (("size", st.st_size), ("mtime_ns", st.st_mtime_ns))
+    info = loc.fs.info(loc.path)
+    return (("size", int(info.get("size") or 0)),
+            *((name, str(info[name])) for name in _VERSION_FIELDS if info.get(name) is not None))
+
+
+def current_fingerprint(root: Location) -> str | None:
+    """The fingerprint in the manifest at ``root`` now, or None when there is no committed,
+    readable manifest there (being replaced, removed, damaged): a cheap re-read, no validation."""
+    try:
+        if not is_committed(root):
+            return None
+        record = json.loads(root.read_text(MANIFEST_NAME))
+    except (OSError, ValueError):
+        return None
+    return record.get("fingerprint") if isinstance(record, dict) else None
 
 
 def verify_dataset(manifest: Manifest) -> list[str]:

@@ -38,7 +38,7 @@ from common.dataset import ROW_INDEX, TEACHER_COLUMN
 from common.storage import resolve
 from training.checkpoint import CheckpointManager
 from training.config import DistillConfig, TrainConfig, TrainLoopConfig
-from training.data import BufferMemory, RankLoader, read_first_rows
+from training.data import BufferMemory, RankLoader, check_manifest_unchanged, read_first_rows
 from training.distributed import LocalGroup, resolve_device, set_threads, spark_gpu_addresses
 from training.export import publish_model, published_by, serving_model, target_scaling
 from training.models import build_model, mlp_arguments
@@ -72,6 +72,7 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
     t = plan.config.train
     train_loader, val_loader = loaders(plan, group)
     for epoch in range(state.step // plan.steps_per_epoch, t.epochs):
+        check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)  # the dataset planned on, still
         record = train_epoch(run, state, train_loader, epoch, on_step)
         if val_loader:
             record.update(evaluate(run.model, val_loader, run.precision, group, plan, device, on_validation))
@@ -620,6 +621,10 @@ def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
             "dataset": {"uri": plan.dataset_uri, "fingerprint": plan.fingerprint},
             "inputs": {"numeric": list(plan.columns.numeric), "categorical": list(plan.columns.categorical),
                        "arrays": {name: list(shape) for name, shape in plan.columns.arrays}}}
+    # Last word before publishing: the model was trained on the dataset the plan pinned, all of it.
+    check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)
+    for layout in filter(None, (plan.train, plan.val)):
+        layout.check_unchanged()
     published = not published_by(plan.model_path, plan.run_id)
     if not published:
         # A relaunch after ranks failed once this run had published (resumed from the last checkpoint):
