@@ -4,8 +4,10 @@
     result = train(load_train_config("conf/train.yaml", ["launch.num_proc=2"]), spark=spark)
     print(result.summary())
 
-Driver-only orchestration: read and check the manifest (``plan.build_plan``), refuse an existing
-output, launch the ranks, turn their results into a ``TrainResult`` or one typed error.
+Driver-only orchestration: read and check the manifest (``plan.build_plan``), hold a reader
+lease on the dataset for the whole run (``common.leases``: a shard job will not overwrite it
+meanwhile), refuse an existing output, launch the ranks, turn their results into a
+``TrainResult`` or one typed error.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import time
 from dataclasses import dataclass, field
 
 from common.errors import OutputExistsError
+from common.leases import reader_lease
 from common.storage import KIND_MODEL, check_disjoint, check_replaceable, resolve
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
 from training.launch import check_results, launch_in_process, launch_spark
+from training.data import check_manifest_unchanged
 from training.plan import RankPlan, build_plan
 from training.run_record import record_restart
 from training.supervisor import run_supervised
@@ -73,6 +77,14 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None) -> TrainResult:
     after every optimizer step in in-process mode (tests use it to simulate a crash)."""
     started = time.perf_counter()
     plan = build_plan(cfg)  # reads and checks the manifest: nothing launched yet
+    # Held to the end: a shard job refuses to overwrite the dataset while this run reads it.
+    with reader_lease(plan.dataset_uri):
+        # The plan was read before the lease was taken: the dataset must still be that one.
+        check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)
+        return _train_leased(cfg, plan, spark, on_step, started)
+
+
+def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, started: float) -> TrainResult:
     _check_output(cfg)
     log.info("dataset %s: %d train rows -> %d rank(s) x %d steps/epoch x %d epoch(s) (%d rows skipped per epoch)",
              plan.dataset_uri, plan.train.rows, plan.world_size, plan.steps_per_epoch, cfg.train.epochs,

@@ -73,3 +73,129 @@ def test_a_dataset_rewritten_by_another_process_mid_run_fails_the_run_and_nothin
     assert f"dataset {ds}: it was rewritten while training read it" in err, err[-3000:]
     assert "Traceback" not in err
     assert not os.path.exists(model)  # no model, so no _COMMITTED either
+
+
+# --- reader leases: a real shard job against a real training process ---------------------------
+
+SHARD_YAML = """
+sources: {{raw: {{path: {raw}, format: parquet}}}}
+features: {{numeric: [x], categorical: [c]}}
+label: {{column: y, task: classification, num_classes: 2}}
+split: {{key: id, fractions: {{train: 0.8, val: 0.2}}}}
+output: {{path: {ds}, num_shards: 2}}
+quality: {{max_bad_fraction: 0.0}}
+"""
+FLIPPED = ["label.column=null", "label.expr=1 - y", "output.mode=overwrite"]  # same rows, labels flipped
+
+
+@pytest.fixture(scope="module")
+def raw_input(tmp_path_factory):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("raw") / "raw"
+    root.mkdir()
+    ids = list(range(1200))
+    pq.write_table(pa.table({"id": ids, "x": [float(i % 17) for i in ids], "c": [f"k{i % 5}" for i in ids],
+                             "y": [int(i % 17 > 8) for i in ids]}), root / "part-0.parquet")
+    return str(root)
+
+
+def shard(tmp_path, raw: str, ds: str, *overrides: str) -> int:
+    """The real `shardtrain shard` command, in this process (on the shared Spark session)."""
+    from shardtrain.cli import main
+
+    config = tmp_path / "shard.yaml"
+    config.write_text(SHARD_YAML.format(raw=raw, ds=ds))
+    return main(["shard", "--config", str(config), *overrides])
+
+
+def data_files(ds: str) -> dict[str, tuple[int, int]]:
+    """Every file of the dataset with its size and mtime_ns: what an untouched dataset keeps."""
+    found = {}
+    for dirpath, _, names in os.walk(ds):
+        for name in names:
+            st = os.stat(os.path.join(dirpath, name))
+            found[os.path.relpath(os.path.join(dirpath, name), ds)] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def leases(ds: str) -> list[dict]:
+    from common.leases import readers_location
+
+    where = readers_location(ds).path
+    return [json.load(open(os.path.join(where, n))) for n in sorted(os.listdir(where))] if os.path.isdir(where) else []
+
+
+def test_a_shard_overwrite_refuses_a_dataset_a_training_reads_unless_told_and_then_the_training_fails(
+        spark, raw_input, tmp_path, capsys, caplog):
+    import socket
+
+    ds, model, gate = str(tmp_path / "ds"), str(tmp_path / "model"), str(tmp_path / "gate")
+    assert shard(tmp_path, raw_input, ds) == 0
+    planned = fingerprint(ds)
+    proc = train_process(tmp_path, ds, model, gate)
+    pid = wait_at_gate(proc, gate)
+    held = leases(ds)
+    assert [(r["pid"], r["host"]) for r in held] == [(pid, socket.gethostname())]  # the running training's lease
+    before = data_files(ds)
+    capsys.readouterr()
+
+    assert shard(tmp_path, raw_input, ds, *FLIPPED) == 1
+    err = capsys.readouterr().err
+    assert f"{ds} is being read by 1 training run(s): pid {pid} on host {socket.gethostname()}, started " \
+           f"{held[0]['started_at']}" in err, err
+    assert "output.ignore_readers=true" in err
+    assert data_files(ds) == before and fingerprint(ds) == planned  # the dataset is untouched
+
+    assert shard(tmp_path, raw_input, ds, *FLIPPED, "output.ignore_readers=true") == 0
+    assert fingerprint(ds) != planned  # really overwritten, under the running training
+    assert f"overwriting it while 1 training run(s) read it (pid {pid} on host" in caplog.text
+
+    code, err = open_gate(proc, gate)
+    assert code == 1, err[-3000:]
+    assert f"dataset {ds}: it was rewritten while training read it" in err, err[-3000:]
+    assert not os.path.exists(model)
+    assert leases(ds) == []  # the failed run released its lease
+
+
+def test_the_lease_of_a_killed_training_is_ignored_and_removed(spark, raw_input, tmp_path, caplog):
+    import signal
+
+    ds, gate = str(tmp_path / "ds"), str(tmp_path / "gate")
+    assert shard(tmp_path, raw_input, ds) == 0
+    planned = fingerprint(ds)
+    proc = train_process(tmp_path, ds, str(tmp_path / "model"), gate)
+    pid = wait_at_gate(proc, gate)
+    os.kill(pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL  # it really died, by the signal (and is reaped)
+    assert [r["pid"] for r in leases(ds)] == [pid]  # its lease is still there
+
+    assert shard(tmp_path, raw_input, ds, *FLIPPED) == 0
+    assert fingerprint(ds) != planned
+    assert leases(ds) == [] and f"removing the reader lease of pid {pid} on host" in caplog.text
+    assert "which has exited" in caplog.text
+
+
+def test_several_readers_hold_leases_at_once_and_a_silent_one_from_another_host_goes_stale(tmp_path):
+    """Two leases in this process, and leases of another host (real files, records as a reader
+    there writes them): its heartbeat decides, since its pid cannot be checked from here."""
+    import datetime as dt
+
+    from common.leases import STALE_S, active_readers, reader_lease, readers_location
+
+    ds = str(tmp_path / "ds")
+    os.makedirs(ds)
+    with reader_lease(ds) as one, reader_lease(ds) as two:
+        assert {r["token"] for r in active_readers(ds)} == {one["token"], two["token"]}
+        where = readers_location(ds).path
+        now = dt.datetime.now(dt.timezone.utc)
+        for name, age in (("fresh", 0), ("silent", STALE_S + 60)):
+            stamp = (now - dt.timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            with open(os.path.join(where, f"{name}.json"), "w") as fh:
+                json.dump({"host": "another-host", "pid": 1, "started_at": stamp, "heartbeat_at": stamp,
+                           "token": name}, fh)
+        assert {r["token"] for r in active_readers(ds)} == {one["token"], two["token"], "fresh"}
+        assert not os.path.exists(os.path.join(where, "silent.json"))  # the stale one was removed
+        os.remove(os.path.join(where, "fresh.json"))
+    assert active_readers(ds) == [] and not os.path.exists(readers_location(ds).path)
