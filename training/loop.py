@@ -19,6 +19,7 @@ checkpoints and model.json keep it as plain data.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from common.config import dump_yaml, to_dict
 from common.errors import ConfigError, NonFiniteLossError
 from common.dataset import ROW_INDEX, TEACHER_COLUMN
-from common.storage import resolve
+from common.storage import resolve, writing_under
 from training.checkpoint import CheckpointManager
 from training.config import DistillConfig, TrainConfig, TrainLoopConfig
 from training.data import BufferMemory, RankLoader, check_manifest_unchanged, read_first_rows
@@ -632,9 +633,17 @@ def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
         log.warning("model at %s was already published by this run (run id %s) before the ranks were relaunched; "
                     "not publishing it again", plan.model_path, plan.run_id)
     else:
-        publish_model(plan.model_path, plan.output_mode, model, meta, example, plan.run_id)
+        with _under_writer_lock(plan):
+            publish_model(plan.model_path, plan.output_mode, model, meta, example, plan.run_id)
         log.info("model published at %s; metrics in %s/metrics.jsonl", plan.model_path, plan.run_dir)
     return {"model_uri": plan.model_path, "metrics": history, "reference": reference, "published": published}
+
+
+def _under_writer_lock(plan: RankPlan):
+    """The driver's writer lock on the model path, for this rank's publish (training.api says why)."""
+    if plan.writer_lock is None:  # a plan made without train() (tests of the loop itself)
+        return contextlib.nullcontext()
+    return writing_under(plan.model_path, plan.writer_lock)
 
 
 def _report_and_track(plan: RankPlan, history: list[dict]) -> None:

@@ -49,6 +49,9 @@ class RankPlan:
     # One per train() call, kept across relaunches: recorded with the published model, so ranks
     # relaunched after the publish recognise their own run's model (training.export.published_by).
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The model path's writer lock as the driver took it (``common.storage.output_lock``'s record):
+    # rank 0 publishes under it (``writing_under``), from whichever process it runs in.
+    writer_lock: dict | None = None
 
     @property
     def task(self) -> str:

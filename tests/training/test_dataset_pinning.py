@@ -21,15 +21,18 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 LAYOUT = {"train": [[400, 150], [300], [190]], "val": [[120], [80]]}  # 32 steps/epoch at batch 32
 
 
-def train_process(tmp_path, ds: str, model: str, gate: str, *extra: str) -> subprocess.Popen:
+def train_process(tmp_path, ds: str, model: str, gate: str | None, *extra: str) -> subprocess.Popen:
     """A real ``shardtrain train`` in its own process, held at its 40th training step (epoch 2)
-    until ``<gate>.go`` exists."""
+    until ``<gate>.go`` exists (``gate=None``: never held)."""
     config = tmp_path / "train.yaml"
     config.write_text("launch:\n  mode: in_process\n  num_proc: 1\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, HERE])}
+    env.pop("SHARDTRAIN_TEST_GATE", None)
+    if gate:
+        env["SHARDTRAIN_TEST_GATE"] = gate
     args = [f"data.path={ds}", f"output.model_path={model}", "train.epochs=4", "train.batch_size=32",
             "data.shuffle_buffer_rows=100", "model.name=plugin_models:gated",
-            f"model.kwargs={{gate: '{gate}', after: 40}}", *extra]
+            "model.kwargs={after: 40}", *extra]
     return subprocess.Popen([sys.executable, "-m", "shardtrain", "train", "--config", str(config), *args],
                             env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -199,3 +202,38 @@ def test_several_readers_hold_leases_at_once_and_a_silent_one_from_another_host_
         assert not os.path.exists(os.path.join(where, "silent.json"))  # the stale one was removed
         os.remove(os.path.join(where, "fresh.json"))
     assert active_readers(ds) == [] and not os.path.exists(readers_location(ds).path)
+
+
+# --- one writer per model path, from the start of training ------------------------------------
+
+def run_dir_files(run_dir: str) -> dict[str, tuple[int, int]]:
+    return data_files(run_dir) if os.path.isdir(run_dir) else {}
+
+
+def test_a_second_training_on_a_model_path_in_use_exits_1_naming_the_first_which_publishes_normally(tmp_path):
+    """Before: the lock was taken only at publish, so both runs trained into one run directory and
+    the later publish replaced the earlier. Now the first run holds the model path from its start."""
+    import socket
+
+    ds, model = str(tmp_path / "ds"), str(tmp_path / "model")
+    write_dataset(ds, LAYOUT)
+    first = train_process(tmp_path, ds, model, str(tmp_path / "gate1"), "checkpoint.every_steps=10")
+    pid = wait_at_gate(first, str(tmp_path / "gate1"))
+    held = run_dir_files(model + ".run")
+    assert any(name.startswith("checkpoints/step-") for name in held), held  # it is running, checkpointing
+
+    # The same run, never held: without the lock from the start it would resume from the first's
+    # checkpoints, train and publish over the first's model (the probe: both exited 0).
+    second = train_process(tmp_path, ds, model, None, "checkpoint.every_steps=10")
+    _, err = second.communicate(timeout=300)
+    assert first.poll() is None  # the first was running all along
+    assert second.returncode == 1, err[-3000:]
+    assert f"{model} is being written by pid {pid} on host {socket.gethostname()}" in err, err[-3000:]
+    assert run_dir_files(model + ".run") == held  # its run directory and checkpoints untouched
+
+    code, err = open_gate(first, str(tmp_path / "gate1"))
+    assert code == 0, err[-3000:]
+    marker = json.load(open(os.path.join(model, "_COMMITTED")))
+    assert marker["kind"] == "shardtrain.model"
+    assert json.load(open(os.path.join(model, "model.json")))["run_id"] == marker["run_id"]
+    assert not os.path.exists(os.path.join(os.path.dirname(model), ".model.shardtrain-lock"))  # released
