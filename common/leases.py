@@ -61,14 +61,21 @@ def describe_reader(record: dict) -> str:
 @contextlib.contextmanager
 def reader_lease(uri: str) -> Iterator[dict]:
     """Hold a reader lease on the dataset at ``uri`` for the block (heartbeat included); yields
-    this lease's record. Taking or releasing it may fail as StorageIOError naming the path."""
+    this lease's record. Where no lease can be written (a read-only location, a public bucket)
+    the reader goes on without one, with a warning: a shard job cannot see it then, but a run
+    still fails if its dataset changes (training pins it), so the lease only saves it the wasted run."""
     readers = readers_location(uri)
     now = _utc_now()
     record = {"host": socket.gethostname(), "pid": os.getpid(), "uri": resolve(uri).uri, "started_at": now,
               "heartbeat_at": now, "token": uuid.uuid4().hex}
     lease = readers.join(f"{record['token']}.json")
-    with storage_errors("taking a reader lease on the dataset", lease.uri):
+    try:
         _write(lease, record)
+    except OSError as exc:
+        log.warning("%s: cannot write a reader lease (%s: %s); a shard job overwriting the dataset will not know "
+                    "this run reads it", lease.uri, type(exc).__name__, exc)
+        yield record
+        return
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(lease, record, stop), name="shardtrain-reader-lease",
                             daemon=True)
