@@ -427,16 +427,38 @@ def writing_under(uri: str, record: dict) -> Iterator[dict]:
             holder = _parse_holder(lock.fs.cat_file(lock.path))
         except FileNotFoundError:
             holder = None
+    if holder and lock.scheme == "file" and _flock_free(lock.path):
+        holder = None  # the record is the holder's, but its holder has died (the kernel let go)
     if not holder or holder.get("token") != record.get("token"):
-        raise _locked_error(lock, holder, f"; the lock this job took (pid {record.get('pid')} on host "
-                                          f"{record.get('host')}) is no longer held") if holder else \
-            OutputLockedError(f"{_output_of(lock)}: the writer lock this job took (pid {record.get('pid')} on host "
-                              f"{record.get('host')}, lock {lock.uri}) is no longer held; nothing was written")
+        mine = f"pid {record.get('pid')} on host {record.get('host')}"
+        if holder:
+            raise _locked_error(lock, holder, f"; the lock this job took ({mine}) is no longer held")
+        raise OutputLockedError(f"{_output_of(lock)}: the writer lock this job took ({mine}, lock {lock.uri}) is no "
+                                "longer held (its holder died?); nothing was written")
     _HELD[lock.path] = (holder, lambda: None)
     try:
         yield holder
     finally:
         del _HELD[lock.path]
+
+
+def _flock_free(path: str) -> bool:
+    """Whether no process holds the flock on the local lock file ``path`` (probed, then let go)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return False  # no flock here (some FUSE mounts): the record is all there is to go by
+    finally:
+        os.close(fd)  # closing drops a lock the probe took
+    return True
 
 
 def _locked_error(lock: Location, holder: dict | None, extra: str = "") -> OutputLockedError:
