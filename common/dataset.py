@@ -63,6 +63,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,13 +248,32 @@ def read_manifest(uri: str | Location) -> Manifest:
     with storage_errors("reading the dataset manifest", loc.uri):
         _require_dataset(loc)
         try:
-            data = json.loads(loc.read_text(MANIFEST_NAME))
+            data = _manifest_record(loc)
         except FileNotFoundError:
             raise DatasetError(f"{loc.uri}: committed but has no {MANIFEST_NAME}; it is not a shardtrain dataset "
                                "(give the path of a dataset published by `shardtrain shard`)") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DatasetError(f"{loc.uri}/{MANIFEST_NAME}: not valid JSON ({exc})") from None
     return Manifest(data, loc)
+
+
+def _manifest_record(loc: Location) -> dict:
+    """``_manifest.json`` parsed: a JSON object, or a DatasetError (exit 2) naming the file and
+    what is wrong with it (not UTF-8 text, not JSON, not an object)."""
+    where = f"{loc.uri}/{MANIFEST_NAME}"
+    with loc.open(MANIFEST_NAME, "rb") as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{where}: not UTF-8 text (byte {exc.start}); the manifest is damaged: re-run the shard "
+                           "job") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise DatasetError(f"{where}: not valid JSON ({exc}); the manifest is damaged: re-run the shard job") from None
+    if not isinstance(data, dict):
+        raise DatasetError(f"{where}: holds a JSON {type(data).__name__}, not the manifest's object; the manifest is "
+                           "damaged: re-run the shard job")
+    return data
 
 
 def _require_dataset(loc: Location) -> None:
@@ -300,6 +320,37 @@ def verify_digest(loc: Location, sha256: str, size: int | None = None) -> None:
         raise DatasetError(f"{loc.uri}: sha256 {digest.hexdigest()[:16]}... does not match the manifest's "
                            f"{str(sha256)[:16]}...; the file changed after the shard job wrote it (a damaged or "
                            "replaced file): re-run the shard job")
+
+
+# --- a file's version: what tells a rewrite cheaply, without reading the file ---------------------
+
+# fsspec's info fields that change when an object is written again: GCS's generation, S3's
+# VersionId and ETag, HDFS's mtime. The size always.
+_VERSION_FIELDS = ("generation", "VersionId", "ETag", "etag", "mtime")
+
+
+def file_identity(loc: Location) -> tuple:
+    """``(field, value)`` pairs naming this version of the file: size and mtime_ns locally (a
+    rewrite is a new file with a new mtime), the size and what fsspec's ``info`` reports of the
+    generation, version id, ETag or mtime elsewhere. FileNotFoundError when it is gone."""
+    if loc.scheme == "file":
+        st = os.stat(loc.path)
+        return (("size", st.st_size), ("mtime_ns", st.st_mtime_ns))
+    info = loc.fs.info(loc.path)
+    return (("size", int(info.get("size") or 0)),
+            *((name, str(info[name])) for name in _VERSION_FIELDS if info.get(name) is not None))
+
+
+def current_fingerprint(root: Location) -> str | None:
+    """The fingerprint in the manifest at ``root`` now, or None when there is no committed,
+    readable manifest there (being replaced, removed, damaged): a cheap re-read, no validation."""
+    try:
+        if not is_committed(root):
+            return None
+        record = json.loads(root.read_text(MANIFEST_NAME))
+    except (OSError, ValueError):
+        return None
+    return record.get("fingerprint") if isinstance(record, dict) else None
 
 
 def verify_dataset(manifest: Manifest) -> list[str]:

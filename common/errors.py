@@ -55,6 +55,13 @@ class DatasetError(ShardtrainError):
     exit_code = EXIT_USAGE
 
 
+class DatasetChangedError(ShardtrainError):
+    """A dataset a training run planned on was rewritten (its manifest or a file) while the run read
+    it; the run stops before publishing. The input was fine when the run started: exit 1."""
+
+    exit_code = EXIT_RUNTIME
+
+
 class InputDataError(ShardtrainError):
     """The raw input cannot be processed: missing column, uncastable type, too many bad rows."""
 

@@ -17,7 +17,8 @@ a shardtrain output of the same kind (``check_replaceable``), never a user's fil
 ``check_disjoint`` refuses an output equal to, inside or containing an input.
 
 One writer at a time: ``output_lock`` holds a lock file beside the output for the whole job
-(``publish`` takes it too, re-entrantly). Locally it is an ``flock`` on the file, which the
+(``publish`` takes it too, re-entrantly; ``writing_under`` lets another process of the same job,
+such as a training rank, write under the lock its driver holds). Locally it is an ``flock`` on the file, which the
 kernel releases when the holder dies, so a dead holder's lock is taken over without guessing.
 On S3 the lock is a conditional create (``If-None-Match: *``); a lock whose holder is on this
 host and whose pid is gone is taken over; a holder on another host cannot be checked, so its lock
@@ -632,6 +633,56 @@ def output_lock(uri: str) -> Iterator[dict]:
         del _HELD[lock.path]
         with storage_errors("releasing the writer lock", lock.uri):
             release()
+
+
+@contextlib.contextmanager
+def writing_under(uri: str, record: dict) -> Iterator[dict]:
+    """Write ``uri`` under the writer lock another process of the same job holds (``record``: what
+    that holder's ``output_lock`` yielded; training's driver holds a model path's lock while rank 0
+    publishes from an executor). The lock must still hold ``record``'s token, else
+    OutputLockedError names who holds it now; inside, ``output_lock(uri)`` (and so ``publish``) in
+    this process goes on under it, and leaving releases nothing: the holder does that."""
+    lock = lock_location(uri)
+    if lock.path in _HELD:  # this process holds it itself (in-process training)
+        yield _HELD[lock.path][0]
+        return
+    with storage_errors("checking the writer lock", lock.uri):
+        try:
+            holder = _parse_holder(lock.fs.cat_file(lock.path))
+        except FileNotFoundError:
+            holder = None
+    if holder and lock.scheme == "file" and _flock_free(lock.path):
+        holder = None  # the record is the holder's, but its holder has died (the kernel let go)
+    if not holder or holder.get("token") != record.get("token"):
+        mine = f"pid {record.get('pid')} on host {record.get('host')}"
+        if holder:
+            raise _locked_error(lock, holder, f"; the lock this job took ({mine}) is no longer held")
+        raise OutputLockedError(f"{_output_of(lock)}: the writer lock this job took ({mine}, lock {lock.uri}) is no "
+                                "longer held (its holder died?); nothing was written")
+    _HELD[lock.path] = (holder, lambda: None)
+    try:
+        yield holder
+    finally:
+        del _HELD[lock.path]
+
+
+def _flock_free(path: str) -> bool:
+    """Whether no process holds the flock on the local lock file ``path`` (probed, then let go)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return False  # no flock here (some FUSE mounts): the record is all there is to go by
+    finally:
+        os.close(fd)  # closing drops a lock the probe took
+    return True
 
 
 def _locked_error(lock: Location, holder: dict | None, extra: str = "") -> OutputLockedError:

@@ -105,6 +105,9 @@ class OutputConfig:
     # are the same for any value). Default: num_shards, times what it takes to give every core of
     # the cluster a task (pipelines/shard_job.py, staging_parts). With a teacher, always num_shards.
     staging_partitions: int | None = None
+    # overwrite: replace the dataset even while training runs hold reader leases on it (they then
+    # fail, naming the dataset). How the job runs, not what it writes.
+    ignore_readers: bool = False
 
     def __post_init__(self):
         require(self.num_shards >= 1, "num_shards", f"must be >= 1, got {self.num_shards}")

@@ -8,7 +8,8 @@ a failure removes):
 0. the output may not be, contain or sit inside a source; the output's writer lock is taken
    (held to the end) and staging left by killed jobs is removed;
 1. mode check (``error`` refuses, ``skip_if_exists`` compares the input fingerprint and returns,
-   ``overwrite`` accepts only a dataset at the path);
+   ``overwrite`` accepts only a dataset at the path, and none that a training run reads: a live
+   reader lease, ``common.leases``, unless ``output.ignore_readers``; checked again before the commit);
 2. read sources, build the table (query, transform), check columns and types;
 3. inside ``storage.publish`` (a staging directory, removed on any failure), pass one over the
    rows: evaluate the row expressions once, send each checked row (split, keys, typed values,
@@ -55,7 +56,9 @@ from common import __version__
 from pipelines.balance import BUCKET_BITS, check_split_rows, rows_per_row_group, shard_sizes, shard_starts
 from common.config import dump_yaml, to_dict
 from common.plugins import load_callable
-from common.errors import AccountingError, InputDataError, OutputExistsError, QualityGateError, first_line
+from common.errors import (AccountingError, InputDataError, OutputExistsError, OutputLockedError, QualityGateError,
+                           first_line)
+from common.leases import active_readers, describe_reader, readers_location
 from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUMN, Manifest, arrow_schema,
                             build_manifest, read_manifest, row_bytes, write_manifest)
 from common.sql import quote_identifier as q
@@ -174,6 +177,8 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
                                   f"{manifest['schema']}; nothing was published")
         write_manifest(staging, manifest)
         staging.write_text(CONFIG_NAME, dump_yaml(cfg))
+        if cfg.output.mode == "overwrite":
+            check_no_readers(out.uri, cfg)  # again, just before the commit: a training may have started since
     log.info("published %s: %s", out.uri, ", ".join(f"{s}={v['rows']}" for s, v in splits.items()))
     return ShardResult(uri=out.uri, manifest=read_manifest(out.uri), skipped=False)
 
@@ -361,6 +366,7 @@ def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: dict | None =
     config.pop("spark", None)
     config["output"].pop("mode", None)
     config["output"].pop("staging_partitions", None)  # how the job runs, not what it writes
+    config["output"].pop("ignore_readers", None)
     payload = {"config": config, "sources": sources_fp, "shardtrain_version": __version__,
                "format_version": FORMAT_VERSION}
     if teacher is not None:
@@ -385,7 +391,26 @@ def _check_existing(out, cfg: ShardConfig, input_fp: str) -> Manifest | None:
         raise OutputExistsError(f"{out.uri} holds a different dataset (the config or the source files changed since "
                                 "it was written); set output.mode=overwrite to replace it")
     check_replaceable(out.uri, KIND_DATASET)  # overwrite: only a dataset, never someone's files
+    check_no_readers(out.uri, cfg)
     return None
+
+
+def check_no_readers(uri: str, cfg: ShardConfig) -> None:
+    """overwrite: no training run may be reading the dataset (a live reader lease,
+    ``common.leases``), or OutputLockedError (exit 1, retry when it is done) names the reader;
+    ``output.ignore_readers: true`` overwrites anyway, and those runs then fail."""
+    readers = active_readers(uri)
+    if not readers:
+        return
+    who = "; ".join(describe_reader(r) for r in readers)
+    if cfg.output.ignore_readers:
+        log.warning("%s: overwriting it while %d training run(s) read it (%s), as output.ignore_readers=true says; "
+                    "they will fail", uri, len(readers), who)
+        return
+    raise OutputLockedError(
+        f"{uri} is being read by {len(readers)} training run(s): {who} (leases in {readers_location(uri).uri}); "
+        "overwriting it would fail them: wait for them to finish, or set output.ignore_readers=true to overwrite "
+        "anyway")
 
 
 def _build_table(spark, cfg: ShardConfig, frames):

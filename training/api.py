@@ -4,22 +4,38 @@
     result = train(load_train_config("conf/train.yaml", ["launch.num_proc=2"]), spark=spark)
     print(result.summary())
 
-Driver-only orchestration: read and check the manifest (``plan.build_plan``), refuse an existing
+Driver-only orchestration: read and check the manifest (``plan.build_plan``), hold the model
+path's writer lock and a reader lease on the dataset for the whole run, refuse an existing
 output, launch the ranks, turn their results into a ``TrainResult`` or one typed error.
+
+The writer lock (``common.storage.output_lock``) is the driver's, from before the run directory
+or any checkpoint is touched until the ranks have returned. The publish itself happens on rank 0,
+which on Horovod and TorchDistributor is another process (a Spark task's, maybe on another
+host): a lock cannot move between processes (locally it is an ``flock`` of the driver's), so the
+driver passes its record in the plan (``RankPlan.writer_lock``) and rank 0 publishes under it
+(``common.storage.writing_under``: the lock must still hold that token; the holder releases it).
+In-process, the driver is rank 0 and its ``output_lock`` is simply re-entrant. If the driver dies
+its lock goes with it (flock) while orphaned ranks may still run: their publish then finds the
+token gone and refuses, so a model is only published while its run's driver holds the lock.
+
+The reader lease (``common.leases``): a shard job will not overwrite the dataset meanwhile.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 
 from common.errors import OutputExistsError
-from common.storage import KIND_MODEL, check_disjoint, check_replaceable, resolve
+from common.leases import reader_lease
+from common.storage import KIND_MODEL, check_disjoint, check_replaceable, output_lock, resolve
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
 from training.launch import check_results, launch_in_process, launch_spark
+from training.data import check_manifest_unchanged
 from training.plan import RankPlan, build_plan
 from training.run_record import record_restart
 from training.supervisor import run_supervised
@@ -72,7 +88,19 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None) -> TrainResult:
     ranks (default: the active one, or one built from ``cfg.spark``). ``on_step(step)`` is called
     after every optimizer step in in-process mode (tests use it to simulate a crash)."""
     started = time.perf_counter()
-    plan = build_plan(cfg)  # reads and checks the manifest: nothing launched yet
+    plan = build_plan(cfg)  # reads and checks the manifest: nothing launched yet, nothing written
+    # Both held to the end. The model path's writer lock, before the run directory or a
+    # checkpoint is touched: a second run on this model path fails now (exit 1, naming this one)
+    # instead of sharing them. The reader lease: a shard job will not overwrite the dataset.
+    with output_lock(plan.model_path) as lock, reader_lease(plan.dataset_uri):
+        # Rank 0 publishes under this lock, in whatever process it runs (common.storage.writing_under).
+        plan = dataclasses.replace(plan, writer_lock=lock)
+        # The plan was read before the lease was taken: the dataset must still be that one.
+        check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)
+        return _train_leased(cfg, plan, spark, on_step, started)
+
+
+def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, started: float) -> TrainResult:
     _check_output(cfg)
     log.info("dataset %s: %d train rows -> %d rank(s) x %d steps/epoch x %d epoch(s) (%d rows skipped per epoch)",
              plan.dataset_uri, plan.train.rows, plan.world_size, plan.steps_per_epoch, cfg.train.epochs,

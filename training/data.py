@@ -22,6 +22,14 @@ Integrity: before a reader opens shard files it calls ``SplitLayout.verify_files
 which checks each file against the manifest's sha256 the first time this rank opens it in the
 run (``data.verify``); any reader of shard files must call it.
 
+Pinning: the driver records each file's version (``common.dataset.file_identity``: size and
+mtime_ns locally, generation / ETag elsewhere) in the layout when it plans, beside the manifest's
+fingerprint. ``verify_files`` compares it on every open (a stat per file, every rank, both
+readers), a pass compares it again once it has read its rows, and ``check_manifest_unchanged``
+re-reads the manifest's fingerprint (each epoch start, before publishing): a dataset rewritten
+while the run reads it is a ``DatasetChangedError`` (exit 1) naming it, never rows of two
+datasets in one model.
+
 The order is a pure function of (seed, epoch, rank) when ``reader_workers == 1``, so a resume
 position is just (epoch, step). This module owns the data path and nothing else: no model, no
 Horovod, no Spark. Nothing here runs per row in Python.
@@ -38,8 +46,9 @@ from typing import Iterator
 
 import numpy as np
 
-from common.errors import DatasetError
-from common.dataset import ROW_INDEX, TEACHER_COLUMN, Manifest, teacher_shape, verify_digest
+from common.errors import DatasetChangedError, DatasetError
+from common.dataset import (ROW_INDEX, TEACHER_COLUMN, Manifest, current_fingerprint, file_identity, teacher_shape,
+                            verify_digest)
 from common.storage import resolve, storage_errors
 
 log = logging.getLogger("shardtrain.data")
@@ -76,6 +85,8 @@ class ShardFile:
     rows: int
     sha256: str = ""  # from the manifest; checked before the file's rows are used
     bytes: int = -1
+    # The version the driver planned on (``file_identity``); () when unknown: not compared.
+    identity: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,7 @@ class SplitLayout:
     rows: int
     files: tuple[ShardFile, ...]
     verify: bool = True  # data.verify: first_read (True) or never
+    dataset_uri: str = ""  # the dataset the files belong to (named when one was rewritten)
     # Files this process has checked. A layout is unpickled once per rank per run, so this is
     # "first read of each file in a run"; on the driver it stays empty.
     verified: set = field(default_factory=set, compare=False, repr=False)
@@ -92,18 +104,21 @@ class SplitLayout:
     def from_manifest(cls, manifest: Manifest, split: str, verify: bool = True) -> "SplitLayout":
         files, first = [], 0
         for entry, uri in zip(manifest.files(split), manifest.file_uris(split)):
-            files.append(ShardFile(uri=uri, first_row=first, rows=entry.rows, sha256=entry.sha256, bytes=entry.bytes))
+            files.append(ShardFile(uri=uri, first_row=first, rows=entry.rows, sha256=entry.sha256, bytes=entry.bytes,
+                                   identity=_planned_identity(uri)))
             first += entry.rows
         rows = manifest.rows(split)
         if first != rows:
             raise DatasetError(f"{manifest.root.uri}: field 'splits.{split}.rows' is {rows} but its files hold "
                                f"{first} rows; the manifest is inconsistent, re-shard the data")
-        return cls(name=split, rows=rows, files=tuple(files), verify=verify)
+        return cls(name=split, rows=rows, files=tuple(files), verify=verify, dataset_uri=manifest.root.uri)
 
     def verify_files(self, files) -> None:
         """The integrity hook: every reader calls it with the files it is about to open. Each file
-        is checked against the manifest's sha256 the first time (a DatasetError, exit 2, names a
-        damaged file); ``data.verify: never`` turns it off."""
+        must still be the version planned on (``check_unchanged``: every call); then it is checked
+        against the manifest's sha256 the first time (a DatasetError, exit 2, names a damaged
+        file); ``data.verify: never`` turns the sha256 check off."""
+        self.check_unchanged(files)
         if not self.verify:
             return
         for shard in files:
@@ -112,8 +127,55 @@ class SplitLayout:
             verify_digest(resolve(shard.uri), shard.sha256, shard.bytes)
             self.verified.add(shard.uri)
 
+    def check_unchanged(self, files=None) -> None:
+        """``files`` (default: all of the split's) are the versions the driver planned on, or a
+        DatasetChangedError (exit 1) names the dataset and the first file that differs."""
+        for shard in self.files if files is None else files:
+            if not shard.identity:
+                continue
+            try:
+                now = file_identity(resolve(shard.uri))
+            except FileNotFoundError:
+                raise rewritten(self.dataset_uri, f"{shard.uri} is gone") from None
+            except OSError as exc:
+                # Unreadable metadata is a storage failure, said as such by the reader's own error.
+                log.warning("%s: cannot read the file's size and version (%s); not compared", shard.uri, exc)
+                continue
+            if now != shard.identity:
+                raise rewritten(self.dataset_uri, f"{shard.uri} is now {_shown(now)}, planned on "
+                                                  f"{_shown(shard.identity)}")
+
     def files_overlapping(self, lo: int, hi: int) -> list[ShardFile]:
         return [f for f in self.files if f.rows and f.first_row < hi and f.first_row + f.rows > lo]
+
+
+def _planned_identity(uri: str) -> tuple:
+    try:
+        return file_identity(resolve(uri))
+    except OSError:
+        return ()  # gone or unreadable now: the sha256 check (or the reader) names the file
+
+
+def _shown(identity: tuple) -> str:
+    return ", ".join(f"{name} {value}" for name, value in identity)
+
+
+def rewritten(dataset_uri: str, detail: str) -> DatasetChangedError:
+    """The one message for a dataset replaced under a run (README: Troubleshooting)."""
+    return DatasetChangedError(
+        f"dataset {dataset_uri}: it was rewritten while training read it ({detail}); the run stopped and published "
+        "nothing: train again on the dataset as it is now (a shard job's overwrite of a dataset that a training "
+        "holds needs output.ignore_readers=true)")
+
+
+def check_manifest_unchanged(dataset_uri: str, fingerprint: str) -> None:
+    """The manifest at ``dataset_uri`` still has ``fingerprint`` (a committed, readable one), or a
+    DatasetChangedError (exit 1). One small read: each epoch start, and before publishing."""
+    now = current_fingerprint(resolve(dataset_uri))
+    if now != fingerprint:
+        detail = (f"its manifest's fingerprint is now {now[:12]}, planned on {fingerprint[:12]}" if now else
+                  "its committed manifest is gone or unreadable")
+        raise rewritten(dataset_uri, detail)
 
 
 @dataclass(frozen=True)
@@ -220,6 +282,7 @@ class RankLoader:
                     break
         finally:
             batches.close()  # stops the reader now, not when the generator is collected
+        self.layout.check_unchanged(self.files)  # the rows just used came from the files planned on
         if emitted < self.batches_per_epoch:
             # Cannot happen when the manifest is right; if it does, every rank must hear about it
             # rather than one rank silently running short and the others hanging in allreduce.
@@ -247,6 +310,7 @@ class RankLoader:
                 yield {name: torch.from_numpy(value) for name, value in arrays.items()}
         finally:
             batches.close()  # stops the reader now, not when the generator is collected
+        self.layout.check_unchanged(self.files)
         if rows != self.hi - self.lo:
             raise DatasetError(
                 f"rank {self.rank}: split {self.layout.name!r} delivered {rows} rows, not the {self.hi - self.lo} "
@@ -259,7 +323,13 @@ class RankLoader:
         reader) as one line naming the path, not the reader's traceback."""
         where = posixpath.dirname(self.files[0].uri) if self.files else self.layout.name
         with storage_errors(f"rank {self.rank} reading split {self.layout.name!r}", where):
-            yield from self._batches(epoch, stats, keep_last)
+            try:
+                yield from self._batches(epoch, stats, keep_last)
+            except (DatasetError, OSError):
+                # A file replaced or removed mid-pass fails the reader in its own words (rows
+                # missing, a footer gone): a rewrite is said as one (exit 1), not as damage.
+                self.layout.check_unchanged(self.files)
+                raise
 
     def _batches(self, epoch: int, stats: EpochStats, keep_last: bool = False) -> Iterator[dict]:
         """Full batches of numpy arrays in this epoch's order (and the partial rest, if ``keep_last``).
@@ -606,6 +676,6 @@ def columns_for(manifest: Manifest, teacher: bool = False) -> Columns:
                    teacher=tuple(teacher_shape(manifest.teacher)) if teacher else None)
 
 
-__all__ = ["BufferMemory", "Columns", "EpochStats", "RankLoader", "ShardFile", "SplitLayout", "columns_for", "epoch_seed",
+__all__ = ["BufferMemory", "Columns", "check_manifest_unchanged", "rewritten", "EpochStats", "RankLoader", "ShardFile", "SplitLayout", "columns_for", "epoch_seed",
            "rank_row_range", "read_first_rows", "skipped_rows_per_epoch", "steps_per_epoch", "table_to_arrays",
            "tables_to_arrays"]

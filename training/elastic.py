@@ -106,6 +106,7 @@ def _train(run, plan: RankPlan, group, state, elastic, device, on_step, on_valid
     t = plan.config.train
     train_loader, val_loader = loop.loaders(plan, group)
     for epoch in range(state.step // plan.steps_per_epoch, t.epochs):
+        loop.check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)  # as run_rank: the planned dataset
         record = loop.train_epoch(run, state, train_loader, epoch, on_step)
         if val_loader:
             record.update(loop.evaluate(run.model, val_loader, run.precision, group, plan, device, on_validation))

@@ -19,6 +19,7 @@ checkpoints and model.json keep it as plain data.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -35,10 +36,10 @@ import torch.nn.functional as F
 from common.config import dump_yaml, to_dict
 from common.errors import ConfigError, NonFiniteLossError
 from common.dataset import ROW_INDEX, TEACHER_COLUMN
-from common.storage import resolve
+from common.storage import resolve, writing_under
 from training.checkpoint import CheckpointManager
 from training.config import DistillConfig, TrainConfig, TrainLoopConfig
-from training.data import BufferMemory, RankLoader, read_first_rows
+from training.data import BufferMemory, RankLoader, check_manifest_unchanged, read_first_rows
 from training.distributed import LocalGroup, resolve_device, set_threads, spark_gpu_addresses
 from training.export import publish_model, published_by, serving_model, target_scaling
 from training.models import build_model, mlp_arguments
@@ -72,6 +73,7 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
     t = plan.config.train
     train_loader, val_loader = loaders(plan, group)
     for epoch in range(state.step // plan.steps_per_epoch, t.epochs):
+        check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)  # the dataset planned on, still
         record = train_epoch(run, state, train_loader, epoch, on_step)
         if val_loader:
             record.update(evaluate(run.model, val_loader, run.precision, group, plan, device, on_validation))
@@ -620,6 +622,10 @@ def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
             "dataset": {"uri": plan.dataset_uri, "fingerprint": plan.fingerprint},
             "inputs": {"numeric": list(plan.columns.numeric), "categorical": list(plan.columns.categorical),
                        "arrays": {name: list(shape) for name, shape in plan.columns.arrays}}}
+    # Last word before publishing: the model was trained on the dataset the plan pinned, all of it.
+    check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)
+    for layout in filter(None, (plan.train, plan.val)):
+        layout.check_unchanged()
     published = not published_by(plan.model_path, plan.run_id)
     if not published:
         # A relaunch after ranks failed once this run had published (resumed from the last checkpoint):
@@ -627,9 +633,17 @@ def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
         log.warning("model at %s was already published by this run (run id %s) before the ranks were relaunched; "
                     "not publishing it again", plan.model_path, plan.run_id)
     else:
-        publish_model(plan.model_path, plan.output_mode, model, meta, example, plan.run_id)
+        with _under_writer_lock(plan):
+            publish_model(plan.model_path, plan.output_mode, model, meta, example, plan.run_id)
         log.info("model published at %s; metrics in %s/metrics.jsonl", plan.model_path, plan.run_dir)
     return {"model_uri": plan.model_path, "metrics": history, "reference": reference, "published": published}
+
+
+def _under_writer_lock(plan: RankPlan):
+    """The driver's writer lock on the model path, for this rank's publish (training.api says why)."""
+    if plan.writer_lock is None:  # a plan made without train() (tests of the loop itself)
+        return contextlib.nullcontext()
+    return writing_under(plan.model_path, plan.writer_lock)
 
 
 def _report_and_track(plan: RankPlan, history: list[dict]) -> None:

@@ -4,8 +4,11 @@ Nothing launches until ``build_plan`` has accepted the dataset. The manifest its
 marker, format version, schema, splits) is validated by ``common.dataset.read_manifest``; this
 module checks what the job asks of it: a label or features the model config does not match, too
 few shards or rows for the ranks, ``train.distill`` without soft targets or with a teacher whose
-features or classes differ from the dataset's -> DatasetError naming the manifest field (exit status 2). The ``RankPlan`` it
-returns is all a rank gets: the typed ``TrainConfig``, strings, numbers, lists and small frozen
+features or classes differ from the dataset's -> DatasetError naming the manifest field (exit status 2).
+
+The ``RankPlan`` it returns pins the dataset (the manifest's fingerprint and each shard file's
+version, compared on every open, at each epoch start and before publishing: ``training.data``),
+and it is all a rank gets: the typed ``TrainConfig``, strings, numbers, lists and small frozen
 dataclasses, so it pickles to executors without dragging a SparkSession, a file handle or torch along.
 
 Driver-only; imports neither torch nor horovod.
@@ -49,6 +52,9 @@ class RankPlan:
     # One per train() call, kept across relaunches: recorded with the published model, so ranks
     # relaunched after the publish recognise their own run's model (training.export.published_by).
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The model path's writer lock as the driver took it (``common.storage.output_lock``'s record):
+    # rank 0 publishes under it (``writing_under``), from whichever process it runs in.
+    writer_lock: dict | None = None
 
     @property
     def task(self) -> str:

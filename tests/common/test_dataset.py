@@ -142,3 +142,23 @@ def test_a_teacher_record_adds_its_column_and_is_validated():
                           ({"num_classes": 4}, "schema"), ({"column": "soft"}, "teacher.column")]:
         with pytest.raises(DatasetError, match=rf"field '{field}'"):
             validate_manifest({**m, "teacher": {**teacher, **change}}, "m.json")
+
+
+@pytest.mark.parametrize("content, says", [
+    (b'[{"format": "shardtrain.dataset"}]', "holds a JSON list, not the manifest's object"),
+    (b'{"format": ', "not valid JSON"),
+    (b'{"format": "\xff\xfe"}', "not UTF-8 text (byte 12)"),
+])
+def test_a_manifest_of_the_wrong_shape_or_bytes_is_one_line_naming_it_with_exit_2(tmp_path, capsys, content, says):
+    """`shardtrain inspect` (every reader: read_manifest) on a committed dataset whose manifest
+    is a JSON list, is cut short, or holds bytes that are not UTF-8: exit 2, one line naming the file."""
+    from common.dataset import MANIFEST_NAME
+    from shardtrain.cli import main
+
+    _dataset(tmp_path, [[10]])
+    path = tmp_path / "ds" / MANIFEST_NAME
+    path.write_bytes(content)
+    assert path.read_bytes() == content  # the damage is really there
+    assert main(["inspect", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"shardtrain: error: {path}: {says}"), err

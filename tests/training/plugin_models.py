@@ -152,3 +152,38 @@ class SlowValidation(nn.Module):
 
 def slow_validation(feature_spec, label_spec, rank=1, seconds=1.0, flag=""):
     return SlowValidation(feature_spec, label_spec, rank, seconds, flag)
+
+
+class Gated(nn.Module):
+    """An MLP that, at its ``after``-th training call, writes ``<gate>.waiting`` (this process's
+    pid) and waits until ``<gate>.go`` exists, ``<gate>`` being $SHARDTRAIN_TEST_GATE (unset: no
+    gate; the gate is not in the config, so a gated and an ungated run are the same run to
+    shardtrain): a test holds a real run at a known step while it does something beside it
+    (rewrites the dataset, starts a second job), then lets it go on."""
+
+    def __init__(self, feature_spec, label_spec, after: int):
+        super().__init__()
+        self.net = TabularMLP(**mlp_arguments(feature_spec, label_spec, [8]))
+        self.gate, self.after, self.calls = os.environ.get("SHARDTRAIN_TEST_GATE"), after, 0
+
+    def forward(self, batch):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.after and self.gate:
+                _wait_at_gate(self.gate)
+        return self.net(batch)
+
+
+def _wait_at_gate(gate: str, limit_s: float = 300.0) -> None:
+    with open(gate + ".waiting.tmp", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(gate + ".waiting.tmp", gate + ".waiting")
+    deadline = time.monotonic() + limit_s  # a test that never opens the gate fails, not hangs
+    while not os.path.exists(gate + ".go"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{gate}.go never appeared")
+        time.sleep(0.02)
+
+
+def gated(feature_spec, label_spec, after=40):
+    return Gated(feature_spec, label_spec, after)

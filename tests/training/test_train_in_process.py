@@ -118,7 +118,7 @@ def test_a_shard_removed_mid_run_is_one_line_naming_it(tmp_path, reader):
     if reader == "petastorm":
         pytest.importorskip("petastorm")  # the current profile has only the arrow reader
     from common.dataset import read_manifest
-    from common.errors import EXIT_RUNTIME, StorageIOError
+    from common.errors import EXIT_RUNTIME, DatasetChangedError
 
     ds = write_dataset(str(tmp_path / "ds"), {"train": [[200], [200]], "val": [[50]]})
     victim = read_manifest(ds.uri).file_uris("train")[1]
@@ -126,11 +126,12 @@ def test_a_shard_removed_mid_run_is_one_line_naming_it(tmp_path, reader):
     def remove_a_shard(step):
         if step == 3:  # epoch 1 of 2: the file was read and verified once already
             os.remove(victim)
-    with pytest.raises(StorageIOError) as err:
+    with pytest.raises(DatasetChangedError) as err:  # the dataset changed under the run (training.data: pinning)
         train(_cfg(ds.uri, tmp_path, "train.epochs=2", f"data.reader={reader}"), on_step=remove_a_shard)
     assert not os.path.exists(victim)  # the file really went away mid-run
     message = str(err.value)
-    assert victim in message and "\n" not in message and "reading split 'train'" in message, message
+    assert f"({victim} is gone)" in message and "\n" not in message, message
+    assert f"dataset {ds.uri}: it was rewritten while training read it" in message, message
     assert err.value.exit_code == EXIT_RUNTIME and not os.path.exists(tmp_path / "model")
 
 
