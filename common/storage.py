@@ -118,26 +118,27 @@ def storage_errors(what: str, uri: str) -> Iterator[None]:
         yield
     except StorageError:
         raise
-    except OSError as exc:
+    except Exception as exc:
+        # botocore's timeouts are OSErrors too: the endpoint is named before the generic line.
+        unreachable = _unreachable_endpoint(uri, exc)
+        if unreachable is not None:
+            raise unreachable from None
+        if not isinstance(exc, OSError):
+            raise
         reason = exc.strerror or str(exc) or type(exc).__name__
         if exc.filename and str(exc.filename) not in reason:
             reason += f": {exc.filename}"  # the file inside ``uri`` that failed, when the error knows it
         raise StorageIOError(f"{uri}: {what} failed: {type(exc).__name__}: {reason}") from None
-    except Exception as exc:
-        unreachable = _unreachable_endpoint(uri, exc)
-        if unreachable is None:
-            raise
-        raise unreachable from None
 
 
 def _unreachable_endpoint(uri: str, exc: BaseException) -> StorageIOError | None:
     """The one-line error for an S3 endpoint that refused, timed out or could not be resolved
     (botocore's own error, after its retries), or None for any other error."""
     try:
-        from botocore.exceptions import ConnectionError as BotoConnectionError, ReadTimeoutError
+        from botocore.exceptions import ConnectionError as BotoConnectionError, ConnectTimeoutError, ReadTimeoutError
     except ImportError:  # no S3 support installed, so no S3 error either
         return None
-    if not isinstance(exc, (BotoConnectionError, ReadTimeoutError)):
+    if not isinstance(exc, (BotoConnectionError, ConnectTimeoutError, ReadTimeoutError)):
         return None
     endpoint = s3_options().get("client_kwargs", {}).get("endpoint_url")
     if not endpoint:  # AWS itself: botocore's error carries the URL it tried
@@ -359,6 +360,11 @@ def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterat
         raise ValueError(f"publish mode must be error or overwrite, got {mode!r}")
     with output_lock(final.uri):
         _clean_beside(final)  # left by writers of this output that died (we hold its lock)
+        kept = replaced_copy(final)
+        if kept is not None:  # the restore above failed: publishing now would lose that output
+            raise StorageIOError(f"{final.uri}: an interrupted overwrite left the previous output at {kept.uri}, and "
+                                 "moving it back failed (see the warning above); move it back to the output path "
+                                 "by hand, or fix what stopped the move, then re-run")
         if mode == "error" and fs.exists(final.path):
             raise OutputExistsError(
                 f"{final.uri} already exists; set output.mode=overwrite to replace it "
@@ -555,10 +561,8 @@ def check_replaceable(uri: str, kind: str | None) -> None:
 
 
 def check_disjoint(output_uri: str, output_key: str, inputs: dict[str, str]) -> None:
-    """Refuse (exit 2) an output path no job can write (``check_output_uri``), or one equal to,
-    inside or containing an input; ``inputs`` maps a
+    """Refuse (exit 2) an output equal to, inside or containing an input; ``inputs`` maps a
     description (naming the config key) to the input's URI."""
-    check_output_uri(output_uri, output_key)  # every job's outputs pass here before any work
     out = _comparable(output_uri)
     for what, uri in inputs.items():
         if not uri:
@@ -579,8 +583,10 @@ def check_disjoint(output_uri: str, output_key: str, inputs: dict[str, str]) -> 
 
 
 def check_output_uri(uri: str, key: str) -> Location:
-    """Refuse (exit 2, naming ``key``) an output path no job can write: one holding ':', which a
-    Hadoop path cannot (Spark's writers and HDFS fail on it deep inside a job)."""
+    """Refuse (exit 2, naming ``key``) an output path Spark cannot write: one holding ':', which a
+    Hadoop path cannot (Spark's writers and HDFS fail on it deep inside a job). For the outputs
+    Spark writes (datasets, scores, soft targets); models, run directories and checkpoints are
+    written by fsspec and may hold ':'."""
     loc = resolve(uri)
     if ":" in loc.path:
         raise ConfigError(f"{key} {uri} holds ':', which a Hadoop path cannot (Spark's writers and HDFS reject it); "
@@ -864,6 +870,19 @@ def parse_sibling(name: str) -> tuple[str, str, str] | None:
     """(output name, tag, token) of a hidden sibling's base name (``.NAME<tag><token>``), or None."""
     match = _SIBLING.match(name)
     return (match.group("name"), match.group("tag"), match.group("token")) if match else None
+
+
+def replaced_copy(uri: str | Location) -> Location | None:
+    """The committed output an interrupted overwrite moved aside, when nothing committed is at
+    ``uri`` (the next writer restores it, see ``clean_stale_staging``); else None. A job that
+    refuses an existing output checks this too, so it does not run to the end and then find the
+    restored output in its way."""
+    final = uri if isinstance(uri, Location) else resolve(uri)
+    with storage_errors("checking for an interrupted overwrite", final.uri):
+        if is_committed(final):
+            return None
+        kept = [aside for aside in siblings(final, REPLACED_TAG) if is_committed(aside)]
+    return kept[-1] if kept else None
 
 
 def siblings(final: Location, tag: str) -> list[Location]:

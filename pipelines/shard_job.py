@@ -71,7 +71,7 @@ from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, 
                                     stage_partition, write_empty, write_partition, write_shards)
 from pipelines.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
 from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
-from common.storage import (KIND_DATASET, check_disjoint, check_replaceable, clean_stale_staging, is_committed,
+from common.storage import (KIND_DATASET, check_disjoint, check_output_uri, check_replaceable, clean_stale_staging, is_committed,
                             output_lock, publish, resolve, storage_errors)
 
 log = logging.getLogger("shardtrain.shard")
@@ -103,6 +103,7 @@ def check_output_path(cfg: ShardConfig) -> None:
     inputs = {f"source {name!r} (sources.{name}.path)": src.path for name, src in cfg.sources.items()}
     if cfg.teacher is not None:
         inputs["the teacher model (teacher.model)"] = cfg.teacher.model
+    check_output_uri(cfg.output.path, "output.path")
     check_disjoint(cfg.output.path, "output.path", inputs)
 
 

@@ -32,7 +32,7 @@ from common import __version__
 from common.config import dump_yaml, to_dict
 from common.sql import quote_identifier
 from common.errors import AccountingError, DatasetError, InputDataError, OutputExistsError, first_line
-from common.storage import (KIND_SCORES, check_disjoint, check_replaceable, clean_stale_staging, is_committed,
+from common.storage import (KIND_SCORES, check_disjoint, check_output_uri, check_replaceable, clean_stale_staging, is_committed,
                             output_lock, publish, read_marker, resolve)
 from scoring.config import ScoreConfig
 from scoring.predict import REASON, check_feature_types, predict_frame, reason_sql
@@ -72,6 +72,7 @@ def run_score_job(spark, cfg: ScoreConfig) -> ScoreResult:
 
 def check_output_path(cfg: ScoreConfig) -> None:
     """output.path must not be, contain or sit inside an input (exit 2, before any work)."""
+    check_output_uri(cfg.output.path, "output.path")
     check_disjoint(cfg.output.path, "output.path", cfg.inputs)
 
 

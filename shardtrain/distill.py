@@ -92,12 +92,13 @@ def distill(cfg: DistillRunConfig, spark=None) -> DistillResult:
 def _check_paths(cfg: DistillRunConfig) -> None:
     """No stage's output may be, contain or sit inside what another stage reads (exit 2, up front:
     not after the teacher has trained for an hour)."""
-    from common.storage import check_disjoint, check_uri
+    from common.storage import check_disjoint, check_output_uri, check_uri
     from training.api import check_outputs
 
     for uri in [*cfg.shard.uris, cfg.soft_targets.path, cfg.teacher.output.model_path, cfg.student.output.model_path]:
         check_uri(uri)
     sources = {f"shard source {name!r} (shard.sources.{name}.path)": src.path for name, src in cfg.shard.sources.items()}
+    check_output_uri(cfg.soft_targets.path, "soft_targets.path")
     check_disjoint(cfg.soft_targets.path, "soft_targets.path",
                    {**sources, "the teacher's dataset (shard.output.path)": cfg.shard.output.path,
                     "the teacher model (teacher.output.model_path)": cfg.teacher.output.model_path})

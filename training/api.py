@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from common.errors import OutputExistsError
 from common.leases import reader_lease
-from common.storage import KIND_MODEL, check_disjoint, check_replaceable, output_lock, resolve
+from common.storage import KIND_MODEL, check_disjoint, check_replaceable, output_lock, replaced_copy, resolve
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
 from training.launch import check_results, launch_in_process, launch_spark
@@ -152,7 +152,8 @@ def check_outputs(cfg: TrainConfig, inputs: dict[str, str]) -> None:
         check_disjoint(uri, key, inputs)
     for key in ("output.run_dir", "checkpoint.path"):
         check_disjoint(outputs[key], key, {"output.model_path, which a publish replaces whole,": model})
-    if cfg.output.mode == "error" and resolve(model).exists():
+    # A model an interrupted overwrite moved aside is there too: its next publish restores it.
+    if cfg.output.mode == "error" and (resolve(model).exists() or replaced_copy(model) is not None):
         raise OutputExistsError(f"{model} already exists; set output.mode=overwrite to replace it")
     check_replaceable(model, KIND_MODEL)
     check_checkpoint_root(cfg.checkpoint_path)

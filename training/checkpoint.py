@@ -63,7 +63,10 @@ def check_checkpoint_root(uri: str, key: str = "checkpoint.path") -> None:
             name = posixpath.basename(path.rstrip("/"))
             if not _NAME.match(name):
                 continue
-            ours, kind = output_kind(root.join(name))
+            try:
+                ours, kind = output_kind(root.join(name))
+            except StorageError:  # a damaged marker: restore_latest skips that step for an older one
+                continue
             if ours and kind not in (None, KIND_CHECKPOINT):
                 raise OutputExistsError(f"{root.uri}/{name} ({key}) holds a {kind}, not a checkpoint; "
                                         f"choose another {key}")

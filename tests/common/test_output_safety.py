@@ -275,13 +275,14 @@ def test_checkpoint_pruning_beside_a_glob_named_directory_spares_a_live_neighbou
 def test_a_checkpoint_whose_marker_is_damaged_is_skipped_for_the_previous_one(tmp_path):
     import torch
 
-    from training.checkpoint import CheckpointManager
+    from training.checkpoint import CheckpointManager, check_checkpoint_root
 
     manager = CheckpointManager(str(tmp_path / "ckpt"), steps_per_epoch=1, every_epochs=1, keep=3)
     for step in (1, 2):
         manager.save(step, step, lambda: {"w": torch.zeros(2)})
     damaged = tmp_path / "ckpt" / "step-000000002" / MARKER
     damaged.write_text("[1, 2]")  # a JSON list where the marker's object belongs
+    check_checkpoint_root(str(tmp_path / "ckpt"))  # a run may start: it resumes from the step before
     restored = manager.restore_latest()
     assert restored.step == 1
     assert restored.problems == [f"checkpoint {damaged.parent} cannot be read ({damaged} holds a JSON array, not an "
@@ -299,7 +300,8 @@ OVERWRITER = textwrap.dedent("""
     from common.storage import publish
 
     def overwrite(_args):
-        with publish(sys.argv[1], mode="overwrite", marker={"kind": "shardtrain.scores"}) as staging:
+        kind = sys.argv[2] if len(sys.argv) > 2 else "shardtrain.scores"
+        with publish(sys.argv[1], mode="overwrite", marker={"kind": kind}) as staging:
             with staging.open("new.txt", "wb") as fh:
                 fh.write(b"the new output")
 
@@ -315,11 +317,11 @@ def _digests(loc) -> dict[str, str]:
             for path in storage._objects(loc)}
 
 
-def _overwriter(uri: str, fault: str | None = None) -> subprocess.Popen:
+def _overwriter(uri: str, fault: str | None = None, kind: str = KIND_SCORES) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
     if fault:
         env[FAULT_ENV] = fault
-    return subprocess.Popen([sys.executable, "-c", OVERWRITER, uri], env=env, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", OVERWRITER, uri, kind], env=env, stderr=subprocess.PIPE, text=True)
 
 
 def _check_new_output(uri: str) -> None:
@@ -422,6 +424,38 @@ def test_a_rename_the_file_system_refuses_leaves_the_old_output_and_a_retry_succ
     _check_new_output(target)
 
 
+def test_a_model_moved_aside_by_an_interrupted_overwrite_counts_as_existing_and_is_never_lost(tmp_path):
+    """An overwrite of a model killed between its two renames leaves nothing at the path and the
+    old model aside. A train with output.mode=error is refused before it trains (not at its
+    publish, after the work), and a publish whose restore of the aside copy fails refuses to
+    publish rather than commit beside a model it would then delete."""
+    from training.api import check_outputs
+
+    model = str(tmp_path / "model")
+    _publish(model, KIND_MODEL, OLD_FILES)
+    old = _digests(model)
+    proc = _overwriter(model, "commit:after-aside", kind=KIND_MODEL)
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL and not resolve(model).exists()  # killed with the model aside
+    (aside,) = siblings(resolve(model), REPLACED_TAG)
+    assert _digests(aside) == old
+
+    cfg = _train_cfg(tmp_path)  # output.mode: error
+    with pytest.raises(OutputExistsError, match="already exists"):
+        check_outputs(cfg, {"the training dataset (data.path)": cfg.data.path})
+
+    undo = _deny_rename(aside.path)  # the next writer's restore fails for real
+    try:
+        with pytest.raises(StorageIOError, match=r"moving it back failed"):
+            _publish(model, KIND_MODEL, ["new.txt"], mode="error")
+    finally:
+        undo()
+    assert _digests(siblings(resolve(model), REPLACED_TAG)[0]) == old and not resolve(model).exists()
+    with pytest.raises(OutputExistsError, match="already exists"):  # restored, then refused: mode error
+        _publish(model, KIND_MODEL, ["new.txt"], mode="error")
+    assert _digests(require_committed(model)) == old
+
+
 def test_overwrite_through_a_symlink_replaces_its_target_and_the_link_stays_a_link(tmp_path):
     real, alias = tmp_path / "real_scores", tmp_path / "alias"
     _publish(str(real), KIND_SCORES, OLD_FILES)
@@ -493,6 +527,16 @@ def test_training_outputs_never_overlap_the_dataset_or_the_model(tmp_path, overr
     cfg = _train_cfg(tmp_path, override.format(tmp=tmp_path))
     with pytest.raises(ConfigError, match=message):
         check_outputs(cfg, {"the training dataset (data.path)": cfg.data.path})
+
+
+def test_training_outputs_may_hold_a_colon_which_only_spark_written_outputs_may_not(tmp_path):
+    """Models, run directories and checkpoints are written by fsspec and torch, not Spark: a run
+    directory named by a timestamp is fine (the shard and score jobs refuse ':', test_storage)."""
+    from training.api import check_outputs
+
+    cfg = _train_cfg(tmp_path, f"output.run_dir={tmp_path}/runs/2026-12-02T10:00:00",
+                     f"checkpoint.path={tmp_path}/ckpt:v2")
+    check_outputs(cfg, {"the training dataset (data.path)": cfg.data.path})
 
 
 def test_run_refuses_a_model_path_inside_a_shard_source_before_spark_starts(tmp_path, monkeypatch):
