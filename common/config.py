@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import difflib
 import hashlib
 import json
+import math
 import types
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -285,7 +286,12 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            number = float(value) if isinstance(value, float) or abs(value) < 2 ** 1023 else math.inf
+            if not math.isfinite(number):
+                # No config number means anything at inf or NaN (a rate, a weight, a fill value),
+                # and NaN passes every range check (all its comparisons are false).
+                raise ConfigError(f"{key} must be a finite number, got {str(value)[:40]}")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value

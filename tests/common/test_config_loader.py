@@ -197,3 +197,15 @@ def test_a_config_file_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
     line = len(VALID.splitlines()) + 1
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))} is not UTF-8 text \(byte 0xe9 at line {line}\)"):
         load_shard_config(path)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("features.impute.x=.nan", "features.impute.x"),
+    ("features.impute.x=-.inf", "features.impute.x"),
+    ("output.row_group_mb=.inf", "output.row_group_mb"),
+    ("quality.max_bad_fraction=.nan", "quality.max_bad_fraction"),  # NaN fails no range check
+    ("features.impute.x=" + "9" * 400, "features.impute.x"),  # an integer too large for a float
+])
+def test_config_numbers_must_be_finite(config_file, override, key):
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)} must be a finite number"):
+        load_shard_config(config_file, [override])

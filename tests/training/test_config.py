@@ -46,3 +46,18 @@ def test_data_path_is_required_and_in_process_is_one_rank():
 def test_model_kwargs_pass_through():
     cfg = load_train_config(None, ["data.path=/d", "model.name=pkg.mod:make", "model.kwargs.width=7"])
     assert cfg.model.kwargs == {"width": 7}
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.lr=.inf", "train.lr"),
+    ("train.lr=.nan", "train.lr"),  # NaN passes `lr > 0`'s negation too: it must be refused by name
+    ("train.weight_decay=.inf", "train.weight_decay"),
+    ("train.momentum=.nan", "train.momentum"),
+    ("train.clip_norm=.inf", "train.clip_norm"),
+    ("model.dropout=.nan", "model.dropout"),
+    ("train.distill={alpha: .nan}", "train.distill.alpha"),
+    ("train.distill={temperature: .inf}", "train.distill.temperature"),
+])
+def test_float_values_must_be_finite(override, key):
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')} must be a finite number"):
+        load_train_config(None, ["data.path=/d", override])
