@@ -209,3 +209,15 @@ def test_a_config_file_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
 def test_config_numbers_must_be_finite(config_file, override, key):
     with pytest.raises(ConfigError, match=rf"{re.escape(key)} must be a finite number"):
         load_shard_config(config_file, [override])
+
+
+@pytest.mark.parametrize("override, key, limit", [
+    ("output.num_shards=1000000000000", "output.num_shards", "10,000"),
+    ("features.max_vocab=100000000000", "features.max_vocab", "10,000,000"),
+    ("features.max_category_bytes=10000000000", "features.max_category_bytes", "1,048,576"),
+    ("features.arrays={img: [100000, 100000]}", "features.arrays.img", "16,777,216"),
+])
+def test_counts_have_a_fixed_limit(config_file, override, key, limit):
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)} .*{re.escape(limit)}"):
+        load_shard_config(config_file, [override])
+    assert load_shard_config(config_file, ["output.num_shards=10000"]).output.num_shards == 10_000

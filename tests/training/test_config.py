@@ -61,3 +61,18 @@ def test_model_kwargs_pass_through():
 def test_float_values_must_be_finite(override, key):
     with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')} must be a finite number"):
         load_train_config(None, ["data.path=/d", override])
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.hidden=[10000000000]", "model.hidden"),  # a 40 GB weight per input column
+    ("model.embedding_dim=10000000000", "model.embedding_dim"),
+    ("train.batch_size=10000000000", "train.batch_size"),
+    ("data.shuffle_buffer_rows=10000000000", "data.shuffle_buffer_rows"),
+    ("data.reader_workers=100000", "data.reader_workers"),
+    ("data.prefetch_row_groups=100000000", "data.prefetch_row_groups"),
+    ("launch.num_proc=1000000", "launch.num_proc"),
+])
+def test_counts_that_size_allocations_have_a_fixed_limit(override, key):
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')} must be .*at most|{key.replace('.', '[.]')} "
+                                          r"must be in \[1, "):
+        load_train_config(None, ["data.path=/d", override])
