@@ -221,11 +221,15 @@ class MlflowConfig:
     tracking_uri: str | None = None
     experiment: str | None = None  # null: MLflow's default experiment (MLFLOW_EXPERIMENT_NAME/_ID, else Default)
     run_name: str | None = None  # null: MLflow makes one up
+    # Seconds rank 0 waits for all of tracking (every MLflow call and upload) before it warns and
+    # goes on: a server that accepts connections and never answers costs at most this.
+    timeout_s: float = 60.0
 
     def __post_init__(self):
         for key in ("tracking_uri", "experiment", "run_name"):
             value = getattr(self, key)
             require(value is None or bool(value.strip()), key, "must not be empty (null: MLflow's default)")
+        require(self.timeout_s > 0, "timeout_s", f"must be > 0 seconds, got {self.timeout_s:g}")
 
 
 @dataclass
