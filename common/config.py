@@ -28,6 +28,14 @@ from common.errors import ConfigError
 T = TypeVar("T")
 
 
+# Linux's limits on what exec() takes (a longer one fails with E2BIG, "Argument list too long"):
+# one argument, and the arguments and environment together. A session this package creates passes
+# each spark.conf setting as one ``--conf key=value`` argument of spark-submit, which passes it on
+# to the JVM's command line; the total leaves room for the environment and Spark's own arguments.
+MAX_ARGUMENT_BYTES = 128 * 1024 - 1
+MAX_CONF_BYTES = 1024 * 1024
+
+
 @dataclass
 class SparkConfig:
     """The ``spark`` section every job config has: how to build a session when none is active."""
@@ -36,6 +44,19 @@ class SparkConfig:
     app_name: str = "shardtrain"
     # Passed to SparkSession.builder.config(); ignored when a session already exists.
     conf: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        # Checked here, not when the JVM starts: there it is a traceback from deep in pyspark.
+        total = 0
+        for key, value in self.conf.items():
+            size = len(f"{key}={value}".encode("utf-8", "surrogateescape"))
+            total += size + len("--conf ")
+            require(size <= MAX_ARGUMENT_BYTES, f"conf.{key}",
+                    f"is {size:,} bytes, too long for the command line that starts Spark's JVM (at most "
+                    f"{MAX_ARGUMENT_BYTES:,} bytes per setting); put a long value in a file Spark reads instead")
+            require(total <= MAX_CONF_BYTES, f"conf.{key}",
+                    f"brings spark.conf to {total:,} bytes, too long for the command line that starts Spark's JVM "
+                    f"(at most {MAX_CONF_BYTES:,} bytes in all); put long values in a file Spark reads instead")
 
 
 # Nodes that YAML aliases may add to a document once expanded. A config repeats a block now and
