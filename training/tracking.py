@@ -152,6 +152,25 @@ def local_copy(uri: str) -> Iterator[str]:
         yield target
 
 
+def local_store_path(tracking_uri: str | None) -> str | None:
+    """The local file or directory an MLflow tracking URI keeps its runs in (a SQLite database
+    file, a file store), or None for a server, Databricks or MLflow's default. Relative paths are
+    relative to the working directory, as MLflow takes them."""
+    if not tracking_uri:
+        return None
+    uri = tracking_uri.strip()
+    if uri.startswith("sqlite://"):
+        # SQLAlchemy's form: sqlite:///relative.db, sqlite:////absolute.db; sqlite:// is in memory.
+        path = uri[len("sqlite://"):].split("?", 1)[0]
+        return path[1:] if path.startswith("/") and len(path) > 1 else None
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return parsed.path or None
+    if parsed.scheme or uri in ("databricks", "databricks-uc", "uc"):
+        return None  # a server (http, https, databricks://profile, ...)
+    return uri  # a bare path: MLflow's file store
+
+
 def _client(cfg: MlflowConfig):
     try:
         from mlflow.tracking import MlflowClient
@@ -213,4 +232,4 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)}"
 
 
-__all__ = ["TrackingUnavailable", "flatten", "local_copy", "track_run", "track_run_or_warn", "within_deadline"]
+__all__ = ["TrackingUnavailable", "flatten", "local_copy", "local_store_path", "track_run", "track_run_or_warn", "within_deadline"]

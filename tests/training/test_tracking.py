@@ -159,3 +159,25 @@ def test_tracking_keys_are_typed_and_checked_naming_the_key():
         load_train_config(None, [*base, "tracking.mlflow.timeout_s=0"])
     with pytest.raises(ConfigError, match=r"did you mean 'tracking\.mlflow\.tracking_uri'"):
         load_train_config(None, [*base, "tracking.mlflow.tracking_url=http://x"])
+
+
+@pytest.mark.parametrize("store", ["sqlite:///{model}/mlflow.db", "file://{model}/mlruns", "{model}/mlruns",
+                                   "sqlite:///{model}"])
+def test_a_tracking_store_inside_the_model_output_is_refused_naming_both_keys(dataset, tmp_path, store):
+    """A publish replaces output.model_path whole: the next overwrite would delete the runs kept there."""
+    model = tmp_path / "model"
+    uri = store.format(model=model)
+    with pytest.raises(ConfigError, match=r"^tracking\.mlflow\.tracking_uri .* output\.model_path"):
+        train(load_train_config(None, _overrides(dataset, tmp_path, f"tracking.mlflow.tracking_uri={uri}")))
+    assert not os.path.exists(model) and not os.path.exists(f"{model}.run")  # refused before anything ran
+
+
+def test_local_store_paths_of_tracking_uris():
+    from training.tracking import local_store_path
+
+    assert local_store_path("sqlite:////abs/mlflow.db") == "/abs/mlflow.db"
+    assert local_store_path("sqlite:///rel/mlflow.db?mode=ro") == "rel/mlflow.db"  # relative to the working directory
+    assert local_store_path("sqlite://") is None  # in memory
+    assert local_store_path("file:///abs/mlruns") == "/abs/mlruns" and local_store_path("./mlruns") == "./mlruns"
+    for remote in ("http://mlflow:5000", "https://x/y", "databricks", "databricks://profile", None):
+        assert local_store_path(remote) is None
