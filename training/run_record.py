@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from common.config import parse_yaml
 from common.errors import RunDirError, StorageError, first_line
 from common.storage import Location, resolve
 
@@ -140,7 +141,8 @@ def read_run(run_dir: str) -> RunRecord:
             raise RunDirError(f"{run.join(METRICS).uri} holds no epoch record")
         config_text = _read_optional(run, CONFIG) or ""
         record = RunRecord(uri=run.uri, epochs=epochs, config_text=config_text,
-                           config=_parse(run, CONFIG, config_text, yaml.safe_load) or {},
+                           config=_parse(run, CONFIG, config_text, lambda text: parse_yaml(text, run.join(CONFIG).uri))
+                           or {},
                            info=_parse(run, RUN_INFO, _read_optional(run, RUN_INFO), json.loads) or {},
                            steps=_read_jsonl(run, STEPS), restarts=_read_jsonl(run, RESTARTS),
                            checkpoints=_checkpoints(run))
