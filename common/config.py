@@ -7,6 +7,10 @@ training/config.py) and validates its own values in ``__post_init__``.
 Order, always the same: read the YAML file, apply command-line overrides in the order given,
 reject unknown keys (suggesting the closest valid one), check types (naming the key and the
 expected type), then each dataclass validates itself once.
+
+YAML (a file, an override's value) is loaded by ``parse_yaml``: safe tags only, UTF-8, no key
+twice in a mapping, and aliases bounded by the nodes they add, counted before anything is built,
+so no input can exhaust memory before the checks above refuse it. Numbers must be finite.
 """
 
 from __future__ import annotations
