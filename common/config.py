@@ -7,6 +7,10 @@ training/config.py) and validates its own values in ``__post_init__``.
 Order, always the same: read the YAML file, apply command-line overrides in the order given,
 reject unknown keys (suggesting the closest valid one), check types (naming the key and the
 expected type), then each dataclass validates itself once.
+
+YAML (a file, an override's value) is loaded by ``parse_yaml``: safe tags only, UTF-8, no key
+twice in a mapping, and aliases bounded by the nodes they add, counted before anything is built,
+so no input can exhaust memory before the checks above refuse it. Numbers must be finite.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 import difflib
 import hashlib
 import json
+import math
 import types
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -27,6 +32,14 @@ from common.errors import ConfigError
 T = TypeVar("T")
 
 
+# Linux's limits on what exec() takes (a longer one fails with E2BIG, "Argument list too long"):
+# one argument, and the arguments and environment together. A session this package creates passes
+# each spark.conf setting as one ``--conf key=value`` argument of spark-submit, which passes it on
+# to the JVM's command line; the total leaves room for the environment and Spark's own arguments.
+MAX_ARGUMENT_BYTES = 128 * 1024 - 1
+MAX_CONF_BYTES = 1024 * 1024
+
+
 @dataclass
 class SparkConfig:
     """The ``spark`` section every job config has: how to build a session when none is active."""
@@ -36,19 +49,114 @@ class SparkConfig:
     # Passed to SparkSession.builder.config(); ignored when a session already exists.
     conf: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self):
+        # Checked here, not when the JVM starts: there it is a traceback from deep in pyspark.
+        total = 0
+        for key, value in self.conf.items():
+            size = len(f"{key}={value}".encode("utf-8", "surrogateescape"))
+            total += size + len("--conf ")
+            require(size <= MAX_ARGUMENT_BYTES, f"conf.{key}",
+                    f"is {size:,} bytes, too long for the command line that starts Spark's JVM (at most "
+                    f"{MAX_ARGUMENT_BYTES:,} bytes per setting); put a long value in a file Spark reads instead")
+            require(total <= MAX_CONF_BYTES, f"conf.{key}",
+                    f"brings spark.conf to {total:,} bytes, too long for the command line that starts Spark's JVM "
+                    f"(at most {MAX_CONF_BYTES:,} bytes in all); put long values in a file Spark reads instead")
+
+
+# Nodes that YAML aliases may add to a document once expanded. A config repeats a block now and
+# then; a "billion laughs" document (9 levels of 10 aliases) expands to 10^9 nodes, which every
+# later step (merge, copy, type check) would build in memory before anything could refuse it.
+MAX_ALIAS_EXPANSION = 10_000
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that repeats a key (YAML says keys are unique;
+    PyYAML keeps the last, so a typo'd second ``lr:`` would silently win)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base`: keys written beside it override the merged ones, by design
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base class says what is wrong with it
+            if first is not None:
+                raise ConfigError(f"duplicate key {key!r} at line {line} (first at line {first}): a key may appear "
+                                  "once per section; remove one")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """One YAML document, loaded safely: no Python objects, no duplicate keys, and aliases adding
+    at most MAX_ALIAS_EXPANSION nodes. ConfigError naming ``source`` otherwise."""
+    loader = _ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_alias_expansion(node, source)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"malformed YAML in {source}{where}: {problem}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: the YAML is nested too deeply to be a config") from None
+    finally:
+        loader.dispose()
+
+
+def _check_alias_expansion(root: yaml.Node, source: str) -> None:
+    """Count the nodes the document has once its aliases are expanded, from the composed graph
+    (where an alias is the anchored node itself, shared), without expanding anything."""
+    sizes: dict[int, int] = {}  # id(node) -> nodes in its expansion
+    visiting: set[int] = set()
+
+    def children(node):
+        if isinstance(node, yaml.SequenceNode):
+            return node.value
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return []
+
+    def expanded(node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in visiting:
+            raise ConfigError(f"the YAML alias at line {node.start_mark.line + 1} refers to a node that contains "
+                              "it; a config cannot be recursive")
+        visiting.add(id(node))
+        total = 1 + sum(expanded(child) for child in children(node))
+        visiting.discard(id(node))
+        sizes[id(node)] = total
+        if total - len(sizes) > MAX_ALIAS_EXPANSION:
+            raise ConfigError(f"its YAML aliases expand to more than {MAX_ALIAS_EXPANSION:,} extra nodes (an alias "
+                              "bomb?); write the repeated values out, or use fewer aliases")
+        return total
+
+    expanded(root)
+
 
 def read_yaml(path: str | Path) -> dict:
     """Read one YAML mapping; every failure names the file (and line, for syntax errors)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"malformed YAML in {path}{where}: {problem}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at line {line}); save it as "
+                          "UTF-8") from None
+    data = parse_yaml(text, str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -63,8 +171,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} is not of the form key.sub=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = parse_yaml(raw, f"override {text[:80]!r}") if raw.strip() else ""
+    except ConfigError as exc:
+        if not str(exc).startswith("malformed YAML"):
+            raise  # an alias bomb or a duplicate key is refused, not taken as text
         value = raw  # an unparseable value is taken as the literal string
     return key.split("."), value
 
@@ -201,7 +311,12 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            number = float(value) if isinstance(value, float) or abs(value) < 2 ** 1023 else math.inf
+            if not math.isfinite(number):
+                # No config number means anything at inf or NaN (a rate, a weight, a fill value),
+                # and NaN passes every range check (all its comparisons are false).
+                raise ConfigError(f"{key} must be a finite number, got {str(value)[:40]}")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -256,6 +371,6 @@ def dump_yaml(cfg: Any) -> str:
 
 
 __all__ = [
-    "SparkConfig", "apply_overrides", "config_fingerprint", "deep_merge", "dump_yaml", "from_dict", "load_config", "parse_override",
-    "read_yaml", "require", "to_dict",
+    "MAX_ALIAS_EXPANSION", "SparkConfig", "apply_overrides", "config_fingerprint", "deep_merge", "dump_yaml", "from_dict",
+    "load_config", "parse_override", "parse_yaml", "read_yaml", "require", "to_dict",
 ]

@@ -72,6 +72,16 @@ def check_split_rows(split: str, rows: int, num_shards: int) -> None:
             "share, or add input rows")
 
 
+def check_input_rows(where: str, rows_seen: int, num_shards: int) -> None:
+    """Before any pass over the rows: ``rows_seen`` (at most num_shards, counted by a limit) below
+    num_shards means no split can have a row per shard, so ``check_split_rows`` would fail anyway
+    after the whole first pass (which, with many shards, is many tasks)."""
+    if rows_seen < num_shards:
+        raise InputDataError(
+            f"{where} has {rows_seen} rows, fewer than output.num_shards={num_shards}, so some shard would be "
+            f"empty; lower output.num_shards to at most {max(rows_seen, 1)}, or add input rows")
+
+
 def rows_per_row_group(rows_per_row_group: int | None, row_group_mb: float | None, row_bytes: int) -> int:
     """The configured row-group size in rows (row_group_mb is converted with the stored row width)."""
     if rows_per_row_group is not None:

@@ -13,6 +13,15 @@ from typing import Any, Literal
 from common.config import SparkConfig, load_config, require
 from common.dataset import TEACHER_COLUMN
 from common.sql import quote_identifier
+from common.sql import why_not_a_query
+
+# Fixed ceilings on the counts that size a loop or an allocation before any data is seen (the
+# job's partition keys, every feature's array, the manifest's vocabularies). Far above what a
+# dataset needs, low enough that a typo (num_shards=1000000000000) fails at once, not after hours.
+MAX_SHARDS = 10_000  # shard files per split
+MAX_ARRAY_VALUES = 1 << 24  # float32 values per row of one array feature (64 MiB)
+MAX_VOCAB = 10_000_000  # entries of one categorical vocabulary, each stored in the manifest
+MAX_CATEGORY_BYTES = 1 << 20
 
 
 @dataclass
@@ -49,11 +58,14 @@ class FeaturesConfig:
         for name, shape in self.arrays.items():
             require(bool(shape) and all(isinstance(d, int) and d > 0 for d in shape),
                     f"arrays.{name}", f"must be a list of positive integers, got {shape}")
+            require(math.prod(shape) <= MAX_ARRAY_VALUES, f"arrays.{name}",
+                    f"holds {math.prod(shape):,} values per row, more than the limit of {MAX_ARRAY_VALUES:,}")
         for name in self.impute:
             require(name in self.numeric, f"impute.{name}", "names a column that is not in features.numeric")
-        require(self.max_vocab >= 1, "max_vocab", "must be >= 1")
+        require(1 <= self.max_vocab <= MAX_VOCAB, "max_vocab", f"must be in [1, {MAX_VOCAB:,}], got {self.max_vocab}")
         require(self.min_count >= 1, "min_count", "must be >= 1")
-        require(self.max_category_bytes >= 1, "max_category_bytes", "must be >= 1")
+        require(1 <= self.max_category_bytes <= MAX_CATEGORY_BYTES, "max_category_bytes",
+                f"must be in [1, {MAX_CATEGORY_BYTES:,}], got {self.max_category_bytes}")
 
     @property
     def all_columns(self) -> list[str]:
@@ -111,6 +123,8 @@ class OutputConfig:
 
     def __post_init__(self):
         require(self.num_shards >= 1, "num_shards", f"must be >= 1, got {self.num_shards}")
+        require(self.num_shards <= MAX_SHARDS, "num_shards",
+                f"must be at most {MAX_SHARDS:,} (shard files per split), got {self.num_shards}")
         require(self.staging_partitions is None or 1 <= self.staging_partitions <= 4096, "staging_partitions",
                 f"must be in [1, 4096] (the buckets per split), got {self.staging_partitions}")
         require(self.row_group_mb is None or self.rows_per_row_group is None, "row_group_mb",
@@ -161,6 +175,8 @@ class ShardConfig:
             require(name.isidentifier(), f"sources.{name}", "must be a valid SQL view name (letters, digits, _)")
         require(self.query is not None or len(self.sources) == 1, "query",
                 "is required when there is more than one source")
+        not_a_query = why_not_a_query(self.query) if self.query is not None else None
+        require(not_a_query is None, "query", f"must be a single SELECT query: it {not_a_query}")
         require(self.transform is None or ":" in self.transform, "transform",
                 f"must be 'module:function', got {self.transform!r}")
         require(bool(self.features.all_columns), "features", "must declare at least one feature column")

@@ -53,7 +53,8 @@ import time
 from dataclasses import dataclass
 
 from common import __version__
-from pipelines.balance import BUCKET_BITS, check_split_rows, rows_per_row_group, shard_sizes, shard_starts
+from pipelines.balance import (BUCKET_BITS, check_input_rows, check_split_rows, rows_per_row_group, shard_sizes,
+                               shard_starts)
 from common.config import dump_yaml, to_dict
 from common.plugins import load_callable
 from common.errors import (AccountingError, InputDataError, OutputExistsError, OutputLockedError, QualityGateError,
@@ -127,10 +128,18 @@ def _run_locked(spark, cfg: ShardConfig, out, teacher_scorer: TeacherScorer | No
 
 def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp: str, teacher: dict | None,
                 teacher_scorer: TeacherScorer | None) -> ShardResult:
+    from pyspark.sql import functions as F
+
     from common.spark import spark_errors
 
     table, where = _build_table(spark, cfg, frames)
     check_table(table, cfg, where)
+    if cfg.query is None and cfg.transform is None:
+        # One source's scan, no column read, stopping at num_shards rows: cheap. A query's or a
+        # transform's table may cost a whole pass to count, so there the split check below decides.
+        with spark_errors("counting the input's first rows"):
+            seen = table.select(F.lit(1)).limit(cfg.output.num_shards).count()
+        check_input_rows(where, seen, cfg.output.num_shards)
     with spark_errors("building the row checks and split columns"):
         checked = _checked_rows(table, cfg, frames)
     split_names = list(cfg.split.fractions)

@@ -152,6 +152,14 @@ def check_outputs(cfg: TrainConfig, inputs: dict[str, str]) -> None:
         check_disjoint(uri, key, inputs)
     for key in ("output.run_dir", "checkpoint.path"):
         check_disjoint(outputs[key], key, {"output.model_path, which a publish replaces whole,": model})
+    if cfg.tracking.mlflow is not None:
+        from training.tracking import local_store_path
+
+        # The next overwrite of the model would delete the tracking database kept inside it.
+        store = local_store_path(cfg.tracking.mlflow.tracking_uri)
+        if store:
+            check_disjoint(store, "tracking.mlflow.tracking_uri", {"output.model_path, which a publish replaces whole,":
+                                                                   model})
     # A model an interrupted overwrite moved aside is there too: its next publish restores it.
     if cfg.output.mode == "error" and (resolve(model).exists() or replaced_copy(model) is not None):
         raise OutputExistsError(f"{model} already exists; set output.mode=overwrite to replace it")

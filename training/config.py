@@ -17,6 +17,15 @@ from typing import Any, Literal
 from common.config import load_config, require
 from common.config import SparkConfig
 
+# Fixed ceilings on counts that size an allocation or a set of threads or processes before any
+# data is seen: far above real use, low enough that a typo fails at config time, not as an
+# out-of-memory kill (hidden=[10000000000] would ask torch for a 40 GB-per-row weight).
+MAX_WIDTH = 1 << 20  # units of one MLP layer, the embedding dimension
+MAX_BATCH_ROWS = 1 << 24  # batch_size, shuffle_buffer_rows
+MAX_READER_THREADS = 256  # reader_workers
+MAX_PREFETCH = 1024  # prefetch_row_groups
+MAX_RANKS = 4096  # num_proc
+
 
 @dataclass
 class DataConfig:
@@ -42,9 +51,12 @@ class DataConfig:
             self.reader = "petastorm" if installed("petastorm") else "arrow"
         require(self.path is None or bool(self.path), "path", "must not be empty")
         require(bool(self.train_split), "train_split", "must name a split")
-        require(self.shuffle_buffer_rows >= 1, "shuffle_buffer_rows", "must be >= 1")
-        require(self.reader_workers >= 1, "reader_workers", "must be >= 1")
-        require(self.prefetch_row_groups >= 1, "prefetch_row_groups", "must be >= 1")
+        require(1 <= self.shuffle_buffer_rows <= MAX_BATCH_ROWS, "shuffle_buffer_rows",
+                f"must be in [1, {MAX_BATCH_ROWS:,}], got {self.shuffle_buffer_rows}")
+        require(1 <= self.reader_workers <= MAX_READER_THREADS, "reader_workers",
+                f"must be in [1, {MAX_READER_THREADS}], got {self.reader_workers}")
+        require(1 <= self.prefetch_row_groups <= MAX_PREFETCH, "prefetch_row_groups",
+                f"must be in [1, {MAX_PREFETCH}], got {self.prefetch_row_groups}")
 
 
 @dataclass
@@ -63,10 +75,11 @@ class ModelConfig:
     def __post_init__(self):
         require(self.name == "mlp" or (":" in self.name and all(self.name.split(":", 1))), "name",
                 f"must be 'mlp' or 'module:factory', got {self.name!r}")
-        require(all(isinstance(h, int) and h > 0 for h in self.hidden), "hidden",
-                f"must be a list of positive integers, got {self.hidden}")
+        require(all(isinstance(h, int) and 0 < h <= MAX_WIDTH for h in self.hidden), "hidden",
+                f"must be a list of positive integers of at most {MAX_WIDTH:,}, got {self.hidden}")
         require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
-        require(self.embedding_dim is None or self.embedding_dim >= 1, "embedding_dim", "must be >= 1")
+        require(self.embedding_dim is None or 1 <= self.embedding_dim <= MAX_WIDTH, "embedding_dim",
+                f"must be in [1, {MAX_WIDTH:,}], got {self.embedding_dim}")
 
 
 @dataclass
@@ -114,7 +127,8 @@ class TrainLoopConfig:
 
     def __post_init__(self):
         require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
-        require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        require(1 <= self.batch_size <= MAX_BATCH_ROWS, "batch_size",
+                f"must be in [1, {MAX_BATCH_ROWS:,}], got {self.batch_size}")
         require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
@@ -154,7 +168,7 @@ class LaunchConfig:
     def __post_init__(self):
         if self.backend is None:
             self.backend = "horovod" if installed("horovod.torch") else "torch"
-        require(self.num_proc >= 1, "num_proc", f"must be >= 1, got {self.num_proc}")
+        require(1 <= self.num_proc <= MAX_RANKS, "num_proc", f"must be in [1, {MAX_RANKS}], got {self.num_proc}")
         require(self.gpus_per_proc >= 0, "gpus_per_proc", "must be >= 0")
         require(self.start_timeout >= 1, "start_timeout", "must be >= 1")
         require(self.stall_timeout_s >= 5, "stall_timeout_s", f"must be >= 5 seconds, got {self.stall_timeout_s}")
@@ -207,11 +221,15 @@ class MlflowConfig:
     tracking_uri: str | None = None
     experiment: str | None = None  # null: MLflow's default experiment (MLFLOW_EXPERIMENT_NAME/_ID, else Default)
     run_name: str | None = None  # null: MLflow makes one up
+    # Seconds rank 0 waits for all of tracking (every MLflow call and upload) before it warns and
+    # goes on: a server that accepts connections and never answers costs at most this.
+    timeout_s: float = 60.0
 
     def __post_init__(self):
         for key in ("tracking_uri", "experiment", "run_name"):
             value = getattr(self, key)
             require(value is None or bool(value.strip()), key, "must not be empty (null: MLflow's default)")
+        require(self.timeout_s > 0, "timeout_s", f"must be > 0 seconds, got {self.timeout_s:g}")
 
 
 @dataclass

@@ -44,7 +44,10 @@ def rank_entry(plan) -> dict:
         group = HorovodGroup()
         rank = group.rank
         run = run_rank_elastic if plan.config.launch.elastic else run_rank
-        result = {"ok": True, **run(plan, group, on_step=reporter.on_step, on_validation=reporter.on_validation)}
+        hooks = {"on_step": reporter.on_step, "on_validation": reporter.on_validation}
+        if not plan.config.launch.elastic:  # an elastic run writes no report and tracks nothing after its publish
+            hooks["on_published"] = reporter.on_published
+        result = {"ok": True, **run(plan, group, **hooks)}
         _test_kill_after_publish(rank)
         reporter.finished(None)
         return result

@@ -51,10 +51,12 @@ log = logging.getLogger("shardtrain.train")
 
 
 def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None = None,
-             on_validation: Callable[[int | None], None] | None = None) -> dict:
+             on_validation: Callable[[int | None], None] | None = None,
+             on_published: Callable[[], None] | None = None) -> dict:
     """Train on this rank; returns plain values (per-rank step counts, loader stats, metrics).
     ``on_step(step)`` runs after every optimizer step (and its mid-epoch checkpoint, if due);
-    ``on_validation(batches)`` during each validation pass (see ``evaluate``)."""
+    ``on_validation(batches)`` during each validation pass (see ``evaluate``); ``on_published()``
+    on rank 0 once the model is published, before the run report and tracking."""
     group = group or LocalGroup()
     _quiet_libraries()
     device, device_reason = _pick_device(group, plan)
@@ -89,6 +91,8 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
                                                                plan.label_spec).to(device))
     if group.rank == 0:
         result.update(_finish(plan, final, state.history, device))
+        if on_published:
+            on_published()
         _report_and_track(plan, state.history)
     return result
 

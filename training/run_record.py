@@ -26,12 +26,18 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from common.config import parse_yaml
 from common.errors import RunDirError, StorageError, first_line
 from common.storage import Location, resolve
 
 log = logging.getLogger("shardtrain.train")
 
 CONFIG, RUN_INFO, METRICS, STEPS, RESTARTS = "config.yaml", "run.json", "metrics.jsonl", "steps.jsonl", "restarts.jsonl"
+# The numbers each record of a .jsonl file must carry for the report to read it (training writes them all).
+REQUIRED_FIELDS = {METRICS: ("epoch", "train_loss"),
+                   STEPS: ("step", "epoch", "loss", "steps_per_s", "samples_per_s", "data_wait_fraction",
+                           "allreduce_wait_fraction"),
+                   RESTARTS: ()}
 
 
 # --- writing (rank 0 and the driver) -----------------------------------------------------------
@@ -135,7 +141,8 @@ def read_run(run_dir: str) -> RunRecord:
             raise RunDirError(f"{run.join(METRICS).uri} holds no epoch record")
         config_text = _read_optional(run, CONFIG) or ""
         record = RunRecord(uri=run.uri, epochs=epochs, config_text=config_text,
-                           config=_parse(run, CONFIG, config_text, yaml.safe_load) or {},
+                           config=_parse(run, CONFIG, config_text, lambda text: parse_yaml(text, run.join(CONFIG).uri))
+                           or {},
                            info=_parse(run, RUN_INFO, _read_optional(run, RUN_INFO), json.loads) or {},
                            steps=_read_jsonl(run, STEPS), restarts=_read_jsonl(run, RESTARTS),
                            checkpoints=_checkpoints(run))
@@ -146,7 +153,14 @@ def read_run(run_dir: str) -> RunRecord:
 
 
 def _read_optional(run: Location, name: str) -> str | None:
-    return run.read_text(name) if run.fs.exists(run.join(name).path) else None
+    if not run.fs.exists(run.join(name).path):
+        return None
+    try:
+        return run.read_text(name)
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise RunDirError(f"{run.join(name).uri} line {line} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
+                          "training writes UTF-8: the file was damaged or replaced") from None
 
 
 def _parse(run: Location, name: str, text: str | None, parse):
@@ -165,10 +179,23 @@ def _read_jsonl(run: Location, name: str) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except ValueError as exc:
             raise RunDirError(f"{run.join(name).uri} line {number} is not JSON: {exc}") from None
+        _check_record(run.join(name).uri, number, record, REQUIRED_FIELDS[name])
+        records.append(record)
     return records
+
+
+def _check_record(uri: str, number: int, record, required: tuple[str, ...]) -> None:
+    if not isinstance(record, dict):
+        raise RunDirError(f"{uri} line {number} is not a JSON object (got a {type(record).__name__}); training "
+                          "writes one object per line")
+    for key in required:
+        value = record.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise RunDirError(f"{uri} line {number} has no number {key!r} (got {value!r}); training writes it on "
+                              "every line: the file was damaged or written by something else")
 
 
 def _checkpoints(run: Location) -> list[tuple[str, bool]]:

@@ -17,7 +17,9 @@ What counts as progress: inside an epoch, a rank must advance its step; inside a
 the number of validation batches it has done (the loop reports both; a rank that finished its
 batches and waits in the pass's allreduce for a stuck peer makes no progress either). Before its
 first step (start-up, restoring a checkpoint, opening readers) and between the passes (checkpoint
-writes, publishing the model) there is nothing to count, so a rank's heartbeat is enough there. A
+writes, publishing the model) there is nothing to count, so a rank's heartbeat is enough there.
+After rank 0 has published the model, what is left (the run report, MLflow tracking) has no steps
+either, but it is bounded: a rank still in that phase after the timeout is stalled too. A
 process that sends nothing at all (stopped, hung in a call that holds the GIL, host gone) is
 stalled in any phase. The heartbeat runs on its own thread, so it proves the process is alive,
 not that the training thread moves: that is why the step and batch rules apply inside epochs and
@@ -52,6 +54,7 @@ TOKEN_ENV = "SHARDTRAIN_SUPERVISOR_TOKEN"
 INTERVAL_ENV = "SHARDTRAIN_SUPERVISOR_INTERVAL"  # seconds between a rank's reports
 
 STARTING, TRAINING, VALIDATING, BETWEEN_EPOCHS = "starting", "training", "validating", "between_epochs"
+AFTER_PUBLISH = "after_publish"  # rank 0, model published: the run report and MLflow tracking remain
 
 # Rank failures that say "the connection to another rank or to storage broke": a relaunch can fix
 # them. A rank's own exception (a bug in a model, bad data) would fail the same way again.
@@ -75,6 +78,7 @@ class Reporter:
         self.token = token
         self.step: int | None = None  # None until this process finishes its first step
         self.validation_batches: int | None = None  # batches done in the current validation pass, if in one
+        self.published = False
         self._sock = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -101,6 +105,11 @@ class Reporter:
         self.validation_batches = batches
         self._wake.set()
 
+    def on_published(self) -> None:
+        """Rank 0 published the model: from now on the stall clock runs (see the module docstring)."""
+        self.published = True
+        self._wake.set()
+
     def finished(self, error: str | None, secondary: bool = False) -> None:
         """Last report: done, with the rank's own error line if it failed (``secondary``: an error
         that only says another rank went away)."""
@@ -111,6 +120,8 @@ class Reporter:
 
     @property
     def phase(self) -> str:
+        if self.published:
+            return AFTER_PUBLISH
         if self.validation_batches is not None:
             return VALIDATING
         if self.step is None:
@@ -296,6 +307,9 @@ def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: f
             reasons.append((rank, f"rank {rank} is alive but made no progress in validation for "
                                    f"{now - state.last_progress:.0f} s, after {state.batches} validation batch(es) "
                                    f"{at} (stuck, or waiting for a rank that is)"))
+        elif state.phase == AFTER_PUBLISH and now - state.last_progress > timeout:
+            reasons.append((rank, f"rank {rank} published the model {now - state.last_progress:.0f} s ago and has not "
+                                   "finished (stuck writing the run report or in MLflow tracking)"))
     return reasons
 
 
@@ -495,6 +509,6 @@ def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str,
         return results
 
 
-__all__ = ["BETWEEN_EPOCHS", "STARTING", "TRAINING", "VALIDATING", "ProgressServer", "RankState", "Reporter",
+__all__ = ["AFTER_PUBLISH", "BETWEEN_EPOCHS", "STARTING", "TRAINING", "VALIDATING", "ProgressServer", "RankState", "Reporter",
            "Supervision", "beat_interval", "explain", "find_stalled",
            "retryable", "run_supervised", "supervise"]

@@ -72,7 +72,8 @@ def torch_rank_entry(plan, env: dict, result_timeout: int):
         group = _start_group(plan)
         from training.loop import run_rank
 
-        result = {"ok": True, **run_rank(plan, group, on_step=reporter.on_step, on_validation=reporter.on_validation)}
+        result = {"ok": True, **run_rank(plan, group, on_step=reporter.on_step, on_validation=reporter.on_validation,
+                                         on_published=reporter.on_published)}
         reporter.finished(None)
     except BaseException as exc:  # noqa: BLE001 - reported to the driver as data, like rank_entry
         from training.launch import failure_record

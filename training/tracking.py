@@ -5,6 +5,9 @@ report as artifacts.
 
 Tracking is a convenience, so it never fails training: without mlflow, with an unreachable
 server or any error from MLflow, rank 0 logs one warning with the reason and the run goes on.
+Nor can it hold training up: all of it runs on a daemon thread that rank 0 waits for at most
+``tracking.mlflow.timeout_s`` (a server that accepts connections and never answers held a run for
+20 minutes of MLflow's own retries); past that it warns and goes on, abandoning the thread.
 
 It uses an ``MlflowClient`` for the configured URI and never ``mlflow.set_tracking_uri``: a
 notebook's own MLflow setup is left as it was. Without ``tracking_uri`` the client takes MLflow's
@@ -19,6 +22,7 @@ import logging
 import os
 import socket
 import tempfile
+import threading
 import time
 from typing import Iterator
 from urllib.parse import urlparse
@@ -36,6 +40,10 @@ MAX_PARAMS_PER_BATCH = 100  # MLflow's limits for one log_batch
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAM_LENGTH = 6000  # MLflow's limit for a param value
 CONNECT_TIMEOUT_S = 10
+# MLflow's per-request settings, read from the environment at each request; while tracking runs
+# they are set (unless the user set them) so that one request cannot outlast the whole deadline.
+_REQUEST_TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+_MAX_RETRIES_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
 
 
 class TrackingUnavailable(Exception):
@@ -46,7 +54,7 @@ def track_run_or_warn(plan, history: list[dict], report_uri: str | None) -> str 
     """Track the run as ``plan.config.tracking.mlflow`` says; the MLflow run id, or None after one warning."""
     cfg = plan.config.tracking.mlflow
     try:
-        run_id = track_run(cfg, plan, history, report_uri)
+        run_id = within_deadline(lambda: track_run(cfg, plan, history, report_uri), cfg)
     except Exception as exc:  # noqa: BLE001 - tracking must never fail training (module docstring)
         log.warning("MLflow tracking skipped, the training run is unaffected: %s", _reason(exc))
         return None
@@ -76,6 +84,47 @@ def track_run(cfg: MlflowConfig, plan, history: list[dict], report_uri: str | No
     return run_id
 
 
+def within_deadline(call, cfg: MlflowConfig):
+    """``call()`` on a daemon thread, waited for at most ``cfg.timeout_s``: its result, its
+    exception, or TrackingUnavailable naming the URI and the deadline. A thread cannot be stopped,
+    only abandoned: it ends with its process, or sooner with MLflow's request timeout set here."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as is
+            outcome["error"] = exc
+
+    with _request_limits(cfg.timeout_s):
+        thread = threading.Thread(target=target, name="shardtrain-mlflow", daemon=True)
+        thread.start()
+        thread.join(cfg.timeout_s)
+    if thread.is_alive():
+        raise TrackingUnavailable(
+            f"MLflow at {cfg.tracking_uri or 'the default tracking URI'} did not finish within "
+            f"tracking.mlflow.timeout_s={cfg.timeout_s:g} s (a server that accepts connections but does not "
+            "answer?); the MLflow run, if one was created, stays unfinished")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+@contextlib.contextmanager
+def _request_limits(timeout_s: float) -> Iterator[None]:
+    """One MLflow HTTP request lasts at most the deadline, retried at most twice (MLflow's default:
+    a 120 s timeout and 7 retries with backoff). Variables the user set are left as they are."""
+    added = {name: value for name, value in ((_REQUEST_TIMEOUT_ENV, str(max(1, int(timeout_s)))),
+                                             (_MAX_RETRIES_ENV, "2")) if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name, value in added.items():
+            if os.environ.get(name) == value:
+                del os.environ[name]
+
+
 def flatten(data: dict, prefix: str = "") -> dict[str, str]:
     """{"train": {"lr": 0.1}} -> {"train.lr": "0.1"}; lists and empty mappings as JSON, null as "null"."""
     flat = {}
@@ -101,6 +150,25 @@ def local_copy(uri: str) -> Iterator[str]:
         target = os.path.join(tmp, loc.path.rstrip("/").rsplit("/", 1)[-1])
         loc.fs.get(loc.path, target, recursive=loc.fs.isdir(loc.path))
         yield target
+
+
+def local_store_path(tracking_uri: str | None) -> str | None:
+    """The local file or directory an MLflow tracking URI keeps its runs in (a SQLite database
+    file, a file store), or None for a server, Databricks or MLflow's default. Relative paths are
+    relative to the working directory, as MLflow takes them."""
+    if not tracking_uri:
+        return None
+    uri = tracking_uri.strip()
+    if uri.startswith("sqlite://"):
+        # SQLAlchemy's form: sqlite:///relative.db, sqlite:////absolute.db; sqlite:// is in memory.
+        path = uri[len("sqlite://"):].split("?", 1)[0]
+        return path[1:] if path.startswith("/") and len(path) > 1 else None
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return parsed.path or None
+    if parsed.scheme or uri in ("databricks", "databricks-uc", "uc"):
+        return None  # a server (http, https, databricks://profile, ...)
+    return uri  # a bare path: MLflow's file store
 
 
 def _client(cfg: MlflowConfig):
@@ -164,4 +232,4 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)}"
 
 
-__all__ = ["TrackingUnavailable", "flatten", "local_copy", "track_run", "track_run_or_warn"]
+__all__ = ["TrackingUnavailable", "flatten", "local_copy", "local_store_path", "track_run", "track_run_or_warn", "within_deadline"]

@@ -3,11 +3,14 @@ errors a user sees at each step (one line naming the file/key, exit status 2).""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
+import yaml
 
-from common.config import config_fingerprint, dump_yaml, load_config, parse_override, to_dict
+from common.config import (MAX_ALIAS_EXPANSION, config_fingerprint, dump_yaml, load_config, parse_override, parse_yaml,
+                           to_dict)
 from common.errors import EXIT_USAGE, ConfigError
 from pipelines.shard_config import ShardConfig, load_shard_config
 
@@ -133,3 +136,88 @@ def test_fingerprint_names_the_resolved_config(config_file, tmp_path):
     assert config_fingerprint(load_config(ShardConfig, saved)) == fingerprint
     assert config_fingerprint(load_shard_config(config_file, ["output.num_shards=5", "split.seed=1"])) != fingerprint
     assert config_fingerprint(load_shard_config(config_file)) != fingerprint
+
+
+# --- bounded by design: YAML that cannot exhaust memory, values that cannot loop for ever ------
+
+def _alias_bomb(levels: int) -> str:
+    """``levels`` lists of 10 aliases to the list before: 10**levels leaves once expanded."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def _leaves(value) -> int:
+    return sum(_leaves(v) for v in value) if isinstance(value, list) else 1
+
+
+def test_an_alias_bomb_is_refused_naming_the_file(tmp_path, capsys):
+    from shardtrain.cli import main
+
+    small = yaml.safe_load(_alias_bomb(3))
+    assert _leaves(small["a2"]) == 1000  # aliases really multiply: 3 levels already give 10**3 leaves
+    assert parse_yaml(_alias_bomb(3), "small.yaml")["a2"] == small["a2"]  # a few aliases are fine
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(VALID + _alias_bomb(9))  # 10**9 leaves: gigabytes once copied
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(bomb))}: its YAML aliases expand to more than "
+                                          rf"{MAX_ALIAS_EXPANSION:,} extra nodes"):
+        load_shard_config(bomb)
+    assert main(["shard", "--config", str(bomb)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"shardtrain: error: {bomb}: its YAML aliases expand"), err
+    with pytest.raises(ConfigError, match=r"override 'features=.*': its YAML aliases expand"):
+        load_shard_config(None, ["features=" + "{" + _alias_bomb(9).replace("\n", ", ").rstrip(", ") + "}"])
+
+
+def test_a_recursive_alias_is_refused():
+    with pytest.raises(ConfigError, match=r"^f.yaml: the YAML alias .* a config cannot be recursive"):
+        parse_yaml("a: &x [1, *x]\n", "f.yaml")
+
+
+def test_a_duplicate_key_is_refused_naming_key_and_lines(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text(VALID + "split: {key: id, seed: 3}\n")
+    assert yaml.safe_load(path.read_text())["split"]["seed"] == 3  # plain YAML: the last one wins silently
+    last = len(path.read_text().splitlines())
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: duplicate key 'split' at line {last} "
+                                          r"\(first at line \d+\)"):
+        load_shard_config(path)
+    with pytest.raises(ConfigError, match=r"override 'output=\{num_shards: 2, num_shards: 3\}': duplicate key "
+                                          r"'num_shards'"):
+        load_shard_config(None, ["output={num_shards: 2, num_shards: 3}"])
+    # A merge key's values may be overridden beside it: that is what `<<` is for, not a duplicate.
+    assert parse_yaml("b: &b {lr: 1, wd: 0}\nt: {<<: *b, lr: 2}\n", "m.yaml")["t"] == {"lr": 2, "wd": 0}
+
+
+def test_a_config_file_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(VALID.encode() + "  # café\n".encode("latin-1"))
+    with pytest.raises(UnicodeDecodeError):
+        path.read_text(encoding="utf-8")  # the bytes really are not UTF-8
+    line = len(VALID.splitlines()) + 1
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))} is not UTF-8 text \(byte 0xe9 at line {line}\)"):
+        load_shard_config(path)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("features.impute.x=.nan", "features.impute.x"),
+    ("features.impute.x=-.inf", "features.impute.x"),
+    ("output.row_group_mb=.inf", "output.row_group_mb"),
+    ("quality.max_bad_fraction=.nan", "quality.max_bad_fraction"),  # NaN fails no range check
+    ("features.impute.x=" + "9" * 400, "features.impute.x"),  # an integer too large for a float
+])
+def test_config_numbers_must_be_finite(config_file, override, key):
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)} must be a finite number"):
+        load_shard_config(config_file, [override])
+
+
+@pytest.mark.parametrize("override, key, limit", [
+    ("output.num_shards=1000000000000", "output.num_shards", "10,000"),
+    ("features.max_vocab=100000000000", "features.max_vocab", "10,000,000"),
+    ("features.max_category_bytes=10000000000", "features.max_category_bytes", "1,048,576"),
+    ("features.arrays={img: [100000, 100000]}", "features.arrays.img", "16,777,216"),
+])
+def test_counts_have_a_fixed_limit(config_file, override, key, limit):
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)} .*{re.escape(limit)}"):
+        load_shard_config(config_file, [override])
+    assert load_shard_config(config_file, ["output.num_shards=10000"]).output.num_shards == 10_000

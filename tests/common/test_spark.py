@@ -23,3 +23,34 @@ def test_a_users_java_options_are_kept_and_their_log4j_file_wins(monkeypatch):
     assert conf[KEY] == f"-Xss4m -Dlog4j2.configurationFile=file:{QUIET_LOG4J}"
     own = {KEY: "-Dlog4j2.configurationFile=file:/etc/spark/log4j2.properties"}
     assert _quiet_driver_logging(own) == own
+
+
+def test_a_spark_conf_value_too_long_for_the_jvm_command_line_is_refused_naming_the_key(tmp_path, capsys):
+    import errno
+    import subprocess
+
+    import pytest
+    import yaml
+
+    from common.config import MAX_ARGUMENT_BYTES, MAX_CONF_BYTES
+    from shardtrain.cli import main
+
+    value = "-Dx=" + "y" * MAX_ARGUMENT_BYTES
+    with pytest.raises(OSError) as raised:  # what launching the JVM with it does: exec() refuses it
+        subprocess.run(["true", f"{KEY}={value}"])
+    assert raised.value.errno == errno.E2BIG
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    shard = yaml.safe_load(open(os.path.join(root, "conf", "shard.yaml")))
+    shard["spark"] = {"conf": {KEY: value}}
+    path = tmp_path / "shard.yaml"
+    path.write_text(yaml.safe_dump(shard))
+    assert main(["shard", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"shardtrain: error: {path}: spark.conf.{KEY} is "), err
+    assert "too long for the command line that starts Spark's JVM" in err[0]
+    # Many settings, each short enough, can still be too long together.
+    many = {f"spark.x.k{i}": "v" * 60_000 for i in range(MAX_CONF_BYTES // 60_000 + 1)}
+    shard["spark"] = {"conf": many}
+    path.write_text(yaml.safe_dump(shard))
+    assert main(["shard", "--config", str(path)]) == 2
+    assert "bytes in all" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import pyarrow.parquet  # noqa: F401 - pa.parquet
 import pytest
 
 from common.dataset import read_manifest
-from common.errors import DatasetError, InputDataError
+from common.errors import ConfigError, DatasetError, InputDataError
 from pipelines.shard_job import run_shard_job
 from shard_testdata import config, quarantine, read_split, simple_rows, write_parquet
 
@@ -163,3 +163,43 @@ def test_the_manifest_writer_refuses_a_non_finite_number(tmp_path):
     with pytest.raises(DatasetError, match="the manifest would hold a non-finite number") as err:
         write_manifest(root, {"features": {"numeric": [{"name": "x", "std": float("inf")}]}})
     assert err.value.exit_code == 2 and not (tmp_path / "_manifest.json").exists()
+
+
+def test_a_query_that_writes_is_refused_before_anything_runs_and_the_directory_survives(spark, tmp_path, capsys):
+    """``spark.sql`` runs any statement: an INSERT OVERWRITE DIRECTORY given as the query deleted
+    that directory's files. Now the config refuses it, naming the key, before Spark is asked."""
+    import yaml
+
+    from scoring.config import load_score_config
+    from shardtrain.cli import main
+
+    def victim(name):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "precious.txt").write_text("keep me")
+        return folder
+
+    probe = "INSERT OVERWRITE DIRECTORY '{dir}' USING parquet SELECT 1 AS x"
+    shown = victim("shown")
+    spark.sql(probe.format(dir=shown))  # what the probe does when Spark runs it: the files are gone
+    assert not (shown / "precious.txt").exists()
+
+    src = write_parquet(tmp_path / "in", simple_rows(20))
+    target = victim("target")
+    for query in (probe.format(dir=target), f"WITH t AS (SELECT * FROM raw) {probe.format(dir=target)}",
+                  f"FROM raw INSERT OVERWRITE DIRECTORY '{target}' SELECT *", "SELECT * FROM raw; DROP TABLE raw"):
+        cfg = {"sources": {"raw": {"path": src}}, "query": query,
+               "features": {"numeric": ["x"], "categorical": ["c"]},
+               "label": {"column": "y", "task": "classification", "num_classes": 2},
+               "split": {"key": "id"}, "output": {"path": str(tmp_path / "out"), "num_shards": 2}}
+        path = tmp_path / "shard.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        assert main(["shard", "--config", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"shardtrain: error: {path}: query must be a single SELECT query"), err
+        with pytest.raises(ConfigError, match=r"query must be a single SELECT query"):
+            load_score_config(None, [f"sources.raw.path={src}", f"query={query}", "model=/m", "output.path=/o"])
+    assert (target / "precious.txt").read_text() == "keep me"
+    assert not (tmp_path / "out").exists()
+    # A query that reads is accepted (test_shard_job.py runs one).
+    assert config(src, str(tmp_path / "out"), query="SELECT * FROM raw -- INSERT OVERWRITE").query.startswith("SELECT")

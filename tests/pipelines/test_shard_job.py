@@ -254,11 +254,18 @@ def test_balance_property(spark, tmp_path, rows, num_shards):
     assert read_split(result.uri, "train").column("_row").to_pylist() == list(range(rows))
 
 
-def test_fewer_rows_than_shards_fails_before_writing(spark, tmp_path):
+@pytest.mark.parametrize("query, why", [
+    # A source's scan: its first rows are counted before the first pass over the input.
+    (None, r"source 'raw' \(.*\) has 5 rows, fewer than output.num_shards=8"),
+    # A query's table may cost a pass to count: the first pass's split counts decide.
+    ("SELECT * FROM raw", r"split 'train' has 5 rows, fewer than output.num_shards=8"),
+])
+def test_fewer_rows_than_shards_fails_before_writing(spark, tmp_path, query, why):
     src = write_parquet(tmp_path / "in", simple_rows(5))
     out = tmp_path / "out"
-    with pytest.raises(InputDataError, match=r"split 'train' has 5 rows, fewer than output.num_shards=8"):
-        run_shard_job(spark, config(src, str(out), output={"num_shards": 8}))
+    with pytest.raises(InputDataError, match=why) as err:
+        run_shard_job(spark, config(src, str(out), output={"num_shards": 8}, query=query))
+    assert err.value.exit_code == 2 and "lower output.num_shards to at most 5" in str(err.value)
     assert not out.exists() and not list(tmp_path.glob(".out*"))
 
 

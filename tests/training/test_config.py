@@ -46,3 +46,33 @@ def test_data_path_is_required_and_in_process_is_one_rank():
 def test_model_kwargs_pass_through():
     cfg = load_train_config(None, ["data.path=/d", "model.name=pkg.mod:make", "model.kwargs.width=7"])
     assert cfg.model.kwargs == {"width": 7}
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.lr=.inf", "train.lr"),
+    ("train.lr=.nan", "train.lr"),  # NaN passes `lr > 0`'s negation too: it must be refused by name
+    ("train.weight_decay=.inf", "train.weight_decay"),
+    ("train.momentum=.nan", "train.momentum"),
+    ("train.clip_norm=.inf", "train.clip_norm"),
+    ("model.dropout=.nan", "model.dropout"),
+    ("train.distill={alpha: .nan}", "train.distill.alpha"),
+    ("train.distill={temperature: .inf}", "train.distill.temperature"),
+])
+def test_float_values_must_be_finite(override, key):
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')} must be a finite number"):
+        load_train_config(None, ["data.path=/d", override])
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.hidden=[10000000000]", "model.hidden"),  # a 40 GB weight per input column
+    ("model.embedding_dim=10000000000", "model.embedding_dim"),
+    ("train.batch_size=10000000000", "train.batch_size"),
+    ("data.shuffle_buffer_rows=10000000000", "data.shuffle_buffer_rows"),
+    ("data.reader_workers=100000", "data.reader_workers"),
+    ("data.prefetch_row_groups=100000000", "data.prefetch_row_groups"),
+    ("launch.num_proc=1000000", "launch.num_proc"),
+])
+def test_counts_that_size_allocations_have_a_fixed_limit(override, key):
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')} must be .*at most|{key.replace('.', '[.]')} "
+                                          r"must be in \[1, "):
+        load_train_config(None, ["data.path=/d", override])

@@ -75,3 +75,28 @@ def test_a_report_that_cannot_be_written_warns_and_the_model_is_published(datase
     warnings = [r.getMessage() for r in caplog.records if "run report was not written" in r.getMessage()]
     assert len(warnings) == 1 and str(blocker) in warnings[0]
     assert os.path.exists(os.path.join(result.model_uri, "_COMMITTED")) and len(result.metrics) == 1
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda lines: [lines[0], lines[1][:-1] + b' "note": "caf\xe9"}'], "line 2 is not UTF-8 text (byte 0xe9)"),
+    (lambda lines: [lines[0], json.dumps({k: v for k, v in json.loads(lines[1]).items() if k != "epoch"}).encode()],
+     "line 2 has no number 'epoch'"),
+    (lambda lines: [b"[1, 2]", lines[1]], "line 1 is not a JSON object"),
+])
+def test_a_damaged_metrics_file_exits_2_naming_the_file_and_line(finished, tmp_path, capsys, damage, why):
+    import shutil
+
+    from shardtrain.cli import main
+
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished.run_dir, run_dir)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    lines = open(metrics, "rb").read().splitlines()
+    assert len(lines) == 2 and all(b'"epoch"' in line for line in lines)
+    open(metrics, "wb").write(b"\n".join(damage(lines)) + b"\n")
+    assert open(metrics, "rb").read().splitlines() != lines  # the file really changed
+    os.remove(os.path.join(run_dir, "report.html"))
+    assert main(["report", run_dir]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"shardtrain: error: {metrics} {why}"), err
+    assert not os.path.exists(os.path.join(run_dir, "report.html"))

@@ -12,8 +12,8 @@ import pytest
 from common.errors import EXIT_USAGE, LaunchError, NonFiniteLossError, RankFailedError, RankFailure, RankStalledError
 from training.config import LaunchConfig
 from training.launch import describe_exit, launch_error
-from training.supervisor import (BETWEEN_EPOCHS, STARTING, TRAINING, VALIDATING, RankState, Reporter, Supervision, explain,
-                                 find_stalled, retryable, run_supervised)
+from training.supervisor import (AFTER_PUBLISH, BETWEEN_EPOCHS, STARTING, TRAINING, VALIDATING, RankState, Reporter,
+                                 Supervision, explain, find_stalled, retryable, run_supervised)
 
 
 def test_launch_keys_are_checked_naming_the_key():
@@ -58,6 +58,12 @@ def test_stall_rule_counts_steps_inside_epochs_and_signs_of_life_outside():
     assert 5 not in dict(find_stalled(ranks, world=9, started=now - 100, now=now, timeout=timeout, elastic=True))
     assert 5 in dict(find_stalled(ranks, world=9, started=now - 100, now=now, timeout=timeout))
     assert find_stalled({}, world=2, started=now - 10, now=now, timeout=timeout) == []
+    # After the publish (the run report, MLflow tracking) a live rank has no steps, but a bound.
+    after = {0: _state(0, 50, AFTER_PUBLISH, seen=now - 1, progress=now - 59)}
+    assert find_stalled(after, world=1, started=now - 100, now=now, timeout=timeout) == []
+    after[0].last_progress = now - 61
+    (why,) = dict(find_stalled(after, world=1, started=now - 100, now=now, timeout=timeout)).values()
+    assert "rank 0 published the model 61 s ago and has not finished" in why
     # Not reported yet, but the launcher may still be waiting for task slots.
     assert find_stalled({}, world=1, started=now - 100, now=now, timeout=timeout, start_timeout=120) == []
 
@@ -150,6 +156,8 @@ def test_the_reporter_says_validating_until_the_pass_ends():
     assert reporter.phase == VALIDATING
     reporter.on_validation(None)  # the pass is over: checkpoint writes and the publish count beats only
     assert reporter.phase == BETWEEN_EPOCHS
+    reporter.on_published()
+    assert reporter.phase == AFTER_PUBLISH
 
 
 def _hello_ranks(sup, **state) -> list:
@@ -265,8 +273,11 @@ def test_a_live_rank_process_exits_when_the_driver_aborts_the_launch():
     with Supervision(None, world=2, stall_timeout_s=3) as sup:
         env = sup.launch_env()
         host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
+        # The rank says it runs on another host: the driver then cannot SIGKILL it (it does that to
+        # rank processes on its own host, which raced the abort line), so only the abort can stop it.
         rank_0 = subprocess.Popen([sys.executable, "-c", (
-            "import sys, threading\n"
+            "import socket, sys, threading\n"
+            "socket.gethostname = lambda: 'another-host'\n"
             "from training.supervisor import Reporter\n"
             "Reporter(sys.argv[1], sys.argv[2], rank=0, steps_per_epoch=10, interval=0.1)\n"
             "threading.Event().wait(120)\n"), env["SHARDTRAIN_SUPERVISOR"], env["SHARDTRAIN_SUPERVISOR_TOKEN"]])
@@ -285,3 +296,41 @@ def test_a_live_rank_process_exits_when_the_driver_aborts_the_launch():
             rank_0.kill()
             silent.close()
         assert sup.stall.startswith("rank 1 stalled") and "rank 0 before its first step" in sup.stall
+
+
+def test_a_rank_stuck_after_publishing_is_stopped_while_one_between_epochs_is_not():
+    """A real Reporter in its own process, alive (beating) all along: between epochs it may take
+    longer than the timeout (a checkpoint write); once it reports the publish, what is left (report,
+    MLflow) is bounded, and hanging there makes the driver stop it (exit 1 on abort)."""
+    import subprocess
+    import sys
+
+    with Supervision(None, world=2, stall_timeout_s=3) as sup:
+        env = sup.launch_env()
+        host, port = env["SHARDTRAIN_SUPERVISOR"].rsplit(":", 1)
+        rank_0 = subprocess.Popen([sys.executable, "-c", (
+            "import socket, sys, threading\n"
+            "socket.gethostname = lambda: 'another-host'\n"  # only the abort line can stop it (see above)
+            "from training.supervisor import Reporter\n"
+            "reporter = Reporter(sys.argv[1], sys.argv[2], rank=0, steps_per_epoch=10, interval=0.1)\n"
+            "reporter.on_step(10)\n"
+            "sys.stdin.readline()\n"
+            "reporter.on_published()\n"
+            "threading.Event().wait(120)\n"),  # hangs after the publish, as in a silent MLflow call
+            env["SHARDTRAIN_SUPERVISOR"], env["SHARDTRAIN_SUPERVISOR_TOKEN"]], stdin=subprocess.PIPE, text=True)
+        finished = socket.create_connection((host, int(port)))
+        try:
+            finished.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": 1,
+                                          "step": 10, "phase": BETWEEN_EPOCHS}) + "\n"
+                              + json.dumps({"event": "done", "rank": 1, "step": 10, "error": None}) + "\n").encode())
+            assert _wait(lambda: sup.ranks().get(0) and sup.ranks()[0].phase == BETWEEN_EPOCHS, timeout=60)
+            time.sleep(4)  # more than the timeout between epochs, beating: not a stall
+            assert sup.stall is None and rank_0.poll() is None
+            rank_0.stdin.write("published\n")
+            rank_0.stdin.flush()
+            assert rank_0.wait(timeout=60) == 1  # told to abort by the driver
+        finally:
+            rank_0.kill()
+            finished.close()
+        assert sup.stall.startswith("rank 0 stalled"), sup.stall
+        assert "rank 0 published the model" in sup.stall and "MLflow tracking" in sup.stall

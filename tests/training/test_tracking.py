@@ -5,10 +5,12 @@ report.html as artifacts. A tracking server nobody answers at, or no mlflow at a
 alone, the same code on every backend."""
 
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -93,6 +95,57 @@ def test_tracking_that_cannot_work_warns_once_and_training_exits_0_with_the_mode
     assert not os.path.exists(tmp_path / "mlruns")  # nothing was tracked anywhere else instead
 
 
+class SilentServer:
+    """A loopback TCP server that accepts every connection, reads what is sent, and never answers."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received = b""
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            self.held.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn):
+        try:
+            while chunk := conn.recv(4096):
+                self.received += chunk
+        except OSError:
+            pass
+
+    def close(self):
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.timeout(300)  # the guard: before the deadline, a silent server held training for 20 minutes
+def test_a_server_that_never_answers_costs_at_most_the_deadline_with_one_warning(dataset, tmp_path, caplog):
+    server = SilentServer()
+    uri = f"http://127.0.0.1:{server.port}"
+    try:
+        with caplog.at_level(logging.WARNING, logger="shardtrain.train"):
+            result = train(load_train_config(None, _overrides(
+                dataset, tmp_path, "train.epochs=1", f"tracking.mlflow.tracking_uri={uri}",
+                "tracking.mlflow.experiment=silent", "tracking.mlflow.timeout_s=3")))
+        assert b"POST " in server.received or b"GET " in server.received  # MLflow really sent it a request
+    finally:
+        server.close()
+    assert os.path.exists(os.path.join(result.model_uri, "_COMMITTED"))  # the run returned, model published
+    warnings = [r.getMessage() for r in caplog.records if "MLflow tracking skipped" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert uri in warnings[0] and "tracking.mlflow.timeout_s=3 s" in warnings[0]
+    assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ  # the per-request limits were only set while tracking
+
+
 def test_tracking_keys_are_typed_and_checked_naming_the_key():
     base = ["data.path=/data/ds"]
     assert load_train_config(None, base).tracking.mlflow is None  # no tracking unless asked for
@@ -101,5 +154,30 @@ def test_tracking_keys_are_typed_and_checked_naming_the_key():
         (None, None, None)  # MLflow's own defaults: nothing is set
     with pytest.raises(ConfigError, match=r"tracking\.mlflow\.experiment must not be empty"):
         load_train_config(None, [*base, "tracking.mlflow.experiment=' '"])
+    assert cfg.tracking.mlflow.timeout_s == 60
+    with pytest.raises(ConfigError, match=r"tracking\.mlflow\.timeout_s must be > 0 seconds"):
+        load_train_config(None, [*base, "tracking.mlflow.timeout_s=0"])
     with pytest.raises(ConfigError, match=r"did you mean 'tracking\.mlflow\.tracking_uri'"):
         load_train_config(None, [*base, "tracking.mlflow.tracking_url=http://x"])
+
+
+@pytest.mark.parametrize("store", ["sqlite:///{model}/mlflow.db", "file://{model}/mlruns", "{model}/mlruns",
+                                   "sqlite:///{model}"])
+def test_a_tracking_store_inside_the_model_output_is_refused_naming_both_keys(dataset, tmp_path, store):
+    """A publish replaces output.model_path whole: the next overwrite would delete the runs kept there."""
+    model = tmp_path / "model"
+    uri = store.format(model=model)
+    with pytest.raises(ConfigError, match=r"^tracking\.mlflow\.tracking_uri .* output\.model_path"):
+        train(load_train_config(None, _overrides(dataset, tmp_path, f"tracking.mlflow.tracking_uri={uri}")))
+    assert not os.path.exists(model) and not os.path.exists(f"{model}.run")  # refused before anything ran
+
+
+def test_local_store_paths_of_tracking_uris():
+    from training.tracking import local_store_path
+
+    assert local_store_path("sqlite:////abs/mlflow.db") == "/abs/mlflow.db"
+    assert local_store_path("sqlite:///rel/mlflow.db?mode=ro") == "rel/mlflow.db"  # relative to the working directory
+    assert local_store_path("sqlite://") is None  # in memory
+    assert local_store_path("file:///abs/mlruns") == "/abs/mlruns" and local_store_path("./mlruns") == "./mlruns"
+    for remote in ("http://mlflow:5000", "https://x/y", "databricks", "databricks://profile", None):
+        assert local_store_path(remote) is None
