@@ -270,7 +270,8 @@ def _flat_lists(column: Any, n: int, width: int) -> np.ndarray | None:
     values = column.flatten()
     if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
         return None  # booleans, strings, nested lists: their pandas conversion decides
-    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32)
+    # A copy: a view of Arrow's buffer is read-only, and torch warns on (and must not write to) one.
+    return np.array(values.to_numpy(zero_copy_only=False), dtype=np.float32)
 
 
 def _is_null(value: Any) -> bool:
