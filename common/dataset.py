@@ -54,8 +54,9 @@ File paths are relative to the dataset root and stay inside it (``validate_manif
 absolute paths and ``..``). Every file's sha256 is recorded; readers check a file against it
 before using its rows (``verify_file``), and ``verify_dataset`` checks them all.
 
-``FeatureSpec.transform`` applies the same preprocessing to raw pandas rows: training's
-``load_model(...).predict`` uses it, so serving reproduces training exactly.
+``FeatureSpec.transform`` applies the same preprocessing to raw rows (pandas or Arrow, whole
+columns at once): training's ``load_model(...).predict`` and scoring's mapInArrow use it, so serving
+reproduces training exactly.
 """
 
 from __future__ import annotations
