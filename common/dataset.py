@@ -54,8 +54,9 @@ File paths are relative to the dataset root and stay inside it (``validate_manif
 absolute paths and ``..``). Every file's sha256 is recorded; readers check a file against it
 before using its rows (``verify_file``), and ``verify_dataset`` checks them all.
 
-``FeatureSpec.transform`` applies the same preprocessing to raw pandas rows: training's
-``load_model(...).predict`` uses it, so serving reproduces training exactly.
+``FeatureSpec.transform`` applies the same preprocessing to raw rows (pandas or Arrow, whole
+columns at once): training's ``load_model(...).predict`` and scoring's mapInArrow use it, so serving
+reproduces training exactly.
 """
 
 from __future__ import annotations
@@ -119,25 +120,27 @@ class FeatureSpec:
 
         Returns {"numeric": float32 [n, len(numeric)], "categorical": int64 [n, len(categorical)],
         <array name>: float32 [n, *shape]}; a missing column raises DatasetError naming it.
+
+        Whole columns at once: an Arrow table stays Arrow (what scoring's mapInArrow gets), a
+        pandas column is taken as Arrow where that converts it exactly; the values are the ones
+        a row-by-row conversion gives, to the bit (tests/scoring/test_transform_columns.py).
         """
-        if hasattr(frame, "to_pandas"):
-            frame = frame.to_pandas()
-        missing = [c for c in self.columns if c not in frame.columns]
+        names = list(frame.column_names if hasattr(frame, "column_names") else frame.columns)
+        missing = [c for c in self.columns if c not in names]
         if missing:
-            raise DatasetError(f"input is missing feature column(s) {missing}; it has {list(frame.columns)}")
-        n = len(frame)
+            raise DatasetError(f"input is missing feature column(s) {missing}; it has {names}")
+        n = len(frame) if not hasattr(frame, "num_rows") else frame.num_rows
         out: dict[str, np.ndarray] = {}
         num = np.zeros((n, len(self.numeric)), dtype=np.float32)
         for j, name in enumerate(self.numeric):
-            num[:, j] = self.encode_numeric(name, np.asarray(frame[name], dtype=np.float64))
+            num[:, j] = self.encode_numeric(name, _float64_column(frame[name]))
         out["numeric"] = num
         cat = np.zeros((n, len(self.categorical)), dtype=np.int64)
         for j, name in enumerate(self.categorical):
-            cat[:, j] = self.encode_categorical(name, frame[name])
+            cat[:, j] = self.encode_categorical(name, _arrow_strings(frame[name]))
         out["categorical"] = cat
         for name, shape in self.arrays.items():
-            rows = [np.asarray(v, dtype=np.float32).reshape(shape) for v in frame[name]]
-            out[name] = np.stack(rows) if rows else np.zeros((0, *shape), dtype=np.float32)
+            out[name] = _stacked_arrays(frame[name], n, shape)
         return out
 
     # The one implementation of the fitted encodings: the shard job stores what these return
@@ -162,16 +165,114 @@ class FeatureSpec:
 
             if isinstance(values, pa.ChunkedArray):
                 values = values.combine_chunks()
-            vocab = pa.array(list(self._vocab[name]), type=values.type)
-            index = pc.index_in(values, value_set=vocab).to_numpy(zero_copy_only=False)
-            codes = np.where(np.isnan(index), UNSEEN_INDEX - RESERVED_INDICES, index).astype(np.int64)
-            codes += RESERVED_INDICES
+            # The dictionary's own codes, by position of its keys: the same code the dictionary
+            # gives a value, even for a vocabulary listing one value twice (the later position wins).
+            vocab = self._vocab[name]
+            codes_of = np.array([UNSEEN_INDEX, *vocab.values()], dtype=np.int64)
+            keys = pa.array(list(vocab), type=values.type)
+            index = pc.fill_null(pc.index_in(values, value_set=keys), -1).to_numpy(zero_copy_only=False)
+            codes = codes_of[index.astype(np.int64) + 1]
             codes[pc.is_null(values).to_numpy(zero_copy_only=False)] = NULL_INDEX
             return codes
+        if isinstance(values, _PandasStrings):
+            return self._encode_pandas_strings(name, values)
         if isinstance(values, (pa.Array, pa.ChunkedArray)):
             values = values.to_pylist()
         vocab = self._vocab[name]
         return np.array([NULL_INDEX if _is_null(v) else _lookup(vocab, v) for v in values], dtype=np.int64)
+
+    def _encode_pandas_strings(self, name: str, values: "_PandasStrings") -> np.ndarray:
+        """A pandas column of strings and missing values: the strings looked up at once; each
+        missing one (None, NaN, pd.NA, ...) coded as it would be on its own, one by one."""
+        codes = self.encode_categorical(name, values.arrow)
+        gaps = np.flatnonzero(codes == NULL_INDEX)
+        if len(gaps):
+            codes[gaps] = self.encode_categorical(name, values.series.iloc[gaps])
+        return codes
+
+
+class _PandasStrings:
+    """A pandas column whose non-missing values are all str, with its Arrow string array."""
+
+    def __init__(self, series: Any, arrow: Any):
+        self.series = series
+        self.arrow = arrow
+
+
+def _arrow_strings(column: Any) -> Any:
+    """A categorical column as what ``encode_categorical`` looks up at once where that is exact: an
+    Arrow column as it is; a pandas column of str and missing values as _PandasStrings; any other
+    pandas column (numbers, booleans, mixed) as it is, for the value-by-value string forms."""
+    import pyarrow as pa
+
+    if isinstance(column, (pa.Array, pa.ChunkedArray)) or getattr(column, "dtype", None) is None:
+        return column
+    if column.dtype.kind not in "OSU" and str(column.dtype) not in ("string", "str"):
+        return column
+    try:
+        arrow = pa.array(column, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        return column
+    if not pa.types.is_string(arrow.type) and not pa.types.is_large_string(arrow.type):
+        return column  # e.g. an object column of ints: each takes its own string form
+    return _PandasStrings(column, arrow)
+
+
+def _float64_column(column: Any) -> np.ndarray:
+    """A numeric column as float64 with NaN for a null: what ``np.asarray(pandas column, float64)``
+    gives. Arrow floating columns convert directly (a null is NaN); other Arrow types go through
+    their pandas conversion, so integers, booleans and decimals round exactly as before."""
+    import pyarrow as pa
+
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        if pa.types.is_floating(column.type):
+            return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+        column = column.to_pandas()
+    return np.asarray(column, dtype=np.float64)
+
+
+def _stacked_arrays(column: Any, n: int, shape: tuple[int, ...]) -> np.ndarray:
+    """An array feature as float32 [n, *shape]: an Arrow list column with every row present and of
+    length prod(shape) is flattened and reshaped once; a pandas column of equal-length rows is
+    stacked by numpy at once. Anything else (a null row, a row of another length) takes the
+    row-by-row path, which raises the same error it always did."""
+    import pyarrow as pa
+
+    width = math.prod(shape)
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        whole = _flat_lists(column, n, width)
+        if whole is not None:
+            return whole.reshape((n, *shape))
+        column = column.to_pandas()
+    else:
+        try:
+            whole = np.asarray(list(column), dtype=np.float32)
+        except (ValueError, TypeError):
+            whole = None
+        if whole is not None and whole.ndim >= 1 and len(whole) == n and whole.size == n * width:
+            return whole.reshape((n, *shape))
+    rows = [np.asarray(v, dtype=np.float32).reshape(shape) for v in column]
+    return np.stack(rows) if rows else np.zeros((0, *shape), dtype=np.float32)
+
+
+def _flat_lists(column: Any, n: int, width: int) -> np.ndarray | None:
+    """An Arrow list column's elements as one float32 vector, or None unless every row is present
+    and holds exactly ``width`` elements (a null element is NaN, as in its pandas conversion)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+            or pa.types.is_fixed_size_list(column.type)):
+        return None
+    if column.null_count or (n and not pc.all(pc.equal(pc.list_value_length(column), width)).as_py()):
+        return None
+    values = column.flatten()
+    if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+        return None  # booleans, strings, nested lists: their pandas conversion decides
+    # A copy: a view of Arrow's buffer is read-only, and torch warns on (and must not write to) one.
+    return np.array(values.to_numpy(zero_copy_only=False), dtype=np.float32)
 
 
 def _is_null(value: Any) -> bool:

@@ -262,8 +262,9 @@ def worker_device() -> str:
 
 def score_batch(model, task: ScoreTask, batch):
     """One Arrow batch (spark.sql.execution.arrow.maxRecordsPerBatch rows) -> the output batch: kept
-    columns, predictions for the clean rows, reasons. The batch is preprocessed at once (one
-    Arrow -> pandas conversion), then run through the network ``task.batch_size`` rows at a time."""
+    columns, predictions for the clean rows, reasons. The batch is preprocessed at once, column by
+    column on its Arrow arrays (no pandas conversion), then run through the network
+    ``task.batch_size`` rows at a time."""
     import pyarrow as pa
 
     reason = batch.column(batch.schema.get_field_index(REASON))
