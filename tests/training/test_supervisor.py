@@ -13,6 +13,7 @@ from common.errors import LaunchError, RankFailedError, RankFailure
 from training.config import LaunchConfig
 from training.launchers.failure_policy import is_transient
 from training.launchers.horovod_spark import describe_exit, launch_error
+from training.launchers.rank_entry import run_rank_entry
 from training.launchers.progress import AFTER_PUBLISH, BETWEEN_EPOCHS, STARTING, TRAINING, VALIDATING, Reporter
 from training.launchers.supervisor import RankState, Supervision, explain, find_stalled, run_supervised
 
@@ -320,3 +321,42 @@ def test_a_rank_stuck_after_publishing_is_stopped_while_one_between_epochs_is_no
             finished.close()
         assert sup.stall.startswith("rank 0 stalled"), sup.stall
         assert "rank 0 published the model" in sup.stall and "MLflow tracking" in sup.stall
+
+
+class _Group:
+    rank = 1
+
+    def __init__(self):
+        self.stopped = 0
+
+
+class _RankPlan:
+    steps_per_epoch = 10
+
+
+def test_the_rank_entry_reports_a_failure_with_its_traceback_then_stops_the_group(monkeypatch):
+    """The one rank-entry sequence of every launcher: the rank's own exception comes back as a
+    record (never raised), its last report reaches the driver, and the group is stopped after."""
+    group = _Group()
+
+    def train(plan, group, reporter):
+        reporter.on_step(3)
+        raise ValueError("mat1 and mat2 shapes cannot be multiplied")
+
+    def stop(g):
+        assert _wait(lambda: sup.ranks().get(1) and sup.ranks()[1].done)  # reported before the stop
+        g.stopped += 1
+
+    with Supervision(None, world=2, stall_timeout_s=60) as sup:
+        for key, value in sup.launch_env().items():
+            monkeypatch.setenv(key, value)
+        result = run_rank_entry(_RankPlan(), 1, lambda plan: group, train, stop_group=stop)
+        assert result["ok"] is False and group.stopped == 1
+        failure = RankFailure(**result["failure"])
+        assert (failure.rank, failure.type, failure.secondary) == (1, "ValueError", False)
+        assert "in train" in failure.traceback and "mat1 and mat2" in failure.traceback
+        state = sup.ranks()[1]
+        assert state.step == 3 and state.error == "ValueError: mat1 and mat2 shapes cannot be multiplied"
+        # A rank that succeeds reports done without an error.
+        ok = run_rank_entry(_RankPlan(), 1, lambda plan: _Group(), lambda plan, g, r: {"published": True})
+        assert ok == {"ok": True, "published": True}

@@ -24,7 +24,8 @@ from training.launchers.progress import Reporter
 
 def run_rank_entry(plan, rank: int, start_group: Callable, train: Callable,
                    stop_group: Callable | None = None) -> dict:
-    """One rank, start to end: ``start_group(plan) -> group``, then ``train(plan, group, reporter)
+    """One rank, start to end (``rank``: what the launcher's environment says, until the group
+    is up): ``start_group(plan) -> group``, then ``train(plan, group, reporter)
     -> dict`` (the rank loop with the reporter's hooks), then ``stop_group(group)`` if given (also
     after a failure, once the failure has been reported). Returns ``{"ok": True, ...}`` or
     ``{"ok": False, "failure": <RankFailure as a dict>}``."""
@@ -32,6 +33,7 @@ def run_rank_entry(plan, rank: int, start_group: Callable, train: Callable,
     group = None
     try:
         group = start_group(plan)
+        rank = group.rank  # the group's word from here on (an elastic rank keeps its first one)
         result = {"ok": True, **train(plan, group, reporter)}
         fault_point(f"rank{rank}", "after-run")  # the tests' one way to kill a rank just after its publish
         reporter.finished(None)
