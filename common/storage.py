@@ -43,7 +43,6 @@ import os
 import posixpath
 import re
 import shutil
-import signal
 import socket
 import time
 import uuid
@@ -54,6 +53,7 @@ from urllib.parse import urlparse
 import fsspec
 
 from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageError, StorageIOError, first_line
+from common.faults import fault_point
 
 MARKER = "_COMMITTED"
 # Written with the files and removed after the marker: a directory holding it is our own output
@@ -66,7 +66,6 @@ LOCK_TAG = ".shardtrain-lock"
 # A hidden sibling of output NAME: ``.NAME<tag><token>``. The token never holds a dot, so the name
 # is everything before the last tag (``.a._staging-b._staging-T`` belongs to ``a._staging-b``).
 _SIBLING = re.compile(r"^\.(?P<name>.+)(?P<tag>\._staging-|\._replaced-)(?P<token>[A-Za-z0-9-]+)$")
-FAULT_ENV = "SHARDTRAIN_FAULT"
 KIND_DATASET = "shardtrain.dataset"
 KIND_MODEL = "shardtrain.model"
 KIND_CHECKPOINT = "shardtrain.checkpoint"
@@ -406,41 +405,26 @@ def commit(staging: Location, final: Location, marker: dict, kind: str | None = 
     check_replaceable(final.uri, kind)  # again: the staged work took time
     record = {"committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **marker}
     staging.write_text(MARKER, json.dumps(record, indent=2, sort_keys=True))
-    _fault_point("before-aside")
+    fault_point("commit", "before-aside")
     aside = _beside(final, REPLACED_TAG + _new_token()) if is_committed(final) else None
     if aside is None:
         _remove_output(final)  # nothing committed there: nothing to keep
     try:
         if aside is not None:
             _move(final, aside)
-            _fault_point("after-aside")
+            fault_point("commit", "after-aside")
         _move(staging, final)
     except BaseException:
         if aside is not None:
             _restore(aside, final)
         raise
-    _fault_point("after-swap")
+    fault_point("commit", "after-swap")
     if aside is not None:
         try:
             remove_tree(aside)
         except Exception as exc:  # noqa: BLE001 - the new output is committed; the next writer removes it
             log.warning("%s: could not remove the replaced output %s (%s); the next job writing this output "
                         "removes it", final.uri, aside.uri, exc)
-
-
-def _fault_point(step: str) -> None:
-    """The one fault-injection point of shardtrain's storage, for the tests of ``commit``'s swap.
-
-    ``SHARDTRAIN_FAULT=commit:<step>`` makes this process kill itself (SIGKILL) at ``step``;
-    ``commit:<step>:stop`` makes it stop itself (SIGSTOP) there, so a test can change the world
-    (make the next rename fail for real) and let it go on (SIGCONT). Steps: ``before-aside`` (the
-    new output staged with its marker, the old untouched), ``after-aside`` (the old output moved
-    aside, nothing at the path), ``after-swap`` (the new output committed, the old still aside).
-    Unset (as always outside tests), nothing happens.
-    """
-    flag = os.environ.get(FAULT_ENV, "").split(":")
-    if flag[:2] == ["commit", step]:
-        os.kill(os.getpid(), signal.SIGSTOP if flag[2:] == ["stop"] else signal.SIGKILL)
 
 
 def _move(src: Location, dst: Location) -> None:

@@ -34,11 +34,10 @@ from common.leases import reader_lease
 from common.storage import KIND_MODEL, check_disjoint, check_replaceable, output_lock, replaced_copy, resolve
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
-from training.launch import check_results, launch_in_process, launch_spark
 from training.data import check_manifest_unchanged
+from training.launchers import launch
 from training.plan import RankPlan, build_plan
 from training.run_record import record_restart
-from training.supervisor import run_supervised
 
 log = logging.getLogger("shardtrain.train")
 
@@ -105,13 +104,10 @@ def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, started: flo
     log.info("dataset %s: %d train rows -> %d rank(s) x %d steps/epoch x %d epoch(s) (%d rows skipped per epoch)",
              plan.dataset_uri, plan.train.rows, plan.world_size, plan.steps_per_epoch, cfg.train.epochs,
              plan.skipped_rows_per_epoch)
-    if cfg.launch.mode == "in_process":
-        results = launch_in_process(plan, on_step=on_step)
-    else:
+    if cfg.launch.mode != "in_process":
         spark = spark or _session(cfg)
-        results = run_supervised(launch_spark, plan, spark, cfg.launch, cfg.checkpoint.resume,
-                                 on_restart=lambda n, why: record_restart(plan.run_dir, n, cfg.launch.max_restarts, why))
-    ranks = check_results(results)
+    ranks = launch(plan, spark, on_step=on_step,
+                   on_restart=lambda n, why: record_restart(plan.run_dir, n, cfg.launch.max_restarts, why))
     result = _result(plan, ranks, time.perf_counter() - started)
     _write_summary(result)
     return result

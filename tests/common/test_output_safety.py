@@ -19,7 +19,8 @@ import pytest
 
 from common import storage
 from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageError, StorageIOError
-from common.storage import (FAULT_ENV, KIND_CHECKPOINT, KIND_DATASET, KIND_MODEL, KIND_SCORES, MARKER, REPLACED_TAG,
+from common.faults import FAULT_ENV
+from common.storage import (KIND_CHECKPOINT, KIND_DATASET, KIND_MODEL, KIND_SCORES, MARKER, REPLACED_TAG,
                             STAGING_TAG, check_disjoint, check_replaceable, is_committed, lock_location, output_lock,
                             publish, require_committed, resolve, siblings)
 

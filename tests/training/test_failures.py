@@ -253,7 +253,7 @@ def test_ranks_failing_after_the_publish_finish_the_run_without_publishing_again
     marker = uuid.uuid4().hex
     flag = tmp_path / "killed-after-publish.pid"  # rank 0 writes its pid there, then SIGKILLs itself (once)
     cfg = _cfg(dataset, tmp_path, marker, "output.mode=error", "train.epochs=1",
-               f"launch.env.SHARDTRAIN_TEST_KILL_AFTER_PUBLISH={flag}")
+               "launch.env.SHARDTRAIN_FAULT=rank0:after-run", f"launch.env.SHARDTRAIN_FAULT_ONCE={flag}")
     result = train(cfg, spark)
 
     killed = int(flag.read_text())

@@ -1,6 +1,6 @@
-"""The supervisor's own logic without Spark: the stall rule, which failures are retried, how a
-launch error reads, and ranks reporting over real loopback sockets. The same pieces run on real
-Horovod ranks in test_failures.py."""
+"""The supervisor's own logic without Spark: the stall rule, relaunching (the failure policy's
+rules themselves: test_failure_policy.py), how a launch error reads, and ranks reporting over
+real loopback sockets. The same pieces run on real Horovod ranks in test_failures.py."""
 
 import json
 import socket
@@ -9,11 +9,13 @@ import time
 
 import pytest
 
-from common.errors import EXIT_USAGE, LaunchError, NonFiniteLossError, RankFailedError, RankFailure, RankStalledError
+from common.errors import LaunchError, RankFailedError, RankFailure
 from training.config import LaunchConfig
-from training.launch import describe_exit, launch_error
-from training.supervisor import (AFTER_PUBLISH, BETWEEN_EPOCHS, STARTING, TRAINING, VALIDATING, RankState, Reporter,
-                                 Supervision, explain, find_stalled, retryable, run_supervised)
+from training.launchers.failure_policy import is_transient
+from training.launchers.horovod_spark import describe_exit, launch_error
+from training.launchers.rank_entry import run_rank_entry
+from training.launchers.progress import AFTER_PUBLISH, BETWEEN_EPOCHS, STARTING, TRAINING, VALIDATING, Reporter
+from training.launchers.supervisor import RankState, Supervision, explain, find_stalled, run_supervised
 
 
 def test_launch_keys_are_checked_naming_the_key():
@@ -72,21 +74,6 @@ def _failure(type_, exit_code=1, secondary=False):
     return RankFailure(rank=1, type=type_, message="boom", traceback="", exit_code=exit_code, secondary=secondary)
 
 
-@pytest.mark.parametrize("error, expected", [
-    (LaunchError("rank 1 died", retryable=True), True),
-    (RankStalledError("rank 1 stalled"), True),
-    (LaunchError("no task slots"), False),
-    (RankFailedError([_failure("HorovodInternalError", secondary=True)]), True),
-    (RankFailedError([_failure("ConnectionResetError")]), True),
-    (RankFailedError([_failure("ValueError")]), False),  # the rank's own bug fails again
-    (RankFailedError([_failure("NonFiniteLossError")]), False),
-    (RankFailedError([_failure("DatasetError", exit_code=EXIT_USAGE)]), False),
-    (NonFiniteLossError("nan"), False),
-])
-def test_only_failures_a_relaunch_can_fix_are_retried(error, expected):
-    assert retryable(error) is expected
-
-
 def test_a_dead_process_is_named_by_rank_and_signal_and_capacity_advice_is_for_timeouts_only():
     died = RuntimeError("Horovod detected that one or more processes exited with non-zero status, thus causing the "
                         "job to be terminated. The first process to do so was:\nProcess name: 1\nExit code: 137\n")
@@ -107,7 +94,7 @@ def test_a_rank_that_died_makes_any_launch_error_name_its_step_and_retryable():
     error = explain(LaunchError("TorchDistributor could not run 2 rank(s): barrier stage failed"), ranks)
     assert "rank 1 died at step 30 without reporting an error" in str(error)
     assert "peer closed" not in str(error)  # a consequence, not the cause
-    assert retryable(error)
+    assert is_transient(error)
 
 
 def _wait(condition, timeout=30):
@@ -278,7 +265,7 @@ def test_a_live_rank_process_exits_when_the_driver_aborts_the_launch():
         rank_0 = subprocess.Popen([sys.executable, "-c", (
             "import socket, sys, threading\n"
             "socket.gethostname = lambda: 'another-host'\n"
-            "from training.supervisor import Reporter\n"
+            "from training.launchers.progress import Reporter\n"
             "Reporter(sys.argv[1], sys.argv[2], rank=0, steps_per_epoch=10, interval=0.1)\n"
             "threading.Event().wait(120)\n"), env["SHARDTRAIN_SUPERVISOR"], env["SHARDTRAIN_SUPERVISOR_TOKEN"]])
         # Rank 1 goes silent only once rank 0 is connected: a slow interpreter start on a loaded
@@ -311,7 +298,7 @@ def test_a_rank_stuck_after_publishing_is_stopped_while_one_between_epochs_is_no
         rank_0 = subprocess.Popen([sys.executable, "-c", (
             "import socket, sys, threading\n"
             "socket.gethostname = lambda: 'another-host'\n"  # only the abort line can stop it (see above)
-            "from training.supervisor import Reporter\n"
+            "from training.launchers.progress import Reporter\n"
             "reporter = Reporter(sys.argv[1], sys.argv[2], rank=0, steps_per_epoch=10, interval=0.1)\n"
             "reporter.on_step(10)\n"
             "sys.stdin.readline()\n"
@@ -334,3 +321,42 @@ def test_a_rank_stuck_after_publishing_is_stopped_while_one_between_epochs_is_no
             finished.close()
         assert sup.stall.startswith("rank 0 stalled"), sup.stall
         assert "rank 0 published the model" in sup.stall and "MLflow tracking" in sup.stall
+
+
+class _Group:
+    rank = 1
+
+    def __init__(self):
+        self.stopped = 0
+
+
+class _RankPlan:
+    steps_per_epoch = 10
+
+
+def test_the_rank_entry_reports_a_failure_with_its_traceback_then_stops_the_group(monkeypatch):
+    """The one rank-entry sequence of every launcher: the rank's own exception comes back as a
+    record (never raised), its last report reaches the driver, and the group is stopped after."""
+    group = _Group()
+
+    def train(plan, group, reporter):
+        reporter.on_step(3)
+        raise ValueError("mat1 and mat2 shapes cannot be multiplied")
+
+    def stop(g):
+        assert _wait(lambda: sup.ranks().get(1) and sup.ranks()[1].done)  # reported before the stop
+        g.stopped += 1
+
+    with Supervision(None, world=2, stall_timeout_s=60) as sup:
+        for key, value in sup.launch_env().items():
+            monkeypatch.setenv(key, value)
+        result = run_rank_entry(_RankPlan(), 1, lambda plan: group, train, stop_group=stop)
+        assert result["ok"] is False and group.stopped == 1
+        failure = RankFailure(**result["failure"])
+        assert (failure.rank, failure.type, failure.secondary) == (1, "ValueError", False)
+        assert "in train" in failure.traceback and "mat1 and mat2" in failure.traceback
+        state = sup.ranks()[1]
+        assert state.step == 3 and state.error == "ValueError: mat1 and mat2 shapes cannot be multiplied"
+        # A rank that succeeds reports done without an error.
+        ok = run_rank_entry(_RankPlan(), 1, lambda plan: _Group(), lambda plan, g, r: {"published": True})
+        assert ok == {"ok": True, "published": True}

@@ -1,17 +1,11 @@
-"""Supervising a launch: ranks report progress to the driver, the driver stops a launch that has
-stopped making progress, explains which rank failed and why, and relaunches the ranks when the
-failure is one a retry can fix.
+"""Supervising a launch, on the driver: the ranks' reports are collected, a launch that has
+stopped making progress is stopped, a failure is explained rank by rank, and the ranks are
+relaunched when the failure policy (``training.launchers.failure_policy``) says a retry can fix it.
 
 Backend-agnostic: ``run_supervised`` wraps any ``launch_fn(plan, spark, launch_cfg) -> list[dict]``
 (Horovod-on-Spark, torch.distributed) and only adds three environment variables to
-``launch_cfg.env``. The rank side is ``Reporter``: the backend's rank entry builds it with
-``Reporter.from_env(rank, steps_per_epoch)``, passes ``reporter.on_step`` to ``run_rank`` and calls
-``reporter.finished(error_line)`` last.
-
-Protocol: each rank holds one TCP connection to a ``ProgressServer`` in the driver process and
-sends a JSON line after each step (at most ten a second) and every ``beat_interval`` seconds: its
-step, phase, pid and host. The first line carries a per-launch token. The driver may answer
-``abort``: a live rank then exits at once.
+``launch_cfg.env``, which the ranks' ``Reporter`` (``training.launchers.progress``, the rank side
+and the protocol) reads. This module is driver-only: no rank imports it.
 
 What counts as progress: inside an epoch, a rank must advance its step; inside a validation pass,
 the number of validation batches it has done (the loop reports both; a rank that finished its
@@ -34,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import secrets
 import signal
 import socket
@@ -44,149 +37,18 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from common.errors import EXIT_RUNTIME, LaunchError, RankFailedError, RankStalledError, ShardtrainError, first_line
-from training.launch import check_results
+from common.errors import LaunchError, RankStalledError, ShardtrainError
+from training.launchers.failure_policy import RAISE, FailurePolicy
+from training.launchers.progress import (ADDRESS_ENV, AFTER_PUBLISH, INTERVAL_ENV, STARTING, TOKEN_ENV, TRAINING,
+                                         VALIDATING)
+from training.launchers.rank_entry import check_results
 
 log = logging.getLogger("shardtrain.train")
-
-ADDRESS_ENV = "SHARDTRAIN_SUPERVISOR"  # host:port of the driver's ProgressServer
-TOKEN_ENV = "SHARDTRAIN_SUPERVISOR_TOKEN"
-INTERVAL_ENV = "SHARDTRAIN_SUPERVISOR_INTERVAL"  # seconds between a rank's reports
-
-STARTING, TRAINING, VALIDATING, BETWEEN_EPOCHS = "starting", "training", "validating", "between_epochs"
-AFTER_PUBLISH = "after_publish"  # rank 0, model published: the run report and MLflow tracking remain
-
-# Rank failures that say "the connection to another rank or to storage broke": a relaunch can fix
-# them. A rank's own exception (a bug in a model, bad data) would fail the same way again.
-_TRANSIENT_TYPES = {"HorovodInternalError", "ConnectionError", "ConnectionResetError", "ConnectionAbortedError",
-                    "BrokenPipeError", "TimeoutError", "OSError", "DistBackendError", "DistNetworkError"}
-
 
 def beat_interval(stall_timeout_s: float) -> float:
     """How often a rank reports: often enough that a report is never stale by much of the timeout."""
     return min(1.0, max(0.2, stall_timeout_s / 20))
 
-
-# --- rank side -----------------------------------------------------------------------------------
-
-class Reporter:
-    """One rank's link to the driver. Never raises into training and never blocks it: the main
-    thread only stores the step; a daemon thread sends it."""
-
-    def __init__(self, address: str | None, token: str, rank: int, steps_per_epoch: int, interval: float):
-        self.rank, self.steps_per_epoch, self.interval = rank, steps_per_epoch, interval
-        self.token = token
-        self.step: int | None = None  # None until this process finishes its first step
-        self.validation_batches: int | None = None  # batches done in the current validation pass, if in one
-        self.published = False
-        self._sock = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        if address:
-            self._connect(address)
-        if self._sock:
-            threading.Thread(target=self._beat, name="shardtrain-reporter", daemon=True).start()
-            threading.Thread(target=self._listen, name="shardtrain-abort", daemon=True).start()
-
-    @classmethod
-    def from_env(cls, rank: int, steps_per_epoch: int) -> "Reporter":
-        """The reporter ``run_supervised`` asked for through the environment, or a silent one."""
-        address = os.environ.get(ADDRESS_ENV)
-        interval = float(os.environ.get(INTERVAL_ENV, "1"))
-        return cls(address, os.environ.get(TOKEN_ENV, ""), rank, steps_per_epoch, interval)
-
-    def on_step(self, step: int) -> None:
-        self.step = step
-        self._wake.set()  # report soon: a rank that dies next should be known at this step
-
-    def on_validation(self, batches: int | None) -> None:
-        """``batches`` done in the current validation pass; ``None`` when the pass is over."""
-        self.validation_batches = batches
-        self._wake.set()
-
-    def on_published(self) -> None:
-        """Rank 0 published the model: from now on the stall clock runs (see the module docstring)."""
-        self.published = True
-        self._wake.set()
-
-    def finished(self, error: str | None, secondary: bool = False) -> None:
-        """Last report: done, with the rank's own error line if it failed (``secondary``: an error
-        that only says another rank went away)."""
-        self._send({"event": "done", "error": error, "secondary": secondary})
-        self._stop.set()
-        if self._sock:
-            self._sock.close()
-
-    @property
-    def phase(self) -> str:
-        if self.published:
-            return AFTER_PUBLISH
-        if self.validation_batches is not None:
-            return VALIDATING
-        if self.step is None:
-            return STARTING
-        return BETWEEN_EPOCHS if self.step % self.steps_per_epoch == 0 else TRAINING
-
-    def _connect(self, address: str) -> None:
-        host, port = address.rsplit(":", 1)
-        try:
-            # The timeout also bounds a send to a driver that stopped reading: the rank then goes on
-            # unsupervised instead of blocking in its last report.
-            self._sock = socket.create_connection((host, int(port)), timeout=30)
-        except OSError as exc:
-            log.warning("rank %d cannot reach the driver's progress server at %s (%s): it will not be supervised",
-                        self.rank, address, exc)
-            return
-        self._send({"event": "hello", "token": self.token, "pid": os.getpid(), "host": socket.gethostname(),
-                    "created": _process_created(os.getpid())})
-
-    def _send(self, message: dict) -> None:
-        if not self._sock:
-            return
-        message = {"rank": self.rank, "step": self.step, "phase": self.phase, "batches": self.validation_batches,
-                   **message}
-        try:
-            with self._lock:
-                self._sock.sendall((json.dumps(message) + "\n").encode())
-        except OSError:
-            self._sock = None  # the driver went away; training goes on unsupervised
-
-    def _beat(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.interval)
-            self._wake.clear()
-            self._send({"event": "beat"})
-            self._stop.wait(0.1)  # at most ten reports a second, however fast the steps
-
-    def _listen(self) -> None:
-        sock, received = self._sock, b""
-        while sock and not self._stop.is_set():
-            try:
-                chunk = sock.recv(64)
-            except socket.timeout:
-                continue  # nothing from the driver, which is the normal case
-            except OSError:
-                return
-            if not chunk:
-                return
-            received = (received + chunk)[-64:]
-            if b"abort\n" in received:
-                # The driver gave up on this launch (another rank stalled): leave now rather than
-                # wait in a collective for a rank that will never answer.
-                os._exit(EXIT_RUNTIME)
-
-
-def _process_created(pid: int) -> float | None:
-    try:
-        import psutil
-
-        return psutil.Process(pid).create_time()
-    except Exception:  # noqa: BLE001 - only used to avoid killing a reused pid
-        return None
-
-
-# --- driver side ---------------------------------------------------------------------------------
 
 @dataclass
 class RankState:
@@ -461,44 +323,28 @@ def explain(exc: Exception, ranks: dict[int, RankState]) -> Exception:
     return LaunchError(f"{exc} ({'; '.join(notes)})", retryable=exc.retryable or bool(lost))
 
 
-def retryable(exc: Exception) -> bool:
-    """A failure a relaunch can fix: a rank's process died or stalled, or a connection broke."""
-    if isinstance(exc, RankStalledError):
-        return True
-    if isinstance(exc, RankFailedError):
-        primary = exc.failures[0]
-        return primary.exit_code == EXIT_RUNTIME and (primary.secondary or primary.type in _TRANSIENT_TYPES)
-    if isinstance(exc, LaunchError):
-        return exc.retryable
-    return False
-
-
 def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str,
                    on_restart: Callable[[int, str], None] | None = None) -> list[dict]:
     """Launch, and relaunch up to ``launch_cfg.max_restarts`` times after a retryable failure; the
     ranks resume from the newest complete checkpoint (``resume`` must be ``auto`` for that).
     ``on_restart(restart, reason)`` runs before each relaunch (the run directory's restart log)."""
+    policy = FailurePolicy(launch_cfg.max_restarts, resume)
     restarts = 0
     while True:
         try:
             results = supervise(launch_fn, plan, spark, launch_cfg)
         except ShardtrainError as exc:
-            if not retryable(exc):
-                raise
-            if restarts >= launch_cfg.max_restarts:
-                if launch_cfg.max_restarts:
-                    log.error("giving up after launch.max_restarts=%d restart(s)", launch_cfg.max_restarts)
-                raise
-            if resume != "auto":
-                log.error("not restarting the ranks: checkpoint.resume=%s would start again from step 0 "
-                          "(set checkpoint.resume=auto)", resume)
+            decision = policy.decide(exc, restarts)
+            if decision.action == RAISE:
+                if decision.announce:
+                    log.error("%s", decision.reason)
                 raise
             restarts += 1
-            log.warning("ranks failed: %s", first_line(exc))
+            log.warning("ranks failed: %s", decision.reason)
             log.warning("restarting the ranks (restart %d of launch.max_restarts=%d); they resume from the newest "
                         "complete checkpoint", restarts, launch_cfg.max_restarts)
             if on_restart:
-                on_restart(restarts, first_line(exc))
+                on_restart(restarts, decision.reason)
             continue
         if restarts:
             main = results[0]
@@ -509,6 +355,5 @@ def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str,
         return results
 
 
-__all__ = ["AFTER_PUBLISH", "BETWEEN_EPOCHS", "STARTING", "TRAINING", "VALIDATING", "ProgressServer", "RankState", "Reporter",
-           "Supervision", "beat_interval", "explain", "find_stalled",
-           "retryable", "run_supervised", "supervise"]
+__all__ = ["ProgressServer", "RankState", "Supervision", "beat_interval", "explain", "find_stalled", "run_supervised",
+           "supervise"]

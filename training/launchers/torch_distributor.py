@@ -1,14 +1,16 @@
-"""Starting the ranks on the torch backend: pyspark's ``TorchDistributor`` runs one barrier Spark
-task per rank (``local_mode=False``), each task one ``torchrun`` process, and every rank runs the
-same loop as on Horovod (``training.loop.run_rank``) on a ``TorchGroup``.
+"""The torch backend: pyspark's ``TorchDistributor`` runs one barrier Spark task per rank
+(``local_mode=False``), each task one ``torchrun`` process, and every rank runs the same loop as on
+Horovod (``training.loop.run_rank``) on a ``TorchGroup``.
 
-TorchDistributor hands back only rank 0's return value, so every rank puts its result (or its
-failure, with its own traceback) in the torch.distributed key-value store torchrun already runs,
-and rank 0 returns all of them: the driver gets one record per rank, as from ``launch_spark``.
-The store, not a collective, carries them because after a failure the collectives are broken.
+TorchDistributor hands back only rank 0's return value, so every rank puts its record (its result,
+or its failure with its own traceback) in the torch.distributed key-value store torchrun already
+runs, and rank 0 returns all of them: the driver gets one record per rank, as from Horovod. The
+store, not a collective, carries them because after a failure the collectives are broken.
 
 ``torch_rank_entry`` is what executors run: module-level, given only the plain ``RankPlan``,
-importing torch when it runs. This module imports neither torch nor horovod at import time.
+importing torch when it runs; the sequence around the training is the shared
+``training.launchers.rank_entry.run_rank_entry``. This module imports neither torch nor horovod
+at import time.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import logging
 import os
 import pickle
 import sys
-import traceback
 
 from common.errors import LaunchError
+from training.launchers.capacity import check_capacity
+from training.launchers.rank_entry import failure_record, run_rank_entry
 
 log = logging.getLogger("shardtrain.train")
 
@@ -28,8 +31,6 @@ _RESULT_KEY = "shardtrain/result/{rank}"
 
 def launch_torch(plan, spark, launch_cfg) -> list[dict]:
     """``launch_cfg.num_proc`` torch.distributed ranks as barrier tasks of ``spark``'s application."""
-    from training.launch import check_capacity
-
     check_capacity(spark, launch_cfg.num_proc, launch_cfg.gpus_per_proc)
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -63,29 +64,9 @@ def torch_rank_entry(plan, env: dict, result_timeout: int):
     # PYTHONPATH in launch.env must reach this already-running interpreter too (plugin models).
     sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     rank = int(os.environ.get("RANK", "-1"))
-    from training.supervisor import Reporter
-
-    # Progress to the driver's supervisor (stall detection, restarts), as Horovod ranks report.
-    reporter = Reporter.from_env(rank, plan.steps_per_epoch)
-    group = None
-    try:
-        group = _start_group(plan)
-        from training.loop import run_rank
-
-        result = {"ok": True, **run_rank(plan, group, on_step=reporter.on_step, on_validation=reporter.on_validation,
-                                         on_published=reporter.on_published)}
-        reporter.finished(None)
-    except BaseException as exc:  # noqa: BLE001 - reported to the driver as data, like rank_entry
-        from training.launch import failure_record
-
-        record = failure_record(rank, exc, traceback.format_exc())
-        reporter.finished(f"{record.type}: {record.message}", record.secondary)
-        result = {"ok": False, "failure": record.to_dict()}
-    finally:
-        if group is not None:
-            # Closing the connections now tells ranks still inside a collective that this one is
-            # gone (rather than after the collective timeout).
-            group.shutdown()
+    # Closing the group's connections at the end tells ranks still inside a collective that this
+    # one is gone (rather than after the collective timeout).
+    result = run_rank_entry(plan, rank, _start_group, _train, stop_group=lambda group: group.shutdown())
     return _exchange_results(rank, result, result_timeout)
 
 
@@ -100,6 +81,13 @@ def _start_group(plan):
         torch.cuda.set_device(device)
     t = plan.config.train  # the typed TrainConfig the plan carries
     return TorchGroup(device.split(":")[0], parallel=t.parallel, precision=t.precision)
+
+
+def _train(plan, group, reporter) -> dict:
+    from training.loop import run_rank
+
+    return run_rank(plan, group, on_step=reporter.on_step, on_validation=reporter.on_validation,
+                    on_published=reporter.on_published)
 
 
 def _exchange_results(rank: int, result: dict, timeout: int):
@@ -121,8 +109,6 @@ def _exchange_results(rank: int, result: dict, timeout: int):
             store.wait([key])
             results.append(pickle.loads(store.get(key)))
         except Exception as exc:  # noqa: BLE001 - a rank that died without a word
-            from training.launch import failure_record
-
             text = f"rank {other} sent no result within {timeout}s: {exc}"
             results.append({"ok": False, "failure": failure_record(other, RuntimeError(text), text).to_dict()})
     return results

@@ -1,0 +1,59 @@
+"""Starting the ranks: one ``launch(plan, spark)`` for every way a run is launched.
+
+- ``in_process`` (``launch.mode=in_process``): world size 1 in the driver's process.
+- ``horovod_spark`` (``launch.backend=horovod``): Horovod-on-Spark, elastic or not.
+- ``torch_distributor`` (``launch.backend=torch``): torch.distributed under TorchDistributor.
+
+A Spark launch runs under the driver's ``supervisor`` (progress reports, stall timeout, relaunches)
+and its ``failure_policy`` (retry or raise, one pure rule set). Every Spark rank runs the one
+rank-entry sequence of ``rank_entry`` and reports through ``progress.Reporter``. Adding a launcher
+is one module with a ``launch_fn(plan, spark, launch_cfg) -> list[dict]`` and an entry in
+``SPARK_LAUNCHERS``.
+
+Layering inside the package (no module imports one that imports it back): ``failure_policy`` and
+``progress`` import only ``common``; ``rank_entry`` imports those two; the launchers import
+``rank_entry`` and ``capacity``; ``supervisor`` imports ``failure_policy``, ``progress`` and
+``rank_entry``; this module imports the supervisor and the launchers lazily, so a rank importing
+``training.launchers.rank_entry`` does not import the driver side.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+# launch.backend -> "module:function" of its launch_fn, imported when used (horovod and pyspark's
+# TorchDistributor are optional).
+SPARK_LAUNCHERS = {
+    "horovod": "training.launchers.horovod_spark:launch_horovod",
+    "torch": "training.launchers.torch_distributor:launch_torch",
+}
+
+
+def spark_launcher(backend: str) -> Callable:
+    """The ``launch_fn`` of ``launch.backend``."""
+    import importlib
+
+    module, _, name = SPARK_LAUNCHERS[backend].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
+           on_restart: Callable[[int, str], None] | None = None) -> list[dict]:
+    """Every rank's result (rank 0 first), or one typed error. ``plan.config.launch`` picks the
+    launcher; ``spark`` is the job's session (unused in-process). ``on_step`` (in-process only) sees
+    each step; ``on_restart(restart, reason)`` runs before each relaunch of the Spark ranks."""
+    from training.launchers.rank_entry import check_results
+
+    cfg = plan.config
+    if cfg.launch.mode == "in_process":
+        from training.launchers.in_process import launch_in_process
+
+        return check_results(launch_in_process(plan, on_step=on_step))
+    from training.launchers.supervisor import run_supervised
+
+    results = run_supervised(spark_launcher(cfg.launch.backend), plan, spark, cfg.launch, cfg.checkpoint.resume,
+                             on_restart=on_restart)
+    return check_results(results)
+
+
+__all__ = ["SPARK_LAUNCHERS", "launch", "spark_launcher"]

@@ -1,0 +1,36 @@
+"""The Spark application's task slots and GPUs, checked before any rank is started: what would
+otherwise wait ``launch.start_timeout`` seconds and then fail is refused at once (exit 2).
+Shared by both Spark launchers (Horovod-on-Spark and TorchDistributor); driver side."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from common.errors import ConfigError
+
+
+def check_capacity(spark, num_proc: int, gpus_per_proc: int) -> None:
+    """Refuse up front what would otherwise wait start_timeout seconds and then fail."""
+    conf = spark.sparkContext.getConf()
+    master = conf.get("spark.master", "")
+    task_cpus = int(conf.get("spark.task.cpus", "1"))
+    match = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]|local", master)
+    if match:
+        cores = 1 if master == "local" else (os.cpu_count() or 1) if match.group(1) == "*" else int(match.group(1))
+        slots = cores // task_cpus
+        if num_proc > slots:
+            raise ConfigError(
+                f"launch.num_proc={num_proc} needs {num_proc} concurrent Spark tasks, but master {master} with "
+                f"spark.task.cpus={task_cpus} runs {slots}; use spark.master=local[{num_proc * task_cpus}] "
+                f"or fewer ranks")
+    if gpus_per_proc:
+        amount = conf.get("spark.task.resource.gpu.amount", None)
+        if amount is None or float(amount) < gpus_per_proc:
+            raise ConfigError(
+                f"launch.gpus_per_proc={gpus_per_proc} but this Spark application gives tasks "
+                f"{amount or 'no'} GPUs: set spark.task.resource.gpu.amount={gpus_per_proc} (with "
+                "spark.executor.resource.gpu.amount and a discovery script) in spark.conf")
+
+
+__all__ = ["check_capacity"]

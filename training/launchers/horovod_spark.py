@@ -1,0 +1,105 @@
+"""Horovod-on-Spark: ``launch.num_proc`` ranks as Spark tasks of the job's SparkSession
+(``horovod.spark.run``, gloo), and what it raises turned into one typed ``LaunchError``. With
+``launch.elastic`` the launch is ``horovod.spark.run_elastic`` and the rank runs
+``training.elastic.run_rank_elastic``: survivors of a dead rank go on at a smaller world size.
+
+``rank_entry`` is the function shipped to executors: module-level (pickled by reference), given
+only the plain ``RankPlan``, importing torch and horovod when it runs; the sequence around the
+training is the shared ``training.launchers.rank_entry.run_rank_entry``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+
+from common.errors import LaunchError, first_line
+from training.launchers.capacity import check_capacity
+from training.launchers.rank_entry import run_rank_entry
+
+log = logging.getLogger("shardtrain.train")
+
+# horovod's gloo_run names the first rank whose process exited non-zero.
+_PROCESS_EXIT = re.compile(r"The first process to do so was:\s*Process name: (\S+)\s*Exit code: (-?\d+)")
+
+
+def rank_entry(plan) -> dict:
+    """Runs on every Horovod rank (in the process horovod.spark.run starts for a Spark task)."""
+    rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "-1")))
+    return run_rank_entry(plan, rank, _start_group, _train)
+
+
+def _start_group(plan):
+    from training.distributed import HorovodGroup
+
+    return HorovodGroup()
+
+
+def _train(plan, group, reporter) -> dict:
+    from training.elastic import run_rank_elastic
+    from training.loop import run_rank
+
+    run = run_rank_elastic if plan.config.launch.elastic else run_rank
+    hooks = {"on_step": reporter.on_step, "on_validation": reporter.on_validation}
+    if not plan.config.launch.elastic:  # an elastic run writes no report and tracks nothing after its publish
+        hooks["on_published"] = reporter.on_published
+    return run(plan, group, **hooks)
+
+
+def launch_horovod(plan, spark, launch_cfg) -> list[dict]:
+    """One record per rank (``training.launchers.rank_entry``), or a ``LaunchError``."""
+    check_capacity(spark, launch_cfg.num_proc, launch_cfg.gpus_per_proc)
+    import horovod.spark
+
+    env = {"PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in launch_cfg.env.items()}}
+    try:
+        if launch_cfg.elastic:
+            # Survivors of a dead rank go on (training.elastic); Spark may re-run its task, which rejoins.
+            results = horovod.spark.run_elastic(
+                rank_entry, args=(plan,), num_proc=launch_cfg.num_proc, min_num_proc=launch_cfg.min_num_proc,
+                max_num_proc=launch_cfg.num_proc, start_timeout=launch_cfg.start_timeout,
+                elastic_timeout=launch_cfg.start_timeout, env=env, verbose=launch_cfg.verbose)
+        else:
+            results = horovod.spark.run(rank_entry, args=(plan,), num_proc=launch_cfg.num_proc,
+                                        start_timeout=launch_cfg.start_timeout, env=env, verbose=launch_cfg.verbose,
+                                        use_gloo=True)
+    except Exception as exc:  # noqa: BLE001 - mapped to one typed error with the cause in words
+        raise launch_error(exc, launch_cfg.num_proc) from exc
+    return list(results)
+
+
+def launch_error(exc: BaseException, num_proc: int) -> LaunchError:
+    """What horovod.spark.run raised, in words: which rank's process died and how, or what is missing."""
+    from common.spark import explain_java_error
+
+    text = str(exc)
+    died = _PROCESS_EXIT.search(text)
+    if died:
+        rank, code = died.group(1), int(died.group(2))
+        return LaunchError(f"training failed on rank {rank}: its process exited with {describe_exit(code)}; "
+                           "the rank's own output above says more", retryable=True)
+    if "Timed out waiting for" in text:
+        return LaunchError(
+            f"horovod.spark.run could not start {num_proc} rank(s): {first_line(exc)}. Each rank needs its own "
+            "Spark task slot at the same time (executor cores / spark.task.cpus); raise launch.start_timeout if "
+            "executors are allocated on demand")
+    return LaunchError(f"horovod.spark.run failed running {num_proc} rank(s): {explain_java_error(exc)}; the "
+                       "ranks' own output above says more", retryable=True)
+
+
+def describe_exit(code: int) -> str:
+    """An exit status as a person reads it: 137 and -9 are both 'killed by SIGKILL'."""
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    if number:
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        why = " (out of memory, or killed by someone)" if name == "SIGKILL" else ""
+        return f"status {code}: killed by {name}{why}"
+    return f"status {code}"
+
+
+__all__ = ["describe_exit", "launch_error", "launch_horovod", "rank_entry"]
