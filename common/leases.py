@@ -35,7 +35,7 @@ import time
 import uuid
 from typing import Iterator
 
-from common.storage import Location, _pid_alive, resolve, storage_errors
+from common.storage import Location, beside, pid_alive, remove_tree, resolve, storage_errors
 
 READERS_TAG = "._readers"
 HEARTBEAT_S = 60.0
@@ -46,11 +46,7 @@ log = logging.getLogger("shardtrain.storage")
 
 def readers_location(uri: str | Location) -> Location:
     """The hidden directory of ``uri``'s reader leases: beside it, ``.<name>._readers``."""
-    loc = uri if isinstance(uri, Location) else resolve(uri)
-    parent, name = posixpath.split(loc.path.rstrip("/"))
-    parent_uri = loc.uri.rstrip("/").rsplit("/", 1)[0]
-    return Location(uri=f"{parent_uri}/.{name}{READERS_TAG}", scheme=loc.scheme,
-                    path=posixpath.join(parent, f".{name}{READERS_TAG}"))
+    return beside(uri if isinstance(uri, Location) else resolve(uri), READERS_TAG)
 
 
 def describe_reader(record: dict) -> str:
@@ -86,7 +82,7 @@ def reader_lease(uri: str) -> Iterator[dict]:
         stop.set()
         beat.join()
         with storage_errors("releasing the reader lease on the dataset", lease.uri):
-            _remove(lease)
+            remove_tree(lease)
             _remove_empty_dir(readers)
 
 
@@ -114,7 +110,7 @@ def active_readers(uri: str) -> list[dict]:
                 continue
             log.warning("%s: removing the reader lease of %s, which %s", lease.uri,
                         describe_reader(record or {}), why)
-            _remove(lease)
+            remove_tree(lease)
     return sorted(live, key=lambda r: str(r.get("started_at")))
 
 
@@ -124,7 +120,7 @@ def _dead(record: dict | None, entry: dict) -> str | None:
         age = _age_s(entry.get("mtime") or entry.get("LastModified"))
         return None if age is None or age < STALE_S else f"cannot be read and is {age:.0f}s old"
     if record.get("host") == socket.gethostname():
-        return None if _pid_alive(record.get("pid")) else "has exited"
+        return None if pid_alive(record.get("pid")) else "has exited"
     age = _age_s(record.get("heartbeat_at"))
     return None if age is None or age < STALE_S else f"sent no heartbeat for {age:.0f}s (over {STALE_S:.0f}s)"
 
@@ -157,13 +153,6 @@ def _read(lease: Location) -> dict | None:
     except (FileNotFoundError, UnicodeDecodeError, ValueError):
         return None
     return record if isinstance(record, dict) else None
-
-
-def _remove(lease: Location) -> None:
-    try:
-        lease.fs.rm(lease.path)
-    except FileNotFoundError:
-        pass
 
 
 def _remove_empty_dir(readers: Location) -> None:

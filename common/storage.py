@@ -369,7 +369,7 @@ def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterat
                 f"{final.uri} already exists; set output.mode=overwrite to replace it "
                 "(or skip_if_exists to keep it)")
         check_replaceable(final.uri, kind)
-        staging = _beside(final, STAGING_TAG + _new_token())
+        staging = beside(final, STAGING_TAG + _new_token())
         with storage_errors("creating the staging directory", staging.uri):
             fs.makedirs(staging.path, exist_ok=True)
         try:
@@ -406,7 +406,7 @@ def commit(staging: Location, final: Location, marker: dict, kind: str | None = 
     record = {"committed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **marker}
     staging.write_text(MARKER, json.dumps(record, indent=2, sort_keys=True))
     fault_point("commit", "before-aside")
-    aside = _beside(final, REPLACED_TAG + _new_token()) if is_committed(final) else None
+    aside = beside(final, REPLACED_TAG + _new_token()) if is_committed(final) else None
     if aside is None:
         _remove_output(final)  # nothing committed there: nothing to keep
     try:
@@ -601,7 +601,7 @@ _HELD: dict[str, object] = {}  # lock path -> what releases it, for the locks th
 def lock_location(uri: str | Location) -> Location:
     """The lock file of an output: beside it, hidden (Spark and source listings skip dot-files)."""
     final = uri if isinstance(uri, Location) else resolve(uri)
-    return _beside(final, LOCK_TAG)
+    return beside(final, LOCK_TAG)
 
 
 @contextlib.contextmanager
@@ -756,7 +756,7 @@ def _lock_object(lock: Location, record: dict):
                 holder = _parse_holder(fs.cat_file(lock.path))
             except FileNotFoundError:
                 continue  # released between our create and our read: try again
-            if holder and holder.get("host") == socket.gethostname() and not _pid_alive(holder.get("pid")):
+            if holder and holder.get("host") == socket.gethostname() and not pid_alive(holder.get("pid")):
                 log.warning("%s: removing the writer lock of pid %s (started %s), which has exited",
                             lock.uri, holder.get("pid"), holder.get("started_at"))
                 fs.rm_file(lock.path)
@@ -785,7 +785,7 @@ def _parse_holder(raw: bytes) -> dict | None:
     return holder if isinstance(holder, dict) else None
 
 
-def _pid_alive(pid) -> bool:
+def pid_alive(pid) -> bool:
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -876,7 +876,7 @@ def siblings(final: Location, tag: str) -> list[Location]:
     for base in list_names(Location(uri=_parent_uri(final.uri), scheme=final.scheme, path=parent)):
         parsed = parse_sibling(base)
         if parsed and parsed[0] == name and parsed[1] == tag:
-            found.append(_beside(final, tag + parsed[2]))
+            found.append(beside(final, tag + parsed[2]))
     return sorted(found, key=lambda loc: loc.path)
 
 
@@ -924,8 +924,8 @@ def _objects(loc: Location) -> list[str]:
     return sorted(p for p in found if p.startswith(prefix) or p == loc.path)
 
 
-def _beside(final: Location, suffix: str) -> Location:
-    """The hidden sibling ``.NAME<suffix>`` of ``final`` (staging, lock)."""
+def beside(final: Location, suffix: str) -> Location:
+    """The hidden sibling ``.NAME<suffix>`` of ``final`` (staging, lock, replaced copy, reader leases)."""
     parent, name = posixpath.split(final.path.rstrip("/"))
     base = f".{name}{suffix}"
     return Location(uri=_join_uri(_parent_uri(final.uri), base), scheme=final.scheme, path=posixpath.join(parent, base))

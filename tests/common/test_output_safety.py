@@ -211,7 +211,7 @@ def _check_a_glob_named_output_spares_a_live_neighbour(base: str, name: str, nei
     target, other = f"{base}/{name}", f"{base}/{neighbour}"
     _publish(target, KIND_SCORES, ["old.txt"])
     final = resolve(target)
-    dead = storage._beside(final, f"{STAGING_TAG}20260101T000000-dead")  # left by a killed writer of target
+    dead = storage.beside(final, f"{STAGING_TAG}20260101T000000-dead")  # left by a killed writer of target
     dead.write_text("part-0", "dead")
     stager = _Stager(other, KIND_SCORES)
     try:
