@@ -5,6 +5,7 @@
 - ``storage``  URIs (local, s3://, hdfs://, dbfs:/) and the atomic-publish protocol
 - ``dataset``  the dataset contract: the manifest ``pipelines`` writes and ``training`` reads
 - ``spark``    the one SparkSession factory, and readable Spark errors
+- ``devices``  which device a process computes on (Spark GPU addresses, CUDA_VISIBLE_DEVICES)
 - ``cli``      command plumbing: config arguments, logging, error -> exit status
 - ``plugins``  loading user code named as ``module:function``
 

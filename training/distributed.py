@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from common.devices import resolve_device  # noqa: F401 - re-exported for the rank side
+
 log = logging.getLogger("shardtrain.train")
 
 
@@ -383,27 +385,6 @@ def _collective_timeout() -> int:
     # A rank that stops without closing its connections is noticed after this long (Gloo's
     # default is 30 minutes); SHARDTRAIN_COLLECTIVE_TIMEOUT overrides it.
     return int(os.environ.get("SHARDTRAIN_COLLECTIVE_TIMEOUT", "600"))
-
-
-def resolve_device(gpu_addresses: list[str], cuda_available: bool, visible_devices: str | None) -> tuple[str, str]:
-    """(torch device, why) for a rank given the GPU addresses Spark assigned to its task.
-
-    Spark addresses are the discovery script's physical ids. When CUDA_VISIBLE_DEVICES is set
-    (YARN, Kubernetes), CUDA renumbers the visible devices from 0, so the address is looked up
-    in that list (the wrong-GPU-index bug of horovod PR #3737).
-    """
-    if not gpu_addresses:
-        return "cpu", "no GPU assigned to this task by Spark"
-    address = str(gpu_addresses[0])
-    if not cuda_available:
-        return "cpu", f"Spark assigned GPU address {address}, but CUDA is not available in this process; using CPU"
-    if visible_devices:
-        visible = [v.strip() for v in visible_devices.split(",") if v.strip()]
-        if address in visible:
-            return f"cuda:{visible.index(address)}", f"Spark GPU address {address} (CUDA_VISIBLE_DEVICES={visible_devices})"
-        if len(visible) == 1:
-            return "cuda:0", f"Spark GPU address {address}; the only visible device"
-    return f"cuda:{int(address)}", f"Spark GPU address {address}"
 
 
 def spark_gpu_addresses() -> list[str]:
