@@ -114,18 +114,20 @@ class NonFiniteLossError(TrainingError):
 
 class LaunchError(TrainingError):
     """The ranks could not be started or did not finish (slots, timeouts, a crashed process).
-    ``retryable``: a relaunch can fix it (a rank's process died), unlike missing capacity."""
+    ``rank_lost``: what the launcher saw, a rank's process or task went away (died, was killed,
+    its executor was lost), unlike a launch that could not start. Whether a failure is retried is
+    decided in one place, ``training.launchers.failure_policy``, from facts like this one."""
 
-    def __init__(self, message: str, retryable: bool = False):
+    def __init__(self, message: str, rank_lost: bool = False):
         super().__init__(message)
-        self.retryable = retryable
+        self.rank_lost = rank_lost
 
 
 class RankStalledError(LaunchError):
     """A rank made no progress for launch.stall_timeout_s; the message names it and every rank's step."""
 
     def __init__(self, message: str):
-        super().__init__(message, retryable=True)
+        super().__init__(message)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from common.config import load_config, require
 from common.config import SparkConfig
+from training.strategies import check_parallel
 
 # Fixed ceilings on counts that size an allocation or a set of threads or processes before any
 # data is seen: far above real use, low enough that a typo fails at config time, not as an
@@ -251,8 +252,7 @@ class TrainConfig:
     def __post_init__(self):
         require(self.data.val_split != self.data.train_split, "data.val_split",
                 "must differ from data.train_split")
-        require(self.train.parallel == "ddp" or self.launch.backend == "torch", "train.parallel",
-                f"fsdp needs launch.backend=torch (got launch.backend={self.launch.backend})")
+        check_parallel(self.train.parallel, self.launch.backend, self.launch.mode)
 
     @property
     def checkpoint_path(self) -> str:

@@ -1,9 +1,12 @@
 """One rank's training, torchtitan-style: ``run_rank`` orchestrates, ``train_epoch`` runs one
-epoch's steps, ``train_step`` does one optimizer step, ``evaluate`` one validation pass over every
-validation row; data, precision, checkpoints and export live in their own modules.
+epoch's steps, the strategy's ``train_step`` does one optimizer step, ``evaluate`` one validation
+pass over every validation row. How the model is trained in parallel is the strategy's
+(``training.strategies``); everything rank 0 writes is the recorder's (``training.recorder``);
+data, precision and checkpoints live in their own modules. This loop is the only one: every
+backend, strategy and launch (Horovod elastic included) runs it.
 
 Every rank runs exactly ``plan.steps_per_epoch`` steps per epoch, and every collective
-(gradient allreduce, metric reduction, the non-finite check, checkpoint RNG gather) happens
+(gradient synchronisation, metric reduction, the non-finite check, checkpoint RNG gather) happens
 at the same steps on every rank, so no rank can wait for one that has stopped. Evaluation is the
 one place ranks may run different numbers of batches: it reduces its sums once, at the end.
 
@@ -12,14 +15,18 @@ partial epoch loss); it produces the checkpoint and is rebuilt from one. A check
 written from a non-finite loss or non-finite weights: producing it runs the non-finite check
 first, on every rank.
 
-Rank-side only: runs inside a Horovod rank launched by horovod.spark.run, or in the driver
+How a run survives failures is its ``Attempts``: ``OneAttempt`` (a failure ends the ranks and
+the driver relaunches them from the newest checkpoint), or Horovod elastic
+(``training.elastic.HorovodElastic``: survivors roll back to the last epoch end and go on at the
+new world size). Both drive the same ``_train``.
+
+Rank-side only: runs inside a rank a launcher started (``training.launchers``), or in the driver
 process for ``launch.mode=in_process``. Ranks read the typed ``TrainConfig`` (``plan.config``);
 checkpoints and model.json keep it as plain data.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -33,67 +40,103 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.config import dump_yaml, to_dict
+from common.config import to_dict
 from common.errors import ConfigError, NonFiniteLossError
-from common.dataset import ROW_INDEX, TEACHER_COLUMN
-from common.storage import resolve, writing_under
+from common.dataset import TEACHER_COLUMN
 from training.checkpoint import CheckpointManager
-from training.config import DistillConfig, TrainConfig, TrainLoopConfig
-from training.data import BufferMemory, RankLoader, check_manifest_unchanged, read_first_rows
-from training.distributed import LocalGroup, resolve_device, set_threads, spark_gpu_addresses
-from training.export import publish_model, published_by, serving_model, target_scaling
-from training.models import build_model, mlp_arguments
+from training.config import DistillConfig, TrainLoopConfig
+from training.data import BufferMemory, RankLoader, check_manifest_unchanged
+from training.distributed import LocalGroup, set_threads, spark_gpu_addresses
+from training.export import target_scaling
+from training.models import build_model
 from training.plan import RankPlan
-from training.precision import Precision
-from training.run_record import write_run_info, write_steps
+from training.recorder import Recorder
+from training.strategies import build_strategy
 
 log = logging.getLogger("shardtrain.train")
 
 
-def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None = None,
-             on_validation: Callable[[int | None], None] | None = None,
-             on_published: Callable[[], None] | None = None) -> dict:
+class Hooks:
+    """What a launcher watches a rank's progress with (``training.launchers.progress.Reporter`` has
+    the same three methods): ``on_step(step)`` after every optimizer step (and its mid-epoch
+    checkpoint, if due); ``on_validation(batches)`` during each validation pass (see ``evaluate``);
+    ``on_published()`` on rank 0 once the model is published, before the run report and tracking."""
+
+    def __init__(self, on_step: Callable[[int], None] | None = None):
+        self._on_step = on_step
+
+    def on_step(self, step: int) -> None:
+        if self._on_step:
+            self._on_step(step)
+
+    def on_validation(self, batches: int | None) -> None:
+        pass
+
+    def on_published(self) -> None:
+        pass
+
+
+def run_rank(plan: RankPlan, group=None, hooks=None) -> dict:
     """Train on this rank; returns plain values (per-rank step counts, loader stats, metrics).
-    ``on_step(step)`` runs after every optimizer step (and its mid-epoch checkpoint, if due);
-    ``on_validation(batches)`` during each validation pass (see ``evaluate``); ``on_published()``
-    on rank 0 once the model is published, before the run report and tracking."""
+    ``group``: the rank group (``training.distributed``; None: one process on the CPU)."""
     group = group or LocalGroup()
+    hooks = hooks or Hooks()
     _quiet_libraries()
-    device, device_reason = _pick_device(group, plan)
     if group.rank == 0:
-        log.info("training on %d rank(s); rank 0 uses %s (%s)", group.size, device, device_reason)
+        log.info("training on %d rank(s); rank 0 uses %s (%s)", group.size, group.device, group.device_reason)
     set_threads(group.local_size)
+    run = _build(plan, group)
+    attempts = _attempts(plan, group)
+    return attempts.run(run, lambda state: _train(run, state, hooks, attempts))
 
-    run = _build(plan, group, device)
-    restored = _restore(plan, group, run.checkpoints, run.meta)
-    state = TrainState.resume(restored["state"], run) if restored["state"] else TrainState.fresh(device)
-    group.broadcast_model(run.model, run.optimizer)  # one starting point on every rank
-    if group.rank == 0:
-        _write_run_files(plan)
-        run.progress = Progress(plan, group.size, run.total_steps, state.step)
 
-    t = plan.config.train
-    train_loader, val_loader = loaders(plan, group)
-    for epoch in range(state.step // plan.steps_per_epoch, t.epochs):
+class OneAttempt:
+    """A run whose ranks live and fail together: a failure ends them all, and the driver may
+    relaunch them (``launch.max_restarts``), resuming from the newest checkpoint."""
+
+    def run(self, run: "RankRun", body: Callable[["TrainState"], dict]) -> dict:
+        state = run.start()
+        run.strategy.broadcast_initial_state(run.model, run.optimizer)  # one starting point on every rank
+        run.adopt(run.plan, state.step)
+        return body(state)
+
+    def commit(self, state: "TrainState") -> None:
+        """An epoch ended (its checkpoint, if due, is written): nothing more to keep."""
+
+
+def _attempts(plan: RankPlan, group):
+    if plan.config.launch.elastic:
+        from training.elastic import HorovodElastic
+
+        return HorovodElastic(group)
+    return OneAttempt()
+
+
+def _train(run: "RankRun", state: "TrainState", hooks, attempts) -> dict:
+    """The epochs left from ``state`` on, then (rank 0) publish, report and track."""
+    plan, group, device = run.plan, run.group, run.device
+    train_loader, val_loader = loaders(plan, run.strategy)
+    for epoch in range(state.step // plan.steps_per_epoch, plan.config.train.epochs):
         check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)  # the dataset planned on, still
-        record = train_epoch(run, state, train_loader, epoch, on_step)
+        record = train_epoch(run, state, train_loader, epoch, hooks.on_step)
         if val_loader:
-            record.update(evaluate(run.model, val_loader, run.precision, group, plan, device, on_validation))
+            record.update(evaluate(run, val_loader, hooks.on_validation))
         _end_epoch(run, state, epoch, record)
+        attempts.commit(state)
 
-    result = {"rank": group.rank, "device": str(device), "device_reason": device_reason,
+    restored = run.restored
+    result = {"rank": group.rank, "device": str(device), "device_reason": group.device_reason,
               "gpu_addresses": spark_gpu_addresses(), "steps": state.step, "steps_per_epoch": plan.steps_per_epoch,
-              "epoch_stats": [stats.__dict__ for stats in train_loader.stats],
+              "world_size": group.size, "epoch_stats": [stats.__dict__ for stats in train_loader.stats],
               "resumed_from": restored["uri"], "resumed_step": restored["step"],
               "checkpoint_problems": restored["problems"]}
     # FSDP: all ranks gather the weights; rank 0 gets a plain module to export.
-    final = run.group.unsharded(run.model, lambda: build_model(plan.config.model, plan.feature_spec,
-                                                               plan.label_spec).to(device))
+    final = run.strategy.unsharded(run.model, lambda: build_model(plan.config.model, plan.feature_spec,
+                                                                  plan.label_spec).to(device))
     if group.rank == 0:
-        result.update(_finish(plan, final, state.history, device))
-        if on_published:
-            on_published()
-        _report_and_track(plan, state.history)
+        result.update(run.recorder.publish(final, state.history, device))
+        hooks.on_published()
+        run.recorder.report_and_track(state.history)
     return result
 
 
@@ -101,26 +144,52 @@ def run_rank(plan: RankPlan, group=None, on_step: Callable[[int], None] | None =
 class RankRun:
     """What one rank trains with: built once by ``run_rank``, shared by the functions below."""
 
-    plan: RankPlan
-    group: Any  # training.distributed: LocalGroup or HorovodGroup
-    device: torch.device
-    model: torch.nn.Module  # the plain module: state dicts, validation and export, the same on every backend
+    plan: RankPlan  # the plan of the current world size (Horovod elastic replaces it after a reset)
+    group: Any  # training.distributed: LocalGroup, HorovodGroup or TorchGroup
+    strategy: Any  # training.strategies.base.Strategy
+    model: torch.nn.Module  # the plain module: state dicts, validation and export, the same on every strategy
     step_model: torch.nn.Module  # what a training step calls: DDP/FSDP on the torch backend, else ``model``
     optimizer: torch.optim.Optimizer
-    precision: Precision
+    objective: "Objective"
     checkpoints: CheckpointManager
     guard: "NonFiniteGuard"
-    meta: dict  # the run identity a checkpoint must match to be resumed
+    launch_identity: dict  # the identity of the launch's own plan: what a checkpoint to resume must match
+    meta: dict = field(default_factory=dict)  # the identity written into this plan's checkpoints
     timer: "StepTimer" = field(default_factory=lambda: StepTimer())
-    progress: "Progress | None" = None  # rank 0 only
+    recorder: Recorder | None = None  # rank 0 only
+    restored: dict = field(default_factory=lambda: {"uri": None, "step": 0, "problems": []})
 
     @property
-    def config(self) -> TrainConfig:
-        return self.plan.config
+    def device(self) -> torch.device:
+        return self.group.device
+
+    @property
+    def precision(self):
+        return self.strategy.precision
 
     @property
     def total_steps(self) -> int:
-        return self.config.train.epochs * self.plan.steps_per_epoch
+        return self.plan.config.train.epochs * self.plan.steps_per_epoch
+
+    def start(self) -> "TrainState":
+        """The state the launch starts from: the newest good checkpoint of this run, or step 0."""
+        outcome = _restore(self.plan, self.group, self.checkpoints, self.launch_identity)
+        self.restored = {"uri": outcome["uri"], "step": outcome["step"], "problems": outcome["problems"]}
+        return TrainState.resume(outcome["state"], self) if outcome["state"] else TrainState.fresh(self.device)
+
+    def epoch_start(self, history: list[dict], plan: RankPlan) -> "TrainState":
+        """A fresh state at the start of the first epoch ``history`` lacks, in steps of ``plan``."""
+        return TrainState.fresh(self.device, history, step=len(history) * plan.steps_per_epoch)
+
+    def adopt(self, plan: RankPlan, start_step: int) -> None:
+        """Train by ``plan`` from ``start_step`` on (after a Horovod elastic reset: the new rank and size)."""
+        self.plan = plan
+        self.meta = _run_identity(plan)
+        self.checkpoints.steps_per_epoch = plan.steps_per_epoch
+        self.checkpoints.is_writer = self.group.rank == 0
+        self.recorder = Recorder(plan) if self.group.rank == 0 else None
+        if self.recorder:
+            self.recorder.begin(plan, start_step)
 
 
 @dataclass
@@ -137,14 +206,15 @@ class TrainState:
     epoch_non_finite: torch.Tensor
 
     @classmethod
-    def fresh(cls, device) -> "TrainState":
-        return cls(step=0, history=[], epoch_loss_sum=torch.zeros((), dtype=torch.float64, device=device),
+    def fresh(cls, device, history: list[dict] | None = None, step: int = 0) -> "TrainState":
+        return cls(step=step, history=list(history or []),
+                   epoch_loss_sum=torch.zeros((), dtype=torch.float64, device=device),
                    epoch_non_finite=torch.zeros((), dtype=torch.float64, device=device))
 
     @classmethod
     def resume(cls, saved: dict, run: RankRun) -> "TrainState":
         """Load a checkpoint's model, optimizer, scaler and this rank's RNG; the state it was saved at."""
-        run.group.load_state_dicts(run.model, run.optimizer, saved["model"], saved["optimizer"])
+        run.strategy.load_state_dicts(run.model, run.optimizer, saved["model"], saved["optimizer"])
         run.precision.load_state_dict(saved["scaler"])
         mine = saved["ranks"][run.group.rank]
         torch.set_rng_state(mine["rng"]["cpu"])
@@ -176,8 +246,8 @@ class TrainState:
         run.guard.check(run.group, model=run.model, step=self.step)
         ranks = run.group.allgather_object({"rng": _rng_state(run.device), "epoch_loss": float(self.epoch_loss_sum),
                                             "epoch_non_finite": int(self.epoch_non_finite)})
-        return {"model": run.group.model_state_dict(run.model),
-                "optimizer": run.group.optimizer_state_dict(run.model, run.optimizer),
+        return {"model": run.strategy.model_state_dict(run.model),
+                "optimizer": run.strategy.optimizer_state_dict(run.model, run.optimizer),
                 "scaler": run.precision.state_dict(), "ranks": ranks, "meta": run.meta, "history": self.history}
 
 
@@ -188,32 +258,35 @@ def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
     Writes the mid-epoch checkpoints; the epoch's last one is ``_end_epoch``'s, written once the
     record (with validation) is in the history, so a run resumed from it reports every epoch.
     """
-    plan, t = run.plan, run.config.train
+    plan, t, strategy = run.plan, run.plan.config.train, run.strategy
     run.model.train()
     done = state.begin_epoch(epoch, plan.steps_per_epoch)
     started, first_step, timer_start = time.perf_counter(), state.step, run.timer.snapshot()
     batches = run.timer.timed(loader.epoch(epoch, skip_batches=done * t.grad_accum))
     for micro_batches in _grouped(batches, t.grad_accum):
         _set_lr(run.optimizer, plan.lr, state.step, run.total_steps, t)
-        loss = train_step(run.step_model, [_to_device(b, run.device) for b in micro_batches], run.optimizer,
-                          run.precision,
-                          run.group, t.clip_norm, plan.task, plan.label_spec, timer=run.timer, distill=t.distill)
+        loss = strategy.train_step(run.step_model, [_to_device(b, run.device) for b in micro_batches], run.optimizer,
+                                   run.objective, t.clip_norm, timer=run.timer)
         state.add_step(loss)
+        strategy.after_step(state.step, run.model, run.optimizer)
         run.guard.observe(loss, state.step)
         if state.step % t.log_every_steps == 0:
             run.guard.check(run.group)  # collective, at the same steps on every rank
-            if run.progress:
-                run.progress.log(state.step, epoch, float(loss), run.timer.data_wait_seconds,
-                                 run.timer.allreduce_wait_seconds)
-        if state.step % plan.steps_per_epoch:  # an epoch's last step is saved by _end_epoch
+            if run.recorder:
+                run.recorder.step(state.step, epoch, float(loss), run.timer)
+        # An epoch's last step is saved by _end_epoch.
+        if state.step % plan.steps_per_epoch and strategy.is_checkpoint_point(state.step):
             run.checkpoints.save(state.step, epoch, lambda: state.checkpoint(run))
         if on_step:
             on_step(state.step)
     run.guard.check(run.group)
-    samples_per_step = run.group.size * t.batch_size * t.grad_accum
-    loss_sum, non_finite = (float(v) for v in run.group.allreduce_sum(
-        torch.stack([state.epoch_loss_sum, state.epoch_non_finite]).detach().cpu()))
-    counted = run.group.size * plan.steps_per_epoch - non_finite
+    samples_per_step = strategy.dp_size * t.batch_size * t.grad_accum
+    # Summed over the ranks that compute the loss (every rank but a pipeline's first stages).
+    loss_sum, non_finite, loss_ranks = (float(v) for v in run.group.allreduce_sum(torch.stack(
+        [state.epoch_loss_sum, state.epoch_non_finite,
+         torch.tensor(float(strategy.computes_loss), dtype=torch.float64, device=state.epoch_loss_sum.device)]
+    ).detach().cpu()))
+    counted = loss_ranks * plan.steps_per_epoch - non_finite
     record = {"epoch": epoch + 1, "step": state.step,
               # The mean over ranks and steps of the finite step losses (NaN only if none was finite).
               "train_loss": loss_sum / counted if counted else math.nan,
@@ -229,54 +302,38 @@ def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
 def _end_epoch(run: RankRun, state: TrainState, epoch: int, record: dict) -> None:
     """The record joins the history (and metrics.jsonl); then the epoch-end checkpoint, if due."""
     state.history.append(record)
-    if run.group.rank == 0:
-        _append_metrics(run.plan, record)
-        write_steps(run.plan.run_dir, run.progress.records, run.progress.start_step)
-        log.info("epoch %d/%d: %s", epoch + 1, run.config.train.epochs, _describe(record))
+    if run.recorder:
+        run.recorder.epoch_end(record)
     run.checkpoints.save(state.step, epoch, lambda: state.checkpoint(run), last=state.step == run.total_steps)
 
 
-def _build(plan: RankPlan, group, device) -> RankRun:
+def _build(plan: RankPlan, group) -> RankRun:
     cfg, t = plan.config, plan.config.train
+    strategy = build_strategy(cfg, group)
     torch.manual_seed(t.seed)
-    model = build_model(cfg.model, plan.feature_spec, plan.label_spec).to(device)
-    step_model = group.wrap_model(model)
-    optimizer = group.distributed_optimizer(_make_optimizer(model, t, plan.lr), model, t.grad_accum)
+    model = build_model(cfg.model, plan.feature_spec, plan.label_spec).to(group.device)
+    step_model = strategy.wrap(model)
+    optimizer = strategy.optimizer(_make_optimizer(model, t, plan.lr), model, t.grad_accum)
     checkpoints = CheckpointManager(plan.checkpoint_uri, plan.steps_per_epoch, cfg.checkpoint.every_steps,
                                     cfg.checkpoint.every_epochs, cfg.checkpoint.keep, is_writer=group.rank == 0)
-    return RankRun(plan=plan, group=group, device=device, model=model, step_model=step_model, optimizer=optimizer,
-                   precision=Precision(t.precision, device.type), checkpoints=checkpoints,
+    identity = _run_identity(plan)
+    return RankRun(plan=plan, group=group, strategy=strategy, model=model, step_model=step_model, optimizer=optimizer,
+                   objective=Objective(plan.task, plan.label_spec, t.distill), checkpoints=checkpoints,
                    guard=NonFiniteGuard(t.max_skipped_steps if t.precision == "fp16" else 0),
-                   meta=_run_identity(plan))
+                   launch_identity=identity, meta=identity)
 
 
-def train_step(model, micro_batches: list[dict], optimizer, precision: Precision, group, clip_norm: float | None,
-               task: str, label_spec: dict, timer: "StepTimer | None" = None,
-               distill: DistillConfig | None = None) -> torch.Tensor:
-    """One optimizer step over ``len(micro_batches)`` accumulated micro-batches; returns the mean
-    loss on this rank as a device tensor (reading it would be a CPU-GPU sync point). ``distill``:
-    the batches carry the teacher's soft targets (``teacher``) and the loss learns from them too."""
-    accum = len(micro_batches)
-    total = torch.zeros((), device=micro_batches[0]["label"].device)
-    for i, batch in enumerate(micro_batches):
-        with group.accumulate(model, sync=i == accum - 1):  # DDP: allreduce only in the last backward
-            with precision.autocast():
-                # Divided by accum so the summed gradients are those of the mean over the whole step.
-                loss = loss_fn(model(batch), batch["label"], task, label_spec, distill, batch.get(TEACHER_COLUMN)) / accum
-            precision.backward(loss)  # Horovod starts the allreduce after the last micro-batch's backward
-        total += loss.detach().float()
-    sync_started = time.perf_counter()
-    group.synchronize(optimizer)  # the averaged gradients are in place after this
-    if timer:
-        timer.allreduce_wait_seconds += group.allreduce_wait(sync_started)
-    precision.unscale_(optimizer)
-    if clip_norm:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    with group.skip_synchronize(optimizer):  # the allreduce already happened; step must not start another
-        precision.step(optimizer)
-    precision.update()
-    optimizer.zero_grad()  # set_to_none by default; Horovod's wrapper takes no arguments
-    return total
+@dataclass(frozen=True)
+class Objective:
+    """The training loss of one micro-batch, as the strategy's step calls it: ``loss_fn`` with the
+    task, the label's scaling and, with ``train.distill``, the teacher's soft targets."""
+
+    task: str
+    label_spec: dict
+    distill: DistillConfig | None = None
+
+    def __call__(self, output: torch.Tensor, batch: dict) -> torch.Tensor:
+        return loss_fn(output, batch["label"], self.task, self.label_spec, self.distill, batch.get(TEACHER_COLUMN))
 
 
 def loss_fn(output: torch.Tensor, label: torch.Tensor, task: str, label_spec: dict,
@@ -304,12 +361,12 @@ def loss_fn(output: torch.Tensor, label: torch.Tensor, task: str, label_spec: di
     return distill.alpha * soft + (1 - distill.alpha) * hard
 
 
-def evaluate(model, loader: RankLoader, precision: Precision, group, plan: RankPlan, device,
-             on_batch: Callable[[int | None], None] | None = None) -> dict:
+def evaluate(run: RankRun, loader: RankLoader, on_batch: Callable[[int | None], None] | None = None) -> dict:
     """Validation metrics over every row of the split (each rank its own range, the last batch
     partial), and the trivial baseline on the same rows; one allreduce of sums at the end.
     ``on_batch(n)``: n batches done so far (0 at the start), then ``None`` once the pass is over:
     the supervisor's measure of progress here, as the step is in training."""
+    model, precision, group, plan, device = run.model, run.precision, run.group, run.plan, run.device
     on_batch = on_batch or (lambda batches: None)
     on_batch(0)
     done = 0
@@ -438,61 +495,7 @@ class StepTimer:
                 "allreduce_wait_seconds": round(self.allreduce_wait_seconds - snapshot[1], 4)}
 
 
-class Progress:
-    """Rank 0's progress lines: steps/s, samples/s, loss, ETA; ``records`` keeps each line's values
-    (for steps.jsonl, training.run_record)."""
-
-    def __init__(self, plan: RankPlan, world: int, total_steps: int, start_step: int):
-        t = plan.config.train
-        self.samples_per_step = world * t.batch_size * t.grad_accum
-        self.total_steps, self.epochs = total_steps, t.epochs
-        self.steps_per_epoch = plan.steps_per_epoch
-        self.start_step = start_step
-        self.last_step, self.last_time, self.last_wait, self.last_sync = start_step, time.perf_counter(), 0.0, 0.0
-        self.records: list[dict] = []
-
-    def log(self, step: int, epoch: int, loss: float, data_wait_seconds: float = 0.0,
-            allreduce_wait_seconds: float = 0.0) -> None:
-        now = time.perf_counter()
-        elapsed = max(now - self.last_time, 1e-9)
-        rate = (step - self.last_step) / elapsed
-        eta = (self.total_steps - step) / rate if rate > 0 else float("inf")
-        wait = (data_wait_seconds - self.last_wait) / elapsed
-        log.info("step %d/%d (epoch %d/%d) loss %.4f | %.1f steps/s, %.0f samples/s, data wait %.0f%% | ETA %s",
-                 step, self.total_steps, epoch + 1, self.epochs, loss, rate, rate * self.samples_per_step,
-                 100 * wait, _duration(eta))
-        self.records.append({"step": step, "epoch": epoch + 1, "loss": loss, "steps_per_s": round(rate, 4),
-                             "samples_per_s": round(rate * self.samples_per_step, 2),
-                             "data_wait_fraction": round(wait, 4),
-                             "allreduce_wait_fraction": round((allreduce_wait_seconds - self.last_sync) / elapsed, 4)})
-        self.last_step, self.last_time, self.last_wait = step, now, data_wait_seconds
-        self.last_sync = allreduce_wait_seconds
-
-
 # --- helpers -----------------------------------------------------------------------------------
-
-def _pick_device(group, plan: RankPlan):
-    if isinstance(group, LocalGroup):
-        wanted = plan.config.launch.device
-        if wanted == "cpu":
-            return torch.device("cpu"), "in-process mode, launch.device=cpu"
-        if torch.cuda.is_available():
-            return torch.device("cuda:0"), "in-process mode, CUDA available"
-        if wanted == "cuda":
-            raise ConfigError("launch.device=cuda but CUDA is not available in this process "
-                              "(no GPU, or a CPU build of torch); use launch.device=auto or cpu")
-        return torch.device("cpu"), "in-process mode, no CUDA"
-    import os
-
-    addresses = spark_gpu_addresses()
-    name, why = resolve_device(addresses, torch.cuda.is_available(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if addresses and name == "cpu":
-        log.warning("rank %d: %s", group.rank, why)
-    device = torch.device(name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return device, why
-
 
 def _make_optimizer(model, t: TrainLoopConfig, lr: float):
     if t.optimizer == "sgd":
@@ -529,14 +532,15 @@ def _to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def loaders(plan: RankPlan, group) -> tuple[RankLoader, RankLoader | None]:
-    """The rank's training loader and its validation loader (None without a val split). They
-    share one BufferMemory: they never build buffers at the same time."""
+def loaders(plan: RankPlan, strategy) -> tuple[RankLoader, RankLoader | None]:
+    """The rank's training loader and its validation loader (None without a val split), sharded by
+    the strategy's data-parallel rank and size. They share one BufferMemory: they never build
+    buffers at the same time."""
     d, t = plan.config.data, plan.config.train
     memory = BufferMemory()
 
     def loader(layout, accum: int, shuffle: bool) -> RankLoader:
-        return RankLoader(layout, plan.columns, group.rank, group.size, t.batch_size, accum, seed=t.seed,
+        return RankLoader(layout, plan.columns, strategy.dp_rank, strategy.dp_size, t.batch_size, accum, seed=t.seed,
                           shuffle=shuffle, shuffle_buffer_rows=d.shuffle_buffer_rows,
                           reader_workers=d.reader_workers, prefetch_row_groups=d.prefetch_row_groups,
                           reader=d.reader, memory=memory)
@@ -585,93 +589,6 @@ def _rng_state(device) -> dict:
     return state
 
 
-def _write_run_files(plan: RankPlan) -> None:
-    run = resolve(plan.run_dir)
-    run.write_text("config.yaml", dump_yaml(plan.config))
-    write_run_info(plan)
-
-
-def _append_metrics(plan: RankPlan, record: dict) -> None:
-    # Rewritten whole each epoch: object stores have no append, and the file stays small.
-    run = resolve(plan.run_dir)
-    lines = run.read_text("metrics.jsonl").splitlines() if run.fs.exists(run.join("metrics.jsonl").path) else []
-    lines = [line for line in lines if line.strip() and json.loads(line).get("epoch") < record["epoch"]]
-    lines.append(json.dumps(record, sort_keys=True))
-    run.write_text("metrics.jsonl", "\n".join(lines) + "\n")
-
-
-_NOT_INPUTS = ("label", ROW_INDEX, TEACHER_COLUMN)  # batch entries a served model is not given
-
-
-def _finish(plan: RankPlan, model, history: list[dict], device) -> dict:
-    """Rank 0: reference predictions from the in-memory model, then publish it."""
-    model.eval()
-    reference = None
-    example = None
-    if plan.val:
-        arrays = read_first_rows(plan.val, plan.columns, plan.reference_rows)
-        example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in _NOT_INPUTS}
-        with torch.no_grad():
-            out = serving_model(model, plan.label_spec)({k: v.to(device) for k, v in example.items()})
-        reference = {"rows": arrays["_row"].tolist(), "predictions": out.float().cpu().numpy().tolist()}
-    else:
-        arrays = read_first_rows(plan.train, plan.columns, 1)
-        example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in _NOT_INPUTS}
-    model_cfg = plan.config.model
-    arguments = (mlp_arguments(plan.feature_spec, plan.label_spec, model_cfg.hidden, model_cfg.dropout,
-                               model_cfg.embedding_dim, **model_cfg.kwargs)
-                 if model_cfg.name == "mlp" else None)
-    meta = {"model": {"name": model_cfg.name, "arguments": arguments}, "config": to_dict(plan.config),
-            "features": plan.feature_spec, "label": plan.label_spec, "metrics": history,
-            "dataset": {"uri": plan.dataset_uri, "fingerprint": plan.fingerprint},
-            "inputs": {"numeric": list(plan.columns.numeric), "categorical": list(plan.columns.categorical),
-                       "arrays": {name: list(shape) for name, shape in plan.columns.arrays}}}
-    # Last word before publishing: the model was trained on the dataset the plan pinned, all of it.
-    check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)
-    for layout in filter(None, (plan.train, plan.val)):
-        layout.check_unchanged()
-    published = not published_by(plan.model_path, plan.run_id)
-    if not published:
-        # A relaunch after ranks failed once this run had published (resumed from the last checkpoint):
-        # the model there is this run's own, so the run is finished, in either output.mode.
-        log.warning("model at %s was already published by this run (run id %s) before the ranks were relaunched; "
-                    "not publishing it again", plan.model_path, plan.run_id)
-    else:
-        with _under_writer_lock(plan):
-            publish_model(plan.model_path, plan.output_mode, model, meta, example, plan.run_id)
-        log.info("model published at %s; metrics in %s/metrics.jsonl", plan.model_path, plan.run_dir)
-    return {"model_uri": plan.model_path, "metrics": history, "reference": reference, "published": published}
-
-
-def _under_writer_lock(plan: RankPlan):
-    """The driver's writer lock on the model path, for this rank's publish (training.api says why)."""
-    if plan.writer_lock is None:  # a plan made without train() (tests of the loop itself)
-        return contextlib.nullcontext()
-    return writing_under(plan.model_path, plan.writer_lock)
-
-
-def _report_and_track(plan: RankPlan, history: list[dict]) -> None:
-    """Rank 0, once the model is published: the run report, then MLflow; each warns, never fails the run."""
-    from training.report import write_run_report_or_warn
-
-    report = write_run_report_or_warn(plan.run_dir)
-    if plan.config.tracking.mlflow is not None:
-        from training.tracking import track_run_or_warn
-
-        track_run_or_warn(plan, history, report)
-
-
-def _describe(record: dict) -> str:
-    return ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items() if k != "epoch")
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
 def _quiet_libraries() -> None:
     # petastorm on pyarrow 14 warns on every reader about deprecated legacy-dataset calls.
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -684,5 +601,5 @@ def _quiet_libraries() -> None:
     logging.getLogger("petastorm").setLevel(logging.WARNING)
 
 
-__all__ = ["NonFiniteGuard", "RankRun", "StepTimer", "TrainState", "evaluate", "loaders", "loss_fn", "run_rank", "train_epoch",
-           "train_step"]
+__all__ = ["Hooks", "NonFiniteGuard", "Objective", "OneAttempt", "RankRun", "StepTimer", "TrainState", "evaluate",
+           "loaders", "loss_fn", "run_rank", "train_epoch"]

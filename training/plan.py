@@ -43,11 +43,6 @@ class RankPlan:
     world_size: int
     steps_per_epoch: int
     skipped_rows_per_epoch: int
-    lr: float  # after lr_scale
-    checkpoint_uri: str
-    run_dir: str
-    model_path: str
-    output_mode: str
     reference_rows: int = 32  # val rows rank 0 predicts at the end (load_model round trip)
     # One per train() call, kept across relaunches: recorded with the published model, so ranks
     # relaunched after the publish recognise their own run's model (training.export.published_by).
@@ -60,13 +55,37 @@ class RankPlan:
     def task(self) -> str:
         return self.label_spec["task"]
 
+    # What the config says, read from it (one copy of each value; the plan adds only what it resolved).
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the optimizer starts from: ``train.lr``, times the world size with
+        ``train.lr_scale=linear``."""
+        t = self.config.train
+        return t.lr * (self.world_size if t.lr_scale == "linear" else 1)
+
+    @property
+    def checkpoint_uri(self) -> str:
+        return self.config.checkpoint_path
+
+    @property
+    def run_dir(self) -> str:
+        return self.config.output.resolved_run_dir
+
+    @property
+    def model_path(self) -> str:
+        return self.config.output.model_path
+
+    @property
+    def output_mode(self) -> str:
+        return self.config.output.mode
+
     def for_world(self, world: int) -> "RankPlan":
         """This plan for ``world`` ranks: the split's rows divided into equal steps again (and the
         learning rate scaled again), as Horovod elastic needs after a rank left. Same run id."""
         t = self.config.train
-        lr = t.lr * (world if t.lr_scale == "linear" else 1)
         return dataclasses.replace(
-            self, world_size=world, lr=lr,
+            self, world_size=world,
             steps_per_epoch=steps_per_epoch(self.train.rows, world, t.batch_size, t.grad_accum),
             skipped_rows_per_epoch=skipped_rows_per_epoch(self.train.rows, world, t.batch_size, t.grad_accum))
 
@@ -97,15 +116,12 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
             raise DatasetError(f"{where}: field 'splits.{val.name}.rows' is {val.rows}: fewer than one row per rank "
                                f"({world}); set data.val_split=null to train without validation")
 
-    lr = cfg.train.lr * (world if cfg.train.lr_scale == "linear" else 1)
     return RankPlan(
         config=copy.deepcopy(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
         feature_spec=manifest.features.spec, label_spec=dict(manifest.label),
         columns=columns_for(manifest, teacher=cfg.train.distill is not None),
         train=train, val=val, world_size=world, steps_per_epoch=steps,
-        skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, world, batch, accum),
-        lr=lr, checkpoint_uri=cfg.checkpoint_path,
-        run_dir=cfg.output.resolved_run_dir, model_path=cfg.output.model_path, output_mode=cfg.output.mode)
+        skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, world, batch, accum))
 
 
 def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:

@@ -13,7 +13,8 @@ not start a second allreduce::
         precision.step(optimizer)         # skipped by the scaler when gradients overflowed
     precision.update()
 
-Works on CUDA and CPU (torch 2.13 has CPU fp16 autocast and a CPU GradScaler). Model weights stay
+``sharded_policy`` is the same decision in the form FSDP2 takes, so a sharded model's precision
+is decided here too. Works on CUDA and CPU (torch 2.13 has CPU fp16 autocast and a CPU GradScaler). Model weights stay
 fp32, so checkpoints and exports are precision-independent; the scaler state is checkpointed.
 """
 
@@ -60,6 +61,16 @@ class Precision:
     def update(self) -> None:
         if self.scaler:
             self.scaler.update()
+
+    def sharded_policy(self):
+        """This precision as FSDP2's ``MixedPrecisionPolicy``: bf16 computes in bf16 and reduces
+        gradients in fp32; fp32 and fp16 (autocast and the scaler do that work) keep the defaults."""
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.kind == "bf16":
+            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy()
 
     def state_dict(self) -> dict:
         return self.scaler.state_dict() if self.scaler else {}

@@ -21,10 +21,17 @@ from training import load_train_config, train
 from training.config import DistillConfig
 from training.data import RankLoader, SplitLayout, columns_for
 from training.distributed import LocalGroup
-from training.loop import loss_fn, train_step
+from training.loop import Objective, loss_fn
+from training.strategies.single import SingleProcess
 from training.precision import Precision
 
 LAYOUT = {"train": [[300, 100], [240]], "val": [[90], [70]]}
+
+def train_step(model, micro_batches, optimizer, precision, clip_norm, distill=None):
+    """One optimizer step of the one-process strategy, as the rank loop takes it."""
+    strategy = SingleProcess(LocalGroup(), precision)
+    return strategy.train_step(model, micro_batches, optimizer, Objective("classification", {}, distill), clip_norm)
+
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +118,7 @@ def _agreement_with_labels(alpha, steps=60):
     opt = torch.optim.AdamW(model.parameters(), lr=0.02)
     distill = DistillConfig(alpha=alpha, temperature=2.0)
     for _ in range(steps):
-        train_step(model, [batch], opt, Precision("fp32", "cpu"), LocalGroup(), None, "classification", {},
-                   distill=distill)
+        train_step(model, [batch], opt, Precision("fp32", "cpu"), None, distill)
     with torch.no_grad():
         return float((model(batch).argmax(-1) == batch["label"]).float().mean())
 
@@ -135,7 +141,7 @@ def test_distill_step_in_every_precision_with_accumulation(kind):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     precision = Precision(kind, "cpu")
     distill = DistillConfig(alpha=0.7, temperature=2.0)
-    losses = [train_step(model, halves, opt, precision, LocalGroup(), 1.0, "classification", {}, distill=distill)
+    losses = [train_step(model, halves, opt, precision, 1.0, distill)
               for _ in range(30)]
     assert all(loss.dtype == torch.float32 and torch.isfinite(loss) for loss in losses)
     assert float(losses[-1]) < float(losses[0]) * 0.8
@@ -150,8 +156,8 @@ def test_accumulated_distill_step_equals_one_big_batch():
     opt_a, opt_b = torch.optim.AdamW(a.parameters(), lr=0.01), torch.optim.AdamW(b.parameters(), lr=0.01)
     distill, fp32 = DistillConfig(alpha=0.5, temperature=3.0), Precision("fp32", "cpu")
     for _ in range(3):
-        la = train_step(a, halves, opt_a, fp32, LocalGroup(), None, "classification", {}, distill=distill)
-        lb = train_step(b, [batch], opt_b, fp32, LocalGroup(), None, "classification", {}, distill=distill)
+        la = train_step(a, halves, opt_a, fp32, None, distill)
+        lb = train_step(b, [batch], opt_b, fp32, None, distill)
         assert abs(float(la) - float(lb)) < 1e-6
     for pa, pb in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)

@@ -14,7 +14,7 @@ def _failure(type_, rank=1, exit_code=1, secondary=False):
 
 
 @pytest.mark.parametrize("error, expected", [
-    (LaunchError("rank 1 died", retryable=True), True),  # the launcher saw a process die
+    (LaunchError("rank 1 died", rank_lost=True), True),  # the launcher saw a process die
     (RankStalledError("rank 1 stalled"), True),
     (LaunchError("no task slots"), False),  # missing capacity fails the same way again
     (RankFailedError([_failure("HorovodInternalError", secondary=True)]), True),
@@ -69,7 +69,7 @@ def test_the_exception_type_alone_can_make_it_secondary():
     assert not record.secondary and is_transient(RankFailedError([record]))
 
 
-DIED = LaunchError("rank 1 died", retryable=True)
+DIED = LaunchError("rank 1 died", rank_lost=True)
 
 
 @pytest.mark.parametrize("restarts, max_restarts, resume, action, announce, reason", [

@@ -6,8 +6,15 @@ import torch
 
 from plugin_models import Wrap
 from training.distributed import LocalGroup
-from training.loop import train_step
+from training.loop import Objective
+from training.strategies.single import SingleProcess
 from training.precision import Precision
+
+def train_step(model, micro_batches, optimizer, precision, clip_norm, distill=None):
+    """One optimizer step of the one-process strategy, as the rank loop takes it."""
+    strategy = SingleProcess(LocalGroup(), precision)
+    return strategy.train_step(model, micro_batches, optimizer, Objective("classification", {}, distill), clip_norm)
+
 
 
 def _model_and_batch(seed=0):
@@ -25,9 +32,9 @@ def test_every_precision_trains_on_cpu(kind):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     precision = Precision(kind, "cpu")
     batch = {"numeric": x, "label": y}
-    first = float(train_step(model, [batch], opt, precision, LocalGroup(), 1.0, "classification", {}))
+    first = float(train_step(model, [batch], opt, precision, 1.0))
     for _ in range(30):
-        last = float(train_step(model, [batch], opt, precision, LocalGroup(), 1.0, "classification", {}))
+        last = float(train_step(model, [batch], opt, precision, 1.0))
     assert last < first * 0.7
     assert all(p.dtype == torch.float32 for p in model.parameters())  # weights stay fp32
     assert (precision.scaler is not None) == (kind == "fp16")
@@ -67,8 +74,8 @@ def test_grad_accumulation_equals_one_big_batch():
     fp32 = Precision("fp32", "cpu")
     for _ in range(3):
         halves = [{"numeric": x[:32], "label": y[:32]}, {"numeric": x[32:], "label": y[32:]}]
-        la = train_step(a, halves, opt_a, fp32, LocalGroup(), None, "classification", {})
-        lb = train_step(b, [{"numeric": x, "label": y}], opt_b, fp32, LocalGroup(), None, "classification", {})
+        la = train_step(a, halves, opt_a, fp32, None)
+        lb = train_step(b, [{"numeric": x, "label": y}], opt_b, fp32, None)
         assert abs(float(la) - float(lb)) < 1e-6
     for pa, pb in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)

@@ -79,10 +79,10 @@ def test_a_dead_process_is_named_by_rank_and_signal_and_capacity_advice_is_for_t
                         "job to be terminated. The first process to do so was:\nProcess name: 1\nExit code: 137\n")
     error = launch_error(died, 2)
     assert str(error).startswith("training failed on rank 1: its process exited with status 137: killed by SIGKILL")
-    assert "task slot" not in str(error) and error.retryable
+    assert "task slot" not in str(error) and error.rank_lost
     timeout = Exception("Timed out waiting for Spark tasks to start. Please check that you have enough resources")
     error = launch_error(timeout, 2)
-    assert "task slot" in str(error) and not error.retryable
+    assert "task slot" in str(error) and not error.rank_lost
     assert describe_exit(-15) == "status -15: killed by SIGTERM"
     assert describe_exit(1) == "status 1"
 
@@ -231,7 +231,7 @@ class _Plan:
     (1, 2, "never", 1, False),  # a relaunch would start over from step 0
 ])
 def test_relaunches_up_to_max_restarts(failures, max_restarts, resume, launches, succeeds):
-    launch_fn, calls = _launch_failing(failures, LaunchError("rank 1 died", retryable=True))
+    launch_fn, calls = _launch_failing(failures, LaunchError("rank 1 died", rank_lost=True))
     cfg = LaunchConfig(max_restarts=max_restarts)
     if succeeds:
         assert run_supervised(launch_fn, _Plan(), None, cfg, resume)[0]["resumed_step"] == 20

@@ -5,8 +5,8 @@ rank, to storage) that broke; a rank's own exception (a bug in a model, bad data
 would fail the same way again, and so would missing capacity. The inputs are the typed errors the
 launch ends with and the failure records they carry (``common.errors.RankFailure``): what a rank
 raised, and whether that only says another rank went away (``secondary``, set from the rank's
-message by ``is_secondary`` when the record is made). ``LaunchError.retryable`` is the launcher's
-word on what it saw (a process died: yes; no task slots: no).
+message by ``is_secondary`` when the record is made). ``LaunchError.rank_lost`` is the launcher's
+word on what it saw (a process died: yes; no task slots: no); the rule that makes it retryable is here.
 
 Then the budget: at most ``launch.max_restarts`` relaunches, and only with ``checkpoint.resume=auto``
 (any other value would start the ranks again from step 0).
@@ -46,7 +46,7 @@ def is_transient(error: BaseException) -> bool:
         primary = error.failures[0]  # causes first (RankFailedError sorts them)
         return primary.exit_code == EXIT_RUNTIME and (primary.secondary or primary.type in TRANSIENT_TYPES)
     if isinstance(error, LaunchError):
-        return error.retryable
+        return error.rank_lost
     return False
 
 

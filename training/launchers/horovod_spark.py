@@ -1,7 +1,7 @@
 """Horovod-on-Spark: ``launch.num_proc`` ranks as Spark tasks of the job's SparkSession
 (``horovod.spark.run``, gloo), and what it raises turned into one typed ``LaunchError``. With
-``launch.elastic`` the launch is ``horovod.spark.run_elastic`` and the rank runs
-``training.elastic.run_rank_elastic``: survivors of a dead rank go on at a smaller world size.
+``launch.elastic`` the launch is ``horovod.spark.run_elastic`` and the rank loop's attempts are
+``training.elastic.HorovodElastic``: survivors of a dead rank go on at a smaller world size.
 
 ``rank_entry`` is the function shipped to executors: module-level (pickled by reference), given
 only the plain ``RankPlan``, importing torch and horovod when it runs; the sequence around the
@@ -32,20 +32,16 @@ def rank_entry(plan) -> dict:
 
 
 def _start_group(plan):
-    from training.distributed import HorovodGroup
+    from training.distributed import HorovodGroup, pick_device
 
-    return HorovodGroup()
+    rank = int(os.environ.get("HOROVOD_RANK", "-1"))
+    return HorovodGroup(*pick_device(plan.config.launch, rank))
 
 
 def _train(plan, group, reporter) -> dict:
-    from training.elastic import run_rank_elastic
     from training.loop import run_rank
 
-    run = run_rank_elastic if plan.config.launch.elastic else run_rank
-    hooks = {"on_step": reporter.on_step, "on_validation": reporter.on_validation}
-    if not plan.config.launch.elastic:  # an elastic run writes no report and tracks nothing after its publish
-        hooks["on_published"] = reporter.on_published
-    return run(plan, group, **hooks)
+    return run_rank(plan, group, hooks=reporter)  # with launch.elastic, its attempts are Horovod elastic's
 
 
 def launch_horovod(plan, spark, launch_cfg) -> list[dict]:
@@ -79,14 +75,14 @@ def launch_error(exc: BaseException, num_proc: int) -> LaunchError:
     if died:
         rank, code = died.group(1), int(died.group(2))
         return LaunchError(f"training failed on rank {rank}: its process exited with {describe_exit(code)}; "
-                           "the rank's own output above says more", retryable=True)
+                           "the rank's own output above says more", rank_lost=True)
     if "Timed out waiting for" in text:
         return LaunchError(
             f"horovod.spark.run could not start {num_proc} rank(s): {first_line(exc)}. Each rank needs its own "
             "Spark task slot at the same time (executor cores / spark.task.cpus); raise launch.start_timeout if "
             "executors are allocated on demand")
     return LaunchError(f"horovod.spark.run failed running {num_proc} rank(s): {explain_java_error(exc)}; the "
-                       "ranks' own output above says more", retryable=True)
+                       "ranks' own output above says more", rank_lost=True)
 
 
 def describe_exit(code: int) -> str:

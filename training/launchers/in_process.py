@@ -6,9 +6,11 @@ from __future__ import annotations
 
 def launch_in_process(plan, on_step=None) -> list[dict]:
     """The one rank's result, as a list like the Spark launchers'."""
-    from training.loop import run_rank
+    from training.distributed import LocalGroup, pick_device
+    from training.loop import Hooks, run_rank
 
-    return [{"ok": True, **run_rank(plan, None, on_step=on_step)}]
+    group = LocalGroup(*pick_device(plan.config.launch, 0))
+    return [{"ok": True, **run_rank(plan, group, hooks=Hooks(on_step))}]
 
 
 __all__ = ["launch_in_process"]

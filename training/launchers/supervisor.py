@@ -320,7 +320,7 @@ def explain(exc: Exception, ranks: dict[int, RankState]) -> Exception:
     if not notes:
         return exc
     # A rank whose connection dropped without a final report died, whatever the launcher made of it.
-    return LaunchError(f"{exc} ({'; '.join(notes)})", retryable=exc.retryable or bool(lost))
+    return LaunchError(f"{exc} ({'; '.join(notes)})", rank_lost=exc.rank_lost or bool(lost))
 
 
 def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str,

@@ -1,6 +1,7 @@
 """The torch backend: pyspark's ``TorchDistributor`` runs one barrier Spark task per rank
 (``local_mode=False``), each task one ``torchrun`` process, and every rank runs the same loop as on
-Horovod (``training.loop.run_rank``) on a ``TorchGroup``.
+Horovod (``training.loop.run_rank``) on a ``TorchGroup``, with the strategy ``train.parallel`` picks
+(``training.strategies``: DDP or FSDP2).
 
 TorchDistributor hands back only rank 0's return value, so every rank puts its record (its result,
 or its failure with its own traceback) in the torch.distributed key-value store torchrun already
@@ -52,7 +53,7 @@ def launch_torch(plan, spark, launch_cfg) -> list[dict]:
                 "Spark task slot at the same time (barrier stage: executor cores / spark.task.cpus)") from exc
         # A barrier task that died (a rank's process killed, an executor lost) fails the whole stage.
         raise LaunchError(f"TorchDistributor failed running {launch_cfg.num_proc} rank(s): {text}; the ranks' own "
-                          "output above says more", retryable=True) from exc
+                          "output above says more", rank_lost=True) from exc
     if not isinstance(results, list) or len(results) != launch_cfg.num_proc:
         raise LaunchError(f"TorchDistributor returned {results!r} instead of {launch_cfg.num_proc} rank results")
     return results
@@ -71,23 +72,15 @@ def torch_rank_entry(plan, env: dict, result_timeout: int):
 
 
 def _start_group(plan):
-    import torch
+    from training.distributed import TorchGroup, pick_device
 
-    from training.distributed import TorchGroup, resolve_device, spark_gpu_addresses
-
-    device, _ = resolve_device(spark_gpu_addresses(), torch.cuda.is_available(),
-                               os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
-    t = plan.config.train  # the typed TrainConfig the plan carries
-    return TorchGroup(device.split(":")[0], parallel=t.parallel, precision=t.precision)
+    return TorchGroup(*pick_device(plan.config.launch, int(os.environ.get("RANK", "-1"))))
 
 
 def _train(plan, group, reporter) -> dict:
     from training.loop import run_rank
 
-    return run_rank(plan, group, on_step=reporter.on_step, on_validation=reporter.on_validation,
-                    on_published=reporter.on_published)
+    return run_rank(plan, group, hooks=reporter)
 
 
 def _exchange_results(rank: int, result: dict, timeout: int):

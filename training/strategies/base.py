@@ -1,0 +1,149 @@
+"""The ``Strategy`` interface and its default: every rank holds the whole, unwrapped model.
+
+``Strategy.train_step`` is the one optimizer step every technique shares (nanoGPT's AMP +
+accumulation + data-parallel path); a strategy changes it by overriding the small pieces it calls
+(``accumulate``, ``synchronize``, ``skip_synchronize``) or, where a step has another shape
+altogether (pipeline schedules), the step itself. The fp16 order matters on every backend: the
+gradient synchronisation finishes before the gradients are unscaled and clipped, and the update
+must not start a second one (see ``training.precision``).
+
+Rank-side only (imports torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable
+
+import torch
+
+
+class Strategy:
+    """How one rank trains in parallel with the others of its ``group``.
+
+    ``group``: the rank group (``training.distributed``: rank, size, device, collectives).
+    ``precision``: the one precision policy (``training.precision.Precision``); a strategy that
+    needs it in another form (FSDP's mixed-precision policy) asks it, never decides it.
+    """
+
+    name = "single"
+
+    def __init__(self, group, precision):
+        self.group = group
+        self.precision = precision
+        self.device = group.device
+
+    # --- where this rank stands ------------------------------------------------------------------
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel replicas: what the loader shards rows by."""
+        return self.group.rank
+
+    @property
+    def dp_size(self) -> int:
+        """How many data-parallel replicas read different rows (equal steps are computed from it)."""
+        return self.group.size
+
+    @property
+    def computes_loss(self) -> bool:
+        """Whether this rank's step returns the real loss (a pipeline's first stages do not)."""
+        return True
+
+    # --- building ----------------------------------------------------------------------------------
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What a training step calls; ``model`` stays the plain module (state dicts, validation)."""
+        return model
+
+    def optimizer(self, optimizer, model, grad_accum: int):
+        """The optimizer a step uses (Horovod: its DistributedOptimizer around ``optimizer``)."""
+        return optimizer
+
+    def broadcast_initial_state(self, model, optimizer) -> None:
+        """Rank 0's parameters, buffers and optimizer state on every rank (one starting point)."""
+
+    # --- one optimizer step ------------------------------------------------------------------------
+
+    def train_step(self, step_model, micro_batches: list[dict], optimizer,
+                   objective: Callable[[torch.Tensor, dict], torch.Tensor], clip_norm: float | None,
+                   timer=None) -> torch.Tensor:
+        """One optimizer step over ``len(micro_batches)`` accumulated micro-batches; returns this
+        rank's mean loss as a device tensor (reading it would be a CPU-GPU sync point).
+        ``objective(output, batch)``: the loss of one micro-batch."""
+        precision = self.precision
+        accum = len(micro_batches)
+        total = torch.zeros((), device=micro_batches[0]["label"].device)
+        for i, batch in enumerate(micro_batches):
+            with self.accumulate(step_model, sync=i == accum - 1):  # DDP: allreduce only in the last backward
+                with precision.autocast():
+                    # Divided by accum so the summed gradients are those of the mean over the whole step.
+                    loss = objective(step_model(batch), batch) / accum
+                precision.backward(loss)  # Horovod starts the allreduce after the last micro-batch's backward
+            total += loss.detach().float()
+        sync_started = time.perf_counter()
+        self.synchronize(optimizer)  # the averaged gradients are in place after this
+        if timer:
+            timer.allreduce_wait_seconds += self.allreduce_wait(sync_started)
+        precision.unscale_(optimizer)
+        if clip_norm:
+            torch.nn.utils.clip_grad_norm_(step_model.parameters(), clip_norm)
+        with self.skip_synchronize(optimizer):  # the allreduce already happened; step must not start another
+            precision.step(optimizer)
+        precision.update()
+        optimizer.zero_grad()  # set_to_none by default; Horovod's wrapper takes no arguments
+        return total
+
+    def accumulate(self, step_model, sync: bool):
+        """The context of one micro-batch's backward; ``sync``: the step's last one."""
+        return contextlib.nullcontext()
+
+    def synchronize(self, optimizer) -> None:
+        """Wait until the averaged gradients are in place."""
+
+    def allreduce_wait(self, synchronize_started: float) -> float:
+        """Seconds the step waited for the gradient synchronisation backward did not hide."""
+        return 0.0
+
+    def skip_synchronize(self, optimizer):
+        return contextlib.nullcontext()
+
+    def after_step(self, step: int, model, optimizer) -> None:
+        """Runs on every rank after each optimizer step (``step``: steps done so far)."""
+
+    def is_checkpoint_point(self, step: int) -> bool:
+        """Whether the state after ``step`` is one every rank agrees on, safe to save and resume."""
+        return True
+
+    # --- state for checkpoints and export ----------------------------------------------------------
+    # Checkpoints and exports hold full state dicts in the plain module's format whatever the
+    # strategy, so a run saved under one strategy resumes under another and exports the same model.
+
+    def model_state_dict(self, model) -> dict:
+        return model.state_dict()
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load_state_dicts(self, model, optimizer, model_state: dict, optimizer_state: dict) -> None:
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+
+    def unsharded(self, model, build: Callable[[], torch.nn.Module]):
+        """A plain module with the trained weights for export on rank 0 (others may get None)."""
+        return model
+
+
+def initialise_optimizer_state(optimizer) -> None:
+    """One optimizer step on zero gradients (Horovod's way of creating the state to broadcast), so
+    every backend starts from the same optimizer state (Adam's step count included)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+__all__ = ["Strategy", "initialise_optimizer_state"]
