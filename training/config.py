@@ -10,6 +10,7 @@ This module must stay free of torch and horovod: the driver imports it before an
 from __future__ import annotations
 
 import importlib.util
+import math
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -102,6 +103,45 @@ class DistillConfig:
 
 
 @dataclass
+class OuterOptimizerConfig:
+    """DiLoCo's outer optimizer: SGD on the replicas' averaged change since the last sync."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+
+    def __post_init__(self):
+        require(self.lr > 0 and math.isfinite(self.lr), "lr", f"must be > 0, got {self.lr}")
+        require(0 <= self.momentum < 1, "momentum", f"must be in [0, 1), got {self.momentum}")
+        require(not self.nesterov or self.momentum > 0, "nesterov", "needs momentum > 0")
+
+
+@dataclass
+class SyncConfig:
+    """How often the data-parallel replicas agree (training.strategies.periodic).
+
+    every_step: gradients averaged at every optimizer step (DDP, Horovod). local_sgd: each replica
+    takes ``every`` optimizer steps on its own, then the replicas' weights are averaged, after
+    ``warmup_steps`` of every-step averaging (post-local SGD). diloco: the same rounds, but the
+    averaged change of a round is applied by the ``outer`` optimizer (Nesterov momentum), and with
+    ``overlap`` its average is computed while the next round trains and applied one round late.
+    Every epoch ends with a sync, so checkpoints, validation and the exported model see the consensus.
+    """
+
+    mode: Literal["every_step", "local_sgd", "diloco"] = "every_step"
+    every: int = 8
+    warmup_steps: int = 0
+    outer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
+    overlap: bool = False
+
+    def __post_init__(self):
+        require(1 <= self.every <= 1_000_000, "every", f"must be in [1, 1000000], got {self.every}")
+        require(self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        require(not self.overlap or self.mode == "diloco", "overlap",
+                f"applies to mode=diloco only (got mode={self.mode}); set train.sync.overlap=false")
+
+
+@dataclass
 class TrainLoopConfig:
     epochs: int = 5
     batch_size: int = 256  # per rank, per micro-batch
@@ -125,6 +165,8 @@ class TrainLoopConfig:
     max_skipped_steps: int = 20
     # Learn from the dataset's teacher column too (see DistillConfig); null: the labels only.
     distill: DistillConfig | None = None
+    # How often the replicas agree: every step (default), or in rounds (local SGD, DiLoCo); see SyncConfig.
+    sync: SyncConfig = field(default_factory=SyncConfig)
 
     def __post_init__(self):
         require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
@@ -252,7 +294,21 @@ class TrainConfig:
     def __post_init__(self):
         require(self.data.val_split != self.data.train_split, "data.val_split",
                 "must differ from data.train_split")
-        check_parallel(self.train.parallel, self.launch.backend, self.launch.mode)
+        check_parallel(self.train.parallel, self.launch.backend, self.launch.mode, self.train.sync.mode)
+        sync = self.train.sync
+        if sync.mode != "every_step":
+            require(not self.launch.elastic, "launch.elastic",
+                    f"does not combine with train.sync.mode={sync.mode} (a reset would drop the replicas' own "
+                    "optimizer state and the rounds' schedule); set launch.elastic=false or train.sync.mode=every_step")
+            every_steps = self.checkpoint.every_steps
+            if sync.overlap:
+                require(every_steps is None, "checkpoint.every_steps",
+                        "must be null with train.sync.overlap=true: a round's average is still in flight mid-epoch, so "
+                        "only epoch ends are checkpoint points (checkpoint.every_epochs)")
+            else:
+                require(every_steps is None or every_steps % sync.every == 0, "checkpoint.every_steps",
+                        f"must be a multiple of train.sync.every={sync.every} with train.sync.mode={sync.mode}: only "
+                        "steps where the replicas agree are checkpoint points")
 
     @property
     def checkpoint_path(self) -> str:
@@ -275,6 +331,7 @@ def load_train_config(path=None, overrides=None, defaults: dict | None = None) -
 
 
 __all__ = [
-    "CheckpointConfig", "DataConfig", "DistillConfig", "LaunchConfig", "MlflowConfig", "ModelConfig", "TrackingConfig",
+    "CheckpointConfig", "DataConfig", "DistillConfig", "LaunchConfig", "MlflowConfig", "ModelConfig", "OuterOptimizerConfig",
+    "SyncConfig", "TrackingConfig",
     "TrainConfig", "TrainLoopConfig", "TrainOutputConfig", "installed", "load_train_config",
 ]

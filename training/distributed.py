@@ -5,6 +5,8 @@ parallel is not decided here: that is the strategy's (``training.strategies``).
 ``LocalGroup`` (world size 1) serves the in-process mode, notebooks and GPU benchmarks,
 ``HorovodGroup`` the Horovod ranks, ``TorchGroup`` the torch.distributed ranks TorchDistributor
 starts. Every group is built with the device ``pick_device`` resolved once for the rank.
+``average_`` and ``broadcast_`` work in place on one tensor, and ``average_`` can run in the
+background (a ``Pending`` to wait on): what strategies that move whole parameter vectors need.
 
 Rank-side only (imports torch).
 """
@@ -44,6 +46,12 @@ class LocalGroup:
     def allreduce_min(self, tensor):
         return tensor
 
+    def average_(self, tensor, background: bool = False) -> "Pending":
+        return Pending(lambda: None)
+
+    def broadcast_(self, tensor) -> None:
+        pass
+
     def shutdown(self) -> None:
         pass
 
@@ -74,6 +82,16 @@ class HorovodGroup:
 
     def allreduce_min(self, tensor):
         return self.hvd.allreduce(tensor, op=self.hvd.Min)
+
+    def average_(self, tensor, background: bool = False) -> "Pending":
+        handle = self.hvd.allreduce_async_(tensor, op=self.hvd.Average)
+        pending = Pending(lambda: self.hvd.synchronize(handle))
+        if not background:
+            pending.wait()
+        return pending
+
+    def broadcast_(self, tensor) -> None:
+        self.hvd.broadcast_(tensor, root_rank=0)
 
     def shutdown(self) -> None:
         self.hvd.shutdown()
@@ -114,6 +132,21 @@ class TorchGroup:
     def allreduce_min(self, tensor):
         return self._allreduce(tensor, self.dist.ReduceOp.MIN)
 
+    def average_(self, tensor, background: bool = False) -> "Pending":
+        work = self.dist.all_reduce(tensor, op=self.dist.ReduceOp.SUM, async_op=True)
+
+        def finish():
+            work.wait()
+            tensor.div_(self.size)
+
+        pending = Pending(finish)
+        if not background:
+            pending.wait()
+        return pending
+
+    def broadcast_(self, tensor) -> None:
+        self.dist.broadcast(tensor, src=0)
+
     def _allreduce(self, tensor, op):
         # Horovod returns a new tensor and leaves its input alone; so does this.
         out = tensor.detach().clone().to(self.device)
@@ -126,6 +159,19 @@ class TorchGroup:
     def shutdown(self) -> None:
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
+
+
+class Pending:
+    """An in-place collective that may still be running (``average_(..., background=True)``);
+    ``wait()`` returns once its result is in the tensor. Waiting twice is waiting once."""
+
+    def __init__(self, finish):
+        self._finish = finish
+
+    def wait(self) -> None:
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            finish()
 
 
 def pick_device(launch_cfg, rank: int) -> tuple[torch.device, str]:
@@ -177,4 +223,4 @@ def set_threads(local_size: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
 
 
-__all__ = ["HorovodGroup", "LocalGroup", "TorchGroup", "pick_device", "set_threads", "spark_gpu_addresses"]
+__all__ = ["HorovodGroup", "LocalGroup", "Pending", "TorchGroup", "pick_device", "set_threads", "spark_gpu_addresses"]

