@@ -9,13 +9,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 from common.dataset import read_manifest, verify_dataset
 from common.storage import KIND_DATASET, lock_location, read_marker
 from pipelines.generate import generate_dataset
+from polling import wait_for
 from shardtrain.cli import main
 
 pytestmark = pytest.mark.spark
@@ -101,14 +101,6 @@ def test_train_over_a_regular_file_or_a_user_directory_is_refused(dataset, tmp_p
     assert (mine / "weights.bin").read_bytes() == b"x"
 
 
-def _wait_for(condition, what: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def test_two_concurrent_shard_jobs_publish_exactly_one_complete_dataset(raw, tmp_path):
     out = str(tmp_path / "ds")
     barrier = tmp_path / "barrier"
@@ -121,8 +113,8 @@ def test_two_concurrent_shard_jobs_publish_exactly_one_complete_dataset(raw, tmp
     first = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # The first job holds the lock and is parked inside the job (it reached the transform).
-        _wait_for(lambda: any(n.startswith("reached-") for n in os.listdir(barrier)) or first.poll() is not None,
-                  "the first job to reach its transform")
+        wait_for(lambda: any(n.startswith("reached-") for n in os.listdir(barrier)),
+                 "the first job to reach its transform", timeout=600, proc=first)
         assert first.poll() is None, first.communicate()
         holder = json.loads(open(lock_location(out).path).read())
         assert holder["pid"] == first.pid

@@ -9,11 +9,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from common.dataset import MANIFEST_NAME
+from polling import wait_for
 from tabular_data import write_dataset
 
 HERE = os.path.dirname(__file__)
@@ -39,10 +39,7 @@ def train_process(tmp_path, ds: str, model: str, gate: str | None, *extra: str) 
 
 def wait_at_gate(proc: subprocess.Popen, gate: str) -> int:
     """The training's pid once it waits at its gate (it holds its lease and locks then)."""
-    while not os.path.exists(gate + ".waiting"):
-        if proc.poll() is not None:
-            raise AssertionError(f"training ended (exit {proc.returncode}) before its gate: {proc.stderr.read()[-3000:]}")
-        time.sleep(0.05)
+    wait_for(lambda: os.path.exists(gate + ".waiting"), "the training to wait at its gate", timeout=600, proc=proc)
     return int(open(gate + ".waiting").read())
 
 
