@@ -17,6 +17,7 @@ from common.storage import KIND_DATASET, lock_location, read_marker
 from pipelines.generate import generate_dataset
 from polling import wait_for
 from shardtrain.cli import main
+from train_configs import train_overrides
 
 pytestmark = pytest.mark.spark
 
@@ -70,8 +71,8 @@ def dataset(raw, tmp_path_factory):
 
 
 def _train_args(dataset: str, model: str, *extra) -> list[str]:
-    return ["train", "--config", "conf/train.yaml", f"data.path={dataset}", f"output.model_path={model}",
-            "output.mode=overwrite", "launch.mode=in_process", "launch.num_proc=1", "train.epochs=1", *extra]
+    return ["train", "--config", "conf/train.yaml",
+            *train_overrides(dataset, model, "output.mode=overwrite", "train.epochs=1", *extra)]
 
 
 def test_train_over_a_published_dataset_is_refused_and_the_dataset_survives(dataset, tmp_path, capsys):

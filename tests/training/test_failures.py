@@ -21,6 +21,7 @@ from common.errors import EXIT_RUNTIME, LaunchError, OutputExistsError, RankStal
 from polling import wait_for
 from run_report_checks import assert_run_report
 from tabular_data import write_dataset
+from train_configs import train_overrides
 from training import load_model, load_train_config, train
 from training.export import published_by
 
@@ -38,10 +39,10 @@ def dataset(tmp_path_factory):
 
 
 def _overrides(ds, out, marker, *extra) -> list[str]:
-    return [f"data.path={ds.uri}", f"output.model_path={out}/model", "launch.num_proc=2", "launch.start_timeout=120",
-            f"launch.env.PYTHONPATH={HERE}", f"launch.env.{MARKER}={marker}", "train.batch_size=32",
-            "train.epochs=2", "train.log_every_steps=100", "data.shuffle_buffer_rows=200", "model.hidden=[16]",
-            "checkpoint.every_steps=20", "checkpoint.keep=3", *extra]
+    return train_overrides(ds, f"{out}/model", "launch.start_timeout=120", f"launch.env.PYTHONPATH={HERE}",
+                           f"launch.env.{MARKER}={marker}", "train.batch_size=32", "train.epochs=2",
+                           "train.log_every_steps=100", "data.shuffle_buffer_rows=200", "model.hidden=[16]",
+                           "checkpoint.every_steps=20", "checkpoint.keep=3", *extra, ranks=2)
 
 
 def _cfg(ds, out, marker, *extra):
