@@ -9,13 +9,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))  # tests/spark_cluster.py
+sys.path.insert(0, os.path.dirname(__file__))  # tests/spark_cluster.py, tests/polling.py
 
+from polling import wait_for  # noqa: E402
 from spark_cluster import start_cluster  # noqa: E402
 
 
@@ -54,19 +54,22 @@ def s3_endpoint():
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            break
-        except OSError:
-            time.sleep(0.2)
-    else:
+    try:
+        wait_for(lambda: _answers(url), f"the moto S3 server to answer at {url}", timeout=30, proc=proc, interval=0.2)
+    except AssertionError:
         proc.kill()
-        pytest.fail("moto server did not start")
+        raise
     yield url
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=1)
+        return True
+    except OSError:
+        return False
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polling import wait_for
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -90,7 +92,9 @@ def start_cluster(num_workers: int = 2, cores: int = 1, memory: str = "2g", time
     cluster = StandaloneCluster(master_url=f"spark://127.0.0.1:{port}", web_url=f"http://127.0.0.1:{web_port}",
                                 work_dir=work_dir, master=master)
     try:
-        _wait(lambda: _reachable(cluster), timeout, "Spark master", logs / "master.log")
+        # Polled every 0.5 s: each look asks the master's web UI.
+        wait_for(lambda: _reachable(cluster), "the Spark master", timeout, proc=master, log=logs / "master.log",
+                 interval=0.5)
         for i in range(num_workers):
             wdir = work_dir / f"worker{i}"
             wdir.mkdir()
@@ -98,7 +102,8 @@ def start_cluster(num_workers: int = 2, cores: int = 1, memory: str = "2g", time
                 [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url, "--host", "127.0.0.1",
                  "--cores", str(cores), "--memory", memory, "--work-dir", str(wdir), "--webui-port", "0"],
                 env=env, stdout=open(logs / f"worker{i}.log", "wb"), stderr=subprocess.STDOUT))
-        _wait(lambda: cluster.alive_workers() == num_workers, timeout, f"{num_workers} Spark workers", logs / "worker0.log")
+        wait_for(lambda: _alive_workers(cluster) == num_workers, f"{num_workers} Spark workers", timeout,
+                 log=logs / "worker0.log", interval=0.5)
     except BaseException:
         cluster.stop()
         raise
@@ -113,14 +118,9 @@ def _reachable(cluster: StandaloneCluster) -> bool:
         return False
 
 
-def _wait(predicate, timeout: float, what: str, log: Path) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if predicate():
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-    raise RuntimeError(f"{what} did not come up within {timeout:.0f}s; log tail:\n{tail}")
+def _alive_workers(cluster: StandaloneCluster) -> int:
+    """The workers the master lists as alive; 0 while its web UI does not answer."""
+    try:
+        return cluster.alive_workers()
+    except OSError:
+        return 0

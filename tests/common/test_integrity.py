@@ -18,6 +18,7 @@ from common.errors import DatasetError
 from pipelines.generate import generate_dataset
 from pipelines.shard_job import run_shard_job
 from shardtrain.cli import main
+from train_configs import train_overrides
 
 pytestmark = pytest.mark.spark
 
@@ -66,9 +67,8 @@ def _flip(path, count: int = 8, offset: int | None = None) -> None:
 
 
 def _train(dataset, out, capsys, *extra) -> tuple[int, str]:
-    code = main(["train", "--config", "conf/train.yaml", f"data.path={dataset}", f"output.model_path={out}",
-                 "launch.mode=in_process", "launch.num_proc=1", "train.epochs=1", "train.batch_size=64",
-                 "model.hidden=[8]", *extra])
+    code = main(["train", "--config", "conf/train.yaml",
+                 *train_overrides(dataset, out, "train.epochs=1", "train.batch_size=64", "model.hidden=[8]", *extra)])
     return code, capsys.readouterr().err
 
 
@@ -139,9 +139,8 @@ def test_manifest_paths_must_stay_inside_the_dataset(dataset, path):
 @pytest.fixture(scope="module")
 def model(published, tmp_path_factory):
     out = tmp_path_factory.mktemp("model") / "model"
-    code = main(["train", "--config", "conf/train.yaml", f"data.path={published}", f"output.model_path={out}",
-                 "launch.mode=in_process", "launch.num_proc=1", "train.epochs=1", "train.batch_size=64",
-                 "model.hidden=[8]"])
+    code = main(["train", "--config", "conf/train.yaml",
+                 *train_overrides(published, out, "train.epochs=1", "train.batch_size=64", "model.hidden=[8]")])
     assert code == 0
     return str(out)
 
@@ -222,13 +221,13 @@ def test_a_damaged_shard_on_one_horovod_rank_keeps_exit_status_2(spark, dataset,
     """Rank 1 of 2 reads train/part-00001; its DatasetError must come back through
     horovod.spark.run as the job's error, with the dataset-contract exit status 2."""
     from common.errors import RankFailedError
-    from training import load_train_config, train
+    from train_configs import train_config
+    from training import train
 
     shard = os.path.join(dataset, "train", "part-00001.parquet")
     _flip(shard)
-    cfg = load_train_config(None, [f"data.path={dataset}", f"output.model_path={tmp_path / 'model'}",
-                                   "launch.num_proc=2", "launch.start_timeout=90", "train.epochs=1",
-                                   "train.batch_size=64", "model.hidden=[8]"])
+    cfg = train_config(dataset, tmp_path / "model", "launch.start_timeout=90", "train.epochs=1", "train.batch_size=64",
+                       "model.hidden=[8]", ranks=2)
     with pytest.raises(RankFailedError) as err:
         train(cfg, spark)
     assert err.value.exit_code == 2

@@ -510,10 +510,9 @@ def test_s3_lock_is_a_conditional_create(s3_bucket, s3_endpoint):
 # --- the training and run configs: checked before anything starts ---------------------------------
 
 def _train_cfg(tmp_path, *extra):
-    from training import load_train_config
+    from train_configs import train_config
 
-    return load_train_config(None, [f"data.path={tmp_path / 'ds'}", f"output.model_path={tmp_path / 'model'}",
-                                    *extra])
+    return train_config(tmp_path / "ds", tmp_path / "model", *extra, ranks=None)
 
 
 @pytest.mark.parametrize("override, message", [

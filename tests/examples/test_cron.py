@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from common import __version__
-from examples_env import EXAMPLES, SHARDTRAIN, wait_for
+from examples_env import EXAMPLES, SHARDTRAIN
+from polling import wait_for
 
 WRAPPER = os.path.join(EXAMPLES, "cron", "shardtrain-cron.sh")
 SKIPPED = 75
@@ -44,7 +45,7 @@ class WrappedRun:
         self.log_dir = log_dir
         self.proc = subprocess.Popen([WRAPPER, "--name", "nightly", "--log-dir", str(log_dir), "--", *command],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        wait_for(lambda: os.path.exists(started) or self.proc.poll() is not None, "the run's command to start")
+        wait_for(lambda: os.path.exists(started), "the run's command to start", timeout=60, proc=self.proc)
         assert self.proc.poll() is None, f"the run ended early: {self.proc.communicate()}"
 
     @property
@@ -203,7 +204,7 @@ def test_a_killed_run_leaves_no_stale_lock(tmp_path, log_dir):
         assert skipped.returncode == SKIPPED and f"command pid {command})" in skipped.stderr, skipped
 
         os.killpg(command, signal.SIGKILL)
-        wait_for(lambda: not running(command), "the killed command to be gone")
+        wait_for(lambda: not running(command), "the killed command to be gone", timeout=60)
     finally:
         first.kill()
 
@@ -231,7 +232,7 @@ def test_a_stop_signal_ends_the_command_and_its_children_then_the_run(tmp_path, 
     # signal ended (128+N), after the command was gone; the command's own child went too.
     assert done.returncode == 128 + stop, done
     assert not running(command)
-    wait_for(lambda: not running(its_child), "the command's child to be gone")
+    wait_for(lambda: not running(its_child), "the command's child to be gone", timeout=60)
     end = f"end nightly: exit status {128 + stop} after"
     assert end in read(run.log) and f"({stop.name} forwarded to the command)" in read(run.log), read(run.log)
     assert f"nightly exited with status {128 + stop} ({stop.name} forwarded to the command); log: " in done.stderr
@@ -247,7 +248,7 @@ def test_the_wrapper_waits_for_a_command_that_cleans_up_and_keeps_its_status(tmp
                                str(release)], started)
     try:
         os.kill(run.proc.pid, signal.SIGTERM)
-        wait_for(stopping.exists, "the command to start cleaning up")
+        wait_for(stopping.exists, "the command to start cleaning up", timeout=60)
         # Cleaning up: the wrapper waits for it, and still holds the lock.
         assert run.proc.poll() is None, "the wrapper ended before its command did"
         assert cron(log_dir, "true").returncode == SKIPPED

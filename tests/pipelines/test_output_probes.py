@@ -9,14 +9,15 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 from common.dataset import read_manifest, verify_dataset
 from common.storage import KIND_DATASET, lock_location, read_marker
 from pipelines.generate import generate_dataset
+from polling import wait_for
 from shardtrain.cli import main
+from train_configs import train_overrides
 
 pytestmark = pytest.mark.spark
 
@@ -70,8 +71,8 @@ def dataset(raw, tmp_path_factory):
 
 
 def _train_args(dataset: str, model: str, *extra) -> list[str]:
-    return ["train", "--config", "conf/train.yaml", f"data.path={dataset}", f"output.model_path={model}",
-            "output.mode=overwrite", "launch.mode=in_process", "launch.num_proc=1", "train.epochs=1", *extra]
+    return ["train", "--config", "conf/train.yaml",
+            *train_overrides(dataset, model, "output.mode=overwrite", "train.epochs=1", *extra)]
 
 
 def test_train_over_a_published_dataset_is_refused_and_the_dataset_survives(dataset, tmp_path, capsys):
@@ -101,14 +102,6 @@ def test_train_over_a_regular_file_or_a_user_directory_is_refused(dataset, tmp_p
     assert (mine / "weights.bin").read_bytes() == b"x"
 
 
-def _wait_for(condition, what: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def test_two_concurrent_shard_jobs_publish_exactly_one_complete_dataset(raw, tmp_path):
     out = str(tmp_path / "ds")
     barrier = tmp_path / "barrier"
@@ -121,8 +114,8 @@ def test_two_concurrent_shard_jobs_publish_exactly_one_complete_dataset(raw, tmp
     first = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # The first job holds the lock and is parked inside the job (it reached the transform).
-        _wait_for(lambda: any(n.startswith("reached-") for n in os.listdir(barrier)) or first.poll() is not None,
-                  "the first job to reach its transform")
+        wait_for(lambda: any(n.startswith("reached-") for n in os.listdir(barrier)),
+                 "the first job to reach its transform", timeout=600, proc=first)
         assert first.poll() is None, first.communicate()
         holder = json.loads(open(lock_location(out).path).read())
         assert holder["pid"] == first.pid

@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pipelines.generate import generate_dataset
+from polling import wait_for
 from shard_slow import GATE_ENV, RELEASE
 from shard_testdata import file_hashes
 
@@ -67,20 +67,6 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float = 400) -> str:
     out = log.read_text(errors="replace")
     assert proc.returncode == 0, f"spark-submit failed ({proc.returncode}):\n{out[-4000:]}"
     return out
-
-
-def wait_for(condition, what: str, proc: subprocess.Popen, log: Path, timeout: float = 300):
-    """Poll ``condition`` until it returns something truthy; fail if the job exits first or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if proc.poll() is not None:
-            pytest.fail(f"spark-submit exited ({proc.returncode}) while waiting for {what}:\n"
-                        + log.read_text(errors="replace")[-3000:])
-        time.sleep(0.2)
-    pytest.fail(f"no {what} within {timeout:.0f}s")
 
 
 def parent_pid(pid: int) -> int | None:
@@ -142,12 +128,16 @@ def test_killing_an_executor_mid_job_still_gives_the_same_files(job_input, local
     proc = submit(standalone_cluster.master_url, config, [f"output.path={out}", "transform=shard_slow:gated"], log,
                   py_files=[str(Path(__file__).with_name("shard_slow.py"))], env={GATE_ENV: str(gate)})
     try:
-        marker = wait_for(lambda: next(iter(sorted(gate.glob("started-*.pid"))), None), "task at the gate", proc, log)
+        # Polled every 0.2 s: each look at the executors runs ps.
+        marker = wait_for(lambda: next(iter(sorted(gate.glob("started-*.pid"))), None), "a task at the gate",
+                          timeout=300, proc=proc, log=log, interval=0.2)
         task_pid = int(marker.read_text())
         killed = wait_for(lambda: executor_running(task_pid, standalone_cluster.executor_pids()),
-                          f"executor JVM above the task's Python worker (pid {task_pid})", proc, log)
+                          f"the executor JVM above the task's Python worker (pid {task_pid})", timeout=300,
+                          proc=proc, log=log, interval=0.2)
         os.kill(killed, signal.SIGKILL)
-        wait_for(lambda: is_dead(killed), f"death of executor pid {killed}", proc, log, timeout=60)
+        wait_for(lambda: is_dead(killed), f"the death of executor pid {killed}", timeout=60, proc=proc, log=log,
+                 interval=0.2)
         assert proc.poll() is None  # the job is still running: its task was held at the gate
         (gate / RELEASE).touch()
     except BaseException:

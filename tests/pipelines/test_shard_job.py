@@ -482,20 +482,17 @@ def test_temporaries_of_a_killed_writer_are_not_published(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     from common.storage import resolve
     from pipelines.shard_job import _remove_temporaries
+    from polling import wait_for
 
     root = Path(__file__).resolve().parents[2]
     writer = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(tmp_path)], cwd=root,
                               env={**os.environ, "PYTHONPATH": str(root)}, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 120
-        while not [p for p in (tmp_path / "train").glob("part-00000.parquet.tmp-*") if p.stat().st_size > 4096]:
-            assert writer.poll() is None, writer.stderr.read().decode()
-            assert time.monotonic() < deadline, "the writer wrote no row group"
-            time.sleep(0.05)
+        wait_for(lambda: [p for p in (tmp_path / "train").glob("part-00000.parquet.tmp-*") if p.stat().st_size > 4096],
+                 "the writer to write a row group", timeout=120, proc=writer)
         os.kill(writer.pid, signal.SIGKILL)
         assert writer.wait(timeout=30) == -signal.SIGKILL  # it died by the signal, mid-file
     finally:

@@ -18,7 +18,8 @@ import yaml
 from common.config import from_dict
 from pipelines.shard_config import ShardConfig
 from pipelines.shard_job import run_shard_job
-from training import load_model, load_train_config, train
+from train_configs import train_config
+from training import load_model, train
 
 PRICE, AGE, TICK = "price-usd", "it's", "tick`s"  # numeric
 NAME, CITY = "first name", "städt ü"  # categorical
@@ -60,9 +61,8 @@ def published(spark, tmp_path_factory):
         "output": {"path": str(root / "dataset"), "num_shards": 2},
         "quality": {"max_bad_fraction": 0.5}})
     dataset = run_shard_job(spark, cfg)
-    train_cfg = load_train_config(None, [
-        f"data.path={dataset.uri}", "launch.mode=in_process", "launch.num_proc=1", f"output.model_path={root}/model",
-        "train.epochs=1", "train.batch_size=32", "model.hidden=[8]", "data.shuffle_buffer_rows=100"])
+    train_cfg = train_config(dataset, f"{root}/model", "train.epochs=1", "train.batch_size=32", "model.hidden=[8]",
+                             "data.shuffle_buffer_rows=100")
     return {"frame": frame, "source": source, "dataset": dataset, "model": train(train_cfg).model_uri}
 
 

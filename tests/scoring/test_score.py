@@ -23,7 +23,8 @@ from common.errors import InputDataError
 from common.storage import MARKER
 from scoring.predict import predict_frame
 from tabular_data import raw_frame, write_dataset
-from training import load_model, load_train_config, train
+from train_configs import train_config
+from training import load_model, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARDTRAIN = os.path.join(os.path.dirname(sys.executable), "shardtrain")
@@ -39,10 +40,8 @@ def models(tmp_path_factory):
     for task in ("classification", "regression"):
         ds = write_dataset(str(root / f"ds-{task}"), {"train": [[500]], "val": [[120]]}, task=task,
                            array_shape=SHAPE)
-        cfg = load_train_config(None, [
-            f"data.path={ds.uri}", "launch.mode=in_process", "launch.num_proc=1", f"output.model_path={root}/{task}",
-            "train.epochs=2", "train.batch_size=32", "train.lr=0.01", "model.hidden=[8]",
-            "data.shuffle_buffer_rows=100"])
+        cfg = train_config(ds, f"{root}/{task}", "train.epochs=2", "train.batch_size=32", "train.lr=0.01",
+                           "model.hidden=[8]", "data.shuffle_buffer_rows=100")
         found[task] = train(cfg).model_uri
         found[f"{task}-dataset"] = ds
     return found

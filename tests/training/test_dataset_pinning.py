@@ -9,12 +9,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from common.dataset import MANIFEST_NAME
+from polling import wait_for
 from tabular_data import write_dataset
+from train_configs import train_overrides
 
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -30,19 +31,15 @@ def train_process(tmp_path, ds: str, model: str, gate: str | None, *extra: str) 
     env.pop("SHARDTRAIN_TEST_GATE", None)
     if gate:
         env["SHARDTRAIN_TEST_GATE"] = gate
-    args = [f"data.path={ds}", f"output.model_path={model}", "train.epochs=4", "train.batch_size=32",
-            "data.shuffle_buffer_rows=100", "model.name=plugin_models:gated",
-            "model.kwargs={after: 40}", *extra]
+    args = train_overrides(ds, model, "train.epochs=4", "train.batch_size=32", "data.shuffle_buffer_rows=100",
+                           "model.name=plugin_models:gated", "model.kwargs={after: 40}", *extra, ranks=None)
     return subprocess.Popen([sys.executable, "-m", "shardtrain", "train", "--config", str(config), *args],
                             env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_at_gate(proc: subprocess.Popen, gate: str) -> int:
     """The training's pid once it waits at its gate (it holds its lease and locks then)."""
-    while not os.path.exists(gate + ".waiting"):
-        if proc.poll() is not None:
-            raise AssertionError(f"training ended (exit {proc.returncode}) before its gate: {proc.stderr.read()[-3000:]}")
-        time.sleep(0.05)
+    wait_for(lambda: os.path.exists(gate + ".waiting"), "the training to wait at its gate", timeout=600, proc=proc)
     return int(open(gate + ".waiting").read())
 
 

@@ -17,7 +17,8 @@ from common.dataset import read_manifest
 from common.errors import EXIT_USAGE, DatasetError
 from plugin_models import Wrap
 from tabular_data import write_dataset
-from training import load_train_config, train
+from train_configs import train_config
+from training import train
 from training.config import DistillConfig
 from training.data import RankLoader, SplitLayout, columns_for
 from training.distributed import LocalGroup
@@ -40,10 +41,8 @@ def dataset(tmp_path_factory):
 
 
 def _cfg(ds_uri, out, *extra):
-    return load_train_config(None, [
-        f"data.path={ds_uri}", "launch.mode=in_process", "launch.num_proc=1", f"output.model_path={out}/model",
-        "train.epochs=2", "train.batch_size=32", "train.lr=0.01", "data.shuffle_buffer_rows=100",
-        "model.hidden=[16]", *extra])
+    return train_config(ds_uri, f"{out}/model", "train.epochs=2", "train.batch_size=32", "train.lr=0.01",
+                        "data.shuffle_buffer_rows=100", "model.hidden=[16]", *extra)
 
 
 def _params(uri):

@@ -18,8 +18,10 @@ import torch
 from safetensors.torch import load_file
 
 from common.errors import EXIT_RUNTIME, LaunchError, OutputExistsError, RankStalledError
+from polling import wait_for
 from run_report_checks import assert_run_report
 from tabular_data import write_dataset
+from train_configs import train_overrides
 from training import load_model, load_train_config, train
 from training.export import published_by
 
@@ -37,10 +39,10 @@ def dataset(tmp_path_factory):
 
 
 def _overrides(ds, out, marker, *extra) -> list[str]:
-    return [f"data.path={ds.uri}", f"output.model_path={out}/model", "launch.num_proc=2", "launch.start_timeout=120",
-            f"launch.env.PYTHONPATH={HERE}", f"launch.env.{MARKER}={marker}", "train.batch_size=32",
-            "train.epochs=2", "train.log_every_steps=100", "data.shuffle_buffer_rows=200", "model.hidden=[16]",
-            "checkpoint.every_steps=20", "checkpoint.keep=3", *extra]
+    return train_overrides(ds, f"{out}/model", "launch.start_timeout=120", f"launch.env.PYTHONPATH={HERE}",
+                           f"launch.env.{MARKER}={marker}", "train.batch_size=32", "train.epochs=2",
+                           "train.log_every_steps=100", "data.shuffle_buffer_rows=200", "model.hidden=[16]",
+                           "checkpoint.every_steps=20", "checkpoint.keep=3", *extra, ranks=2)
 
 
 def _cfg(ds, out, marker, *extra):
@@ -71,19 +73,6 @@ def marked_processes(marker: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
-
-
-def wait_for(condition, what: str, timeout: float = 240, abort: threading.Event | None = None):
-    """Poll ``condition`` until it is truthy; fail after ``timeout``, or at once when ``abort`` is set."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if abort is not None and abort.is_set():
-            raise AssertionError(f"the job ended before {what}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def committed_checkpoint(run_dir: str) -> bool:
@@ -121,8 +110,10 @@ class Saboteur(threading.Thread):
 
     def run(self):
         try:
-            wait_for(lambda: committed_checkpoint(self.run_dir), "the first checkpoint", abort=self.job_ended)
-            self.proc = wait_for(lambda: rank_process(self.marker, 1), "rank 1's process", abort=self.job_ended)
+            wait_for(lambda: committed_checkpoint(self.run_dir), "the first checkpoint", timeout=240,
+                     abort=self.job_ended)
+            self.proc = wait_for(lambda: rank_process(self.marker, 1), "rank 1's process", timeout=240,
+                                 abort=self.job_ended)
             self.proc.send_signal(self.sig)
             self.signalled_at = time.monotonic()
             if self.sig == signal.SIGSTOP:  # proof it is stopped: state 'T' in /proc/<pid>/stat
@@ -218,7 +209,7 @@ def test_a_rank_stopped_during_validation_ends_the_job_naming_it(spark, dataset,
 
     def stop_rank_1_in_validation():
         try:
-            pid = int(wait_for(lambda: flag.exists() and flag.read_text().strip(), "rank 1 to validate"))
+            pid = int(wait_for(lambda: flag.exists() and flag.read_text().strip(), "rank 1 to validate", timeout=240))
             os.kill(pid, signal.SIGSTOP)
             stopped.update(pid=pid, at=time.monotonic())
             wait_for(lambda: _proc_state(pid) == "T", "rank 1 to be stopped", timeout=30)  # proof: state 'T'

@@ -14,7 +14,8 @@ import torch
 from common.errors import EXIT_RUNTIME
 from run_report_checks import assert_run_report
 from tabular_data import write_dataset
-from training import load_model, load_train_config, train
+from train_configs import train_config, train_overrides
+from training import load_model, train
 from training.data import rank_row_range
 from common.errors import RankFailedError
 
@@ -32,10 +33,9 @@ def uneven(tmp_path_factory):
 
 
 def _cfg(ds, out, *extra):
-    return load_train_config(None, [
-        f"data.path={ds.uri}", f"output.model_path={out}/model", "launch.num_proc=2", "launch.start_timeout=90",
-        f"launch.env.PYTHONPATH={HERE}", "train.batch_size=32", "train.lr=0.005", "train.log_every_steps=10",
-        "data.shuffle_buffer_rows=200", "model.hidden=[32]", *extra])
+    return train_config(ds, f"{out}/model", "launch.start_timeout=90", f"launch.env.PYTHONPATH={HERE}",
+                        "train.batch_size=32", "train.lr=0.005", "train.log_every_steps=10",
+                        "data.shuffle_buffer_rows=200", "model.hidden=[32]", *extra, ranks=2)
 
 
 def assert_equal_steps_no_repeats(summary_ranks, total_rows, world, rows_per_step, epochs):
@@ -136,8 +136,8 @@ def test_three_ranks_on_spark_assigned_gpus_via_the_job_file(uneven, tmp_path):
         "--conf", "spark.worker.resource.gpu.amount=3", "--conf", f"spark.worker.resource.gpu.discoveryScript={script}",
         "--conf", "spark.executor.resource.gpu.amount=3", "--conf", "spark.task.resource.gpu.amount=1",
         "shardtrain/job.py", "train", "--config", "conf/train.yaml", f"spark.master={master}",
-        f"data.path={uneven.uri}", f"output.model_path={tmp_path}/model", "launch.num_proc=3", "launch.gpus_per_proc=1",
-        "launch.start_timeout=90", "train.batch_size=16", "train.epochs=2", "train.precision=bf16"])
+        *train_overrides(uneven, f"{tmp_path}/model", "launch.gpus_per_proc=1", "launch.start_timeout=90",
+                         "train.batch_size=16", "train.epochs=2", "train.precision=bf16", ranks=3)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "validation accuracy" in proc.stdout
     summary = json.load(open(tmp_path / "model.run/summary.json"))
@@ -154,9 +154,9 @@ def test_two_ranks_on_the_standalone_cluster(standalone_cluster, uneven, tmp_pat
     proc = _spark_submit([
         "--master", standalone_cluster.master_url, "--conf", "spark.ui.enabled=false",
         "--conf", "spark.executor.memory=1g", "shardtrain/job.py", "train", "--config", "conf/train.yaml",
-        f"spark.master={standalone_cluster.master_url}", f"data.path={uneven.uri}",
-        f"output.model_path={tmp_path}/model", "launch.num_proc=2", "launch.start_timeout=90",
-        "train.batch_size=32", "train.epochs=2", "train.precision=fp32"])
+        f"spark.master={standalone_cluster.master_url}",
+        *train_overrides(uneven, f"{tmp_path}/model", "launch.start_timeout=90", "train.batch_size=32",
+                         "train.epochs=2", "train.precision=fp32", ranks=2)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     summary = json.load(open(tmp_path / "model.run/summary.json"))
     assert_equal_steps_no_repeats(summary["ranks"], sum(map(sum, UNEVEN["train"])), 2, 32, 2)

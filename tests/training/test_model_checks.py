@@ -17,7 +17,8 @@ import pytest
 
 from common.errors import DatasetError
 from tabular_data import write_dataset
-from training import load_model, load_train_config, train
+from train_configs import train_config
+from training import load_model, train
 
 SHAPE = (4,)
 
@@ -26,9 +27,8 @@ SHAPE = (4,)
 def model(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("model-checks")
     ds = write_dataset(str(root / "ds"), {"train": [[200]], "val": [[60]]}, array_shape=SHAPE)
-    cfg = load_train_config(None, [
-        f"data.path={ds.uri}", "launch.mode=in_process", "launch.num_proc=1", f"output.model_path={root}/model",
-        "train.epochs=1", "train.batch_size=32", "model.hidden=[8]", "data.shuffle_buffer_rows=100"])
+    cfg = train_config(ds, f"{root}/model", "train.epochs=1", "train.batch_size=32", "model.hidden=[8]",
+                       "data.shuffle_buffer_rows=100")
     return train(cfg).model_uri
 
 

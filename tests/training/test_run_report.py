@@ -14,7 +14,8 @@ import pytest
 
 from run_report_checks import assert_run_report, embedded_images
 from tabular_data import write_dataset
-from training import load_train_config, train
+from train_configs import train_config
+from training import train
 
 SHARDTRAIN = os.path.join(os.path.dirname(sys.executable), "shardtrain")
 
@@ -25,9 +26,8 @@ def dataset(tmp_path_factory):
 
 
 def _cfg(ds, out, *extra):
-    return load_train_config(None, [
-        f"data.path={ds.uri}", "launch.mode=in_process", "launch.num_proc=1", f"output.model_path={out}/model",
-        "train.epochs=2", "train.batch_size=32", "train.log_every_steps=4", "model.hidden=[8]", *extra])
+    return train_config(ds, f"{out}/model", "train.epochs=2", "train.batch_size=32", "train.log_every_steps=4",
+                        "model.hidden=[8]", *extra)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from common.errors import LaunchError, RankFailedError, RankFailure
+from polling import wait_for
 from training.config import LaunchConfig
 from training.launchers.failure_policy import is_transient
 from training.launchers.horovod_spark import describe_exit, launch_error
@@ -97,15 +98,6 @@ def test_a_rank_that_died_makes_any_launch_error_name_its_step_and_retryable():
     assert is_transient(error)
 
 
-def _wait(condition, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_ranks_report_steps_errors_and_death_over_loopback():
     with Supervision(None, world=3, stall_timeout_s=60) as sup:
         env = sup.launch_env()
@@ -114,17 +106,18 @@ def test_ranks_report_steps_errors_and_death_over_loopback():
         failed = Reporter(address, token, rank=1, steps_per_epoch=10, interval=0.05)
         ok.on_step(7)
         failed.on_step(10)
-        assert _wait(lambda: sup.ranks().get(0) and sup.ranks()[0].step == 7)
-        assert _wait(lambda: sup.ranks().get(1) and sup.ranks()[1].phase == BETWEEN_EPOCHS)
+        wait_for(lambda: sup.ranks().get(0) and sup.ranks()[0].step == 7, "rank 0's step 7", timeout=30)
+        wait_for(lambda: sup.ranks().get(1) and sup.ranks()[1].phase == BETWEEN_EPOCHS, "rank 1 between epochs",
+                 timeout=30)
         failed.finished("OSError: disk full")
         ok.finished(None)
         # A rank whose process dies: its connection drops without a final report.
         dying = socket.create_connection(tuple(address.rsplit(":", 1)[0:1]) + (int(address.rsplit(":", 1)[1]),))
         dying.sendall((json.dumps({"event": "hello", "token": token, "rank": 2, "step": 3, "phase": TRAINING}) + "\n")
                       .encode())
-        assert _wait(lambda: 2 in sup.ranks())
+        wait_for(lambda: 2 in sup.ranks(), "rank 2's hello", timeout=30)
         dying.close()
-        assert _wait(lambda: sup.ranks()[2].lost_at is not None)
+        wait_for(lambda: sup.ranks()[2].lost_at is not None, "rank 2 to be lost", timeout=30)
         # A connection without the launch's token is not a rank of this launch.
         stranger = socket.create_connection((address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])))
         stranger.sendall(b'{"event": "hello", "token": "wrong", "rank": 5}\n')
@@ -175,7 +168,7 @@ def test_a_rank_alive_but_stuck_in_validation_is_named():
                     ranks[rank].sendall((json.dumps({"event": "beat", "rank": rank, "step": 10, "phase": VALIDATING,
                                                      "batches": done}) + "\n").encode())
         threading.Thread(target=beat, daemon=True).start()
-        assert _wait(lambda: sup.stall is not None)
+        wait_for(lambda: sup.stall is not None, "the supervisor to find a stall", timeout=30)
         stop.set()
         assert sup.stall.startswith("rank 1 stalled"), sup.stall
         assert "rank 1 is alive but made no progress in validation" in sup.stall and "after 2 validation" in sup.stall
@@ -198,7 +191,7 @@ def test_a_silent_rank_is_named_and_live_ranks_are_told_to_abort():
                 ranks[0].sendall((json.dumps({"event": "beat", "rank": 0, "step": step, "phase": TRAINING}) + "\n")
                                  .encode())
         threading.Thread(target=keep_rank_0_training, daemon=True).start()
-        assert _wait(lambda: sup.stall is not None)
+        wait_for(lambda: sup.stall is not None, "the supervisor to find a stall", timeout=30)
         stop.set()
         assert sup.stall.startswith("rank 1 stalled"), sup.stall
         assert "rank 1 sent nothing" in sup.stall and "at step 4" in sup.stall
@@ -270,10 +263,7 @@ def test_a_live_rank_process_exits_when_the_driver_aborts_the_launch():
             "threading.Event().wait(120)\n"), env["SHARDTRAIN_SUPERVISOR"], env["SHARDTRAIN_SUPERVISOR_TOKEN"]])
         # Rank 1 goes silent only once rank 0 is connected: a slow interpreter start on a loaded
         # machine must not let the stall (and the abort) happen before rank 0 can hear it.
-        deadline = time.monotonic() + 60
-        while 0 not in sup.ranks() and time.monotonic() < deadline and rank_0.poll() is None:
-            time.sleep(0.05)
-        assert 0 in sup.ranks(), "rank 0's reporter never connected"
+        wait_for(lambda: 0 in sup.ranks(), "rank 0's reporter to connect", timeout=60, proc=rank_0)
         silent = socket.create_connection((host, int(port)))
         silent.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": 1,
                                     "step": None, "phase": STARTING}) + "\n").encode())
@@ -310,7 +300,8 @@ def test_a_rank_stuck_after_publishing_is_stopped_while_one_between_epochs_is_no
             finished.sendall((json.dumps({"event": "hello", "token": env["SHARDTRAIN_SUPERVISOR_TOKEN"], "rank": 1,
                                           "step": 10, "phase": BETWEEN_EPOCHS}) + "\n"
                               + json.dumps({"event": "done", "rank": 1, "step": 10, "error": None}) + "\n").encode())
-            assert _wait(lambda: sup.ranks().get(0) and sup.ranks()[0].phase == BETWEEN_EPOCHS, timeout=60)
+            wait_for(lambda: sup.ranks().get(0) and sup.ranks()[0].phase == BETWEEN_EPOCHS, "rank 0 between epochs",
+                     timeout=60)
             time.sleep(4)  # more than the timeout between epochs, beating: not a stall
             assert sup.stall is None and rank_0.poll() is None
             rank_0.stdin.write("published\n")
@@ -344,7 +335,8 @@ def test_the_rank_entry_reports_a_failure_with_its_traceback_then_stops_the_grou
         raise ValueError("mat1 and mat2 shapes cannot be multiplied")
 
     def stop(g):
-        assert _wait(lambda: sup.ranks().get(1) and sup.ranks()[1].done)  # reported before the stop
+        # Reported before the stop.
+        wait_for(lambda: sup.ranks().get(1) and sup.ranks()[1].done, "rank 1's final report", timeout=30)
         g.stopped += 1
 
     with Supervision(None, world=2, stall_timeout_s=60) as sup:

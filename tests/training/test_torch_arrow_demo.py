@@ -27,6 +27,7 @@ import sys
 import pytest
 
 from shardtrain.cli import main as shardtrain
+from train_configs import train_overrides
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -47,8 +48,8 @@ def demo_shards(spark, tmp_path_factory):
 
 def _overrides(shards: str, out: str, *extra: str) -> list[str]:
     # conf/train.yaml as the demo trains it (bf16, 2 ranks), two epochs, no resume across tests.
-    return [f"data.path={shards}", f"output.model_path={out}/model", "train.epochs=2", "train.batch_size=256",
-            "checkpoint.resume=never", "launch.start_timeout=120", *extra]
+    return train_overrides(shards, f"{out}/model", "train.epochs=2", "train.batch_size=256", "checkpoint.resume=never",
+                           "launch.start_timeout=120", *extra, ranks=None)
 
 
 def _summary(out) -> dict:

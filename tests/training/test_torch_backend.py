@@ -14,7 +14,8 @@ import pytest
 
 from common.errors import EXIT_RUNTIME, RankFailedError
 from tabular_data import write_dataset
-from training import load_model, load_train_config, train
+from train_configs import train_config
+from training import load_model, train
 from training.data import rank_row_range
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,10 +30,9 @@ def uneven(tmp_path_factory):
 
 
 def _cfg(ds, out, *extra, backend="torch"):
-    return load_train_config(None, [
-        f"data.path={ds.uri}", f"output.model_path={out}/model", "launch.num_proc=2", "launch.start_timeout=120",
-        f"launch.env.PYTHONPATH={HERE}", "train.batch_size=32", "train.lr=0.005", "train.log_every_steps=10",
-        "data.shuffle_buffer_rows=200", "model.hidden=[32]", f"launch.backend={backend}", *extra])
+    return train_config(ds, f"{out}/model", "launch.start_timeout=120", f"launch.env.PYTHONPATH={HERE}",
+                        "train.batch_size=32", "train.lr=0.005", "train.log_every_steps=10",
+                        "data.shuffle_buffer_rows=200", "model.hidden=[32]", f"launch.backend={backend}", *extra, ranks=2)
 
 
 def _weights(result):

@@ -16,6 +16,7 @@ import pytest
 
 from common.errors import ConfigError
 from tabular_data import write_dataset
+from train_configs import train_overrides
 from training import load_train_config, train
 
 pytest.importorskip("mlflow")
@@ -28,8 +29,7 @@ def dataset(tmp_path_factory):
 
 
 def _overrides(ds, out, *extra):
-    return [f"data.path={ds.uri}", "launch.mode=in_process", "launch.num_proc=1", f"output.model_path={out}/model",
-            "train.epochs=3", "train.batch_size=32", "model.hidden=[8]", *extra]
+    return train_overrides(ds, f"{out}/model", "train.epochs=3", "train.batch_size=32", "model.hidden=[8]", *extra)
 
 
 def test_a_finished_run_is_in_mlflow_with_params_metrics_tag_and_artifacts(dataset, tmp_path, monkeypatch):

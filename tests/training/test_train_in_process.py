@@ -14,6 +14,7 @@ import torch
 
 from common.errors import EXIT_USAGE, ConfigError, DatasetError, OutputExistsError
 from tabular_data import write_dataset
+from train_configs import train_config
 from training import load_model, load_train_config, train
 from common.errors import NonFiniteLossError
 
@@ -26,10 +27,9 @@ def dataset(tmp_path_factory):
 
 
 def _cfg(ds_uri, out, *extra):
-    return load_train_config(None, [
-        f"data.path={ds_uri}", "launch.mode=in_process", "launch.num_proc=1", f"output.model_path={out}/model",
-        "train.epochs=3", "train.batch_size=32", "train.lr=0.01", "train.log_every_steps=5", "data.shuffle_buffer_rows=100",
-        "model.hidden=[16]", "model.dropout=0.1", *extra])
+    return train_config(ds_uri, f"{out}/model", "train.epochs=3", "train.batch_size=32", "train.lr=0.01",
+                        "train.log_every_steps=5", "data.shuffle_buffer_rows=100", "model.hidden=[16]",
+                        "model.dropout=0.1", *extra)
 
 
 class Preempted(Exception):
