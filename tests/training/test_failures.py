@@ -139,15 +139,22 @@ def test_a_killed_rank_is_named_with_its_cause(spark, dataset, tmp_path):
     wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
 
 
-def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(spark, dataset, tmp_path, caplog):
+# Every-step averaging; and DiLoCo with its average in flight during the next round, whose
+# checkpoints (epoch ends) carry each replica's own optimizer state and the outer optimizer's.
+SYNC = {"every_step": [], "diloco_overlap": ["train.sync.mode=diloco", "train.sync.every=10",
+                                             "train.sync.overlap=true", "checkpoint.every_steps=null"]}
+
+
+@pytest.mark.parametrize("sync", list(SYNC))
+def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(spark, dataset, tmp_path, caplog, sync):
     caplog.set_level("INFO", logger="shardtrain")
-    reference = train(_cfg(dataset, tmp_path / "reference", uuid.uuid4().hex), spark)
+    reference = train(_cfg(dataset, tmp_path / "reference", uuid.uuid4().hex, *SYNC[sync]), spark)
 
     marker = uuid.uuid4().hex
     out = tmp_path / "restarted"
     saboteur = Saboteur(marker, f"{out}/model.run", signal.SIGKILL)
     saboteur.start()
-    result = train(_cfg(dataset, out, marker), spark)
+    result = train(_cfg(dataset, out, marker, *SYNC[sync]), spark)
     saboteur.finish()
     assert saboteur.error is None and gone(saboteur.proc)
 

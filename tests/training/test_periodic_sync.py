@@ -122,3 +122,28 @@ def test_refused_combinations_name_the_key(overrides, key):
     with pytest.raises(ConfigError) as info:
         load_train_config(None, ["data.path=/nowhere", *(f"{k}={v}" for k, v in overrides.items())])
     assert key in str(info.value) and info.value.exit_code == EXIT_USAGE
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_local_sgd_through_torch_distributor_records_its_rounds_and_publishes_the_consensus(spark, tmp_path):
+    """A real launch (TorchDistributor, 2 Gloo ranks on local[2]): each epoch's record counts its
+    rounds (multiples of every, plus the epoch's last step) and the replicas' drift; the published
+    model is what both ranks ended with."""
+    from tabular_data import write_dataset
+    from train_configs import train_config
+    from training import load_model, train
+
+    ds = write_dataset(str(tmp_path / "ds"), {"train": [[600], [420]], "val": [[100]]})
+    cfg = train_config(ds, tmp_path / "model", "launch.backend=torch", "launch.start_timeout=120",
+                       "train.batch_size=16", "train.epochs=2", "train.log_every_steps=10", "model.hidden=[16]",
+                       "train.sync.mode=local_sgd", "train.sync.every=5", "data.reader=arrow", ranks=2)
+    result = train(cfg, spark)
+    per_epoch = result.steps_per_epoch
+    assert result.steps_per_rank == [2 * per_epoch] * 2
+    for epoch, record in enumerate(result.metrics):
+        steps = range(epoch * per_epoch + 1, (epoch + 1) * per_epoch + 1)
+        assert record["sync_rounds"] == sum(1 for s in steps if s % 5 == 0 or s % per_epoch == 0)
+        assert record["sync_collectives"] == record["sync_rounds"] and record["sync_drift"] > 0
+    model = load_model(result.model_uri)
+    assert model.predict(ds.raw["val"]).shape[0] == len(ds.raw["val"])

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from tabular_data import raw_frame
-from training import load_model, load_train_config, train
+from train_configs import train_config
+from training import load_model, train
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "published_before")
 
@@ -35,11 +36,10 @@ def test_a_checkpoint_written_before_resumes_to_the_old_uninterrupted_weights(tm
     data, checkpoints = tmp_path / "dataset", tmp_path / "checkpoints"
     shutil.copytree(os.path.join(FIXTURE, "dataset"), data)
     shutil.copytree(os.path.join(FIXTURE, "checkpoints"), checkpoints)
-    cfg = load_train_config(None, [
-        f"data.path={data}", "launch.mode=in_process", "launch.num_proc=1", f"output.model_path={tmp_path}/model",
+    cfg = train_config(data, tmp_path / "model",
         f"checkpoint.path={checkpoints}", "train.epochs=2", "train.batch_size=16", "train.lr=0.01",
         "train.log_every_steps=5", "data.shuffle_buffer_rows=50", "model.hidden=[8]", "model.dropout=0.1",
-        "checkpoint.every_steps=5"])
+        "checkpoint.every_steps=5")
     result = train(cfg)
     assert result.resumed_from and result.resumed_from.rstrip("/").endswith("step-000000010")  # it did resume
     assert result.steps_per_rank == [2 * result.steps_per_epoch] and result.steps_per_epoch > 5
