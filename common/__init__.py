@@ -4,6 +4,7 @@
 - ``config``   typed config trees: YAML -> overrides -> checked dataclasses; ``SparkConfig``
 - ``storage``  URIs (local, s3://, hdfs://, dbfs:/) and the atomic-publish protocol
 - ``dataset``  the dataset contract: the manifest ``pipelines`` writes and ``training`` reads
+- ``rows``     the row rules of a raw feature value (quarantine reasons, typing), for the shard job and scoring
 - ``spark``    the one SparkSession factory, and readable Spark errors
 - ``devices``  which device a process computes on (Spark GPU addresses, CUDA_VISIBLE_DEVICES)
 - ``cli``      command plumbing: config arguments, logging, error -> exit status

@@ -13,9 +13,9 @@ The result has one row per input row (none dropped, none added), with these colu
 * ``score_reason`` string: null for a scored row; for a row the model's preprocessing cannot take,
   the reason (its predictions are null): ``bad_value:<col>`` (a string that is not a number),
   ``non_finite:<col>`` (NaN, +/-inf or beyond float32 in a numeric column; a null, NaN, inf or
-  beyond-float32 element of an array),
-  ``bad_shape:<col>`` (a null array, or one of another length than the model's shape). These are
-  the shard job's own rules, so a row training would have quarantined is not scored.
+  beyond-float32 element of an array), ``bad_shape:<col>`` (a null array, or one of another
+  length than the model's shape). These are the shard job's own rules (``common.rows``), so a
+  row training would have quarantined is not scored.
 
 What runs per row is the model's stored preprocessing, ``FeatureSpec.transform`` (the code
 ``LoadedModel.predict`` runs), after the shard job's own typing in Spark SQL: numeric columns cast
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.errors import DatasetError, InputDataError
+from common import rows
 from common.sql import quote_identifier as q
 
 log = logging.getLogger("shardtrain.score")
@@ -144,31 +145,28 @@ def output_schema(df, keep_columns: list[str], task: str):
 def reason_sql(fields: dict, spec, encoded: bool = False) -> str:
     """Spark SQL giving a row's quarantine reason (the first rule it breaks), or NULL when the model
     can score it. ``fields``: column name -> Spark type; ``spec``: the model's FeatureSpec."""
-    from pipelines.preprocess import array_reasons, numeric_reasons, reason
-
     reasons = []
     for name in spec.numeric:
         if encoded:  # stored values were imputed by the shard job: a gap means the data is not its output
             reasons.append(f"WHEN {q(name)} IS NULL OR isnan(try_cast({q(name)} AS DOUBLE)) "
-                           f"THEN {reason('bad_value', name)}")
-        reasons += numeric_reasons(name, fields[name])
+                           f"THEN {rows.reason('bad_value', name)}")
+        reasons += rows.numeric_reasons(name, fields[name])
     if encoded:
         for name in spec.categorical:
             reasons.append(f"WHEN {q(name)} IS NULL OR {q(name)} < 0 OR {q(name)} >= {spec.num_embeddings(name)} "
-                           f"THEN {reason('bad_value', name)}")
+                           f"THEN {rows.reason('bad_value', name)}")
     for name, shape in spec.arrays.items():
-        reasons += array_reasons(name, shape)
+        reasons += rows.array_reasons(name, shape)
     return f"CASE {' '.join(reasons)} END" if reasons else "CAST(NULL AS STRING)"
 
 
 def _typed_features(fields: dict, spec, encoded: bool) -> list[str]:
-    """The shard job's typing of each feature (preprocess.row_columns), in FeatureSpec order."""
-    from pipelines.preprocess import array_value, numeric_value
-
-    arrays = [array_value(n) for n in spec.arrays]
+    """The shard job's typing of each feature (``common.rows``, as preprocess.row_columns applies
+    it), in FeatureSpec order."""
+    arrays = [rows.array_value(n) for n in spec.arrays]
     if encoded:
         return [f"CAST({q(n)} AS FLOAT)" for n in spec.numeric] + [f"CAST({q(n)} AS INT)" for n in spec.categorical] + arrays
-    return [numeric_value(n) for n in spec.numeric] + [f"CAST({q(n)} AS STRING)" for n in spec.categorical] + arrays
+    return [rows.numeric_value(n) for n in spec.numeric] + [f"CAST({q(n)} AS STRING)" for n in spec.categorical] + arrays
 
 
 def _check_keep_columns(df, keep: list[str]) -> None:
