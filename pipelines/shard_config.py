@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from common.config import SparkConfig, load_config, require
 from common.dataset import TEACHER_COLUMN
 from common.sql import quote_identifier
 from common.sql import why_not_a_query
+from common.sources import SourceConfig
 
 # Fixed ceilings on the counts that size a loop or an allocation before any data is seen (the
 # job's partition keys, every feature's array, the manifest's vocabularies). Far above what a
@@ -22,19 +23,6 @@ MAX_SHARDS = 10_000  # shard files per split
 MAX_ARRAY_VALUES = 1 << 24  # float32 values per row of one array feature (64 MiB)
 MAX_VOCAB = 10_000_000  # entries of one categorical vocabulary, each stored in the manifest
 MAX_CATEGORY_BYTES = 1 << 20
-
-
-@dataclass
-class SourceConfig:
-    path: str
-    format: Literal["csv", "json", "parquet"] = "parquet"
-    options: dict[str, Any] = field(default_factory=dict)
-    # Spark DDL, e.g. "id BIGINT, x DOUBLE, city STRING". Strongly advised for CSV/JSON:
-    # with a schema, a value that does not parse makes its record malformed (quarantined).
-    schema: str | None = None
-
-    def __post_init__(self):
-        require(bool(self.path), "path", "must not be empty")
 
 
 @dataclass

@@ -64,13 +64,13 @@ from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUM
                             build_manifest, read_manifest, row_bytes, write_manifest)
 from common.sql import quote_identifier as q
 from common.sql import quote_string
+from common.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
 from pipelines.preprocess import arr_col, cat_col, check_table, fit, moment_values, num_col, row_columns, stored_schema
 from pipelines.shard_config import ShardConfig
 from pipelines import summary as summary_module
 from pipelines.summary import ScanSpec, Summary
 from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, TARGET_COLUMN, Encoding, ShardPlan,
                                     stage_partition, write_empty, write_partition, write_shards)
-from pipelines.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
 from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
 from common.storage import (KIND_DATASET, check_disjoint, check_output_uri, check_replaceable, clean_stale_staging, is_committed,
                             output_lock, publish, resolve, storage_errors)
@@ -118,7 +118,7 @@ def _run_locked(spark, cfg: ShardConfig, out, teacher_scorer: TeacherScorer | No
         log.info("%s already holds this dataset (input fingerprint %s); skipping", out.uri, input_fp[:12])
         return ShardResult(uri=out.uri, manifest=existing, skipped=True)
 
-    frames = read_sources(spark, cfg)
+    frames = read_sources(spark, cfg.sources)
     try:
         return _run_passes(spark, cfg, out, frames, sources_fp, input_fp, teacher, teacher_scorer)
     finally:

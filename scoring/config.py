@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from common.config import SparkConfig, load_config, require
+from common.sources import SourceConfig
 from common.sql import why_not_a_query
-from pipelines.shard_config import SourceConfig
 from scoring.predict import DEFAULT_BATCH_SIZE
 
 

@@ -8,7 +8,7 @@ file, notebooks). Nothing is written until every check that can fail has passed:
 1. mode check: ``error`` refuses an existing output, ``skip_if_exists`` returns when the output
    holds scores of the same input fingerprint (config, input files, model), ``overwrite``
    replaces only a scores output (marker kind ``shardtrain.scores``);
-2. the input table: the shard job's sources and query (``pipelines.sources``; CSV/JSON records
+2. the input table: the shard job's sources and query (``common.sources``; CSV/JSON records
    that do not parse are quarantined as ``malformed_record``), or the dataset split's stored
    encodings, after checking the model was fitted on the same encodings (equal feature spec)
    and every file against its manifest sha256;
@@ -153,20 +153,18 @@ def _input_record(cfg: ScoreConfig) -> dict:
 
         manifest = read_manifest(cfg.dataset)
         return {"dataset": manifest.root.uri, "fingerprint": manifest.fingerprint, "split": cfg.split}
-    from pipelines.sources import source_fingerprint
+    from common.sources import source_fingerprint
 
     return {"sources": {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}}
 
 
 def _sources_table(spark, cfg: ScoreConfig):
     """(the query's table, the sources' malformed-record frames)."""
-    from pipelines.sources import read_source
+    from common.sources import read_sources
 
-    frames = {}
-    for name, src in cfg.sources.items():
-        frames[name] = read_source(spark, name, src)
-        frames[name].persist()  # the table and the malformed records each read the parse
-        frames[name].clean.createOrReplaceTempView(name)
+    frames = read_sources(spark, cfg.sources)
+    for frame in frames.values():
+        frame.persist()  # the table and the malformed records each read the parse
     if cfg.query is not None:
         try:
             table = spark.sql(cfg.query)

@@ -1,4 +1,6 @@
-"""Reading the configured sources: one Spark view per source, malformed records split off.
+"""The ``sources`` config section and reading it: one Spark view per source, malformed records
+split off. The shard job and the score job read raw data the same way (same syntax, same
+quarantine of records that do not parse), so both import it from here.
 
 For CSV and JSON the reader runs in PERMISSIVE mode with a corrupt-record column (added to the
 declared schema, or to the inferred one), so a record that does not parse is kept with its raw
@@ -14,22 +16,37 @@ job does when its table is one source's rows as they are.
 Source fingerprints (file paths, sizes, modification times) are listed with the storage module,
 not Spark, so ``skip_if_exists`` can decide without starting any Spark work.
 
-Driver-only.
+Driver-only. It owns how a source is read and listed; what a job does with the views (its
+query, its quarantine) is the job's own.
 """
 
 from __future__ import annotations
 
 import glob as globlib
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from common.config import require
 from common.errors import ConfigError, InputDataError, first_line
 from common.sql import quote_identifier as q
-from pipelines.shard_config import ShardConfig, SourceConfig
 from common.storage import resolve, storage_errors
 
 CORRUPT_COLUMN = "_corrupt_record"
 MALFORMED = "malformed_record"
+
+
+@dataclass
+class SourceConfig:
+    path: str
+    format: Literal["csv", "json", "parquet"] = "parquet"
+    options: dict[str, Any] = field(default_factory=dict)
+    # Spark DDL, e.g. "id BIGINT, x DOUBLE, city STRING". Strongly advised for CSV/JSON:
+    # with a schema, a value that does not parse makes its record malformed (quarantined).
+    schema: str | None = None
+
+    def __post_init__(self):
+        require(bool(self.path), "path", "must not be empty")
 
 
 @dataclass
@@ -174,9 +191,10 @@ def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
     return SourceFrames(name, cfg, clean, malformed, raw)
 
 
-def read_sources(spark, cfg: ShardConfig) -> dict[str, SourceFrames]:
+def read_sources(spark, sources: dict[str, SourceConfig]) -> dict[str, SourceFrames]:
+    """Every source read, its clean rows registered as the Spark SQL view named like the source."""
     frames = {}
-    for name, source in cfg.sources.items():
+    for name, source in sources.items():
         frames[name] = read_source(spark, name, source)
         frames[name].clean.createOrReplaceTempView(name)
     return frames
@@ -205,3 +223,7 @@ class _input_errors:
             raise InputDataError(f"source {self.name!r}: path {self.cfg.path} does not exist "
                                  f"(sources.{self.name}.path)") from None
         return False
+
+
+__all__ = ["CORRUPT_COLUMN", "MALFORMED", "SourceConfig", "SourceFrames", "check_csv_header", "read_source", "read_sources",
+           "source_fingerprint"]
