@@ -78,7 +78,7 @@ def check_output_path(cfg: ScoreConfig) -> None:
 
 def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
     from common.spark import spark_errors
-    from training.export import load_model
+    from training import load_model
 
     model_marker = _model_marker(cfg.model)
     input_record = _input_record(cfg)

@@ -87,7 +87,7 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     missing or named like an output column; ValueError for a bad batch_size or temperature.
     Lazy: nothing runs until the result is written or collected.
     """
-    from training.export import WEIGHTS, PROGRAM, load_model
+    from training import load_model
 
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -106,7 +106,7 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     names = spec.columns
     task = ScoreTask(
         model_uri=model_uri, program=program,
-        weights_sha256=model.meta["files"][PROGRAM if program else WEIGHTS]["sha256"],
+        weights_sha256=model.weights_sha256,
         task=model.task, num_classes=int(model.meta["label"].get("num_classes") or 0),
         keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))), features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
         encoded=encoded, temperature=float(temperature), batch_size=batch_size)
@@ -230,10 +230,10 @@ def worker_model(task: ScoreTask):
     device = worker_device()
     key = (task.model_uri, task.program, task.weights_sha256, device)
     if key not in _MODELS:
-        from training.export import PROGRAM, WEIGHTS, load_model
+        from training import load_model
 
         model = load_model(task.model_uri, program=task.program)
-        found = model.meta["files"][PROGRAM if task.program else WEIGHTS]["sha256"]
+        found = model.weights_sha256
         if found != task.weights_sha256:
             raise RuntimeError(f"{task.model_uri}: the model was replaced while this job ran (weights sha256 "
                                f"{found[:12]}... instead of {task.weights_sha256[:12]}...); re-run the job")
