@@ -27,7 +27,9 @@ check that the dataset's feature spec is the model's (``scoring.job`` does).
 
 Driver/executor split: the driver loads the model once to check it and the input's columns, then
 ships only plain values (``ScoreTask``). Each Python worker loads the model once, on first use,
-and keeps it for every later batch and task (``_MODELS``), on the GPU when the worker has one.
+and keeps it for every later batch and task (``_MODELS``), on the GPU Spark assigned to its task
+(``scoring_device``: training's rule, CUDA_VISIBLE_DEVICES included), else CUDA's current device
+or the CPU.
 The model's weights digest travels with the task: a worker that finds another model at the URI
 (replaced while the job ran) fails rather than mixing two models' predictions.
 """
@@ -36,12 +38,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from common.errors import DatasetError, InputDataError
 from common import rows
+from common.devices import resolve_device
 from common.sql import quote_identifier as q
 
 log = logging.getLogger("shardtrain.score")
@@ -227,7 +231,7 @@ class _Scorer:
 def worker_model(task: ScoreTask):
     """This Python worker's copy of the model: loaded on first use, then reused by every batch and
     every later task the worker runs (Spark reuses Python workers by default)."""
-    device = worker_device()
+    device, why = worker_device()
     key = (task.model_uri, task.program, task.weights_sha256, device)
     if key not in _MODELS:
         from training import load_model
@@ -239,23 +243,32 @@ def worker_model(task: ScoreTask):
                                f"{found[:12]}... instead of {task.weights_sha256[:12]}...); re-run the job")
         _MODELS.clear()  # one model per worker: a long-lived worker scoring many models keeps the last
         _MODELS[key] = model.to(device)
-        log.info("loaded %s on %s", task.model_uri, device)
+        log.info("loaded %s on %s (%s)", task.model_uri, device, why)
     return _MODELS[key]
 
 
-def worker_device() -> str:
-    """The GPU Spark assigned to this task (spark.task.resource.gpu.amount), any visible GPU, or the CPU."""
+def worker_device() -> tuple[str, str]:
+    """(device, why) for this Python worker: what ``scoring_device`` decides from the GPUs Spark
+    assigned to the task (spark.task.resource.gpu.amount) and this process's CUDA."""
     import torch
-
-    if not torch.cuda.is_available():
-        return "cpu"
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    gpus = (context.resources().get("gpu") if context is not None else None)
-    if gpus is not None and gpus.addresses:
-        return f"cuda:{gpus.addresses[0]}"
-    return "cuda"
+    gpus = context.resources().get("gpu") if context is not None else None
+    return scoring_device(list(gpus.addresses) if gpus is not None else [], torch.cuda.is_available(),
+                          os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def scoring_device(gpu_addresses: list[str], cuda_available: bool, visible_devices: str | None) -> tuple[str, str]:
+    """(torch device, why): the task's GPU by training's own rule (``common.devices``: a Spark
+    address is a physical id, renumbered where CUDA_VISIBLE_DEVICES is set), else the CPU.
+
+    One difference from a training rank, kept from before the rule was shared: a task Spark
+    assigned no GPU still uses CUDA's current device when there is one (local mode on a GPU host,
+    no GPU resource configured), where a rank takes the CPU."""
+    if not gpu_addresses and cuda_available:
+        return "cuda", "no GPU assigned to this task by Spark; CUDA's current device"
+    return resolve_device(gpu_addresses, cuda_available, visible_devices)
 
 
 def score_batch(model, task: ScoreTask, batch):
@@ -328,4 +341,4 @@ def _encoded_arrays(table, spec) -> dict:
 
 
 __all__ = ["OUTPUT_COLUMNS", "PREDICTION", "PROBABILITIES", "REASON", "ScoreTask", "check_feature_types", "output_schema", "predict_frame",
-           "reason_sql", "score_batch", "worker_model"]
+           "reason_sql", "score_batch", "scoring_device", "worker_model"]
