@@ -30,6 +30,7 @@ from typing import Any, Literal
 from common.config import require
 from common.errors import ConfigError, InputDataError, first_line
 from common.sql import quote_identifier as q
+from common.sql import why_not_a_query
 from common.storage import resolve, storage_errors
 
 CORRUPT_COLUMN = "_corrupt_record"
@@ -47,6 +48,17 @@ class SourceConfig:
 
     def __post_init__(self):
         require(bool(self.path), "path", "must not be empty")
+
+
+def check_sources_and_query(sources: dict[str, SourceConfig], query: str | None) -> None:
+    """For a config's ``__post_init__``: every source is a valid view name, and ``query`` (required
+    with several sources) is one query that only reads. The shard and score jobs give them one
+    meaning, so one check."""
+    for name in sources:
+        require(name.isidentifier(), f"sources.{name}", "must be a valid SQL view name (letters, digits, _)")
+    require(query is not None or len(sources) == 1, "query", "is required when there is more than one source")
+    not_a_query = why_not_a_query(query) if query is not None else None
+    require(not_a_query is None, "query", f"must be a single SELECT query: it {not_a_query}")
 
 
 @dataclass
@@ -225,5 +237,5 @@ class _input_errors:
         return False
 
 
-__all__ = ["CORRUPT_COLUMN", "MALFORMED", "SourceConfig", "SourceFrames", "check_csv_header", "read_source", "read_sources",
-           "source_fingerprint"]
+__all__ = ["CORRUPT_COLUMN", "MALFORMED", "SourceConfig", "SourceFrames", "check_csv_header", "check_sources_and_query",
+           "read_source", "read_sources", "source_fingerprint"]
