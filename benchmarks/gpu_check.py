@@ -39,7 +39,7 @@ def count_params(model_uri: str) -> int:
     from safetensors import safe_open
 
     from common.storage import resolve
-    from training.export import WEIGHTS
+    from common.model_artifact import WEIGHTS
 
     loc = resolve(model_uri)
     total = 0

@@ -28,7 +28,7 @@ in the same instant may both pass).
 
 Paths are data, never patterns: staging directories, locks and checkpoints are found by listing
 the parent and comparing names exactly (``siblings``, ``list_names``) and removed by exact path
-(``remove_tree``); only source paths (pipelines.sources) are globbed.
+(``remove_tree``); only source paths (common.sources) are globbed.
 
 This module must stay free of Spark and torch: executors and training ranks import it.
 """

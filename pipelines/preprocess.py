@@ -1,4 +1,4 @@
-"""Row rules and fitted preprocessing, as Spark SQL expressions built on the driver.
+"""The shard job's row checks and fitted preprocessing, as Spark SQL expressions built on the driver.
 
 Three steps, each a function of the config (and, for the last, of fitted statistics):
 
@@ -16,9 +16,11 @@ place of bytes that are not valid UTF-8), ``null_label``, ``invalid_label``,
 ``bad_value:<col>`` (a string that is not a number),
 ``non_finite:<col>`` (a numeric value that is NaN, +/-inf or beyond float32, as stored; a
 null, NaN, inf or beyond-float32 element of an array), ``bad_shape:<col>`` (null array or wrong
-length), and ``malformed_record`` (sources.py). A null numeric value is missing and is imputed.
-The same rules quarantine the rows scoring cannot take (scoring.predict), so neither a
-statistic nor a prediction ever sees a value float32 cannot hold.
+length), and ``malformed_record`` (common/sources.py). A null numeric value is missing and is
+imputed. The rules of a feature's raw value (numeric and array) are ``common.rows``, which
+scoring applies too, so neither a statistic nor a prediction ever sees a value float32 cannot
+hold; this module owns the label's and categories' rules and their order, and must not define a
+feature rule of its own that scoring would not apply.
 """
 
 from __future__ import annotations
@@ -29,14 +31,13 @@ from typing import Callable
 
 from pipelines.balance import split_index_sql
 from common.errors import InputDataError, first_line
+from common.rows import FLOAT_MAX, array_reasons, array_value, numeric_reasons, numeric_value, reason
 from common.sql import quote_identifier as q
-from common.sql import quote_string
 from common.dataset import LABEL_NAME, RESERVED_INDICES, ROW_INDEX
 from common.dataset import stored_schema as dataset_schema
 from pipelines.shard_config import ShardConfig
 from pipelines.summary import Summary, top_values
 
-FLOAT_MAX = 3.4028234663852886e38
 RESERVED_NAMES = {LABEL_NAME, ROW_INDEX}
 
 
@@ -169,48 +170,6 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
         cols.append(f"{array_value(name)} AS {q(arr_col(name))}")
     cols.append(f"CASE {' '.join(reasons)} END AS _reason")
     return cols
-
-
-def reason(rule: str, column: str) -> str:
-    """The SQL literal of a reason naming a column, e.g. 'non_finite:price-usd'."""
-    return quote_string(f"{rule}:{column}")
-
-
-# The rules for one feature's raw value, shared with scoring (scoring.predict), which must
-# quarantine exactly the rows the shard job would: a model scores what it was trained on.
-
-def numeric_reasons(name: str, dtype) -> list[str]:
-    """CASE branches for a numeric feature: text that is not a number; NaN, +/-inf or a value
-    beyond float32 (1e300 would make the train statistics infinite and store 0 for every row, or
-    score as NaN probabilities). Null is not a reason: it is imputed."""
-    from pyspark.sql import types as T
-
-    value = f"try_cast({q(name)} AS DOUBLE)"
-    reasons = []
-    if isinstance(dtype, T.StringType):
-        reasons.append(f"WHEN {q(name)} IS NOT NULL AND {value} IS NULL THEN {reason('bad_value', name)}")
-    reasons.append(f"WHEN isnan({value}) OR abs({value}) > {FLOAT_MAX!r} THEN {reason('non_finite', name)}")
-    return reasons
-
-
-def numeric_value(name: str) -> str:
-    """A numeric feature as DOUBLE (null, imputed later, where it is null or not a number)."""
-    return f"try_cast({q(name)} AS DOUBLE)"
-
-
-def array_reasons(name: str, shape) -> list[str]:
-    """CASE branches for an array feature: null or of the wrong length; a null element, NaN (the
-    largest value in Spark's ordering, so array_max finds it) or a value beyond float32. Array
-    functions rather than lambdas (exists/transform), which Spark evaluates row by row outside
-    its generated code: they doubled the checking cost."""
-    top, bottom = f"CAST(array_max({q(name)}) AS DOUBLE)", f"CAST(array_min({q(name)}) AS DOUBLE)"
-    return [f"WHEN {q(name)} IS NULL OR size({q(name)}) <> {math.prod(shape)} THEN {reason('bad_shape', name)}",
-            f"WHEN size(array_compact({q(name)})) <> size({q(name)}) OR isnan({top}) "
-            f"OR {top} > {FLOAT_MAX!r} OR {bottom} < {-FLOAT_MAX!r} THEN {reason('non_finite', name)}"]
-
-
-def array_value(name: str) -> str:
-    return f"CAST({q(name)} AS ARRAY<FLOAT>)"
 
 
 @dataclass

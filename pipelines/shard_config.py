@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from common.config import SparkConfig, load_config, require
 from common.dataset import TEACHER_COLUMN
 from common.sql import quote_identifier
-from common.sql import why_not_a_query
+from common.sources import SourceConfig, check_sources_and_query
 
 # Fixed ceilings on the counts that size a loop or an allocation before any data is seen (the
 # job's partition keys, every feature's array, the manifest's vocabularies). Far above what a
@@ -22,19 +22,6 @@ MAX_SHARDS = 10_000  # shard files per split
 MAX_ARRAY_VALUES = 1 << 24  # float32 values per row of one array feature (64 MiB)
 MAX_VOCAB = 10_000_000  # entries of one categorical vocabulary, each stored in the manifest
 MAX_CATEGORY_BYTES = 1 << 20
-
-
-@dataclass
-class SourceConfig:
-    path: str
-    format: Literal["csv", "json", "parquet"] = "parquet"
-    options: dict[str, Any] = field(default_factory=dict)
-    # Spark DDL, e.g. "id BIGINT, x DOUBLE, city STRING". Strongly advised for CSV/JSON:
-    # with a schema, a value that does not parse makes its record malformed (quarantined).
-    schema: str | None = None
-
-    def __post_init__(self):
-        require(bool(self.path), "path", "must not be empty")
 
 
 @dataclass
@@ -171,12 +158,7 @@ class ShardConfig:
 
     def __post_init__(self):
         require(bool(self.sources), "sources", "must name at least one source")
-        for name in self.sources:
-            require(name.isidentifier(), f"sources.{name}", "must be a valid SQL view name (letters, digits, _)")
-        require(self.query is not None or len(self.sources) == 1, "query",
-                "is required when there is more than one source")
-        not_a_query = why_not_a_query(self.query) if self.query is not None else None
-        require(not_a_query is None, "query", f"must be a single SELECT query: it {not_a_query}")
+        check_sources_and_query(self.sources, self.query)
         require(self.transform is None or ":" in self.transform, "transform",
                 f"must be 'module:function', got {self.transform!r}")
         require(bool(self.features.all_columns), "features", "must declare at least one feature column")

@@ -7,9 +7,10 @@ a failure removes):
 
 0. the output may not be, contain or sit inside a source; the output's writer lock is taken
    (held to the end) and staging left by killed jobs is removed;
-1. mode check (``error`` refuses, ``skip_if_exists`` compares the input fingerprint and returns,
-   ``overwrite`` accepts only a dataset at the path, and none that a training run reads: a live
-   reader lease, ``common.leases``, unless ``output.ignore_readers``; checked again before the commit);
+1. mode check (``common.output_mode``: ``error`` refuses, ``skip_if_exists`` compares the input
+   fingerprint and returns, ``overwrite`` accepts only a dataset at the path), and for
+   ``overwrite`` none that a training run reads (a live reader lease, ``common.leases``, unless
+   ``output.ignore_readers``; checked again before the commit);
 2. read sources, build the table (query, transform), check columns and types;
 3. inside ``storage.publish`` (a staging directory, removed on any failure), pass one over the
    rows: evaluate the row expressions once, send each checked row (split, keys, typed values,
@@ -57,23 +58,23 @@ from pipelines.balance import (BUCKET_BITS, check_input_rows, check_split_rows, 
                                shard_starts)
 from common.config import dump_yaml, to_dict
 from common.plugins import load_callable
-from common.errors import (AccountingError, InputDataError, OutputExistsError, OutputLockedError, QualityGateError,
-                           first_line)
+from common.errors import AccountingError, InputDataError, OutputLockedError, QualityGateError, first_line
 from common.leases import active_readers, describe_reader, readers_location
 from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUMN, Manifest, arrow_schema,
                             build_manifest, read_manifest, row_bytes, write_manifest)
 from common.sql import quote_identifier as q
 from common.sql import quote_string
+from common.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
 from pipelines.preprocess import arr_col, cat_col, check_table, fit, moment_values, num_col, row_columns, stored_schema
 from pipelines.shard_config import ShardConfig
 from pipelines import summary as summary_module
 from pipelines.summary import ScanSpec, Summary
 from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, TARGET_COLUMN, Encoding, ShardPlan,
                                     stage_partition, write_empty, write_partition, write_shards)
-from pipelines.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
 from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
-from common.storage import (KIND_DATASET, check_disjoint, check_output_uri, check_replaceable, clean_stale_staging, is_committed,
-                            output_lock, publish, resolve, storage_errors)
+from common.output_mode import REPLACE, SAME, OutputWords, existing_output
+from common.storage import (KIND_DATASET, check_disjoint, check_output_uri, clean_stale_staging, output_lock, publish,
+                            resolve, storage_errors)
 
 log = logging.getLogger("shardtrain.shard")
 
@@ -118,7 +119,7 @@ def _run_locked(spark, cfg: ShardConfig, out, teacher_scorer: TeacherScorer | No
         log.info("%s already holds this dataset (input fingerprint %s); skipping", out.uri, input_fp[:12])
         return ShardResult(uri=out.uri, manifest=existing, skipped=True)
 
-    frames = read_sources(spark, cfg)
+    frames = read_sources(spark, cfg.sources)
     try:
         return _run_passes(spark, cfg, out, frames, sources_fp, input_fp, teacher, teacher_scorer)
     finally:
@@ -384,24 +385,17 @@ def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: dict | None =
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
+_DATASET = OutputWords(kind=KIND_DATASET, identical="an identical one", committed="a committed dataset",
+                       other="a different dataset", inputs="the config or the source files")
+
+
 def _check_existing(out, cfg: ShardConfig, input_fp: str) -> Manifest | None:
-    if not out.exists():
-        return None
-    mode = cfg.output.mode
-    if mode == "error":
-        raise OutputExistsError(f"{out.uri} already exists; set output.mode=overwrite to replace it "
-                                "(or skip_if_exists to keep an identical one)")
-    if mode == "skip_if_exists":
-        if not is_committed(out):
-            raise OutputExistsError(f"{out.uri} exists but is not a committed dataset (a job died while publishing "
-                                    "it?); set output.mode=overwrite to replace it")
-        manifest = read_manifest(out)
-        if manifest.data.get("input_fingerprint") == input_fp:
-            return manifest
-        raise OutputExistsError(f"{out.uri} holds a different dataset (the config or the source files changed since "
-                                "it was written); set output.mode=overwrite to replace it")
-    check_replaceable(out.uri, KIND_DATASET)  # overwrite: only a dataset, never someone's files
-    check_no_readers(out.uri, cfg)
+    """The dataset already at the output when skip_if_exists finds this one; None to go on."""
+    found = existing_output(out, cfg.output.mode, _DATASET, input_fp)
+    if found == SAME:
+        return read_manifest(out)
+    if found == REPLACE:
+        check_no_readers(out.uri, cfg)
     return None
 
 

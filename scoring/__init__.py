@@ -6,8 +6,10 @@
 
 ``scoring.predict`` is the core (the shard job's teacher column builds on it); ``scoring.job`` the
 job (input, quarantine, accounting, atomic publish); ``scoring.config`` its config tree. It
-imports ``common``, ``pipelines`` (the sources) and ``training`` (``load_model``); neither of those
-imports it. Importing it stays cheap and Spark-free: Python workers import ``scoring.predict``.
+imports ``common`` (sources, row rules, the model artifact, output modes, devices) and
+``training``'s public API (``load_model``) only, never ``pipelines`` or a module inside
+``training`` (tests/test_import_graph.py); none of those imports it. Importing it stays cheap and
+Spark-free: Python workers import ``scoring.predict``.
 """
 
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from common.config import SparkConfig, load_config, require
-from common.sql import why_not_a_query
-from pipelines.shard_config import SourceConfig
+from common.sources import SourceConfig, check_sources_and_query
 from scoring.predict import DEFAULT_BATCH_SIZE
 
 
@@ -52,12 +51,7 @@ class ScoreConfig:
             require(self.query is None, "query", "applies to sources only; a dataset is scored as it is stored")
         else:
             require(self.split is None, "split", "applies to a dataset only; filter sources in the query")
-            for name in self.sources:
-                require(name.isidentifier(), f"sources.{name}", "must be a valid SQL view name (letters, digits, _)")
-            require(self.query is not None or len(self.sources) == 1, "query",
-                    "is required when there is more than one source")
-            not_a_query = why_not_a_query(self.query) if self.query is not None else None
-            require(not_a_query is None, "query", f"must be a single SELECT query: it {not_a_query}")
+            check_sources_and_query(self.sources, self.query)
         require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
         require(math.isfinite(self.temperature) and self.temperature > 0, "temperature",
                 f"must be a finite number > 0, got {self.temperature}")

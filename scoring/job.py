@@ -5,10 +5,11 @@ file, notebooks). Nothing is written until every check that can fail has passed:
 
 0. the output may not be, contain or sit inside an input (the model, the sources, the dataset);
    the output's writer lock is taken (held to the end) and staging left by killed jobs removed;
-1. mode check: ``error`` refuses an existing output, ``skip_if_exists`` returns when the output
-   holds scores of the same input fingerprint (config, input files, model), ``overwrite``
-   replaces only a scores output (marker kind ``shardtrain.scores``);
-2. the input table: the shard job's sources and query (``pipelines.sources``; CSV/JSON records
+1. mode check (``common.output_mode``): ``error`` refuses an existing output,
+   ``skip_if_exists`` returns when the output holds scores of the same input fingerprint
+   (config, input files, model), ``overwrite`` replaces only a scores output (marker kind
+   ``shardtrain.scores``);
+2. the input table: the shard job's sources and query (``common.sources``; CSV/JSON records
    that do not parse are quarantined as ``malformed_record``), or the dataset split's stored
    encodings, after checking the model was fitted on the same encodings (equal feature spec)
    and every file against its manifest sha256;
@@ -31,9 +32,10 @@ from dataclasses import dataclass, field
 from common import __version__
 from common.config import dump_yaml, to_dict
 from common.sql import quote_identifier
-from common.errors import AccountingError, DatasetError, InputDataError, OutputExistsError, first_line
-from common.storage import (KIND_SCORES, check_disjoint, check_output_uri, check_replaceable, clean_stale_staging, is_committed,
-                            output_lock, publish, read_marker, resolve)
+from common.errors import AccountingError, DatasetError, InputDataError, first_line
+from common.output_mode import SAME, OutputWords, existing_output
+from common.storage import (KIND_SCORES, check_disjoint, check_output_uri, clean_stale_staging, output_lock, publish,
+                            read_marker, resolve)
 from scoring.config import ScoreConfig
 from scoring.predict import REASON, check_feature_types, predict_frame, reason_sql
 
@@ -78,7 +80,7 @@ def check_output_path(cfg: ScoreConfig) -> None:
 
 def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
     from common.spark import spark_errors
-    from training.export import load_model
+    from training import load_model
 
     model_marker = _model_marker(cfg.model)
     input_record = _input_record(cfg)
@@ -153,20 +155,18 @@ def _input_record(cfg: ScoreConfig) -> dict:
 
         manifest = read_manifest(cfg.dataset)
         return {"dataset": manifest.root.uri, "fingerprint": manifest.fingerprint, "split": cfg.split}
-    from pipelines.sources import source_fingerprint
+    from common.sources import source_fingerprint
 
     return {"sources": {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}}
 
 
 def _sources_table(spark, cfg: ScoreConfig):
     """(the query's table, the sources' malformed-record frames)."""
-    from pipelines.sources import read_source
+    from common.sources import read_sources
 
-    frames = {}
-    for name, src in cfg.sources.items():
-        frames[name] = read_source(spark, name, src)
-        frames[name].persist()  # the table and the malformed records each read the parse
-        frames[name].clean.createOrReplaceTempView(name)
+    frames = read_sources(spark, cfg.sources)
+    for frame in frames.values():
+        frame.persist()  # the table and the malformed records each read the parse
     if cfg.query is not None:
         try:
             table = spark.sql(cfg.query)
@@ -207,27 +207,19 @@ def input_fingerprint(cfg: ScoreConfig, input_record: dict, model_marker: dict) 
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
+_SCORES = OutputWords(kind=KIND_SCORES, identical="identical scores", committed="committed scores",
+                      other="other scores", inputs="the config, the input files or the model", plural=True)
+
+
 def _check_existing(out, cfg: ScoreConfig, input_fp: str) -> ScoreResult | None:
-    if not out.exists():
+    """The scores already at the output when skip_if_exists finds these; None to go on."""
+    if existing_output(out, cfg.output.mode, _SCORES, input_fp) != SAME:
         return None
-    mode = cfg.output.mode
-    if mode == "error":
-        raise OutputExistsError(f"{out.uri} already exists; set output.mode=overwrite to replace it "
-                                "(or skip_if_exists to keep identical scores)")
-    check_replaceable(out.uri, KIND_SCORES)  # only scores, never a dataset, a model or someone's files
-    if mode == "skip_if_exists":
-        if not is_committed(out):
-            raise OutputExistsError(f"{out.uri} exists but is not committed scores (a job died while publishing "
-                                    "them?); set output.mode=overwrite to replace it")
-        if read_marker(out).get("input_fingerprint") != input_fp:
-            raise OutputExistsError(f"{out.uri} holds other scores (the config, the input files or the model changed "
-                                    "since they were written); set output.mode=overwrite to replace them")
-        summary = json.loads(out.read_text(SUMMARY_NAME))
-        acc = summary["accounting"]
-        return ScoreResult(uri=out.uri, input_rows=acc["input_rows"], scored_rows=acc["scored_rows"],
-                           quarantined_rows=acc["quarantined_rows"],
-                           by_reason=summary["quarantine"]["by_reason"], skipped=True)
-    return None
+    summary = json.loads(out.read_text(SUMMARY_NAME))
+    acc = summary["accounting"]
+    return ScoreResult(uri=out.uri, input_rows=acc["input_rows"], scored_rows=acc["scored_rows"],
+                       quarantined_rows=acc["quarantined_rows"], by_reason=summary["quarantine"]["by_reason"],
+                       skipped=True)
 
 
 def _check_columns(fields: dict, cfg: ScoreConfig) -> None:

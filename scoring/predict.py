@@ -13,9 +13,9 @@ The result has one row per input row (none dropped, none added), with these colu
 * ``score_reason`` string: null for a scored row; for a row the model's preprocessing cannot take,
   the reason (its predictions are null): ``bad_value:<col>`` (a string that is not a number),
   ``non_finite:<col>`` (NaN, +/-inf or beyond float32 in a numeric column; a null, NaN, inf or
-  beyond-float32 element of an array),
-  ``bad_shape:<col>`` (a null array, or one of another length than the model's shape). These are
-  the shard job's own rules, so a row training would have quarantined is not scored.
+  beyond-float32 element of an array), ``bad_shape:<col>`` (a null array, or one of another
+  length than the model's shape). These are the shard job's own rules (``common.rows``), so a
+  row training would have quarantined is not scored.
 
 What runs per row is the model's stored preprocessing, ``FeatureSpec.transform`` (the code
 ``LoadedModel.predict`` runs), after the shard job's own typing in Spark SQL: numeric columns cast
@@ -27,7 +27,9 @@ check that the dataset's feature spec is the model's (``scoring.job`` does).
 
 Driver/executor split: the driver loads the model once to check it and the input's columns, then
 ships only plain values (``ScoreTask``). Each Python worker loads the model once, on first use,
-and keeps it for every later batch and task (``_MODELS``), on the GPU when the worker has one.
+and keeps it for every later batch and task (``_MODELS``), on the GPU Spark assigned to its task
+(``scoring_device``: training's rule, CUDA_VISIBLE_DEVICES included), else CUDA's current device
+or the CPU.
 The model's weights digest travels with the task: a worker that finds another model at the URI
 (replaced while the job ran) fails rather than mixing two models' predictions.
 """
@@ -36,11 +38,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from common.errors import DatasetError, InputDataError
+from common import rows
+from common.devices import resolve_device
 from common.sql import quote_identifier as q
 
 log = logging.getLogger("shardtrain.score")
@@ -86,7 +91,7 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     missing or named like an output column; ValueError for a bad batch_size or temperature.
     Lazy: nothing runs until the result is written or collected.
     """
-    from training.export import WEIGHTS, PROGRAM, load_model
+    from training import load_model
 
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -105,7 +110,7 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     names = spec.columns
     task = ScoreTask(
         model_uri=model_uri, program=program,
-        weights_sha256=model.meta["files"][PROGRAM if program else WEIGHTS]["sha256"],
+        weights_sha256=model.weights_sha256,
         task=model.task, num_classes=int(model.meta["label"].get("num_classes") or 0),
         keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))), features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
         encoded=encoded, temperature=float(temperature), batch_size=batch_size)
@@ -144,31 +149,28 @@ def output_schema(df, keep_columns: list[str], task: str):
 def reason_sql(fields: dict, spec, encoded: bool = False) -> str:
     """Spark SQL giving a row's quarantine reason (the first rule it breaks), or NULL when the model
     can score it. ``fields``: column name -> Spark type; ``spec``: the model's FeatureSpec."""
-    from pipelines.preprocess import array_reasons, numeric_reasons, reason
-
     reasons = []
     for name in spec.numeric:
         if encoded:  # stored values were imputed by the shard job: a gap means the data is not its output
             reasons.append(f"WHEN {q(name)} IS NULL OR isnan(try_cast({q(name)} AS DOUBLE)) "
-                           f"THEN {reason('bad_value', name)}")
-        reasons += numeric_reasons(name, fields[name])
+                           f"THEN {rows.reason('bad_value', name)}")
+        reasons += rows.numeric_reasons(name, fields[name])
     if encoded:
         for name in spec.categorical:
             reasons.append(f"WHEN {q(name)} IS NULL OR {q(name)} < 0 OR {q(name)} >= {spec.num_embeddings(name)} "
-                           f"THEN {reason('bad_value', name)}")
+                           f"THEN {rows.reason('bad_value', name)}")
     for name, shape in spec.arrays.items():
-        reasons += array_reasons(name, shape)
+        reasons += rows.array_reasons(name, shape)
     return f"CASE {' '.join(reasons)} END" if reasons else "CAST(NULL AS STRING)"
 
 
 def _typed_features(fields: dict, spec, encoded: bool) -> list[str]:
-    """The shard job's typing of each feature (preprocess.row_columns), in FeatureSpec order."""
-    from pipelines.preprocess import array_value, numeric_value
-
-    arrays = [array_value(n) for n in spec.arrays]
+    """The shard job's typing of each feature (``common.rows``, as preprocess.row_columns applies
+    it), in FeatureSpec order."""
+    arrays = [rows.array_value(n) for n in spec.arrays]
     if encoded:
         return [f"CAST({q(n)} AS FLOAT)" for n in spec.numeric] + [f"CAST({q(n)} AS INT)" for n in spec.categorical] + arrays
-    return [numeric_value(n) for n in spec.numeric] + [f"CAST({q(n)} AS STRING)" for n in spec.categorical] + arrays
+    return [rows.numeric_value(n) for n in spec.numeric] + [f"CAST({q(n)} AS STRING)" for n in spec.categorical] + arrays
 
 
 def _check_keep_columns(df, keep: list[str]) -> None:
@@ -229,35 +231,44 @@ class _Scorer:
 def worker_model(task: ScoreTask):
     """This Python worker's copy of the model: loaded on first use, then reused by every batch and
     every later task the worker runs (Spark reuses Python workers by default)."""
-    device = worker_device()
+    device, why = worker_device()
     key = (task.model_uri, task.program, task.weights_sha256, device)
     if key not in _MODELS:
-        from training.export import PROGRAM, WEIGHTS, load_model
+        from training import load_model
 
         model = load_model(task.model_uri, program=task.program)
-        found = model.meta["files"][PROGRAM if task.program else WEIGHTS]["sha256"]
+        found = model.weights_sha256
         if found != task.weights_sha256:
             raise RuntimeError(f"{task.model_uri}: the model was replaced while this job ran (weights sha256 "
                                f"{found[:12]}... instead of {task.weights_sha256[:12]}...); re-run the job")
         _MODELS.clear()  # one model per worker: a long-lived worker scoring many models keeps the last
         _MODELS[key] = model.to(device)
-        log.info("loaded %s on %s", task.model_uri, device)
+        log.info("loaded %s on %s (%s)", task.model_uri, device, why)
     return _MODELS[key]
 
 
-def worker_device() -> str:
-    """The GPU Spark assigned to this task (spark.task.resource.gpu.amount), any visible GPU, or the CPU."""
+def worker_device() -> tuple[str, str]:
+    """(device, why) for this Python worker: what ``scoring_device`` decides from the GPUs Spark
+    assigned to the task (spark.task.resource.gpu.amount) and this process's CUDA."""
     import torch
-
-    if not torch.cuda.is_available():
-        return "cpu"
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    gpus = (context.resources().get("gpu") if context is not None else None)
-    if gpus is not None and gpus.addresses:
-        return f"cuda:{gpus.addresses[0]}"
-    return "cuda"
+    gpus = context.resources().get("gpu") if context is not None else None
+    return scoring_device(list(gpus.addresses) if gpus is not None else [], torch.cuda.is_available(),
+                          os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def scoring_device(gpu_addresses: list[str], cuda_available: bool, visible_devices: str | None) -> tuple[str, str]:
+    """(torch device, why): the task's GPU by training's own rule (``common.devices``: a Spark
+    address is a physical id, renumbered where CUDA_VISIBLE_DEVICES is set), else the CPU.
+
+    One difference from a training rank, kept from before the rule was shared: a task Spark
+    assigned no GPU still uses CUDA's current device when there is one (local mode on a GPU host,
+    no GPU resource configured), where a rank takes the CPU."""
+    if not gpu_addresses and cuda_available:
+        return "cuda", "no GPU assigned to this task by Spark; CUDA's current device"
+    return resolve_device(gpu_addresses, cuda_available, visible_devices)
 
 
 def score_batch(model, task: ScoreTask, batch):
@@ -330,4 +341,4 @@ def _encoded_arrays(table, spec) -> dict:
 
 
 __all__ = ["OUTPUT_COLUMNS", "PREDICTION", "PROBABILITIES", "REASON", "ScoreTask", "check_feature_types", "output_schema", "predict_frame",
-           "reason_sql", "score_batch", "worker_model"]
+           "reason_sql", "score_batch", "scoring_device", "worker_model"]

@@ -4,7 +4,10 @@ Every ``.py`` under the project's packages is parsed with ``ast`` (nothing is im
 its imports are read wherever they appear (module level or inside a function: a function-level
 import only delays a circle, it does not remove it), and the module graph must be acyclic. A
 package's ``__init__`` counts as the module named by the package; importing ``a.b`` is an edge to
-``a.b`` only (Python runs ``a/__init__`` first, but that is not a dependency of ``a.b``'s code)."""
+``a.b`` only (Python runs ``a/__init__`` first, but that is not a dependency of ``a.b``'s code).
+
+Read the same way: scoring imports only ``common``, ``scoring`` and the names ``training`` exports
+(``training.__all__``), never ``pipelines`` or a module inside ``training``."""
 
 import ast
 import os
@@ -89,3 +92,46 @@ def test_no_module_imports_one_that_imports_it_back():
     graph = {m: _imported(m, p, modules) for m, p in modules.items()}
     circle = _cycle(graph)
     assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+# --- what scoring may import ----------------------------------------------------------------------
+# Scoring stands on common and on training's public API only (README, layout): not on pipelines
+# (data reaches it through common.sources, the row rules through common.rows) and not on a
+# training module, whose insides another stage must be free to change.
+
+def _public_training_names() -> set[str]:
+    import training  # cheap: the package's names are resolved lazily
+
+    return set(training.__all__)
+
+
+def _scoring_reaches_past(module: str, path: str, modules: dict[str, str]) -> list[str]:
+    """What ``module`` (a scoring module) imports beyond common, training's public names and scoring."""
+    found = sorted(t for t in _imported(module, path, modules)
+                   if t.split(".")[0] not in ("common", "scoring", "training") or t.startswith("training."))
+    public = _public_training_names()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.ImportFrom) and node.module == "training" and not node.level:
+            found += [f"training.{a.name}" for a in node.names
+                      if a.name not in public and f"training.{a.name}" not in modules]
+    return found
+
+
+def test_the_scoring_rule_finds_pipelines_and_training_internals_in_a_function(tmp_path):
+    modules = _modules()
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text("from training import load_model\n"
+                       "def f():\n"
+                       "    from pipelines.preprocess import row_columns\n"
+                       "    from training.export import WEIGHTS\n"
+                       "    from training import models, train\n"
+                       "    import shardtrain.cli\n")
+    assert _scoring_reaches_past("scoring.snippet", str(snippet), modules) == [
+        "pipelines.preprocess", "shardtrain.cli", "training.export", "training.models"]
+
+
+def test_scoring_imports_only_common_and_trainings_public_api():
+    modules = _modules()
+    assert {"scoring.predict", "scoring.job", "scoring.config"} <= set(modules)
+    reached = {m: _scoring_reaches_past(m, p, modules) for m, p in modules.items() if m.split(".")[0] == "scoring"}
+    assert not any(reached.values()), {m: r for m, r in reached.items() if r}

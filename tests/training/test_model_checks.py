@@ -1,9 +1,10 @@
-"""``load_model`` checks model.json against the network it loads (training/export.py): a real model,
-trained in-process once per module, whose model.json is edited the way a deliberate edit would be
-(the marker's model_json_sha256 rewritten to match, so the digest check passes): every edit that
-makes model.json disagree with the network is refused with one line naming the field, for the
-built-in MLP and the TorchScript program alike; a model.json that is not a JSON object, not JSON
-or not UTF-8 is refused naming the file."""
+"""``load_model`` checks model.json against the network it loads (common/model_artifact.py; the
+built-in network comes from training/export.py): a real model, trained in-process once per
+module, whose model.json is edited the way a deliberate edit would be (the marker's
+model_json_sha256 rewritten to match, so the digest check passes): every edit that makes
+model.json disagree with the network is refused with one line naming the field, for the built-in
+MLP and the TorchScript program alike; a model.json that is not a JSON object, not JSON or not
+UTF-8 is refused naming the file."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Reading the configured sources: one Spark view per source, malformed records split off.
+"""The ``sources`` config section and reading it: one Spark view per source, malformed records
+split off. The shard job and the score job read raw data the same way (same syntax, same
+quarantine of records that do not parse), so both import it from here.
 
 For CSV and JSON the reader runs in PERMISSIVE mode with a corrupt-record column (added to the
 declared schema, or to the inferred one), so a record that does not parse is kept with its raw
@@ -14,22 +16,49 @@ job does when its table is one source's rows as they are.
 Source fingerprints (file paths, sizes, modification times) are listed with the storage module,
 not Spark, so ``skip_if_exists`` can decide without starting any Spark work.
 
-Driver-only.
+Driver-only. It owns how a source is read and listed; what a job does with the views (its
+query, its quarantine) is the job's own.
 """
 
 from __future__ import annotations
 
 import glob as globlib
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from common.config import require
 from common.errors import ConfigError, InputDataError, first_line
 from common.sql import quote_identifier as q
-from pipelines.shard_config import ShardConfig, SourceConfig
+from common.sql import why_not_a_query
 from common.storage import resolve, storage_errors
 
 CORRUPT_COLUMN = "_corrupt_record"
 MALFORMED = "malformed_record"
+
+
+@dataclass
+class SourceConfig:
+    path: str
+    format: Literal["csv", "json", "parquet"] = "parquet"
+    options: dict[str, Any] = field(default_factory=dict)
+    # Spark DDL, e.g. "id BIGINT, x DOUBLE, city STRING". Strongly advised for CSV/JSON:
+    # with a schema, a value that does not parse makes its record malformed (quarantined).
+    schema: str | None = None
+
+    def __post_init__(self):
+        require(bool(self.path), "path", "must not be empty")
+
+
+def check_sources_and_query(sources: dict[str, SourceConfig], query: str | None) -> None:
+    """For a config's ``__post_init__``: every source is a valid view name, and ``query`` (required
+    with several sources) is one query that only reads. The shard and score jobs give them one
+    meaning, so one check."""
+    for name in sources:
+        require(name.isidentifier(), f"sources.{name}", "must be a valid SQL view name (letters, digits, _)")
+    require(query is not None or len(sources) == 1, "query", "is required when there is more than one source")
+    not_a_query = why_not_a_query(query) if query is not None else None
+    require(not_a_query is None, "query", f"must be a single SELECT query: it {not_a_query}")
 
 
 @dataclass
@@ -174,9 +203,10 @@ def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
     return SourceFrames(name, cfg, clean, malformed, raw)
 
 
-def read_sources(spark, cfg: ShardConfig) -> dict[str, SourceFrames]:
+def read_sources(spark, sources: dict[str, SourceConfig]) -> dict[str, SourceFrames]:
+    """Every source read, its clean rows registered as the Spark SQL view named like the source."""
     frames = {}
-    for name, source in cfg.sources.items():
+    for name, source in sources.items():
         frames[name] = read_source(spark, name, source)
         frames[name].clean.createOrReplaceTempView(name)
     return frames
@@ -205,3 +235,7 @@ class _input_errors:
             raise InputDataError(f"source {self.name!r}: path {self.cfg.path} does not exist "
                                  f"(sources.{self.name}.path)") from None
         return False
+
+
+__all__ = ["CORRUPT_COLUMN", "MALFORMED", "SourceConfig", "SourceFrames", "check_csv_header", "check_sources_and_query",
+           "read_source", "read_sources", "source_fingerprint"]

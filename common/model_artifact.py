@@ -1,0 +1,251 @@
+"""A published model, read back: the artifact's format (file names, model.json's fields, the
+digests that bind them) and ``read_model``, which loads and verifies one for predictions.
+
+Layout of a model directory (``training.export.publish_model`` writes it):
+
+* ``model.safetensors``: the weights (no pickle);
+* ``model.torchscript.pt``: a TorchScript program taking the preprocessed tensors
+  (``FeatureSpec.transform`` output) and returning class probabilities or regression values;
+* ``model.json``: resolved config, feature spec, label spec, metrics, and the sha256 and size of
+  each file above (``files``); the ``_COMMITTED`` marker records model.json's own sha256.
+
+``read_model(uri, program, build_network)`` verifies every file it reads against those digests
+(a DatasetError names the damaged file) and never unpickles arbitrary objects. The caller chooses
+what runs: ``program=True`` loads the TorchScript program (code + tensors only);
+``program=False`` asks ``build_network(location, meta)`` for the network, which rebuilds it from
+model.json and the verified weights (``verified_bytes``). No field of model.json switches between
+them, so an edited model.json cannot change which code runs. Nor can it change what the outputs
+mean: on load, the network (either kind) runs on a two-row probe batch built from model.json's
+feature spec, and its output must be what model.json's label says (``[2, num_classes]``
+probabilities, or ``[2]`` values); a disagreement is a DatasetError naming the field.
+
+Why here and not in training: scoring and the shard job's teacher read published models, and
+neither may reach into training's modules. What only training knows stays there: the
+architectures (``training.models``), hence ``build_network`` (``training.export.load_model``
+passes the built-in MLP's), and the publishing side. This module must not import training, and
+imports torch only when a model is loaded (``import common`` stays cheap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from typing import Callable
+
+import numpy as np
+
+from common.dataset import FeatureSpec
+from common.errors import DatasetError, StorageError, first_line
+from common.storage import KIND_MODEL, MARKER, Location, read_marker, require_committed, storage_errors
+
+MODEL_FORMAT = KIND_MODEL
+MODEL_FORMAT_VERSION = 2  # 2: model.json records each file's sha256; the marker records model.json's
+WEIGHTS, PROGRAM, META = "model.safetensors", "model.torchscript.pt", "model.json"
+
+
+class LoadedModel:
+    """A published model: ``predict(frame)`` on raw feature columns, ``meta`` is model.json."""
+
+    def __init__(self, module, meta: dict, fingerprint: str | None = None, network_file: str = WEIGHTS):
+        import torch
+
+        self.module = module.eval()  # a torch nn.Module: the served network (a ServingModel, or its program)
+        self.meta = meta
+        # sha256 of the model.json this was loaded from (the commit marker's model_json_sha256):
+        # the model's identity, which a job records and compares (scoring, teacher soft targets).
+        self.fingerprint = fingerprint
+        self.network_file = network_file  # WEIGHTS or PROGRAM: the file the network was loaded from
+        self.features = FeatureSpec(meta["features"])
+        self.device = torch.device("cpu")
+
+    @property
+    def weights_sha256(self) -> str:
+        """The recorded sha256 of the file the network came from: what a worker that loads the
+        model again compares, to be sure it runs the same network as the driver checked."""
+        return self.meta["files"][self.network_file]["sha256"]
+
+    @property
+    def task(self) -> str:
+        return self.meta["label"]["task"]
+
+    @property
+    def metrics(self) -> list[dict]:
+        return self.meta.get("metrics", [])
+
+    def to(self, device) -> "LoadedModel":
+        """Run the network on ``device`` (``"cuda"``, ``"cpu"``); inputs and results stay numpy."""
+        import torch
+
+        self.device = torch.device(device)
+        self.module.to(self.device)
+        return self
+
+    def predict(self, frame, temperature: float = 1.0) -> np.ndarray:
+        """pandas DataFrame or Arrow table of raw feature columns -> probabilities [n, classes]
+        (classification) or values [n] (regression). See ``predict_arrays`` for ``temperature``."""
+        arrays = self.features.transform(frame)
+        return self.predict_arrays(arrays, temperature)
+
+    def predict_arrays(self, arrays: dict, temperature: float = 1.0) -> np.ndarray:
+        """Already-preprocessed arrays (as stored in the dataset / produced by FeatureSpec.transform).
+
+        Classification at ``temperature`` T gives softmax(logits / T): T = 1 is the model's own
+        probabilities, T > 1 softer ones (a teacher's soft targets for distillation). Regression
+        values do not depend on T.
+        """
+        import torch
+
+        if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        batch = {name: torch.from_numpy(np.ascontiguousarray(value)).to(self.device) for name, value in arrays.items()}
+        with torch.no_grad():
+            if self.task == "classification" and temperature != 1:
+                # .net is the network before the softmax (training.export.ServingModel's, in the
+                # TorchScript program too).
+                out = torch.softmax(self.module.net(batch).float() / float(temperature), dim=-1)
+            else:
+                out = self.module(batch)
+            return out.float().cpu().numpy()
+
+
+def read_model(uri: str, program: bool, build_network: Callable[[Location, dict], object]) -> LoadedModel:
+    """The published model at ``uri``, verified: its TorchScript program (``program=True``), or
+    the network ``build_network(location, meta)`` returns (an ``nn.Module`` taking the batch dict
+    and returning what the program returns; it reads the weights with ``verified_bytes``)."""
+    try:
+        loc = require_committed(uri, "model")
+    except StorageError as exc:  # keep its message, but as the dataset-contract exit status 2
+        raise DatasetError(str(exc)) from None
+    meta, fingerprint = _read_meta(loc)
+    if program:
+        module = _load_program(loc, verified_bytes(loc, meta, PROGRAM))
+    else:
+        module = build_network(loc, meta)
+    return _checked_against_network(loc, LoadedModel(module, meta, fingerprint, PROGRAM if program else WEIGHTS))
+
+
+def _probe_batch(spec: FeatureSpec) -> dict:
+    """Two rows of the inputs the network takes: zeros, then each category's largest index (an
+    embedding table smaller than model.json's vocabulary fails on it)."""
+    categorical = np.zeros((2, len(spec.categorical)), dtype=np.int64)
+    categorical[1] = [spec.num_embeddings(name) - 1 for name in spec.categorical]
+    return {"numeric": np.zeros((2, len(spec.numeric)), dtype=np.float32), "categorical": categorical,
+            **{name: np.zeros((2, *shape), dtype=np.float32) for name, shape in spec.arrays.items()}}
+
+
+def _checked_against_network(loc: Location, model: LoadedModel) -> LoadedModel:
+    """``model``, after checking that its network takes model.json's features and gives what
+    model.json's label says. A forward pass rather than the weights' shapes: it holds for a
+    plug-in's TorchScript program as for the built-in MLP."""
+    where = f"{loc.uri}/{META}"
+    try:
+        out = model.predict_arrays(_probe_batch(model.features))
+    except Exception as exc:  # noqa: BLE001 - the network's own error on inputs of the wrong shape
+        raise DatasetError(f"{where}: field 'features' ({_feature_summary(model.features)}) does not match the "
+                           f"inputs the network takes ({type(exc).__name__}: {first_line(exc)}); the file was edited "
+                           "or damaged: re-train, or re-publish the model") from None
+    label = model.meta["label"]
+    found = f"the network outputs shape {list(out.shape)} for 2 rows"
+    if label["task"] == "classification":
+        if out.ndim != 2:
+            raise DatasetError(f"{where}: field 'label.task' is 'classification', but {found} (values, not class "
+                               "probabilities); the file was edited or damaged: re-train, or re-publish the model")
+        if out.shape[1] != label["num_classes"]:
+            raise DatasetError(f"{where}: field 'label.num_classes' is {label['num_classes']}, but {found} "
+                               f"({out.shape[1]} classes); the file was edited or damaged: re-train, or re-publish "
+                               "the model")
+    elif out.ndim != 1:
+        raise DatasetError(f"{where}: field 'label.task' is 'regression', but {found} (one value per row "
+                           "expected); the file was edited or damaged: re-train, or re-publish the model")
+    return model
+
+
+def _feature_summary(spec: FeatureSpec) -> str:
+    arrays = ", ".join(f"{name} {list(shape)}" for name, shape in spec.arrays.items())
+    return (f"{len(spec.numeric)} numeric, {len(spec.categorical)} categorical"
+            + (f", arrays {arrays}" if arrays else ""))
+
+
+def _read_meta(loc: Location) -> tuple[dict, str]:
+    """model.json, checked against the sha256 its commit marker records, and that sha256."""
+    raw = _read_bytes(loc, META, f"{loc.uri}: committed but has no {META}; it is not a shardtrain model")
+    with storage_errors(f"reading {META}", loc.uri):
+        marker = read_marker(loc)
+    if marker.get("kind", marker.get("format")) != MODEL_FORMAT:
+        raise DatasetError(f"{loc.uri}: holds a {marker.get('kind') or 'output of another kind'}, not a {MODEL_FORMAT}")
+    recorded = marker.get("model_json_sha256")
+    if recorded and hashlib.sha256(raw).hexdigest() != recorded:
+        raise DatasetError(f"{loc.uri}/{META}: does not match the sha256 recorded when the model was published; it was "
+                           "edited or damaged: re-train, or re-publish the model")
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DatasetError(f"{loc.uri}/{META}: not valid JSON ({first_line(exc)}); re-train, or re-publish the "
+                           "model") from None
+    if not isinstance(meta, dict):
+        raise DatasetError(f"{loc.uri}/{META}: holds a JSON {type(meta).__name__}, not the object a model.json is; "
+                           "re-train, or re-publish the model")
+    if meta.get("format") != MODEL_FORMAT or meta.get("format_version") != MODEL_FORMAT_VERSION:
+        raise DatasetError(f"{loc.uri}/{META}: format {meta.get('format')!r} version {meta.get('format_version')!r} "
+                           f"is not a model this shardtrain reads ({MODEL_FORMAT} v{MODEL_FORMAT_VERSION}); re-train "
+                           "it with this version")
+    if not recorded:
+        raise DatasetError(f"{loc.uri}: its {MARKER} marker records no sha256 for {META}; re-publish the model")
+    _check_meta_fields(f"{loc.uri}/{META}", meta)
+    return meta, recorded
+
+
+def _check_meta_fields(where: str, meta: dict) -> None:
+    """The fields loading and scoring read, of the types they need (named when they are not)."""
+    label = meta.get("label")
+    if not isinstance(label, dict) or label.get("task") not in ("classification", "regression"):
+        task = label.get("task") if isinstance(label, dict) else None
+        raise DatasetError(f"{where}: field 'label.task' is {task!r}, not 'classification' or 'regression'; "
+                           "re-train, or re-publish the model")
+    classes = label.get("num_classes")
+    if label["task"] == "classification" and not (type(classes) is int and classes >= 2):
+        raise DatasetError(f"{where}: field 'label.num_classes' is {classes!r}; a classifier has an integer >= 2 "
+                           "classes: re-train, or re-publish the model")
+    try:
+        FeatureSpec(meta.get("features"))
+    except Exception as exc:  # noqa: BLE001 - KeyError / TypeError from a spec of the wrong shape
+        raise DatasetError(f"{where}: field 'features' is not a feature spec ({type(exc).__name__}: "
+                           f"{first_line(exc)}); re-train, or re-publish the model") from None
+
+
+def _read_bytes(loc: Location, name: str, missing: str) -> bytes:
+    """A model file's bytes; ``missing``: the DatasetError's message when it is not there."""
+    with storage_errors(f"reading {name}", loc.uri):
+        try:
+            with loc.open(name, "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            raise DatasetError(missing) from None
+
+
+def verified_bytes(loc: Location, meta: dict, name: str) -> bytes:
+    """The file's bytes, after checking them against the sha256 and size model.json records."""
+    entry = (meta.get("files") or {}).get(name)
+    if not isinstance(entry, dict) or "sha256" not in entry:
+        raise DatasetError(f"{loc.uri}/{META}: field 'files.{name}.sha256' is missing, so {name} cannot be verified; "
+                           "re-publish the model")
+    data = _read_bytes(loc, name, f"{loc.uri}/{name}: missing from the published model; re-train it")
+    if len(data) != entry.get("bytes", len(data)) or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise DatasetError(f"{loc.uri}/{name}: does not match the sha256 recorded in {META}; the file was damaged or "
+                           "replaced after the model was published: re-train, or restore the file")
+    return data
+
+
+def _load_program(loc: Location, data: bytes):
+    import torch
+
+    try:
+        return torch.jit.load(io.BytesIO(data), map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/ValueError subclasses for bad archives
+        raise DatasetError(f"{loc.uri}/{PROGRAM}: cannot be loaded as a TorchScript program "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+__all__ = ["META", "MODEL_FORMAT", "MODEL_FORMAT_VERSION", "PROGRAM", "WEIGHTS", "LoadedModel", "read_model",
+           "verified_bytes"]
