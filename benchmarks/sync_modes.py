@@ -3,7 +3,8 @@ data and model (conf/run.yaml: generated rows, sharded by the product's shard jo
 same seed and epochs for every mode; validation accuracy, samples/s, and what each mode sends.
 
     .venv/bin/python benchmarks/sync_modes.py [--rows 200000] [--epochs 3] [--every 8] \
-        [--backend torch] [--modes every_step,local_sgd,diloco,diloco_overlap] [--workdir /tmp/sync-modes]
+        [--backend torch] [--modes every_step,local_sgd,diloco,diloco_overlap,diloco_overlap_plain]
+        [--workdir /tmp/sync-modes]
 
 One JSON line per mode, then a summary line with each mode's ratios to every_step:
 
@@ -38,6 +39,9 @@ MODES = {
     "local_sgd": ["train.sync.mode=local_sgd"],
     "diloco": ["train.sync.mode=diloco"],
     "diloco_overlap": ["train.sync.mode=diloco", "train.sync.overlap=true"],
+    # The same overlap with a plain-averaging outer step (lr 1, no momentum): one-round-late local SGD.
+    "diloco_overlap_plain": ["train.sync.mode=diloco", "train.sync.overlap=true", "train.sync.outer.lr=1.0",
+                             "train.sync.outer.momentum=0", "train.sync.outer.nesterov=false"],
 }
 
 
@@ -46,7 +50,7 @@ def make_dataset(spark, workdir: str, rows: int) -> str:
     from shardtrain.run import load_run_config
 
     cfg = load_run_config(CONF, [f"shard.sources.raw.path={workdir}/raw", f"shard.output.path={workdir}/shards"])
-    generate_dataset(spark, f"{workdir}/raw", rows, seed=0, array_shape=cfg.shard.features.arrays.get("image"),
+    generate_dataset(f"{workdir}/raw", rows, spark=spark, seed=0, array_shape=cfg.shard.features.arrays.get("image"),
                      mode="overwrite")
     shard_dataset(cfg.shard, spark=spark)
     return f"{workdir}/shards"

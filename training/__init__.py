@@ -1,6 +1,12 @@
-"""shardtrain's second stage: a published dataset (its manifest) -> Horovod-on-Spark PyTorch
-training -> a model in storage. It reads the dataset contract from ``common.dataset`` and never
-imports ``pipelines``.
+"""shardtrain's second stage: a published dataset (its manifest) -> data-parallel PyTorch training
+on the cluster's executors -> a model in storage. It reads the dataset contract from
+``common.dataset`` and never imports ``pipelines``.
+
+The driver side resolves a run into a plain ``plan.RankPlan`` and hands it to ``launchers`` (in
+process, Horovod-on-Spark, TorchDistributor), which start the ranks and decide retries. Every rank
+runs the one loop of ``loop`` on a rank group (``distributed``: who the ranks are, their device,
+collectives) with the strategy ``strategies`` picks (one process, Horovod, DDP, FSDP2, periodic
+sync); rank 0 writes through ``recorder``.
 
 The public API is re-exported lazily, so ``import training`` (the CLI, doctor) does not import
 torch or horovod until one of these names is used.

@@ -81,7 +81,7 @@ class PeriodicSync(Strategy):
 
     def after_step(self, step: int, model, optimizer) -> None:
         self.step = step
-        self._samples += 1
+        self._steps += 1
         if step > self.warmup and self.is_sync_step(step):
             self.sync(model, epoch_end=step % self.steps_per_epoch == 0)
             self._rounds += 1
@@ -114,7 +114,7 @@ class PeriodicSync(Strategy):
         self._drifts += 1
 
     def _reset_figures(self) -> None:
-        self._rounds = self._collectives = self._bytes = self._samples = self._drifts = 0
+        self._rounds = self._collectives = self._bytes = self._steps = self._drifts = 0
         self._drift_sum = 0.0
 
     def epoch_metrics(self) -> dict:
@@ -123,7 +123,7 @@ class PeriodicSync(Strategy):
         t = self.config.train
         drift_sum, drifts = (float(v) for v in self.group.allreduce_sum(
             torch.tensor([self._drift_sum, float(self._drifts)], dtype=torch.float64)))
-        samples = self._samples * t.batch_size * t.grad_accum
+        samples = self._steps * t.batch_size * t.grad_accum
         figures = {"sync_rounds": self._rounds, "sync_collectives": self._collectives,
                    "sync_bytes_per_sample": round(self._bytes / samples, 3) if samples else 0.0,
                    "sync_drift": drift_sum / drifts if drifts else 0.0}
