@@ -91,3 +91,11 @@ def steps_in_one_process(steps: int, accum: int, rows: int, replicas: int = 1, c
 def _concat(batches: list[dict]) -> dict:
     return {key: torch.cat([b[key] for b in batches]) for key in batches[0]}
 
+
+
+def train_rank(group, plan) -> dict:
+    """One rank of a whole run through the rank loop (``training.loop.run_rank``), as a launcher
+    would start it: rank 0 records, checkpoints and publishes."""
+    from training.loop import run_rank
+
+    return run_rank(plan, group)
