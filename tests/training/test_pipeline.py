@@ -214,3 +214,23 @@ def test_a_checkpoint_resumes_across_layouts(dataset, one_process, tmp_path, fir
     resumed = run(second, tmp_path / "second", 2)
     assert resumed["resumed_step"] == alone.steps_per_epoch
     _assert_close_states(_weights(tmp_path / "second"), _weights(alone_out), tol=1e-5)
+
+
+@pytest.mark.spark
+def test_two_stages_train_through_torch_distributor_and_publish_a_model(spark, dataset, tmp_path):
+    """The real launch: ``training.train`` on TorchDistributor barrier tasks of local[2], one
+    torchrun rank per stage."""
+    from training import load_model, train
+
+    cfg = _run_config(dataset, tmp_path, "train.epochs=3", "train.log_every_steps=5",
+                      f"launch.env.PYTHONPATH={os.path.dirname(os.path.abspath(__file__))}")
+    result = train(cfg, spark)
+    assert result.steps_per_rank == [3 * result.steps_per_epoch] * 2
+    # Both stages read the same rows (one replica): the whole split in equal steps.
+    assert result.steps_per_epoch == sum(map(sum, LAYOUT["train"])) // 16
+    losses = [m["train_loss"] for m in result.metrics]
+    assert losses[-1] < losses[0]
+    assert result.final["val_accuracy"] > result.final["baseline_accuracy"]
+    model = load_model(result.model_uri)
+    probs = model.predict(dataset.raw["val"].iloc[result.reference["rows"]])
+    np.testing.assert_allclose(probs, np.array(result.reference["predictions"]), rtol=1e-5, atol=1e-6)
