@@ -109,8 +109,6 @@ def _config(*extra):
 ], ids=["horovod", "batch-not-divisible", "too-few-microbatches-1f1b", "interleaved-rounds",
         "interleaved-one-stage-per-rank", "num_proc-not-multiple", "fsdp", "too-few-layers"])
 def test_combinations_that_cannot_run_are_refused_naming_the_key(overrides, names):
-    if "launch.backend=horovod" in overrides:
-        pytest.importorskip("horovod")  # launch.backend=horovod is refused by type where Horovod is absent
     with pytest.raises(ConfigError) as info:
         _config(*overrides)
     assert info.value.exit_code == EXIT_USAGE
