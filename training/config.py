@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from common.config import load_config, require
 from common.config import SparkConfig
-from training.strategies import check_parallel
+from training.strategies import check_strategy
 
 # Fixed ceilings on counts that size an allocation or a set of threads or processes before any
 # data is seen: far above real use, low enough that a typo fails at config time, not as an
@@ -142,11 +142,42 @@ class SyncConfig:
 
 
 @dataclass
+class PipelineConfig:
+    """Pipeline parallelism (``training.strategies.pipeline``): the model's layers cut into
+    ``stages`` consecutive parts on consecutive ranks, each batch split into ``microbatches`` that
+    flow through them; ``launch.num_proc / stages`` data-parallel replicas of that pipeline."""
+
+    stages: int = 1  # 1: off (every rank holds the whole model)
+    # gpipe: all forwards, then all backwards (activations of every micro-batch held at once);
+    # 1f1b: one forward, one backward in turn (at most `stages` micro-batches in flight);
+    # interleaved_1f1b: 1f1b over stages_per_rank (>= 2) smaller stages per rank, a smaller bubble.
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    microbatches: int = 8  # per batch: train.batch_size must be a multiple of it
+    stages_per_rank: int = 1  # interleaved_1f1b only (>= 2)
+
+    def __post_init__(self):
+        require(1 <= self.stages <= MAX_RANKS, "stages", f"must be in [1, {MAX_RANKS}], got {self.stages}")
+        require(1 <= self.microbatches <= MAX_BATCH_ROWS, "microbatches",
+                f"must be in [1, {MAX_BATCH_ROWS:,}], got {self.microbatches}")
+        interleaved = self.schedule == "interleaved_1f1b"
+        require(self.stages_per_rank >= 2 if interleaved else self.stages_per_rank == 1, "stages_per_rank",
+                f"must be >= 2 with schedule=interleaved_1f1b (got {self.stages_per_rank})" if interleaved else
+                f"must be 1 with schedule={self.schedule} (got {self.stages_per_rank}); more stages per rank need "
+                "schedule=interleaved_1f1b")
+        if self.stages > 1 and self.schedule != "gpipe":
+            # Too few micro-batches and 1F1B has no steady state: torch refuses fewer than the
+            # stages; the interleaved schedule needs whole rounds of `stages` micro-batches.
+            require(self.microbatches >= self.stages and (not interleaved or self.microbatches % self.stages == 0),
+                    "microbatches", f"must be {'a multiple of' if interleaved else 'at least'} stages={self.stages} "
+                    f"with schedule={self.schedule}, got {self.microbatches}; raise it, or use schedule=gpipe")
+
+
+@dataclass
 class TrainLoopConfig:
     epochs: int = 5
     batch_size: int = 256  # per rank, per micro-batch
     lr: float = 1e-3
-    lr_scale: Literal["linear", "none"] = "linear"  # linear: lr x world size (x grad_accum is not applied)
+    lr_scale: Literal["linear", "none"] = "linear"  # linear: lr x data-parallel replicas (not x grad_accum)
     schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = 0
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -160,6 +191,8 @@ class TrainLoopConfig:
     # ddp: every rank holds the whole model. fsdp (launch.backend=torch only): parameters,
     # gradients and optimizer state sharded across ranks (FSDP2), for models larger than one device.
     parallel: Literal["ddp", "fsdp"] = "ddp"
+    # Layers in stages on consecutive ranks (launch.backend=torch); stages: 1 is off.
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     # fp16 only: consecutive non-finite losses tolerated (the scaler skips those steps) before
     # training stops, because the loss scale cannot recover from a diverged model.
     max_skipped_steps: int = 20
@@ -179,6 +212,13 @@ class TrainLoopConfig:
         require(self.clip_norm is None or self.clip_norm > 0, "clip_norm", "must be > 0 (or null for no clipping)")
         require(self.log_every_steps >= 1, "log_every_steps", "must be >= 1")
         require(self.max_skipped_steps >= 1, "max_skipped_steps", "must be >= 1")
+        if self.pipeline.stages > 1:
+            micro = self.pipeline.microbatches
+            require(self.batch_size % micro == 0, "pipeline.microbatches",
+                    f"must divide train.batch_size={self.batch_size} (got {micro}): every micro-batch has the same "
+                    f"rows; set train.batch_size to a multiple of {micro} or train.pipeline.microbatches to a divisor")
+            require(self.distill is None, "distill", "is not built for train.pipeline.stages > 1 (the last stage "
+                    "gets only the label); remove train.distill or set train.pipeline.stages=1")
 
 
 @dataclass
@@ -294,21 +334,7 @@ class TrainConfig:
     def __post_init__(self):
         require(self.data.val_split != self.data.train_split, "data.val_split",
                 "must differ from data.train_split")
-        check_parallel(self.train.parallel, self.launch.backend, self.launch.mode, self.train.sync.mode)
-        sync = self.train.sync
-        if sync.mode != "every_step":
-            require(not self.launch.elastic, "launch.elastic",
-                    f"does not combine with train.sync.mode={sync.mode} (a reset would drop the replicas' own "
-                    "optimizer state and the rounds' schedule); set launch.elastic=false or train.sync.mode=every_step")
-            every_steps = self.checkpoint.every_steps
-            if sync.overlap:
-                require(every_steps is None, "checkpoint.every_steps",
-                        "must be null with train.sync.overlap=true: a round's average is still in flight mid-epoch, so "
-                        "only epoch ends are checkpoint points (checkpoint.every_epochs)")
-            else:
-                require(every_steps is None or every_steps % sync.every == 0, "checkpoint.every_steps",
-                        f"must be a multiple of train.sync.every={sync.every} with train.sync.mode={sync.mode}: only "
-                        "steps where the replicas agree are checkpoint points")
+        check_strategy(self.train, self.launch, self.model, self.checkpoint)
 
     @property
     def checkpoint_path(self) -> str:
@@ -332,6 +358,6 @@ def load_train_config(path=None, overrides=None, defaults: dict | None = None) -
 
 __all__ = [
     "CheckpointConfig", "DataConfig", "DistillConfig", "LaunchConfig", "MlflowConfig", "ModelConfig", "OuterOptimizerConfig",
-    "SyncConfig", "TrackingConfig",
+    "PipelineConfig", "SyncConfig", "TrackingConfig",
     "TrainConfig", "TrainLoopConfig", "TrainOutputConfig", "installed", "load_train_config",
 ]

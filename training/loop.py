@@ -217,7 +217,7 @@ class TrainState:
         """Load a checkpoint's model, optimizer, scaler and this rank's RNG; the state it was saved at."""
         run.strategy.load_state_dicts(run.model, run.optimizer, saved["model"], saved["optimizer"])
         run.precision.load_state_dict(saved["scaler"])
-        mine = saved["ranks"][run.group.rank]
+        mine = _saved_rank(saved["ranks"], run.group, run.strategy.dp_rank)
         run.strategy.load_rank_state(mine.get("strategy", {}), run.model, run.optimizer)
         torch.set_rng_state(mine["rng"]["cpu"])
         if "cuda" in mine["rng"] and torch.cuda.is_available():
@@ -247,9 +247,9 @@ class TrainState:
         to produce one from a non-finite loss or non-finite weights, so a retry never resumes poison."""
         run.guard.check(run.group, model=run.model, step=self.step)
         mine = {"rng": _rng_state(run.device), "epoch_loss": float(self.epoch_loss_sum),
-                "epoch_non_finite": int(self.epoch_non_finite)}
+                "epoch_non_finite": int(self.epoch_non_finite), "dp_rank": run.strategy.dp_rank}
         strategy_state = run.strategy.rank_state(run.model, run.optimizer)
-        if strategy_state:  # only strategies whose ranks differ (periodic sync); the format is otherwise unchanged
+        if strategy_state:  # only strategies whose replicas differ between syncs (periodic sync)
             mine["strategy"] = strategy_state
         ranks = run.group.allgather_object(mine)
         return {"model": run.strategy.model_state_dict(run.model),
@@ -389,7 +389,11 @@ def evaluate(run: RankRun, loader: RankLoader, on_batch: Callable[[int | None], 
             batch = _to_device(batch, device)
             label = batch["label"]
             with precision.autocast():
-                output = model(batch)
+                output = run.strategy.evaluate_forward(model, batch)
+            if output is None:  # a pipeline's earlier stages: the last stage counts this batch
+                done += 1
+                on_batch(done)
+                continue
             rows = label.shape[0]
             sums[0] += loss_fn(output, label, plan.task, plan.label_spec).double() * rows
             if classification:
@@ -558,7 +562,9 @@ def loaders(plan: RankPlan, strategy) -> tuple[RankLoader, RankLoader | None]:
 def _run_identity(plan: RankPlan) -> dict:
     """What a checkpoint must match to be resumed by this run (plain data, as checkpoints hold it)."""
     t = plan.config.train
-    return {"fingerprint": plan.fingerprint, "world_size": plan.world_size, "batch_size": t.batch_size,
+    # The data-parallel size, not the world size: a pipeline's stages share their rows, so a run
+    # on 2 stages and one in a single process train on the same rows in the same steps.
+    return {"fingerprint": plan.fingerprint, "data_parallel_size": plan.data_parallel_size, "batch_size": t.batch_size,
             "grad_accum": t.grad_accum, "steps_per_epoch": plan.steps_per_epoch, "seed": t.seed,
             "model": json.dumps(to_dict(plan.config.model), sort_keys=True), "precision": t.precision,
             **({"distill": to_dict(t.distill)} if t.distill is not None else {})}
@@ -575,6 +581,8 @@ def _restore(plan: RankPlan, group, checkpoints: CheckpointManager, meta: dict) 
                 log.warning("resume: %s", problem)
         if found and found.state:
             theirs = found.state.get("meta", {})
+            # Written before pipeline stages: the world size was the data-parallel size.
+            theirs = {"data_parallel_size": theirs.get("world_size"), **theirs}
             different = [k for k in meta if theirs.get(k) != meta[k]]
             if different:
                 key = different[0]
@@ -587,6 +595,16 @@ def _restore(plan: RankPlan, group, checkpoints: CheckpointManager, meta: dict) 
     if outcome["error"]:
         raise ConfigError(outcome["error"])
     return outcome
+
+
+def _saved_rank(saved: list[dict], group, dp_rank: int) -> dict:
+    """This rank's entry of a checkpoint's per-rank states: its own where the checkpoint has one
+    per rank of this world, else (a layout of other pipeline stages, same data-parallel size) the
+    first of its data-parallel rank, whose loss sums are its replica's. Entries written before
+    pipeline stages carry no dp_rank: each rank was its own replica."""
+    if len(saved) == group.size:
+        return saved[group.rank]
+    return next(entry for i, entry in enumerate(saved) if entry.get("dp_rank", i) == dp_rank)
 
 
 def _rng_state(device) -> dict:

@@ -6,6 +6,15 @@ int64 [B, k], one float32 [B, *shape] per array feature) and returns logits [B, 
 as ``factory(feature_spec, label_spec, **kwargs)`` with the manifest's plain dicts and must
 return such a ``torch.nn.Module`` (TorchScript-able, for the exported serving program).
 
+A model that can train in pipeline stages (``train.pipeline``, ``training.strategies.pipeline``)
+says how to cut it: ``pipeline_inputs()`` (the batch keys its first stage takes, positionally),
+``pipeline_blocks()`` (how many consecutive blocks a stage boundary may fall between) and
+``pipeline_stage(start, stop)``: a module holding blocks ``start..stop-1`` under this model's own
+parameter names (so a stage's state dict is a piece of the model's), whose forward takes the
+previous stage's output (the first: the inputs) and returns the next one's input (the last: the
+model's output). Chained, the stages compute exactly what ``forward`` does. Built by hand from the
+model's own modules, never traced.
+
 Imported on ranks only (it imports torch).
 """
 
@@ -56,6 +65,50 @@ class TabularMLP(nn.Module):
         if self.regression:
             return out.squeeze(1)
         return out
+
+    # --- pipeline stages (see the module docstring) -------------------------------------------------
+
+    def pipeline_inputs(self) -> list[str]:
+        return ["numeric", "categorical", *self.array_names]
+
+    def pipeline_blocks(self) -> int:
+        """One block per Linear with the activation and dropout after it: the input embeddings
+        and concatenation go with the first, the regression squeeze with the last."""
+        return len(self._block_starts())
+
+    def pipeline_stage(self, start: int, stop: int) -> nn.Module:
+        return _MLPStage(self, start, stop)
+
+    def _block_starts(self) -> list[int]:
+        return [i for i, layer in enumerate(self.body) if isinstance(layer, nn.Linear)]
+
+
+class _MLPStage(nn.Module):
+    """Blocks ``start..stop-1`` of a ``TabularMLP``: its own modules (shared, not copied) under its
+    own names (``embeddings.0.weight``, ``body.2.weight``)."""
+
+    def __init__(self, mlp: TabularMLP, start: int, stop: int):
+        super().__init__()
+        starts = mlp._block_starts() + [len(mlp.body)]
+        self.first, self.last = start == 0, stop == len(starts) - 1
+        self.array_names, self.regression = list(mlp.array_names), mlp.regression
+        if self.first:
+            self.embeddings = mlp.embeddings
+        # A ModuleDict keyed by the Sequential's own indices keeps the names body.<i>.*.
+        self.body = nn.ModuleDict({str(i): mlp.body[i] for i in range(starts[start], starts[stop])})
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            # TabularMLP.forward's input part, on the batch's tensors in pipeline_inputs() order.
+            numeric, categorical, *arrays = inputs
+            parts = [numeric] + [embedding(categorical[:, j]) for j, embedding in enumerate(self.embeddings)]
+            parts += [value.reshape(value.shape[0], -1) for value in arrays]
+            out = torch.cat(parts, dim=1)
+        else:
+            (out,) = inputs
+        for layer in self.body.values():
+            out = layer(out)
+        return out.squeeze(1) if self.last and self.regression else out
 
 
 def mlp_arguments(feature_spec: dict, label_spec: dict, hidden: list[int], dropout: float = 0.0,

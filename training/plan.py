@@ -26,6 +26,7 @@ from common.errors import DatasetError
 from common.dataset import MANIFEST_NAME, TEACHER_COLUMN, Manifest, read_manifest, teacher_differences
 from training.config import TrainConfig
 from training.data import Columns, SplitLayout, columns_for, skipped_rows_per_epoch, steps_per_epoch
+from training.strategies import ranks_per_replica
 
 log = logging.getLogger("shardtrain.train")
 
@@ -40,8 +41,8 @@ class RankPlan:
     columns: Columns
     train: SplitLayout
     val: SplitLayout | None
-    world_size: int
-    steps_per_epoch: int
+    world_size: int  # ranks
+    steps_per_epoch: int  # computed from the data-parallel size, not the world size
     skipped_rows_per_epoch: int
     reference_rows: int = 32  # val rows rank 0 predicts at the end (load_model round trip)
     # One per train() call, kept across relaunches: recorded with the published model, so ranks
@@ -58,11 +59,17 @@ class RankPlan:
     # What the config says, read from it (one copy of each value; the plan adds only what it resolved).
 
     @property
+    def data_parallel_size(self) -> int:
+        """Replicas of the model that read different rows: the world size, divided by the ranks
+        that hold one replica together (pipeline stages)."""
+        return self.world_size // ranks_per_replica(self.config.train)
+
+    @property
     def lr(self) -> float:
-        """The learning rate the optimizer starts from: ``train.lr``, times the world size with
-        ``train.lr_scale=linear``."""
+        """The learning rate the optimizer starts from: ``train.lr``, times the data-parallel size
+        with ``train.lr_scale=linear`` (the rows one step trains on grow with the replicas only)."""
         t = self.config.train
-        return t.lr * (self.world_size if t.lr_scale == "linear" else 1)
+        return t.lr * (self.data_parallel_size if t.lr_scale == "linear" else 1)
 
     @property
     def checkpoint_uri(self) -> str:
@@ -84,15 +91,17 @@ class RankPlan:
         """This plan for ``world`` ranks: the split's rows divided into equal steps again (and the
         learning rate scaled again), as Horovod elastic needs after a rank left. Same run id."""
         t = self.config.train
+        replicas = world // ranks_per_replica(t)
         return dataclasses.replace(
             self, world_size=world,
-            steps_per_epoch=steps_per_epoch(self.train.rows, world, t.batch_size, t.grad_accum),
-            skipped_rows_per_epoch=skipped_rows_per_epoch(self.train.rows, world, t.batch_size, t.grad_accum))
+            steps_per_epoch=steps_per_epoch(self.train.rows, replicas, t.batch_size, t.grad_accum),
+            skipped_rows_per_epoch=skipped_rows_per_epoch(self.train.rows, replicas, t.batch_size, t.grad_accum))
 
 
 def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
     manifest = manifest or read_manifest(cfg.data.path)
     world = cfg.launch.num_proc
+    replicas = world // ranks_per_replica(cfg.train)  # what rows are sharded by (pipeline stages share theirs)
     where = f"{manifest.root.uri}/{MANIFEST_NAME}"
     _check_spec(manifest, cfg, where)
     cfg = _resolve_distill(manifest, cfg, where)
@@ -100,28 +109,36 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
     verify = cfg.data.verify == "first_read"
     train = SplitLayout.from_manifest(manifest, cfg.data.train_split, verify)
     shards = manifest.num_shards(cfg.data.train_split)
-    if shards < world:
+    if shards < replicas:
         raise DatasetError(f"{where}: field 'splits.{train.name}.files' lists {shards} shard(s), fewer than "
-                           f"launch.num_proc={world} ranks; re-shard with output.num_shards >= {world} or use fewer ranks")
+                           f"{_readers(cfg)}; re-shard with output.num_shards >= {replicas} or use fewer ranks")
     batch, accum = cfg.train.batch_size, cfg.train.grad_accum
-    steps = steps_per_epoch(train.rows, world, batch, accum)
+    steps = steps_per_epoch(train.rows, replicas, batch, accum)
     if steps < 1:
-        raise DatasetError(f"{where}: field 'splits.{train.name}.rows' is {train.rows}: too few for {world} rank(s) x "
+        raise DatasetError(f"{where}: field 'splits.{train.name}.rows' is {train.rows}: too few for {replicas} "
+                           f"data-parallel rank(s) x "
                            f"train.batch_size={batch} x train.grad_accum={accum}; lower the batch size or add data")
 
     val = None
     if cfg.data.val_split:
         val = SplitLayout.from_manifest(manifest, cfg.data.val_split, verify)
-        if val.rows < world:
-            raise DatasetError(f"{where}: field 'splits.{val.name}.rows' is {val.rows}: fewer than one row per rank "
-                               f"({world}); set data.val_split=null to train without validation")
+        if val.rows < replicas:
+            raise DatasetError(f"{where}: field 'splits.{val.name}.rows' is {val.rows}: fewer than one row per "
+                               f"data-parallel rank ({replicas}); set data.val_split=null to train without validation")
 
     return RankPlan(
         config=copy.deepcopy(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
         feature_spec=manifest.features.spec, label_spec=dict(manifest.label),
         columns=columns_for(manifest, teacher=cfg.train.distill is not None),
         train=train, val=val, world_size=world, steps_per_epoch=steps,
-        skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, world, batch, accum))
+        skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, replicas, batch, accum))
+
+
+def _readers(cfg: TrainConfig) -> str:
+    world, stages = cfg.launch.num_proc, ranks_per_replica(cfg.train)
+    if stages == 1:
+        return f"launch.num_proc={world} ranks"
+    return f"the {world // stages} data-parallel replica(s) of launch.num_proc={world} / train.pipeline.stages={stages}"
 
 
 def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:

@@ -45,12 +45,29 @@ class Precision:
 
         return torch.autocast(self.device_type, dtype=self.dtype)
 
+    def scale(self, loss):
+        """The loss backward starts from (scaled for fp16); for a step whose backward another
+        library runs (a pipeline schedule)."""
+        return self.scaler.scale(loss) if self.scaler else loss
+
     def backward(self, loss) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        self.scale(loss).backward()
 
     def unscale_(self, optimizer) -> None:
         if self.scaler:
             self.scaler.unscale_(optimizer)
+
+    def agree_on_overflow(self, optimizer, all_reduce_max) -> None:
+        """After ``unscale_``: make every rank see an overflow any rank saw, so all skip the step
+        (and lower the scale) together. Needed where ranks hold different gradients (pipeline
+        stages); data-parallel replicas hold the same ones and agree by themselves.
+        ``all_reduce_max(tensor)``: in place, over every rank."""
+        if not self.scaler:
+            return
+        # GradScaler keeps no public handle on what unscale_ found; FSDP's ShardedGradScaler
+        # reduces this same per-optimizer record across ranks.
+        for found in self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
+            all_reduce_max(found)
 
     def step(self, optimizer) -> None:
         if self.scaler:

@@ -117,7 +117,7 @@ class Progress:
 
     def __init__(self, plan: RankPlan, start_step: int):
         t = plan.config.train
-        self.samples_per_step = plan.world_size * t.batch_size * t.grad_accum
+        self.samples_per_step = plan.data_parallel_size * t.batch_size * t.grad_accum
         self.total_steps, self.epochs = t.epochs * plan.steps_per_epoch, t.epochs
         self.start_step = start_step
         self.last_step, self.last_time, self.last_wait, self.last_sync = start_step, time.perf_counter(), 0.0, 0.0

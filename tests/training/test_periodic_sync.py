@@ -30,12 +30,11 @@ def _replica_run(group, strategy_name: str, sync: dict, steps_per_epoch: int, se
     """Train a small network on this rank's own data with the named strategy; returns the flat
     weights after every step, the figures of the epoch, and the strategy's collective count."""
     from training.precision import Precision
-    from training.strategies import strategy_class
+    from training.strategies import strategy_class, technique
     from training.strategies.periodic import flatten
 
     config = _config(**sync)
-    cls = strategy_class(config.train.parallel, "torch", "spark", config.train.sync.mode) \
-        if strategy_name == "periodic" else strategy_class("ddp", "torch", "spark")
+    cls = strategy_class(technique(config.train) if strategy_name == "periodic" else "ddp", "torch", "spark")
     strategy = cls(group, Precision("fp32", "cpu"), config)
     torch.manual_seed(seed)
     model = Wrap(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))

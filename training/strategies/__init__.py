@@ -1,4 +1,6 @@
-"""How a rank trains in parallel: one ``Strategy`` per technique, picked by ``train.parallel``.
+"""How a rank trains in parallel: one ``Strategy`` per technique, picked by ``train.parallel``,
+``train.pipeline.stages`` (more than 1 is pipeline parallelism) and ``train.sync.mode`` (rounds of
+local steps instead of every-step averaging); ``technique`` reads which.
 
 A strategy owns what differs between parallelism techniques (after Lightning Fabric's strategies):
 wrapping the model, one optimizer step over its micro-batches (forward, backward under the
@@ -10,7 +12,9 @@ collectives it needs (broadcast, gather, reductions) come from the rank group
 (``training.distributed``), which knows nothing of parallelism.
 
 Adding a strategy is one new module here and one entry in ``REGISTRY``: the config check
-(``check_parallel``), the launchers and the loop find it through this table.
+(``check_strategy``), the launchers and the loop find it through this table. ``technique`` is the
+one place that reads which technique a config asks for; ``ranks_per_replica`` says how many ranks
+hold one copy of the model together (the plan divides the world by it for equal steps).
 
 This module imports nothing heavy: the driver's config validation reads ``REGISTRY``; the
 strategy modules import torch (and Horovod) when a rank builds one.
@@ -22,54 +26,127 @@ import importlib
 
 from common.errors import ConfigError
 
-# (technique, launch.backend) -> "module:class". The technique is ``train.parallel`` (how the
-# model is laid out) unless ``train.sync.mode`` asks for rounds of local steps instead of
-# every-step gradient averaging, which then names it. A launch in the driver's own process
-# (launch.mode=in_process, world size 1: nothing to lay out or synchronise) trains with ``IN_PROCESS``.
+# (technique, launch.backend) -> "module:class". The technique is what ``technique`` reads from
+# the config: pipeline stages, else rounds of local steps (``train.sync.mode``), else how the model
+# is laid out (``train.parallel``). A launch in the driver's own process (launch.mode=in_process,
+# world size 1: nothing to lay out or synchronise) trains with ``IN_PROCESS``.
 REGISTRY = {
     ("ddp", "horovod"): "training.strategies.horovod:HorovodDataParallel",
     ("ddp", "torch"): "training.strategies.ddp:DistributedDataParallel",
     ("fsdp", "torch"): "training.strategies.fsdp:FullyShardedDataParallel",
+    ("pipeline", "torch"): "training.strategies.pipeline:PipelineParallel",
     ("local_sgd", "horovod"): "training.strategies.periodic:LocalSGD",
     ("local_sgd", "torch"): "training.strategies.periodic:LocalSGD",
     ("diloco", "horovod"): "training.strategies.periodic:DiLoCo",
     ("diloco", "torch"): "training.strategies.periodic:DiLoCo",
 }
 IN_PROCESS = "training.strategies.single:SingleProcess"
-# The techniques that replace every-step synchronisation, and the train.parallel each needs.
-SYNC_MODES = {"local_sgd": "ddp", "diloco": "ddp"}
 
 
-def technique(parallel: str, sync: str = "every_step") -> str:
-    """The registry's name for a ``train.parallel`` and ``train.sync.mode``."""
-    return parallel if sync == "every_step" else sync
+def technique(train) -> str:
+    """The ``REGISTRY`` name of what ``train`` (a ``TrainLoopConfig``) asks for: ``pipeline`` when
+    ``train.pipeline.stages`` > 1 (its data-parallel side is the pipeline strategy's own), the
+    ``train.sync.mode`` when it is not ``every_step``, else ``train.parallel``."""
+    if train.pipeline.stages > 1:
+        return "pipeline"
+    return train.parallel if train.sync.mode == "every_step" else train.sync.mode
 
 
-def check_parallel(parallel: str, backend: str, mode: str, sync: str = "every_step") -> None:
-    """Refuse (exit 2, naming the keys) what no strategy implements on ``launch.backend``."""
-    if sync != "every_step" and parallel != SYNC_MODES.get(sync, parallel):
-        raise ConfigError(f"train.sync.mode={sync} needs train.parallel={SYNC_MODES[sync]} (got {parallel}): FSDP2 "
-                          "shards one model across all ranks, so there are no replicas to average in rounds; set "
-                          f"train.parallel={SYNC_MODES[sync]} or train.sync.mode=every_step")
-    name = technique(parallel, sync)
-    if mode == "in_process" or (name, backend) in REGISTRY:
+def ranks_per_replica(train) -> int:
+    """Ranks that hold one copy of the model together: the pipeline's stages, else 1. The
+    data-parallel size (what rows are sharded by and equal steps computed from) is the world
+    size divided by it."""
+    return train.pipeline.stages
+
+
+def check_strategy(train, launch, model, checkpoint) -> None:
+    """Refuse (exit 2, naming the key and what to set) a strategy the config cannot run, before
+    anything launches. ``train``, ``launch``, ``model``, ``checkpoint``: the config's sections."""
+    if train.pipeline.stages > 1:
+        _check_pipeline(train, launch, model)
+    if train.sync.mode != "every_step":
+        _check_sync(train, launch, checkpoint)
+    name = technique(train)
+    if launch.mode == "in_process" or (name, launch.backend) in REGISTRY:
         return
-    key = "train.parallel" if sync == "every_step" else "train.sync.mode"
+    key = ("train.pipeline.stages" if name == "pipeline" else
+           "train.parallel" if name == train.parallel else "train.sync.mode")
     on = sorted({b for p, b in REGISTRY if p == name})
-    offered = sorted({p for p, b in REGISTRY if b == backend})
+    offered = sorted({p for p, b in REGISTRY if b == launch.backend})
     if on:
-        raise ConfigError(f"{key}={name} needs launch.backend={' or '.join(on)} (got launch.backend="
-                          f"{backend}); on {backend} the strategies are {', '.join(offered)}")
+        raise ConfigError(f"{key}={getattr_path(train, key)} needs launch.backend={' or '.join(on)} (got "
+                          f"launch.backend={launch.backend}); on {launch.backend} the strategies are "
+                          f"{', '.join(offered)}")
     raise ConfigError(f"{key}={name} is not a strategy shardtrain has; "
                       f"choose one of {', '.join(sorted({p for p, _ in REGISTRY}))}")
 
 
-def strategy_class(parallel: str, backend: str, mode: str, sync: str = "every_step"):
-    """The ``Strategy`` subclass for this launch (imports its module, and with it torch)."""
-    check_parallel(parallel, backend, mode, sync)
-    target = IN_PROCESS if mode == "in_process" else REGISTRY[(technique(parallel, sync), backend)]
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+def getattr_path(train, key: str):
+    value = train
+    for part in key.split(".")[1:]:
+        value = getattr(value, part)
+    return value
+
+
+def _check_pipeline(train, launch, model) -> None:
+    stages = train.pipeline.stages
+    if launch.backend != "torch":
+        raise ConfigError(f"train.pipeline.stages={stages} needs launch.backend=torch (got launch.backend="
+                          f"{launch.backend}: Horovod has no point-to-point sends between stages); set "
+                          "launch.backend=torch or train.pipeline.stages=1")
+    if train.parallel != "ddp":
+        # Each stage is replicated across the data-parallel ranks; FSDP2 units inside stages are
+        # wrong with some schedules unless built for it, and are not built here.
+        raise ConfigError(f"train.parallel={train.parallel} with train.pipeline.stages={stages} is not built: the "
+                          "stages are replicated across data-parallel ranks; set train.parallel=ddp or "
+                          "train.pipeline.stages=1")
+    if train.sync.mode != "every_step":
+        raise ConfigError(f"train.sync.mode={train.sync.mode} with train.pipeline.stages={stages} is not built: a "
+                          "pipeline's replicas average their gradients every step; set train.sync.mode=every_step "
+                          "or train.pipeline.stages=1")
+    if launch.num_proc % stages:
+        raise ConfigError(f"launch.num_proc={launch.num_proc} is not a multiple of train.pipeline.stages={stages}: "
+                          f"every data-parallel replica is one whole pipeline; set launch.num_proc to a multiple of "
+                          f"{stages}" + (" (with launch.mode=spark)" if launch.mode == "in_process" else ""))
+    parts = stages * train.pipeline.stages_per_rank
+    if model.name == "mlp" and len(model.hidden) + 1 < parts:
+        # The MLP's blocks (one per hidden layer, plus the output layer) are the units a stage holds.
+        raise ConfigError(f"model.hidden={model.hidden} gives {len(model.hidden) + 1} layer(s), fewer than the "
+                          f"{parts} pipeline stage(s) (train.pipeline.stages x stages_per_rank); add hidden layers "
+                          "or use fewer stages")
+
+
+# The techniques that replace every-step synchronisation, and the train.parallel each needs.
+SYNC_MODES = {"local_sgd": "ddp", "diloco": "ddp"}
+
+
+def _check_sync(train, launch, checkpoint) -> None:
+    sync = train.sync
+    if train.parallel != SYNC_MODES[sync.mode]:
+        raise ConfigError(f"train.sync.mode={sync.mode} needs train.parallel={SYNC_MODES[sync.mode]} (got "
+                          f"{train.parallel}): FSDP2 shards one model across all ranks, so there are no replicas to "
+                          f"average in rounds; set train.parallel={SYNC_MODES[sync.mode]} or train.sync.mode=every_step")
+    if launch.elastic:
+        raise ConfigError(f"launch.elastic does not combine with train.sync.mode={sync.mode} (a reset would drop the "
+                          "replicas' own optimizer state and the rounds' schedule); set launch.elastic=false or "
+                          "train.sync.mode=every_step")
+    every_steps = checkpoint.every_steps
+    if sync.overlap and every_steps is not None:
+        raise ConfigError("checkpoint.every_steps must be null with train.sync.overlap=true: a round's average is "
+                          "still in flight mid-epoch, so only epoch ends are checkpoint points (checkpoint.every_epochs)")
+    if not sync.overlap and every_steps is not None and every_steps % sync.every:
+        raise ConfigError(f"checkpoint.every_steps must be a multiple of train.sync.every={sync.every} with "
+                          f"train.sync.mode={sync.mode}: only steps where the replicas agree are checkpoint points")
+
+
+def strategy_class(name: str, backend: str, mode: str):
+    """The ``Strategy`` subclass of technique ``name`` on ``backend`` (imports its module, and with it torch)."""
+    target = IN_PROCESS if mode == "in_process" else REGISTRY.get((name, backend))
+    if target is None:
+        raise ConfigError(f"no strategy {name} on launch.backend={backend}; "
+                          f"choose one of {', '.join(sorted({p for p, b in REGISTRY if b == backend}))}")
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def build_strategy(config, group):
@@ -77,8 +154,9 @@ def build_strategy(config, group):
     from training.precision import Precision
 
     t, launch = config.train, config.launch
-    cls = strategy_class(t.parallel, launch.backend, launch.mode, t.sync.mode)
-    return cls(group, Precision(t.precision, group.device.type), config)
+    cls = strategy_class(technique(t), launch.backend, launch.mode)
+    return cls.from_config(config, group, Precision(t.precision, group.device.type))
 
 
-__all__ = ["IN_PROCESS", "REGISTRY", "build_strategy", "check_parallel", "strategy_class"]
+__all__ = ["IN_PROCESS", "REGISTRY", "SYNC_MODES", "build_strategy", "check_strategy", "ranks_per_replica",
+           "strategy_class", "technique"]

@@ -36,6 +36,12 @@ class Strategy:
         self.config = config
         self.device = group.device
 
+    @classmethod
+    def from_config(cls, config, group, precision) -> "Strategy":
+        """The strategy for a rank of ``config`` (a ``TrainConfig``); one that has settings of its
+        own (pipeline stages) reads them here."""
+        return cls(group, precision, config)
+
     # --- where this rank stands ------------------------------------------------------------------
 
     @property
@@ -50,7 +56,8 @@ class Strategy:
 
     @property
     def computes_loss(self) -> bool:
-        """Whether this rank's step returns the real loss (a pipeline's first stages do not)."""
+        """Whether this rank's step returns the real loss; the epoch's mean counts only the ranks
+        that do (the pipeline strategy reduces the loss over its stages, so all of its ranks do)."""
         return True
 
     # --- building ----------------------------------------------------------------------------------
@@ -99,6 +106,11 @@ class Strategy:
         precision.update()
         optimizer.zero_grad()  # set_to_none by default; Horovod's wrapper takes no arguments
         return total
+
+    def evaluate_forward(self, model, batch: dict) -> torch.Tensor | None:
+        """The model's output on one validation batch, or None on a rank that does not compute
+        it (a pipeline's earlier stages): the loop then counts nothing for that batch."""
+        return model(batch)
 
     def accumulate(self, step_model, sync: bool):
         """The context of one micro-batch's backward; ``sync``: the step's last one."""

@@ -1,0 +1,234 @@
+"""Pipeline parallelism (train.pipeline, training.strategies.pipeline) on real torch.distributed
+ranks (Gloo, CPU, spawned processes on 127.0.0.1), held to one process on the same rows:
+
+- the strategy itself: 2 stages under each schedule, with gradient accumulation and clipping, and
+  2 stages x 2 replicas, give the one-process losses at every step and its final weights (float
+  sums in another order: a tolerance, no exactness); fp16 with an inf in stage 0's gradients
+  skips the step on every stage;
+- the rank loop: a run on 2 stages equals a one-process run; a checkpoint written on stages
+  resumes in one process and under DDP, and one written in one process resumes on stages, each
+  to the uninterrupted run's weights; the exported model is the same;
+- the config refusals (exit 2, naming the key);
+- one real run through ``training.train`` on TorchDistributor (local[2]).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import pipeline_ranks
+from common.errors import EXIT_USAGE, ConfigError
+from torch_ranks import run_ranks
+
+pytestmark = pytest.mark.timeout(600)
+
+ROWS = 8  # per replica and accumulated batch: 4 micro-batches of 2
+
+
+def _assert_close_states(got: dict, expected: dict, tol: float = 2e-6):
+    assert list(got) == list(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name].numpy(), value.numpy(), rtol=0, atol=tol, err_msg=name)
+
+
+@pytest.mark.parametrize("pipeline,accum", [
+    ({"stages": 2, "schedule": "gpipe", "microbatches": 4}, 1),
+    ({"stages": 2, "schedule": "1f1b", "microbatches": 4}, 2),
+    ({"stages": 2, "schedule": "interleaved_1f1b", "microbatches": 4, "stages_per_rank": 2}, 1),
+], ids=["gpipe", "1f1b-grad_accum2", "interleaved_1f1b"])
+def test_two_stages_equal_one_process(pipeline, accum):
+    steps = 4
+    ranks = run_ranks(2, pipeline_ranks.steps_on_stages, pipeline, steps, accum, ROWS, 0.5)
+    alone = pipeline_ranks.steps_in_one_process(steps, accum, ROWS, clip_norm=0.5)
+    # Every stage returns the loss the last stage computed: what logs and the non-finite check read.
+    for rank in ranks:
+        np.testing.assert_allclose(rank["losses"], alone["losses"], rtol=1e-6)
+    _assert_close_states(ranks[0]["model"], alone["model"])
+    assert ranks[1]["model"] == {}  # only rank 0, which writes checkpoints, gets the whole model
+    # The optimizer state as one process's: keyed by position, every parameter's from its owner.
+    mine, theirs = ranks[0]["optimizer"], alone["optimizer"]
+    assert mine["state"].keys() == theirs["state"].keys()
+    for i, state in theirs["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_allclose(mine["state"][i][key].numpy(), state[key].numpy(), atol=1e-6)
+
+
+def test_two_stages_times_two_replicas_equal_one_process():
+    """Ranks 0,1 are replica 0's stages, 2,3 replica 1's; each stage is replicated with replicate()."""
+    steps = 3
+    ranks = run_ranks(4, pipeline_ranks.steps_on_stages, {"stages": 2, "schedule": "1f1b", "microbatches": 4},
+                      steps, 1, ROWS)
+    assert [r["dp_rank"] for r in ranks] == [0, 0, 1, 1]
+    alone = pipeline_ranks.steps_in_one_process(steps, 1, ROWS, replicas=2)
+    _assert_close_states(ranks[0]["model"], alone["model"])
+    # Each replica's loss is the mean over its own rows; their mean is the one process's.
+    for step in range(steps):
+        mean = (ranks[0]["losses"][step] + ranks[2]["losses"][step]) / 2
+        assert mean == pytest.approx(alone["losses"][step], rel=1e-6)
+        assert ranks[0]["losses"][step] == ranks[1]["losses"][step]
+
+
+def test_fp16_an_overflow_on_stage_0_skips_the_step_on_every_stage():
+    steps = 3
+    ranks = run_ranks(2, pipeline_ranks.steps_on_stages, {"stages": 2, "schedule": "1f1b", "microbatches": 4},
+                      steps, 1, ROWS, None, "fp16", 1)
+    # One zero-gradient step initialises the optimizer, then 3 steps of which step 1 is skipped
+    # on both stages (stage 1's own gradients were finite): Adam counted 3 steps everywhere.
+    assert [r["optimizer_steps"] for r in ranks] == [[3.0], [3.0]]
+    # Both ranks lowered the loss scale once, from GradScaler's 65536.
+    assert ranks[0]["scale"] == ranks[1]["scale"] == 32768.0
+
+
+# --- the refusals: exit 2 before anything launches, naming the key ----------------------------------
+
+def _config(*extra):
+    from training import load_train_config
+
+    return load_train_config(None, ["data.path=/nonexistent", "launch.backend=torch", "launch.num_proc=2",
+                                    "train.batch_size=16", "model.hidden=[16, 8]", "train.pipeline.stages=2", *extra])
+
+
+@pytest.mark.parametrize("overrides,names", [
+    (["launch.backend=horovod"], ["train.pipeline.stages=2 needs launch.backend=torch", "launch.backend=horovod"]),
+    (["train.pipeline.microbatches=3"], ["train.pipeline.microbatches must divide train.batch_size=16"]),
+    (["train.pipeline.microbatches=2", "train.pipeline.stages=4", "launch.num_proc=4"],
+     ["train.pipeline.microbatches must be at least stages=4 with schedule=1f1b"]),
+    (["train.pipeline.schedule=interleaved_1f1b", "train.pipeline.stages_per_rank=2", "model.hidden=[8, 8, 8]",
+      "train.pipeline.microbatches=3", "train.batch_size=6"],
+     ["train.pipeline.microbatches must be a multiple of stages=2 with schedule=interleaved_1f1b"]),
+    (["train.pipeline.schedule=interleaved_1f1b"], ["train.pipeline.stages_per_rank must be >= 2"]),
+    (["launch.num_proc=3"], ["launch.num_proc=3 is not a multiple of train.pipeline.stages=2"]),
+    (["train.parallel=fsdp"], ["train.parallel=fsdp with train.pipeline.stages=2", "set train.parallel=ddp"]),
+    (["model.hidden=[16]", "train.pipeline.stages=4", "launch.num_proc=4", "train.pipeline.microbatches=4"],
+     ["model.hidden=[16] gives 2 layer(s), fewer than the 4 pipeline stage(s)"]),
+], ids=["horovod", "batch-not-divisible", "too-few-microbatches-1f1b", "interleaved-rounds",
+        "interleaved-one-stage-per-rank", "num_proc-not-multiple", "fsdp", "too-few-layers"])
+def test_combinations_that_cannot_run_are_refused_naming_the_key(overrides, names):
+    with pytest.raises(ConfigError) as info:
+        _config(*overrides)
+    assert info.value.exit_code == EXIT_USAGE
+    for name in names:
+        assert name in str(info.value)
+
+
+def test_one_stage_is_off_and_every_setting_of_it_is_accepted():
+    from training.strategies import technique
+
+    cfg = _config("train.pipeline.stages=1", "launch.num_proc=3", "train.pipeline.microbatches=5")
+    assert technique(cfg.train) == "ddp"
+    assert technique(_config().train) == "pipeline"
+
+
+# --- the rank loop: whole runs, checkpoints across layouts, the exported model ------------------------
+
+LAYOUT = {"train": [[160, 96], [256]], "val": [[70], [50]]}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from tabular_data import write_dataset
+
+    return write_dataset(str(tmp_path_factory.mktemp("pp") / "ds"), LAYOUT)
+
+
+def _run_config(ds, out, *extra, layout="stages"):
+    """SGD: a fresh optimizer's zero-gradient first step (multi-rank strategies start that way,
+    one process does not) leaves it as if untouched, so one process is a fair reference."""
+    from training import load_train_config
+
+    launch = {"stages": ["launch.backend=torch", "launch.num_proc=2", "train.pipeline.stages=2",
+                         "train.pipeline.microbatches=4"],
+              "ddp": ["launch.backend=torch", "launch.num_proc=1"],
+              "one process": ["launch.mode=in_process", "launch.num_proc=1", "launch.device=cpu"]}[layout]
+    return load_train_config(None, [
+        f"data.path={ds.uri}", f"output.model_path={out}/model", "train.batch_size=16", "train.lr=0.05",
+        "train.optimizer=sgd", "train.log_every_steps=1", "train.epochs=2", "data.shuffle_buffer_rows=64",
+        "data.reader=arrow", "model.hidden=[16, 8]", *launch, *extra])
+
+
+def _train_ranks(cfg) -> dict:
+    """A run's ranks through the rank loop; rank 0's result (steps, metrics, model)."""
+    from training.plan import build_plan
+
+    results = run_ranks(cfg.launch.num_proc, pipeline_ranks.train_rank, build_plan(cfg))
+    assert len({r["steps"] for r in results}) == 1  # equal steps on every rank
+    return results[0]
+
+
+def _step_losses(out) -> list[float]:
+    with open(os.path.join(out, "model.run", "steps.jsonl")) as fh:
+        return [json.loads(line)["loss"] for line in fh if line.strip()]
+
+
+def _weights(out) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(out, "model", "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def one_process(dataset, tmp_path_factory):
+    from training import train
+
+    out = tmp_path_factory.mktemp("one")
+    return out, train(_run_config(dataset, out, layout="one process"))
+
+
+def test_a_run_on_two_stages_equals_one_process_and_publishes_the_same_model(dataset, one_process, tmp_path):
+    from training import load_model
+
+    alone_out, alone = one_process
+    staged = _train_ranks(_run_config(dataset, tmp_path))
+    assert staged["steps"] == 2 * alone.steps_per_epoch and staged["steps_per_epoch"] == alone.steps_per_epoch
+    np.testing.assert_allclose(_step_losses(tmp_path), _step_losses(alone_out), rtol=1e-5)
+    _assert_close_states(_weights(tmp_path), _weights(alone_out), tol=1e-5)
+    for key in ("train_loss", "val_loss", "val_accuracy"):
+        assert staged["metrics"][-1][key] == pytest.approx(alone.final[key], rel=1e-5)
+    # The published model is the plain model: load_model reads it and predicts as rank 0 did.
+    model = load_model(str(tmp_path / "model"))
+    probs = model.predict(dataset.raw["val"].iloc[staged["reference"]["rows"]])
+    np.testing.assert_allclose(probs, np.array(staged["reference"]["predictions"]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("first,second", [("stages", "one process"), ("one process", "stages"), ("stages", "ddp")])
+def test_a_checkpoint_resumes_across_layouts(dataset, one_process, tmp_path, first, second):
+    """Epoch 1 written in one layout, epoch 2 resumed in the other: the uninterrupted run's weights."""
+    from training import train
+
+    alone_out, alone = one_process
+    ck = f"checkpoint.path={tmp_path}/ck"
+
+    def run(layout, out, epochs):
+        cfg = _run_config(dataset, out, ck, f"train.epochs={epochs}", layout=layout)
+        return train(cfg).ranks[0] if layout == "one process" else _train_ranks(cfg)
+
+    half = run(first, tmp_path / "first", 1)
+    assert half["steps"] == alone.steps_per_epoch
+    resumed = run(second, tmp_path / "second", 2)
+    assert resumed["resumed_step"] == alone.steps_per_epoch
+    _assert_close_states(_weights(tmp_path / "second"), _weights(alone_out), tol=1e-5)
+
+
+@pytest.mark.spark
+def test_two_stages_train_through_torch_distributor_and_publish_a_model(spark, dataset, tmp_path):
+    """The real launch: ``training.train`` on TorchDistributor barrier tasks of local[2], one
+    torchrun rank per stage."""
+    from training import load_model, train
+
+    cfg = _run_config(dataset, tmp_path, "train.epochs=3", "train.log_every_steps=5",
+                      f"launch.env.PYTHONPATH={os.path.dirname(os.path.abspath(__file__))}")
+    result = train(cfg, spark)
+    assert result.steps_per_rank == [3 * result.steps_per_epoch] * 2
+    # Both stages read the same rows (one replica): the whole split in equal steps.
+    assert result.steps_per_epoch == sum(map(sum, LAYOUT["train"])) // 16
+    losses = [m["train_loss"] for m in result.metrics]
+    assert losses[-1] < losses[0]
+    assert result.final["val_accuracy"] > result.final["baseline_accuracy"]
+    model = load_model(result.model_uri)
+    probs = model.predict(dataset.raw["val"].iloc[result.reference["rows"]])
+    np.testing.assert_allclose(probs, np.array(result.reference["predictions"]), rtol=1e-5, atol=1e-6)

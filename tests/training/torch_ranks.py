@@ -1,0 +1,77 @@
+"""Real torch.distributed ranks for tests, without Spark: ``run_ranks(world, fn, *args)`` starts
+``world`` spawned processes on 127.0.0.1 (torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), each builds the project's own ``TorchGroup`` (Gloo, CPU) and calls ``fn(group, *args)``
+(a module-level function, so spawn can import it); returns each rank's return value, in rank order.
+
+A rank that raises fails the call with every failed rank's traceback; ranks still running at the
+deadline are killed by their pids and named.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+import time
+import traceback
+
+import torch.multiprocessing as mp
+
+
+def run_ranks(world: int, fn, *args, timeout: float = 180) -> list:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as out:
+        processes = [context.Process(target=_rank_main, args=(rank, world, port, out, fn, args)) for rank in range(world)]
+        for process in processes:
+            process.start()
+        deadline = time.monotonic() + timeout
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+        results, failures = [], []
+        for rank in range(world):
+            path = os.path.join(out, f"rank-{rank}.pkl")
+            if not os.path.exists(path):
+                failures.append(f"rank {rank}: no result (exit code {processes[rank].exitcode})")
+                results.append(None)
+                continue
+            with open(path, "rb") as fh:
+                ok, value = pickle.load(fh)
+            if not ok:
+                failures.append(f"rank {rank}:\n{value}")
+            results.append(value)
+    if hung:
+        failures.insert(0, f"ranks {hung} still running after {timeout}s, killed")
+    assert not failures, "\n".join(failures)
+    return results
+
+
+def _rank_main(rank: int, world: int, port: int, out: str, fn, args) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
+                       # a rank that failed is noticed by the others in a minute, not Gloo's default 10
+                       "SHARDTRAIN_COLLECTIVE_TIMEOUT": "60"})
+    import torch
+
+    from training.distributed import TorchGroup
+
+    torch.set_num_threads(1)
+    group = None
+    try:
+        group = TorchGroup(torch.device("cpu"), "test rank")
+        result = (True, fn(group, *args))
+    except BaseException:  # noqa: BLE001 - the test reports it with the rank's traceback
+        result = (False, traceback.format_exc())
+    finally:
+        if group is not None:
+            group.shutdown()
+    with open(os.path.join(out, f"rank-{rank}.pkl"), "wb") as fh:
+        pickle.dump(result, fh)
