@@ -112,6 +112,8 @@ def test_the_synced_weights_are_the_mean_of_the_replicas():
      "checkpoint.every_steps must be a multiple of train.sync.every=8"),
     ({"train.sync.mode": "diloco", "train.sync.overlap": "true", "checkpoint.every_steps": "8"},
      "checkpoint.every_steps must be null with train.sync.overlap=true"),
+    ({"train.sync.mode": "local_sgd", "train.pipeline.stages": "2", "launch.backend": "torch", "model.hidden": "[8, 8]"},
+     "train.sync.mode=local_sgd with train.pipeline.stages=2 is not built"),
 ])
 def test_refused_combinations_name_the_key(overrides, key):
     from training import load_train_config
