@@ -139,10 +139,14 @@ def test_a_killed_rank_is_named_with_its_cause(spark, dataset, tmp_path):
     wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
 
 
-# Every-step averaging; and DiLoCo with its average in flight during the next round, whose
-# checkpoints (epoch ends) carry each replica's own optimizer state and the outer optimizer's.
-SYNC = {"every_step": [], "diloco_overlap": ["train.sync.mode=diloco", "train.sync.every=10",
-                                             "train.sync.overlap=true", "checkpoint.every_steps=null"]}
+# Every-step averaging; and DiLoCo, whose checkpoints carry each replica's own optimizer state and
+# the outer optimizer's, with and without its average in flight during the next round.
+# DiLoCo resumes mid-epoch from a sync step (every 10, checkpoints every 20); with overlap, from an
+# epoch end. local SGD shares all of its per-rank state with DiLoCo (training.strategies.periodic).
+SYNC = {"every_step": [],
+        "diloco": ["train.sync.mode=diloco", "train.sync.every=10"],
+        "diloco_overlap": ["train.sync.mode=diloco", "train.sync.every=10", "train.sync.overlap=true",
+                           "checkpoint.every_steps=null"]}
 
 
 @pytest.mark.parametrize("sync", list(SYNC))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from common.errors import EXIT_USAGE, ConfigError
-from gloo_ranks import run_ranks
+from torch_ranks import run_ranks
 from plugin_models import Wrap
 from training.config import LaunchConfig, SyncConfig, TrainConfig, TrainLoopConfig
 from training.loop import Objective
@@ -55,7 +55,7 @@ def _replica_run(group, strategy_name: str, sync: dict, steps_per_epoch: int, se
 
 
 def test_local_sgd_replicas_train_apart_and_agree_at_each_sync_with_one_collective():
-    a, b = run_ranks(_replica_run, 2, "periodic", {"mode": "local_sgd", "every": 4}, STEPS)
+    a, b = run_ranks(2, _replica_run, "periodic", {"mode": "local_sgd", "every": 4}, STEPS)
     for step in range(1, STEPS + 1):
         same = torch.equal(a["weights"][step - 1], b["weights"][step - 1])
         assert same == (step % 4 == 0), step  # apart between syncs (not every-step DDP), equal after each
@@ -66,15 +66,15 @@ def test_local_sgd_replicas_train_apart_and_agree_at_each_sync_with_one_collecti
 
 def test_local_sgd_every_step_with_plain_sgd_is_data_parallel():
     """every=1: averaging the weights after each plain SGD step is averaging the gradients (to float rounding)."""
-    ours = run_ranks(_replica_run, 2, "periodic", {"mode": "local_sgd", "every": 1}, STEPS)[0]
-    ddp = run_ranks(_replica_run, 2, "ddp", {}, STEPS)[0]
+    ours = run_ranks(2, _replica_run, "periodic", {"mode": "local_sgd", "every": 1}, STEPS)[0]
+    ddp = run_ranks(2, _replica_run, "ddp", {}, STEPS)[0]
     for step, (mine, theirs) in enumerate(zip(ours["weights"], ddp["weights"]), start=1):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6, msg=f"step {step}")
     assert ours["figures"]["sync_collectives"] == STEPS
 
 
 def test_warmup_steps_average_gradients_then_rounds_begin():
-    a, b = run_ranks(_replica_run, 2, "periodic", {"mode": "local_sgd", "every": 4, "warmup_steps": 5}, STEPS)
+    a, b = run_ranks(2, _replica_run, "periodic", {"mode": "local_sgd", "every": 4, "warmup_steps": 5}, STEPS)
     for step in range(1, STEPS + 1):
         same = torch.equal(a["weights"][step - 1], b["weights"][step - 1])
         assert same == (step <= 5 or step % 4 == 0), step
@@ -84,8 +84,8 @@ def test_warmup_steps_average_gradients_then_rounds_begin():
 @pytest.mark.parametrize("overlap", [False, True])
 def test_diloco_agrees_at_epoch_ends_and_its_overlap_is_deterministic(overlap):
     sync = {"mode": "diloco", "every": 3, "overlap": overlap}
-    first = run_ranks(_replica_run, 2, "periodic", sync, 6)
-    again = run_ranks(_replica_run, 2, "periodic", sync, 6)
+    first = run_ranks(2, _replica_run, "periodic", sync, 6)
+    again = run_ranks(2, _replica_run, "periodic", sync, 6)
     for rank in range(2):
         for mine, theirs in zip(first[rank]["weights"], again[rank]["weights"]):
             assert torch.equal(mine, theirs)  # same seed, same weights, bit for bit: no timing in it
@@ -99,8 +99,8 @@ def test_diloco_agrees_at_epoch_ends_and_its_overlap_is_deterministic(overlap):
 
 def test_the_synced_weights_are_the_mean_of_the_replicas():
     """local SGD's consensus is the plain average of what the replicas had just before the sync."""
-    a, b = run_ranks(_replica_run, 2, "periodic", {"mode": "local_sgd", "every": 4}, STEPS)
-    c, d = run_ranks(_replica_run, 2, "periodic", {"mode": "local_sgd", "every": 1000}, 1000)  # no sync by step 4
+    a, b = run_ranks(2, _replica_run, "periodic", {"mode": "local_sgd", "every": 4}, STEPS)
+    c, d = run_ranks(2, _replica_run, "periodic", {"mode": "local_sgd", "every": 1000}, 1000)  # no sync by step 4
     torch.testing.assert_close(a["weights"][3], (c["weights"][3] + d["weights"][3]) / 2, rtol=0, atol=1e-7)
 
 
