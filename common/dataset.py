@@ -54,6 +54,12 @@ File paths are relative to the dataset root and stay inside it (``validate_manif
 absolute paths and ``..``). Every file's sha256 is recorded; readers check a file against it
 before using its rows (``verify_file``), and ``verify_dataset`` checks them all.
 
+``read_manifest`` validates the record, then parses it once: ``Manifest.label`` (``LabelSpec``),
+``Manifest.teacher`` (``TeacherRecord``, or None), ``Manifest.splits`` (a ``SplitEntry`` of
+``FileEntry``s per split) and ``Manifest.features`` (``FeatureSpec``); readers use these typed,
+frozen objects, never the raw dicts. ``to_record()`` gives back a label's or teacher's record
+exactly as parsed: model.json stores the label's, and a plug-in model factory receives it.
+
 ``FeatureSpec.transform`` applies the same preprocessing to raw rows (pandas or Arrow, whole
 columns at once): training's ``load_model(...).predict`` and scoring's mapInArrow use it, so serving
 reproduces training exactly.
@@ -61,11 +67,12 @@ reproduces training exactly.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -94,6 +101,96 @@ class FileEntry:
     row_groups: tuple[int, ...]
     bytes: int
     sha256: str
+
+
+@dataclass(frozen=True)
+class SplitEntry:
+    """A split's entry in ``splits``: its row count and its files, in order."""
+    rows: int
+    files: tuple[FileEntry, ...]
+
+    @classmethod
+    def from_record(cls, record: dict) -> "SplitEntry":
+        return cls(rows=int(record["rows"]), files=tuple(_file_entry(f) for f in record["files"]))
+
+
+@dataclass(frozen=True)
+class LabelSpec:
+    """The manifest's ``label`` (model.json's ``label`` is the same record): what the label is and
+    its train statistics, class counts for classification, mean and std for regression.
+
+    ``record`` is the dict it was parsed from, kept whole (with ``source`` and any field a newer
+    writer adds), so ``to_record`` hands back exactly that: what model.json stores and what a
+    plug-in model factory receives. Built by hand (tests), the record is made from the fields."""
+    name: str
+    task: str
+    num_classes: int | None = None
+    train_class_counts: tuple[int, ...] | None = None
+    train_mean: float | None = None
+    train_std: float | None = None
+    record: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        if not self.record:
+            fields = {"name": self.name, "task": self.task, "num_classes": self.num_classes,
+                      "train_class_counts": None if self.train_class_counts is None else list(self.train_class_counts),
+                      "train_mean": self.train_mean, "train_std": self.train_std}
+            object.__setattr__(self, "record", {k: v for k, v in fields.items() if v is not None})
+
+    @classmethod
+    def from_record(cls, record: dict) -> "LabelSpec":
+        """A validated label record (``validate_manifest``; model.json's ``_check_meta_fields``)."""
+        counts, mean, std = (record.get(key) for key in ("train_class_counts", "train_mean", "train_std"))
+        return cls(name=record.get("name", LABEL_NAME), task=record["task"], num_classes=record.get("num_classes"),
+                   train_class_counts=None if counts is None else tuple(counts),
+                   train_mean=None if mean is None else float(mean), train_std=None if std is None else float(std),
+                   record=copy.deepcopy(record))
+
+    @property
+    def classification(self) -> bool:
+        return self.task == "classification"
+
+    def to_record(self) -> dict:
+        return copy.deepcopy(self.record)
+
+
+@dataclass(frozen=True)
+class TeacherRecord:
+    """The manifest's ``teacher`` (see the module doc): the model whose soft targets the splits
+    store, and its contract (task, classes, the raw feature columns it reads). ``to_record`` gives
+    back exactly the dict it was parsed from (what the shard job writes into the manifest)."""
+    uri: str
+    fingerprint: str
+    temperature: float
+    task: str
+    num_classes: int | None
+    numeric: tuple[str, ...]
+    categorical: tuple[str, ...]
+    arrays: tuple[tuple[str, tuple[int, ...]], ...]
+    record: dict = field(compare=False, repr=False)
+
+    @classmethod
+    def from_record(cls, record: dict) -> "TeacherRecord":
+        """A teacher record of the shape ``_validate_teacher`` checks (the shard job types its own
+        record before ``build_manifest`` validates it)."""
+        features = record["features"]
+        return cls(uri=record["uri"], fingerprint=record["fingerprint"], temperature=float(record["temperature"]),
+                   task=record["task"], num_classes=record.get("num_classes"),
+                   numeric=tuple(features.get("numeric") or []), categorical=tuple(features.get("categorical") or []),
+                   arrays=tuple((a["name"], tuple(a["shape"])) for a in features.get("arrays") or []),
+                   record=copy.deepcopy(record))
+
+    @property
+    def classification(self) -> bool:
+        return self.task == "classification"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The stored soft-target column's shape: (num_classes,) (probabilities) or () (a value)."""
+        return (self.num_classes,) if self.classification else ()
+
+    def to_record(self) -> dict:
+        return copy.deepcopy(self.record)
 
 
 class FeatureSpec:
@@ -297,8 +394,12 @@ class Manifest:
         self.data = data
         self.root = root
         self._validate()
+        # Parsed once, after the validation: readers use these, never the raw records.
         self.features = FeatureSpec(data["features"])
-        self.label = data["label"]
+        self.label = LabelSpec.from_record(data["label"])
+        # The soft-target record, or None: the splits store no teacher column.
+        self.teacher = None if data.get("teacher") is None else TeacherRecord.from_record(data["teacher"])
+        self.splits = {name: SplitEntry.from_record(info) for name, info in data["splits"].items()}
 
     def _validate(self) -> None:
         validate_manifest(self.data, f"{self.root.uri}/{MANIFEST_NAME}")
@@ -308,25 +409,20 @@ class Manifest:
         return self.data["fingerprint"]
 
     @property
-    def teacher(self) -> dict | None:
-        """The soft-target record (see the module doc), or None: the splits store no teacher column."""
-        return self.data.get("teacher")
-
-    @property
     def split_names(self) -> list[str]:
-        return list(self.data["splits"])
+        return list(self.splits)
 
     def rows(self, split: str) -> int:
-        return int(self._split(split)["rows"])
+        return self._split(split).rows
 
     def files(self, split: str) -> list[FileEntry]:
-        return [_file_entry(f) for f in self._split(split)["files"]]
+        return list(self._split(split).files)
 
     def file_uris(self, split: str) -> list[str]:
         return [self.root.join(f.path).uri for f in self.files(split)]
 
     def num_shards(self, split: str) -> int:
-        return len(self._split(split)["files"])
+        return len(self._split(split).files)
 
     def column(self, name: str) -> dict:
         for col in self.data["schema"]:
@@ -334,9 +430,9 @@ class Manifest:
                 return col
         raise DatasetError(f"{self.root.uri}: column {name!r} is not in the dataset schema")
 
-    def _split(self, split: str) -> dict:
+    def _split(self, split: str) -> SplitEntry:
         try:
-            return self.data["splits"][split]
+            return self.splits[split]
         except KeyError:
             raise DatasetError(
                 f"{self.root.uri}: split {split!r} is not in the manifest (it has {self.split_names})") from None
@@ -588,22 +684,21 @@ def teacher_shape(teacher: dict, where: str = "the manifest being built") -> lis
     return [num_classes]
 
 
-def teacher_differences(teacher: dict, features: dict, label: dict) -> list[str]:
-    """How a teacher record's task, classes and features differ from a dataset's ``features`` and
-    ``label`` spec (the manifest's own fields, or the same shape of dict); [] when it fits. The
-    order of features does not matter: the teacher reads its columns by name."""
+def teacher_differences(teacher: TeacherRecord, features: dict, label: LabelSpec) -> list[str]:
+    """How a teacher record's task, classes and features differ from a dataset's ``features`` spec
+    (the manifest's own field, or the same shape of dict) and label; [] when it fits. The order of
+    features does not matter: the teacher reads its columns by name."""
     found = []
-    if teacher.get("task") != label.get("task"):
-        found.append(f"task is {teacher.get('task')!r}, but the dataset's label.task is {label.get('task')!r}")
-    elif label.get("task") == "classification" and teacher.get("num_classes") != label.get("num_classes"):
-        found.append(f"num_classes is {teacher.get('num_classes')}, but the dataset's label.num_classes is "
-                     f"{label.get('num_classes')}")
-    theirs = teacher.get("features") or {}
-    for kind in ("numeric", "categorical"):
+    if teacher.task != label.task:
+        found.append(f"task is {teacher.task!r}, but the dataset's label.task is {label.task!r}")
+    elif label.classification and teacher.num_classes != label.num_classes:
+        found.append(f"num_classes is {teacher.num_classes}, but the dataset's label.num_classes is "
+                     f"{label.num_classes}")
+    for kind, theirs in (("numeric", teacher.numeric), ("categorical", teacher.categorical)):
         mine = sorted(f["name"] for f in features.get(kind, []))
-        if sorted(theirs.get(kind) or []) != mine:
-            found.append(f"{kind} features are {sorted(theirs.get(kind) or [])}, but the dataset's are {mine}")
-    their_arrays = {a["name"]: list(a["shape"]) for a in theirs.get("arrays") or []}
+        if sorted(theirs) != mine:
+            found.append(f"{kind} features are {sorted(theirs)}, but the dataset's are {mine}")
+    their_arrays = {name: list(shape) for name, shape in teacher.arrays}
     our_arrays = {a["name"]: list(a["shape"]) for a in features.get("arrays", [])}
     if their_arrays != our_arrays:
         found.append(f"array features are {their_arrays}, but the dataset's are {our_arrays}")

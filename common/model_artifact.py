@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from common.dataset import FeatureSpec
+from common.dataset import FeatureSpec, LabelSpec
 from common.errors import DatasetError, StorageError, first_line
 from common.storage import KIND_MODEL, MARKER, Location, read_marker, require_committed, storage_errors
 
@@ -45,7 +45,8 @@ WEIGHTS, PROGRAM, META = "model.safetensors", "model.torchscript.pt", "model.jso
 
 
 class LoadedModel:
-    """A published model: ``predict(frame)`` on raw feature columns, ``meta`` is model.json."""
+    """A published model: ``predict(frame)`` on raw feature columns, ``meta`` is model.json
+    (``features`` and ``label`` its feature spec and label, parsed)."""
 
     def __init__(self, module, meta: dict, fingerprint: str | None = None, network_file: str = WEIGHTS):
         import torch
@@ -57,6 +58,7 @@ class LoadedModel:
         self.fingerprint = fingerprint
         self.network_file = network_file  # WEIGHTS or PROGRAM: the file the network was loaded from
         self.features = FeatureSpec(meta["features"])
+        self.label = LabelSpec.from_record(meta["label"])
         self.device = torch.device("cpu")
 
     @property
@@ -67,7 +69,7 @@ class LoadedModel:
 
     @property
     def task(self) -> str:
-        return self.meta["label"]["task"]
+        return self.label.task
 
     @property
     def metrics(self) -> list[dict]:
@@ -100,7 +102,7 @@ class LoadedModel:
             raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
         batch = {name: torch.from_numpy(np.ascontiguousarray(value)).to(self.device) for name, value in arrays.items()}
         with torch.no_grad():
-            if self.task == "classification" and temperature != 1:
+            if self.label.classification and temperature != 1:
                 # .net is the network before the softmax (training.export.ServingModel's, in the
                 # TorchScript program too).
                 out = torch.softmax(self.module.net(batch).float() / float(temperature), dim=-1)
@@ -145,14 +147,14 @@ def _checked_against_network(loc: Location, model: LoadedModel) -> LoadedModel:
         raise DatasetError(f"{where}: field 'features' ({_feature_summary(model.features)}) does not match the "
                            f"inputs the network takes ({type(exc).__name__}: {first_line(exc)}); the file was edited "
                            "or damaged: re-train, or re-publish the model") from None
-    label = model.meta["label"]
+    label = model.label
     found = f"the network outputs shape {list(out.shape)} for 2 rows"
-    if label["task"] == "classification":
+    if label.classification:
         if out.ndim != 2:
             raise DatasetError(f"{where}: field 'label.task' is 'classification', but {found} (values, not class "
                                "probabilities); the file was edited or damaged: re-train, or re-publish the model")
-        if out.shape[1] != label["num_classes"]:
-            raise DatasetError(f"{where}: field 'label.num_classes' is {label['num_classes']}, but {found} "
+        if out.shape[1] != label.num_classes:
+            raise DatasetError(f"{where}: field 'label.num_classes' is {label.num_classes}, but {found} "
                                f"({out.shape[1]} classes); the file was edited or damaged: re-train, or re-publish "
                                "the model")
     elif out.ndim != 1:

@@ -9,7 +9,7 @@ shows the same with charts: rows per shard and split, quarantine counts by reaso
 
 from __future__ import annotations
 
-from common.dataset import Manifest, read_manifest, row_bytes
+from common.dataset import LabelSpec, Manifest, read_manifest, row_bytes
 
 
 # Measured with benchmarks/loader_throughput.py (2 cores, tabular rows of 88 bytes): the training
@@ -20,7 +20,7 @@ SMALL_ROW_GROUP_MIB = 8.0
 
 def describe_dataset(uri) -> str:
     manifest = uri if isinstance(uri, Manifest) else read_manifest(uri)
-    lines = _header(manifest) + _label_and_features(manifest.data)
+    lines = _header(manifest) + _label_and_features(manifest.label, manifest.features.spec)
     lines += ["", *_split_balance(manifest)]
     lines += _row_group_guidance(manifest)
     lines += ["", *_quarantine_summary(manifest)]
@@ -36,21 +36,23 @@ def _header(manifest: Manifest) -> list[str]:
             f"fingerprint {manifest.fingerprint[:16]}"]
 
 
-def _label_and_features(data: dict) -> list[str]:
-    label = data["label"]
-    if label.get("task") == "classification":
-        counts = label.get("train_class_counts") or []
-        lines = [f"label     {label['name']}: classification, {label.get('num_classes')} classes; "
+def _label_and_features(label: LabelSpec, feats: dict) -> list[str]:
+    if label.classification:
+        counts = list(label.train_class_counts or [])
+        lines = [f"label     {label.name}: classification, {label.num_classes} classes; "
                  f"train class counts {counts}"]
     else:
-        lines = [f"label     {label['name']}: regression; train mean {label.get('train_mean', float('nan')):.4g}, "
-                 f"std {label.get('train_std', float('nan')):.4g}"]
-    feats = data["features"]
+        lines = [f"label     {label.name}: regression; train mean {_or_nan(label.train_mean):.4g}, "
+                 f"std {_or_nan(label.train_std):.4g}"]
     lines.append(f"features  {len(feats.get('numeric', []))} numeric, {len(feats.get('categorical', []))} categorical"
                  + "".join(f", {a['name']} {tuple(a['shape'])}" for a in feats.get("arrays", [])))
     for cat in feats.get("categorical", []):
         lines.append(f"          {cat['name']}: vocabulary of {len(cat['vocab'])} (+2 reserved: null, unseen)")
     return lines
+
+
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value
 
 
 def _split_stats(manifest: Manifest, split: str) -> dict:
@@ -146,10 +148,10 @@ def dataset_report_html(manifest: Manifest) -> str:
     page.add("Dataset", key_values([
         ("dataset", manifest.root.uri), ("format", f"{data['format']} v{data['format_version']}"),
         ("written by", f"shardtrain {data.get('shardtrain_version', '?')} at {data.get('created_at', '?')}"),
-        ("fingerprint", manifest.fingerprint), ("label", data["label"]["name"]), ("task", data["label"].get("task"))]))
+        ("fingerprint", manifest.fingerprint), ("label", manifest.label.name), ("task", manifest.label.task)]))
     page.add("Rows per split and shard", *_html_splits(manifest))
     page.add("Quarantine", *_html_quarantine(manifest))
-    page.add("Label", *_html_label(data["label"]))
+    page.add("Label", *_html_label(manifest.label))
     page.add("Feature statistics (from the train split)", *_html_features(data["features"]))
     if data.get("sources"):
         page.add("Sources", preformatted("\n".join(_sources(data))))
@@ -189,16 +191,16 @@ def _html_quarantine(manifest: Manifest) -> list[str]:
                     bar_chart("Quarantined rows by reason", [r for r, _ in reasons], [c for _, c in reasons], "rows")]
 
 
-def _html_label(label: dict) -> list[str]:
+def _html_label(label: LabelSpec) -> list[str]:
     from common.html_report import bar_chart, key_values
 
-    if label.get("task") == "classification":
-        counts = label.get("train_class_counts") or []
-        parts = [key_values([("classes", label.get("num_classes")), ("train class counts", counts)])]
+    if label.classification:
+        counts = list(label.train_class_counts or [])
+        parts = [key_values([("classes", label.num_classes), ("train class counts", counts)])]
         if counts:
             parts.append(bar_chart("Train rows per class", [str(i) for i in range(len(counts))], counts, "rows"))
         return parts
-    return [key_values([("train mean", label.get("train_mean")), ("train std", label.get("train_std"))])]
+    return [key_values([("train mean", label.train_mean), ("train std", label.train_std)])]
 
 
 def _html_features(features: dict) -> list[str]:

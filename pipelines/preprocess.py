@@ -33,7 +33,7 @@ from pipelines.balance import split_index_sql
 from common.errors import InputDataError, first_line
 from common.rows import FLOAT_MAX, array_reasons, array_value, numeric_reasons, numeric_value, reason
 from common.sql import quote_identifier as q
-from common.dataset import LABEL_NAME, RESERVED_INDICES, ROW_INDEX
+from common.dataset import LABEL_NAME, RESERVED_INDICES, ROW_INDEX, TeacherRecord
 from common.dataset import stored_schema as dataset_schema
 from pipelines.shard_config import ShardConfig
 from pipelines.summary import Summary, top_values
@@ -253,10 +253,11 @@ def moment_values(cfg: ShardConfig) -> list[str]:
     return values
 
 
-def stored_schema(cfg: ShardConfig, teacher: dict | None = None) -> list[dict]:
+def stored_schema(cfg: ShardConfig, teacher: TeacherRecord | None = None) -> list[dict]:
     """The manifest's schema for this config (and teacher record): stored columns in file order
     (common.dataset decides it)."""
     features = {"numeric": [{"name": n} for n in cfg.features.numeric],
                 "categorical": [{"name": n} for n in cfg.features.categorical],
                 "arrays": [{"name": n, "shape": s} for n, s in cfg.features.arrays.items()]}
-    return dataset_schema(features, {"name": LABEL_NAME, "task": cfg.label.task}, teacher)
+    return dataset_schema(features, {"name": LABEL_NAME, "task": cfg.label.task},
+                          None if teacher is None else teacher.to_record())

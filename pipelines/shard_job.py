@@ -60,8 +60,8 @@ from common.config import dump_yaml, to_dict
 from common.plugins import load_callable
 from common.errors import AccountingError, InputDataError, OutputLockedError, QualityGateError, first_line
 from common.leases import active_readers, describe_reader, readers_location
-from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUMN, Manifest, arrow_schema,
-                            build_manifest, read_manifest, row_bytes, write_manifest)
+from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUMN, Manifest, TeacherRecord,
+                            arrow_schema, build_manifest, read_manifest, row_bytes, write_manifest)
 from common.sql import quote_identifier as q
 from common.sql import quote_string
 from common.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
@@ -127,7 +127,7 @@ def _run_locked(spark, cfg: ShardConfig, out, teacher_scorer: TeacherScorer | No
             frame.release()
 
 
-def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp: str, teacher: dict | None,
+def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp: str, teacher: TeacherRecord | None,
                 teacher_scorer: TeacherScorer | None) -> ShardResult:
     from pyspark.sql import functions as F
 
@@ -179,7 +179,8 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
         accounting = _check_accounting(counts, splits, qfiles)
         manifest = build_manifest(
-            splits, features, stats.label, teacher=teacher, num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
+            splits, features, stats.label, teacher=None if teacher is None else teacher.to_record(),
+            num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
             quarantine={"path": QUARANTINE_DIR, "rows": counts.quarantined,
                         "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
             accounting=accounting, sources=sources_fp, config=to_dict(cfg), input_fingerprint=input_fp)
@@ -297,7 +298,7 @@ def stage_key_sql(num_splits: int, parts: int) -> str:
 
 
 def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scorer: TeacherScorer | None,
-                teacher: dict | None) -> tuple[StagedRows, RowCounts, Summary]:
+                teacher: TeacherRecord | None) -> tuple[StagedRows, RowCounts, Summary]:
     """Pass one over the rows: evaluate the row checks once, send each row to its staging key's
     partition (one shuffle), and there write the rows as one Parquet file and take their summary
     (pipelines/summary.py), in the same task. Returns the files, the counts and the summary.
@@ -370,7 +371,7 @@ def _remove_temporaries(staging, directories: list[str]) -> None:
                     loc.fs.rm(path)
 
 
-def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: dict | None = None) -> str:
+def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: TeacherRecord | None = None) -> str:
     """What the output is a function of: the config (minus how it runs), the input files, and the
     teacher model's own fingerprint (a model replaced at the same URI gives other soft targets)."""
     config = to_dict(cfg)
@@ -381,7 +382,7 @@ def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: dict | None =
     payload = {"config": config, "sources": sources_fp, "shardtrain_version": __version__,
                "format_version": FORMAT_VERSION}
     if teacher is not None:
-        payload["teacher_fingerprint"] = teacher["fingerprint"]
+        payload["teacher_fingerprint"] = teacher.fingerprint
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from common.dataset import TEACHER_COLUMN, teacher_differences
+from common.dataset import LABEL_NAME, TEACHER_COLUMN, LabelSpec, TeacherRecord, teacher_differences
 from common.errors import ConfigError, InputDataError
 from common.sql import quote_identifier as q
 from pipelines.preprocess import arr_col, cat_col, num_col
@@ -57,7 +57,7 @@ class TeacherScorer:
     score: Callable
 
 
-def teacher_record(cfg: ShardConfig, scorer: TeacherScorer | None) -> dict | None:
+def teacher_record(cfg: ShardConfig, scorer: TeacherScorer | None) -> TeacherRecord | None:
     """The manifest's ``teacher`` record (None without ``cfg.teacher``); reads only the model's
     description, and refuses a teacher whose outputs cannot be this dataset's soft targets."""
     if cfg.teacher is None:
@@ -67,13 +67,14 @@ def teacher_record(cfg: ShardConfig, scorer: TeacherScorer | None) -> dict | Non
                           "`shardtrain shard`, `shardtrain run` or `shardtrain distill` (or, from Python, pass "
                           "teacher_scorer=shardtrain.teacher.teacher_scorer())")
     info = scorer.describe(cfg.teacher.model)
-    record = {"uri": cfg.teacher.model, "fingerprint": info["fingerprint"],
-              "temperature": float(cfg.teacher.temperature), "column": TEACHER_COLUMN, "task": info["task"],
-              **({"num_classes": info["num_classes"]} if info["task"] == "classification" else {}),
-              "features": info["features"]}
+    record = TeacherRecord.from_record({
+        "uri": cfg.teacher.model, "fingerprint": info["fingerprint"],
+        "temperature": float(cfg.teacher.temperature), "column": TEACHER_COLUMN, "task": info["task"],
+        **({"num_classes": info["num_classes"]} if info["task"] == "classification" else {}),
+        "features": info["features"]})
     differences = teacher_differences(record, _dataset_features(cfg), _dataset_label(cfg))
     if differences:
-        raise InputDataError(f"teacher.model {record['uri']} does not fit this dataset: its {'; its '.join(differences)}. "
+        raise InputDataError(f"teacher.model {record.uri} does not fit this dataset: its {'; its '.join(differences)}. "
                              "Its outputs would be soft targets for another problem; use a teacher trained on these "
                              "features (features.*) and this label")
     return record
@@ -85,11 +86,11 @@ def _dataset_features(cfg: ShardConfig) -> dict:
             "arrays": [{"name": n, "shape": list(s)} for n, s in feats.arrays.items()]}
 
 
-def _dataset_label(cfg: ShardConfig) -> dict:
-    return {"task": cfg.label.task, "num_classes": cfg.label.num_classes}
+def _dataset_label(cfg: ShardConfig) -> LabelSpec:
+    return LabelSpec(name=LABEL_NAME, task=cfg.label.task, num_classes=cfg.label.num_classes)
 
 
-def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None, record: dict | None):
+def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None, record: TeacherRecord | None):
     """The staging pass's rows plus the ``teacher`` column (unchanged without ``cfg.teacher``):
     each partition's clean rows are sorted by content and scored there by the model ``record``
     (``teacher_record``) describes; bad rows get a null (they are never stored in a shard).
@@ -106,7 +107,7 @@ def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None, record: d
     # reads them under the feature names, and they leave again after scoring.
     inputs = _feature_inputs(cfg, clean.columns)
     scored = scorer.score(clean.selectExpr("*", *inputs.values()), cfg.teacher.model, cfg.teacher.temperature,
-                          record["fingerprint"]).drop(*inputs)
+                          record.fingerprint).drop(*inputs)
     return scored.unionByName(rows.where("_reason IS NOT NULL"), allowMissingColumns=True)
 
 

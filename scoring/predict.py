@@ -111,7 +111,7 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     task = ScoreTask(
         model_uri=model_uri, program=program,
         weights_sha256=model.weights_sha256,
-        task=model.task, num_classes=int(model.meta["label"].get("num_classes") or 0),
+        task=model.task, num_classes=int(model.label.num_classes or 0),
         keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))), features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
         encoded=encoded, temperature=float(temperature), batch_size=batch_size)
     typed = [f"{expr} AS {private}" for (name, private), expr in

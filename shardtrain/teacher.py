@@ -23,9 +23,9 @@ def describe_teacher(model_uri: str) -> dict:
     from training.export import load_model
 
     model = load_model(model_uri)  # verifies the files; a missing or damaged model is exit 2 here
-    label, spec = model.meta["label"], model.features
-    return {"fingerprint": model.fingerprint, "task": label["task"],
-            **({"num_classes": int(label["num_classes"])} if label["task"] == "classification" else {}),
+    label, spec = model.label, model.features
+    return {"fingerprint": model.fingerprint, "task": label.task,
+            **({"num_classes": int(label.num_classes)} if label.classification else {}),
             "features": {"numeric": list(spec.numeric), "categorical": list(spec.categorical),
                          "arrays": [{"name": n, "shape": list(s)} for n, s in spec.arrays.items()]}}
 

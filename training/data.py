@@ -47,7 +47,7 @@ from typing import Iterator
 import numpy as np
 
 from common.errors import DatasetChangedError, DatasetError
-from common.dataset import (ROW_INDEX, TEACHER_COLUMN, Manifest, current_fingerprint, file_identity, teacher_shape,
+from common.dataset import (ROW_INDEX, TEACHER_COLUMN, Manifest, current_fingerprint, file_identity,
                             verify_digest)
 from common.storage import resolve, storage_errors
 
@@ -671,9 +671,8 @@ def columns_for(manifest: Manifest, teacher: bool = False) -> Columns:
     features, label = manifest.features, manifest.label
     return Columns(numeric=tuple(features.numeric), categorical=tuple(features.categorical),
                    arrays=tuple((name, tuple(shape)) for name, shape in features.arrays.items()),
-                   label=label["name"],
-                   label_dtype="int64" if label.get("task") == "classification" else "float32",
-                   teacher=tuple(teacher_shape(manifest.teacher)) if teacher else None)
+                   label=label.name, label_dtype="int64" if label.classification else "float32",
+                   teacher=manifest.teacher.shape if teacher else None)
 
 
 __all__ = ["BufferMemory", "Columns", "check_manifest_unchanged", "rewritten", "EpochStats", "RankLoader", "ShardFile", "SplitLayout", "columns_for", "epoch_seed",

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.dataset import LabelSpec
 from common.errors import DatasetError
 from common.model_artifact import (META, MODEL_FORMAT, MODEL_FORMAT_VERSION, PROGRAM, WEIGHTS, LoadedModel,
                                    read_model, verified_bytes)
@@ -57,24 +58,24 @@ class ServingModel(nn.Module):
         return torch.softmax(out.float(), dim=-1)
 
 
-def target_scaling(label_spec: dict) -> tuple[float, float]:
+def target_scaling(label_spec: LabelSpec) -> tuple[float, float]:
     """Regression targets are trained standardized (mean 0, std 1) for a well-scaled loss."""
-    if label_spec.get("task") == "classification":
+    if label_spec.classification:
         return 0.0, 1.0
-    std = float(label_spec.get("train_std") or 1.0)
-    return float(label_spec.get("train_mean") or 0.0), std if std > 0 else 1.0
+    std = label_spec.train_std or 1.0
+    return label_spec.train_mean or 0.0, std if std > 0 else 1.0
 
 
-def serving_model(net: nn.Module, label_spec: dict) -> ServingModel:
+def serving_model(net: nn.Module, label_spec: LabelSpec) -> ServingModel:
     mean, std = target_scaling(label_spec)
-    return ServingModel(net, label_spec.get("task") != "classification", mean, std)
+    return ServingModel(net, not label_spec.classification, mean, std)
 
 
 def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch: dict, run_id: str) -> str:
-    """Write the model directory at ``uri`` atomically; ``meta`` becomes model.json (plus versions).
-    ``run_id``: the training run publishing it (``RankPlan.run_id``)."""
+    """Write the model directory at ``uri`` atomically; ``meta`` becomes model.json (plus versions),
+    its ``label`` a ``LabelSpec``'s record. ``run_id``: the training run publishing it (``RankPlan.run_id``)."""
     net = net.to("cpu").eval()
-    serving = serving_model(net, meta["label"])
+    serving = serving_model(net, LabelSpec.from_record(meta["label"]))
     weights = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
     program = _program(serving, {k: v.to("cpu") for k, v in example_batch.items()})
     from safetensors.torch import save as save_safetensors
@@ -164,7 +165,7 @@ def _built_in_network(loc: Location, meta: dict) -> ServingModel:
         raise DatasetError(f"{loc.uri}/{WEIGHTS}: cannot be loaded as the built-in model's weights "
                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); re-train or "
                            "re-publish the model") from None
-    return serving_model(net, meta["label"])
+    return serving_model(net, LabelSpec.from_record(meta["label"]))
 
 
 __all__ = ["LoadedModel", "ServingModel", "load_model", "publish_model", "published_by", "serving_model",

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from common.config import to_dict
 from common.errors import ConfigError, NonFiniteLossError
-from common.dataset import TEACHER_COLUMN
+from common.dataset import TEACHER_COLUMN, LabelSpec
 from training.checkpoint import CheckpointManager
 from training.config import DistillConfig, TrainLoopConfig
 from training.data import BufferMemory, RankLoader, check_manifest_unchanged
@@ -325,7 +325,7 @@ def _build(plan: RankPlan, group) -> RankRun:
                                     cfg.checkpoint.every_epochs, cfg.checkpoint.keep, is_writer=group.rank == 0)
     identity = _run_identity(plan)
     return RankRun(plan=plan, group=group, strategy=strategy, model=model, step_model=step_model, optimizer=optimizer,
-                   objective=Objective(plan.task, plan.label_spec, t.distill), checkpoints=checkpoints,
+                   objective=Objective(plan.label_spec, t.distill), checkpoints=checkpoints,
                    guard=NonFiniteGuard(t.max_skipped_steps if t.precision == "fp16" else 0),
                    launch_identity=identity, meta=identity)
 
@@ -333,17 +333,16 @@ def _build(plan: RankPlan, group) -> RankRun:
 @dataclass(frozen=True)
 class Objective:
     """The training loss of one micro-batch, as the strategy's step calls it: ``loss_fn`` with the
-    task, the label's scaling and, with ``train.distill``, the teacher's soft targets."""
+    label (its task and scaling) and, with ``train.distill``, the teacher's soft targets."""
 
-    task: str
-    label_spec: dict
+    label_spec: LabelSpec
     distill: DistillConfig | None = None
 
     def __call__(self, output: torch.Tensor, batch: dict) -> torch.Tensor:
-        return loss_fn(output, batch["label"], self.task, self.label_spec, self.distill, batch.get(TEACHER_COLUMN))
+        return loss_fn(output, batch["label"], self.label_spec, self.distill, batch.get(TEACHER_COLUMN))
 
 
-def loss_fn(output: torch.Tensor, label: torch.Tensor, task: str, label_spec: dict,
+def loss_fn(output: torch.Tensor, label: torch.Tensor, label_spec: LabelSpec,
             distill: DistillConfig | None = None, teacher: torch.Tensor | None = None) -> torch.Tensor:
     """The training loss, in float32 whatever the autocast dtype (a bf16/fp16 log-softmax loses
     the small probabilities the teacher term is about). With ``distill``, Hinton et al.'s mix:
@@ -352,13 +351,13 @@ def loss_fn(output: torch.Tensor, label: torch.Tensor, task: str, label_spec: di
     (standardized like the label) in place of the KL term; T does not apply."""
     output = output.float()
     mean, std = target_scaling(label_spec)
-    if task == "classification":
+    if label_spec.classification:
         hard = F.cross_entropy(output, label)
     else:
         hard = F.mse_loss(output, (label.float() - mean) / std)
     if distill is None:
         return hard
-    if task == "classification":
+    if label_spec.classification:
         temperature = distill.temperature
         # kl_div(log q, p) = sum p (log p - log q), with 0 log 0 = 0 for classes the teacher rules out.
         soft = temperature ** 2 * F.kl_div(F.log_softmax(output / temperature, dim=-1), teacher.float(),
@@ -381,7 +380,7 @@ def evaluate(run: RankRun, loader: RankLoader, on_batch: Callable[[int | None], 
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, metric, rows, baseline metric
     classification = plan.task == "classification"
     if classification:
-        counts = plan.label_spec.get("train_class_counts") or [0]
+        counts = plan.label_spec.train_class_counts or [0]
         majority = int(np.argmax(counts))
     mean, std = target_scaling(plan.label_spec)
     with torch.no_grad():
@@ -395,7 +394,7 @@ def evaluate(run: RankRun, loader: RankLoader, on_batch: Callable[[int | None], 
                 on_batch(done)
                 continue
             rows = label.shape[0]
-            sums[0] += loss_fn(output, label, plan.task, plan.label_spec).double() * rows
+            sums[0] += loss_fn(output, label, plan.label_spec).double() * rows
             if classification:
                 sums[1] += (output.argmax(dim=-1) == label).sum()
                 sums[3] += (label == majority).sum()

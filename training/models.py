@@ -3,7 +3,8 @@
 Every model takes the batch dict the loader yields (``numeric`` float32 [B, n], ``categorical``
 int64 [B, k], one float32 [B, *shape] per array feature) and returns logits [B, num_classes]
 (classification) or values [B] (regression). A plug-in ``"package.module:factory"`` is called
-as ``factory(feature_spec, label_spec, **kwargs)`` with the manifest's plain dicts and must
+as ``factory(feature_spec, label_spec, **kwargs)`` with the manifest's plain dicts (the label's
+``LabelSpec.to_record()``: the manifest's own record) and must
 return such a ``torch.nn.Module`` (TorchScript-able, for the exported serving program).
 
 A model that can train in pipeline stages (``train.pipeline``, ``training.strategies.pipeline``)
@@ -27,7 +28,7 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.plugins import load_callable
-from common.dataset import RESERVED_INDICES
+from common.dataset import RESERVED_INDICES, LabelSpec
 from training.config import ModelConfig
 
 
@@ -127,13 +128,13 @@ def mlp_arguments(feature_spec: dict, label_spec: dict, hidden: list[int], dropo
     return args
 
 
-def build_model(model_cfg: ModelConfig, feature_spec: dict, label_spec: dict) -> nn.Module:
+def build_model(model_cfg: ModelConfig, feature_spec: dict, label_spec: LabelSpec) -> nn.Module:
     name = model_cfg.name
     if name == "mlp":
-        return TabularMLP(**mlp_arguments(feature_spec, label_spec, model_cfg.hidden, model_cfg.dropout,
+        return TabularMLP(**mlp_arguments(feature_spec, label_spec.to_record(), model_cfg.hidden, model_cfg.dropout,
                                           model_cfg.embedding_dim, **model_cfg.kwargs))
     factory = load_callable(name, "model.name")
-    model = factory(feature_spec, label_spec, **model_cfg.kwargs)
+    model = factory(feature_spec, label_spec.to_record(), **model_cfg.kwargs)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.name {name!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model

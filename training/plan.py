@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from common.errors import DatasetError
-from common.dataset import MANIFEST_NAME, TEACHER_COLUMN, Manifest, read_manifest, teacher_differences
+from common.dataset import MANIFEST_NAME, TEACHER_COLUMN, LabelSpec, Manifest, read_manifest, teacher_differences
 from training.config import TrainConfig
 from training.data import Columns, SplitLayout, columns_for, skipped_rows_per_epoch, steps_per_epoch
 from training.strategies import ranks_per_replica
@@ -37,7 +37,7 @@ class RankPlan:
     dataset_uri: str
     fingerprint: str
     feature_spec: dict
-    label_spec: dict
+    label_spec: LabelSpec
     columns: Columns
     train: SplitLayout
     val: SplitLayout | None
@@ -54,7 +54,7 @@ class RankPlan:
 
     @property
     def task(self) -> str:
-        return self.label_spec["task"]
+        return self.label_spec.task
 
     # What the config says, read from it (one copy of each value; the plan adds only what it resolved).
 
@@ -128,7 +128,7 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
 
     return RankPlan(
         config=copy.deepcopy(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
-        feature_spec=manifest.features.spec, label_spec=dict(manifest.label),
+        feature_spec=manifest.features.spec, label_spec=manifest.label,
         columns=columns_for(manifest, teacher=cfg.train.distill is not None),
         train=train, val=val, world_size=world, steps_per_epoch=steps,
         skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, replicas, batch, accum))
@@ -144,12 +144,11 @@ def _readers(cfg: TrainConfig) -> str:
 def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:
     """What this training config asks of the dataset (the manifest itself was validated on read)."""
     label = manifest.label
-    task = label["task"]
     model = cfg.model
-    if model.task is not None and model.task != task:
-        raise DatasetError(f"{where}: field 'label.task' is {task!r} but model.task is {model.task!r}")
-    if model.num_classes is not None and model.num_classes != label.get("num_classes"):
-        raise DatasetError(f"{where}: field 'label.num_classes' is {label.get('num_classes')!r} but "
+    if model.task is not None and model.task != label.task:
+        raise DatasetError(f"{where}: field 'label.task' is {label.task!r} but model.task is {model.task!r}")
+    if model.num_classes is not None and model.num_classes != label.num_classes:
+        raise DatasetError(f"{where}: field 'label.num_classes' is {label.num_classes!r} but "
                            f"model.num_classes is {model.num_classes}")
     if model.features is not None:
         absent = [name for name in model.features if name not in manifest.features.columns]
@@ -171,18 +170,18 @@ def _resolve_distill(manifest: Manifest, cfg: TrainConfig, where: str) -> TrainC
                            f"{TEACHER_COLUMN!r} column), which train.distill needs; shard it with a teacher "
                            "(shard config `teacher: {model: URI, temperature: T}`, or `shardtrain distill`), or "
                            "remove train.distill")
-    differences = teacher_differences(teacher, manifest.data["features"], manifest.label)
+    differences = teacher_differences(teacher, manifest.features.spec, manifest.label)
     if differences:
-        raise DatasetError(f"{where}: the soft targets come from teacher {teacher['uri']} whose "
+        raise DatasetError(f"{where}: the soft targets come from teacher {teacher.uri} whose "
                            f"{'; '.join(differences)}; distilling it into this dataset's model would teach the wrong "
                            "thing: shard again with a teacher trained on these features and classes")
-    if distill.temperature is not None and distill.temperature != teacher["temperature"]:
-        raise DatasetError(f"{where}: field 'teacher.temperature' is {teacher['temperature']:g} (the soft targets are "
+    if distill.temperature is not None and distill.temperature != teacher.temperature:
+        raise DatasetError(f"{where}: field 'teacher.temperature' is {teacher.temperature:g} (the soft targets are "
                            f"probabilities at that temperature) but train.distill.temperature is "
-                           f"{distill.temperature:g}; set it to {teacher['temperature']:g} or null, or shard again "
+                           f"{distill.temperature:g}; set it to {teacher.temperature:g} or null, or shard again "
                            "at the temperature you want")
     cfg = copy.deepcopy(cfg)
-    cfg.train.distill.temperature = float(teacher["temperature"])
+    cfg.train.distill.temperature = teacher.temperature
     return cfg
 
 

@@ -75,11 +75,11 @@ class Recorder:
             arrays = read_first_rows(plan.train, plan.columns, 1)
             example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in _NOT_INPUTS}
         model_cfg = plan.config.model
-        arguments = (mlp_arguments(plan.feature_spec, plan.label_spec, model_cfg.hidden, model_cfg.dropout,
+        arguments = (mlp_arguments(plan.feature_spec, plan.label_spec.to_record(), model_cfg.hidden, model_cfg.dropout,
                                    model_cfg.embedding_dim, **model_cfg.kwargs)
                      if model_cfg.name == "mlp" else None)
         meta = {"model": {"name": model_cfg.name, "arguments": arguments}, "config": to_dict(plan.config),
-                "features": plan.feature_spec, "label": plan.label_spec, "metrics": history,
+                "features": plan.feature_spec, "label": plan.label_spec.to_record(), "metrics": history,
                 "dataset": {"uri": plan.dataset_uri, "fingerprint": plan.fingerprint},
                 "inputs": {"numeric": list(plan.columns.numeric), "categorical": list(plan.columns.categorical),
                            "arrays": {name: list(shape) for name, shape in plan.columns.arrays}}}

@@ -144,6 +144,51 @@ def test_a_teacher_record_adds_its_column_and_is_validated():
             validate_manifest({**m, "teacher": {**teacher, **change}}, "m.json")
 
 
+def test_read_manifest_types_the_label_teacher_and_splits_and_gives_back_their_records(tmp_path):
+    """The label, teacher and split entries are parsed once into frozen typed objects; a record's
+    ``to_record()`` is exactly the JSON it came from (``source`` and fields a newer writer adds
+    included): what model.json stores and a plug-in model factory receives."""
+    import dataclasses
+    import json
+
+    from common.dataset import (FileEntry, LabelSpec, SplitEntry, build_manifest, read_manifest,
+                                write_manifest)
+    from common.storage import publish
+
+    features = {"numeric": [{"name": "x", "mean": 0.0, "std": 1.0, "fill": 0.0}]}
+    label = {"name": "label", "task": "classification", "num_classes": 3, "train_class_counts": [5, 0, 2],
+             "source": "y", "added_later": {"a": [1]}}
+    entry = {"path": "train/part-00000.parquet", "rows": 7, "row_groups": [4, 3], "bytes": 9, "sha256": "0" * 64}
+    splits = {"train": {"rows": 7, "files": [entry]}}
+    teacher = {"uri": "s3://m/t", "fingerprint": "f" * 64, "temperature": 2, "column": "teacher",
+               "task": "classification", "num_classes": 3,
+               "features": {"numeric": ["x"], "arrays": [{"name": "img", "shape": [2, 2]}]}}
+    with publish(str(tmp_path / "ds")) as staging:
+        write_manifest(staging, build_manifest(splits, features, label, teacher=teacher))
+    m = read_manifest(str(tmp_path / "ds"))
+
+    assert m.label == LabelSpec(name="label", task="classification", num_classes=3, train_class_counts=(5, 0, 2))
+    assert m.label.classification and m.label.train_mean is None
+    assert json.dumps(m.label.to_record()) == json.dumps(label)  # same keys, same order, same values
+    m.label.to_record()["added_later"]["a"].append(2)  # a copy: the parsed label cannot be changed through it
+    assert m.label.to_record() == label
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.label.task = "regression"
+
+    t = m.teacher
+    assert (t.uri, t.temperature, t.task, t.num_classes, t.shape) == ("s3://m/t", 2.0, "classification", 3, (3,))
+    assert (t.numeric, t.categorical, t.arrays) == (("x",), (), (("img", (2, 2)),))
+    assert json.dumps(t.to_record()) == json.dumps(teacher)
+
+    assert m.splits == {"train": SplitEntry(rows=7, files=(FileEntry(entry["path"], 7, (4, 3), 9, "0" * 64),))}
+    assert (m.rows("train"), m.num_shards("train"), m.files("train")) == (7, 1, list(m.splits["train"].files))
+
+    regression = LabelSpec.from_record({"name": "label", "task": "regression", "train_mean": 2, "train_std": 0.5})
+    assert (regression.classification, regression.train_mean, regression.train_std) == (False, 2.0, 0.5)
+    assert LabelSpec(name="label", task="regression", train_mean=2.0).to_record() == {
+        "name": "label", "task": "regression", "train_mean": 2.0}
+
+
 @pytest.mark.parametrize("content, says", [
     (b'[{"format": "shardtrain.dataset"}]', "holds a JSON list, not the manifest's object"),
     (b'{"format": ', "not valid JSON"),

@@ -107,7 +107,7 @@ def test_notebook_api_and_generator_properties(spark, tmp_path):
     manifest = read_manifest(result.uri)
     assert manifest.data["accounting"]["input_rows"] == 3000
     assert "spread" in describe_dataset(result.uri)
-    counts = np.asarray(manifest.label["train_class_counts"])
+    counts = np.asarray(manifest.label.train_class_counts)
     assert counts.sum() == manifest.rows("train") and (counts > 0).all()
 
 

@@ -73,7 +73,7 @@ def test_row_index_and_stored_encodings(generated):
                                                             "label", "_row"]
     train = read_split(result.uri, "train")
     counts = np.bincount(np.asarray(train.column("label")), minlength=3).tolist()
-    assert manifest.label["train_class_counts"] == counts
+    assert list(manifest.label.train_class_counts) == counts
 
 
 def test_each_column_is_encoded_for_what_it_holds_and_spark_reads_it_back(generated, spark):
@@ -329,7 +329,7 @@ def test_regression_label_rules_and_stats(spark, tmp_path):
                                                                             "num_classes": None}))
     m = result.manifest
     assert m.data["quarantine"]["by_reason"] == {"invalid_label": 2, "null_label": 1}
-    assert m.label["train_mean"] == pytest.approx(14.5) and m.label["train_std"] == pytest.approx(np.std(range(30)))
+    assert m.label.train_mean == pytest.approx(14.5) and m.label.train_std == pytest.approx(np.std(range(30)))
     assert m.column("label")["dtype"] == "float32"
     assert read_split(result.uri, "train").schema.field("label").type == pa.float32()
 
@@ -421,7 +421,7 @@ def test_label_expr_and_bad_expressions(spark, tmp_path):
     src = write_parquet(tmp_path / "in", simple_rows(20))
     result = run_shard_job(spark, config(src, str(tmp_path / "out"),
                                          label={"column": None, "expr": "CAST(x > 8 AS INT)", "num_classes": 2}))
-    assert sum(result.manifest.label["train_class_counts"]) == 20
+    assert sum(result.manifest.label.train_class_counts) == 20
     with pytest.raises(InputDataError, match="split.key 'nope' is not a column or valid expression"):
         run_shard_job(spark, config(src, str(tmp_path / "out2"), split={"key": "nope"}))
 

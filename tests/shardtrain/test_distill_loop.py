@@ -68,7 +68,7 @@ def _split_table(manifest, split, columns=None):
 
 def test_manifest_records_the_teacher(loop):
     teacher_uri = loop["cfg"].teacher.output.model_path
-    record = loop["soft"].teacher
+    record = loop["soft"].teacher.to_record()
     assert record == {"uri": teacher_uri, "fingerprint": read_marker(teacher_uri)["model_json_sha256"],
                       "temperature": TEMPERATURE, "column": "teacher", "task": "classification", "num_classes": 2,
                       "features": {"numeric": ["x0", "x1", "x2", "x3"], "categorical": ["c0", "c1"], "arrays": []}}

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from common.dataset import read_manifest
+from common.dataset import LabelSpec, read_manifest
 from common.errors import EXIT_USAGE, DatasetError
 from plugin_models import Wrap
 from tabular_data import write_dataset
@@ -27,11 +27,12 @@ from training.strategies.single import SingleProcess
 from training.precision import Precision
 
 LAYOUT = {"train": [[300, 100], [240]], "val": [[90], [70]]}
+CLASSES_2 = LabelSpec(name="label", task="classification", num_classes=2)
 
 def train_step(model, micro_batches, optimizer, precision, clip_norm, distill=None):
     """One optimizer step of the one-process strategy, as the rank loop takes it."""
     strategy = SingleProcess(LocalGroup(), precision)
-    return strategy.train_step(model, micro_batches, optimizer, Objective("classification", {}, distill), clip_norm)
+    return strategy.train_step(model, micro_batches, optimizer, Objective(CLASSES_2, distill), clip_norm)
 
 
 
@@ -71,21 +72,22 @@ def test_classification_loss_is_the_hinton_mix():
         kl = np.where(teacher > 0, teacher * (np.log(teacher) - np.log(student)), 0.0).sum(axis=1).mean()
     ce = -np.log(_softmax(logits)[np.arange(8), label]).mean()
     expected = alpha * temperature ** 2 * kl + (1 - alpha) * ce
-    got = loss_fn(torch.tensor(logits, dtype=torch.float32), torch.tensor(label), "classification", {},
+    got = loss_fn(torch.tensor(logits, dtype=torch.float32), torch.tensor(label),
+                  LabelSpec(name="label", task="classification", num_classes=3),
                   DistillConfig(alpha=alpha, temperature=temperature), torch.tensor(teacher, dtype=torch.float32))
     assert got.dtype == torch.float32
     assert float(got) == pytest.approx(expected, rel=1e-5)
 
 
 def test_regression_loss_uses_the_teachers_value_standardized_like_the_label():
-    spec = {"task": "regression", "train_mean": 10.0, "train_std": 4.0}
+    spec = LabelSpec(name="label", task="regression", train_mean=10.0, train_std=4.0)
     output = torch.tensor([0.5, -1.0, 2.0])
     label = torch.tensor([12.0, 6.0, 18.0])  # standardized: 0.5, -1, 2: the label term is 0
     teacher = torch.tensor([14.0, 10.0, 10.0])  # standardized: 1, 0, 0
     expected_soft = ((0.5 - 1) ** 2 + (-1.0 - 0) ** 2 + (2.0 - 0) ** 2) / 3
-    got = loss_fn(output, label, "regression", spec, DistillConfig(alpha=0.25, temperature=1.0), teacher)
+    got = loss_fn(output, label, spec, DistillConfig(alpha=0.25, temperature=1.0), teacher)
     assert float(got) == pytest.approx(0.25 * expected_soft)
-    assert float(loss_fn(output, label, "regression", spec)) == 0.0
+    assert float(loss_fn(output, label, spec)) == 0.0
 
 
 def test_alpha_zero_is_the_plain_loss_bit_for_bit():
@@ -93,8 +95,9 @@ def test_alpha_zero_is_the_plain_loss_bit_for_bit():
     logits = torch.tensor(rng.normal(0, 2, (16, 4)), dtype=torch.float32)
     teacher = torch.tensor(_softmax(rng.normal(0, 2, (16, 4))), dtype=torch.float32)
     label = torch.tensor(rng.integers(0, 4, 16))
-    plain = loss_fn(logits, label, "classification", {})
-    mixed = loss_fn(logits, label, "classification", {}, DistillConfig(alpha=0.0, temperature=4.0), teacher)
+    spec = LabelSpec(name="label", task="classification", num_classes=4)
+    plain = loss_fn(logits, label, spec)
+    mixed = loss_fn(logits, label, spec, DistillConfig(alpha=0.0, temperature=4.0), teacher)
     assert torch.equal(plain, mixed)
 
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from common.dataset import LabelSpec
 from common.errors import EXIT_USAGE, ConfigError
 from torch_ranks import run_ranks
 from plugin_models import Wrap
@@ -19,6 +20,7 @@ from training.config import LaunchConfig, SyncConfig, TrainConfig, TrainLoopConf
 from training.loop import Objective
 
 STEPS, BATCH = 12, 16
+CLASSES_2 = LabelSpec(name="label", task="classification", num_classes=2)
 
 
 def _config(**sync) -> TrainConfig:
@@ -47,7 +49,7 @@ def _replica_run(group, strategy_name: str, sync: dict, steps_per_epoch: int, se
     for step in range(1, STEPS + 1):
         x = torch.randn(BATCH, 4, generator=data)
         batch = {"numeric": x, "label": (x[:, 0] + (group.rank - 0.5) * x[:, 1] > 0).long()}
-        strategy.train_step(step_model, [batch], optimizer, Objective("classification", {}), None)
+        strategy.train_step(step_model, [batch], optimizer, Objective(CLASSES_2), None)
         strategy.after_step(step, model, optimizer)
         weights.append(flatten(model))
     figures = strategy.epoch_metrics() if strategy_name == "periodic" else {}

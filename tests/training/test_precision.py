@@ -4,16 +4,20 @@ order) all train on CPU; fp16 skips an overflowing step and its scaler state rou
 import pytest
 import torch
 
+from common.dataset import LabelSpec
 from plugin_models import Wrap
 from training.distributed import LocalGroup
 from training.loop import Objective
 from training.strategies.single import SingleProcess
 from training.precision import Precision
 
+CLASSES_2 = LabelSpec(name="label", task="classification", num_classes=2)
+
+
 def train_step(model, micro_batches, optimizer, precision, clip_norm, distill=None):
     """One optimizer step of the one-process strategy, as the rank loop takes it."""
     strategy = SingleProcess(LocalGroup(), precision)
-    return strategy.train_step(model, micro_batches, optimizer, Objective("classification", {}, distill), clip_norm)
+    return strategy.train_step(model, micro_batches, optimizer, Objective(CLASSES_2, distill), clip_norm)
 
 
 
