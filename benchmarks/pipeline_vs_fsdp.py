@@ -40,6 +40,7 @@ def _rank(rank: int, port: int, out: str, layout: str, args) -> None:
 
     from training.config import PipelineConfig
     from training.distributed import TorchGroup
+    from common.dataset import LabelSpec
     from training.loop import Objective
     from training.models import TabularMLP
     from training.precision import Precision
@@ -66,7 +67,7 @@ def _rank(rank: int, port: int, out: str, layout: str, args) -> None:
     step_model = strategy.wrap(net)
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
     strategy.broadcast_initial_state(net, optimizer)
-    objective = Objective("classification", {"task": "classification", "num_classes": 2})
+    objective = Objective(LabelSpec(name="label", task="classification", num_classes=2))
     generator = torch.Generator().manual_seed(rank)
     batch = {"numeric": torch.randn(rows, 64, generator=generator), "categorical": torch.zeros(rows, 0, dtype=torch.long),
              "label": torch.randint(0, 2, (rows,), generator=generator)}

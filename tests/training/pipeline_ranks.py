@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from common.dataset import LabelSpec
 from training.config import PipelineConfig
 from training.loop import Objective
 from training.models import TabularMLP
 from training.precision import Precision
 from training.strategies.base import initialise_optimizer_state
 
-LABEL = {"task": "classification", "num_classes": 3}
+LABEL = LabelSpec(name="label", task="classification", num_classes=3)
 
 
 def model() -> TabularMLP:
@@ -51,7 +52,7 @@ def steps_on_stages(group, pipeline: dict, steps: int, accum: int, rows: int, cl
     step_model = strategy.wrap(net)
     optimizer = _optimizer(net)
     strategy.broadcast_initial_state(net, optimizer)
-    objective = Objective("classification", LABEL)
+    objective = Objective(LABEL)
     if poison_step is not None and strategy.holds_first:
         first = strategy.modules[0]
         linear = next(m for m in first.modules() if isinstance(m, torch.nn.Linear))
@@ -80,7 +81,7 @@ def steps_in_one_process(steps: int, accum: int, rows: int, replicas: int = 1, c
     strategy = SingleProcess(LocalGroup(), Precision(precision, "cpu"))
     net = model()
     optimizer = _optimizer(net)
-    objective = Objective("classification", LABEL)
+    objective = Objective(LABEL)
     losses = []
     for step in range(steps):
         micro = [_concat([batch(step, a, r, rows) for r in range(replicas)]) for a in range(accum)]
