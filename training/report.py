@@ -106,6 +106,9 @@ def _epoch_table(record: RunRecord) -> str:
     headers = ["epoch", "step", "train loss", "val loss"]
     headers += [f"val {name}", f"baseline {name}"] if name else []
     headers += ["seconds", "steps/s", "samples/s", "data wait", "allreduce wait"]
+    # Periodic synchronisation (train.sync) records its rounds, what each rank sent and the drift.
+    synced = any("sync_rounds" in e for e in record.epochs)
+    headers += ["sync rounds", "sync bytes/sample", "drift at sync"] if synced else []
     rows = []
     for e in record.epochs:
         rates = epoch_rates(e, record.samples_per_step)
@@ -113,6 +116,7 @@ def _epoch_table(record: RunRecord) -> str:
         row += [e.get(f"val_{name}"), e.get(f"baseline_{name}")] if name else []
         row += [e.get("seconds"), rates.get("steps_per_s"), rates.get("samples_per_s"),
                 _percent(rates.get("data_wait_fraction")), _percent(rates.get("allreduce_wait_fraction"))]
+        row += [e.get("sync_rounds"), e.get("sync_bytes_per_sample"), e.get("sync_drift")] if synced else []
         rows.append(row)
     return table(headers, rows)
 

@@ -150,3 +150,6 @@ def test_local_sgd_through_torch_distributor_records_its_rounds_and_publishes_th
         assert record["sync_collectives"] == record["sync_rounds"] and record["sync_drift"] > 0
     model = load_model(result.model_uri)
     assert model.predict(ds.raw["val"]).shape[0] == len(ds.raw["val"])
+    with open(os.path.join(result.run_dir, "report.html"), encoding="utf-8") as fh:
+        report = fh.read()
+    assert "sync rounds" in report and "drift at sync" in report  # the report shows what metrics.jsonl holds
