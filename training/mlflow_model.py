@@ -37,6 +37,7 @@ from typing import Iterator
 
 import mlflow.pyfunc
 import numpy as np
+import pandas as pd
 
 from common import __version__
 from common.dataset import NULL_INDEX, RESERVED_INDICES, FeatureSpec, read_manifest
@@ -61,7 +62,8 @@ class ShardtrainPyfunc(mlflow.pyfunc.PythonModel):
         # Verified here, file by file, against model.json's sha256s and the marker's model.json sha256.
         self.model = load_model(context.artifacts[ARTIFACT_KEY])
 
-    def predict(self, context, model_input, params=None):
+    # The type hint says what MLflow passes (it infers no schema from it: the signature is ours).
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> np.ndarray:
         return self.model.predict(model_input)
 
 
@@ -82,7 +84,6 @@ def signature(meta: dict):
 
 def input_example(meta: dict, dataset_uri: str, splits: list[str], rows: int = EXAMPLE_ROWS):
     """The first ``rows`` rows of the first of ``splits`` the dataset has, as raw columns (pandas)."""
-    import pandas as pd
     import pyarrow.parquet as pq
 
     manifest = read_manifest(dataset_uri)
