@@ -11,7 +11,8 @@ VENV_CURRENT ?= .venv-current
 CURRENT_TESTS ?= tests/common tests/pipelines tests/training/test_torch_backend.py \
 	tests/training/test_arrow_reader.py tests/training/test_torch_arrow_demo.py tests/training/test_train_in_process.py \
 	tests/shardtrain/test_doctor_stacks.py tests/training/test_run_report.py tests/training/test_tracking.py tests/training/test_distill.py \
-	tests/training/test_periodic_sync.py tests/training/test_pipeline.py tests/training/test_published_before.py tests/test_import_graph.py \
+	tests/training/test_periodic_sync.py tests/training/test_pipeline.py tests/training/test_published_before.py tests/training/test_mlflow_models.py \
+	tests/test_import_graph.py \
 	tests/scoring
 
 .PHONY: setup setup-current demo test test-current test-fast doctor bench wheel clean

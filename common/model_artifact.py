@@ -37,6 +37,7 @@ import numpy as np
 
 from common.dataset import FeatureSpec, LabelSpec
 from common.errors import DatasetError, StorageError, first_line
+from common.model_registry import is_registry_uri
 from common.storage import KIND_MODEL, MARKER, Location, read_marker, require_committed, storage_errors
 
 MODEL_FORMAT = KIND_MODEL
@@ -111,14 +112,29 @@ class LoadedModel:
             return out.float().cpu().numpy()
 
 
-def read_model(uri: str, program: bool, build_network: Callable[[Location, dict], object]) -> LoadedModel:
+def read_model(uri: str, program: bool, build_network: Callable[[Location, dict], object],
+               registry_uri: str | None = None) -> LoadedModel:
     """The published model at ``uri``, verified: its TorchScript program (``program=True``), or
     the network ``build_network(location, meta)`` returns (an ``nn.Module`` taking the batch dict
-    and returning what the program returns; it reads the weights with ``verified_bytes``)."""
+    and returning what the program returns; it reads the weights with ``verified_bytes``).
+
+    ``uri`` may be a ``models:/`` URI (common.model_registry): the version it names is downloaded
+    from the registry (``registry_uri``, or MLflow's default) and verified like any model."""
+    if is_registry_uri(uri):
+        from common.model_registry import downloaded_model
+
+        with downloaded_model(uri, registry_uri) as (local, shown):  # all is read into memory before it goes
+            # Named as the URI and its version: a damaged file is reported as the registry's, not a temporary copy.
+            loc = Location(uri=shown, scheme="file", path=local)
+            return _read_committed(require_committed(loc, "model"), program, build_network)
     try:
         loc = require_committed(uri, "model")
     except StorageError as exc:  # keep its message, but as the dataset-contract exit status 2
         raise DatasetError(str(exc)) from None
+    return _read_committed(loc, program, build_network)
+
+
+def _read_committed(loc: Location, program: bool, build_network) -> LoadedModel:
     meta, fingerprint = _read_meta(loc)
     if program:
         module = _load_program(loc, verified_bytes(loc, meta, PROGRAM))

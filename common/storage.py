@@ -53,6 +53,7 @@ from urllib.parse import urlparse
 import fsspec
 
 from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageError, StorageIOError, first_line
+from common.model_registry import is_registry_uri, parse_registry_uri
 from common.faults import fault_point
 
 MARKER = "_COMMITTED"
@@ -180,6 +181,9 @@ def resolve(uri: str) -> Location:
         if not os.path.isdir(DBFS_MOUNT):
             raise StorageError(f"{uri}: dbfs:/ URIs need the {DBFS_MOUNT} mount, which exists only on Databricks")
         return Location(uri=path, scheme="file", path=path)
+    if is_registry_uri(uri):
+        raise StorageError(f"{uri}: a models:/ URI names a model in an MLflow registry, not a storage path; only model "
+                           "URIs take it (score.model, teacher.model, load_model)")
     raise StorageError(
         f"{uri}: unsupported URI scheme {parsed.scheme!r}; use a local path, file://, s3://, hdfs:// or dbfs:/")
 
@@ -209,9 +213,13 @@ def _real_local_path(uri: str, path: str) -> str:
         return os.path.realpath(path)  # not there yet (an output to create, a glob): resolve what exists
 
 
-def check_uri(uri: str) -> Location:
+def check_uri(uri: str) -> Location | None:
     """Resolve ``uri`` and set up its file system now (scheme, bucket, credentials), so a job can
-    fail on a bad URI before it starts Spark or any other work."""
+    fail on a bad URI before it starts Spark or any other work. A ``models:/`` URI is checked
+    for its form only (its registry is asked when the model is loaded); the result is then None."""
+    if is_registry_uri(uri):
+        parse_registry_uri(uri)
+        return None
     loc = resolve(uri)
     loc.fs  # noqa: B018 - building the file system is the check (S3 credentials, HDFS connection)
     if loc.scheme == "s3":
@@ -549,7 +557,7 @@ def check_disjoint(output_uri: str, output_key: str, inputs: dict[str, str]) -> 
     description (naming the config key) to the input's URI."""
     out = _comparable(output_uri)
     for what, uri in inputs.items():
-        if not uri:
+        if not uri or is_registry_uri(uri):  # a registered model is no path an output could overlap
             continue
         inp = _comparable(uri)
         if out[0] != inp[0]:

@@ -19,6 +19,11 @@ file, notebooks). Nothing is written until every check that can fail has passed:
    Parquet at the output's root, the others under ``_quarantine/`` (``reason``, ``source``,
    ``raw`` as JSON, as the shard job writes them); the rows in the written files must add up to
    the input (scored = clean, scored + quarantined = input) before the marker is written.
+
+A ``models:/NAME@ALIAS`` model is resolved to one version first; the marker and
+``_scores.json`` record it (``model_version``). With ``skip_if_exists``, scores of the same
+config and input by the version the alias named before are replaced (the alias moved: the input
+is scored again); with ``models:/NAME/VERSION`` the scores stay as they are.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from common.config import dump_yaml, to_dict
 from common.sql import quote_identifier
 from common.errors import AccountingError, DatasetError, InputDataError, first_line
 from common.output_mode import SAME, OutputWords, existing_output
-from common.storage import (KIND_SCORES, check_disjoint, check_output_uri, clean_stale_staging, output_lock, publish,
-                            read_marker, resolve)
+from common.model_registry import is_registry_uri, resolve_registry_model
+from common.storage import (KIND_SCORES, check_disjoint, check_output_uri, clean_stale_staging, is_committed,
+                            output_lock, publish, read_marker, resolve)
 from scoring.config import ScoreConfig
 from scoring.predict import REASON, check_feature_types, predict_frame, reason_sql
 
@@ -82,15 +88,30 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
     from common.spark import spark_errors
     from training import load_model
 
-    model_marker = _model_marker(cfg.model)
+    # A registered model is resolved once, here: the whole job scores with that one version.
+    registered = resolve_registry_model(cfg.model) if is_registry_uri(cfg.model) else None
+    if registered is None:
+        model_uri, registry_uri, loaded = cfg.model, None, None
+        model_marker = _model_marker(cfg.model)
+    else:
+        model_uri, registry_uri = registered.pinned_uri, registered.registry_uri
+        loaded = load_model(model_uri, program=cfg.program, registry_uri=registry_uri)
+        model_marker = {"model_json_sha256": loaded.fingerprint}
+        log.info("%s is version %s of %s in %s", cfg.model, registered.version, registered.name, registry_uri)
     input_record = _input_record(cfg)
     input_fp = input_fingerprint(cfg, input_record, model_marker)
-    existing = _check_existing(out, cfg, input_fp)
+    mode = cfg.output.mode
+    if registered is not None and registered.alias and mode == "skip_if_exists" and _alias_moved(out, cfg, input_record,
+                                                                                                   input_fp):
+        log.info("%s holds scores of another version than %s now names (version %s): the alias moved, so the input "
+                 "is scored again and the scores replaced", out.uri, cfg.model, registered.version)
+        mode = "overwrite"
+    existing = _check_existing(out, cfg, input_fp, mode)
     if existing is not None:
         log.info("%s already holds these scores (input fingerprint %s); skipping", out.uri, input_fp[:12])
         return existing
 
-    spec = load_model(cfg.model, program=cfg.program).features
+    spec = (loaded or load_model(model_uri, program=cfg.program)).features
     encoded = cfg.dataset is not None
     table, malformed = _dataset_table(spark, cfg, spec) if encoded else _sources_table(spark, cfg)
     fields = {f.name: f.dataType for f in table.schema.fields}
@@ -106,13 +127,14 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
     if input_rows == 0:
         raise InputDataError(f"the input has no rows ({_describe_input(cfg)})")
 
+    version = {"model_version": registered.record()} if registered is not None else {}
     marker = {"kind": KIND_SCORES, "input_fingerprint": input_fp, "model": cfg.model,
-              "model_json_sha256": model_marker.get("model_json_sha256")}
-    mode = "overwrite" if cfg.output.mode == "overwrite" else "error"
+              "model_json_sha256": model_marker.get("model_json_sha256"), **version}
+    mode = "overwrite" if mode == "overwrite" else "error"
     with publish(out.uri, mode=mode, marker=marker) as staging:
-        scored = predict_frame(checked.where(f"{REASON} IS NULL"), cfg.model, batch_size=cfg.batch_size,
+        scored = predict_frame(checked.where(f"{REASON} IS NULL"), model_uri, batch_size=cfg.batch_size,
                                temperature=cfg.temperature, keep_columns=cfg.output.keep_columns,
-                               encoded=encoded, program=cfg.program,
+                               encoded=encoded, program=cfg.program, registry_uri=registry_uri,
                                fingerprint=model_marker.get("model_json_sha256")).drop(REASON)
         with spark_errors(f"scoring with {cfg.model}"):
             _write(scored, staging.uri)
@@ -120,7 +142,7 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
             _write(_quarantine_rows(cfg, checked, table.columns, malformed), staging.join(QUARANTINE_DIR).uri)
         accounting = _check_accounting(staging, input_rows, clean_rows, sum(by_reason.values()))
         summary = {"format": KIND_SCORES, "shardtrain_version": __version__, "model": cfg.model,
-                   "model_json_sha256": model_marker.get("model_json_sha256"), "input_fingerprint": input_fp,
+                   "model_json_sha256": model_marker.get("model_json_sha256"), **version, "input_fingerprint": input_fp,
                    "input": input_record, "columns": scored.columns, "accounting": accounting,
                    "quarantine": {"path": QUARANTINE_DIR, "by_reason": dict(sorted(by_reason.items()))},
                    "config": to_dict(cfg)}
@@ -211,9 +233,22 @@ _SCORES = OutputWords(kind=KIND_SCORES, identical="identical scores", committed=
                       other="other scores", inputs="the config, the input files or the model", plural=True)
 
 
-def _check_existing(out, cfg: ScoreConfig, input_fp: str) -> ScoreResult | None:
+def _alias_moved(out, cfg: ScoreConfig, input_record: dict, input_fp: str) -> bool:
+    """Whether ``out`` holds scores of this very config and input by another model: what a
+    ``models:/NAME@ALIAS`` gives once the alias has moved (the marker records the model.json
+    sha256 the scores were computed with, so the fingerprint they had can be recomputed)."""
+    if not is_committed(out):
+        return False
+    marker = read_marker(out)
+    before = marker.get("model_json_sha256")
+    if marker.get("kind") != KIND_SCORES or not before or marker.get("input_fingerprint") == input_fp:
+        return False
+    return input_fingerprint(cfg, input_record, {"model_json_sha256": before}) == marker.get("input_fingerprint")
+
+
+def _check_existing(out, cfg: ScoreConfig, input_fp: str, mode: str) -> ScoreResult | None:
     """The scores already at the output when skip_if_exists finds these; None to go on."""
-    if existing_output(out, cfg.output.mode, _SCORES, input_fp) != SAME:
+    if existing_output(out, mode, _SCORES, input_fp) != SAME:
         return None
     summary = json.loads(out.read_text(SUMMARY_NAME))
     acc = summary["accounting"]

@@ -75,12 +75,19 @@ class ScoreTask:
     encoded: bool
     temperature: float
     batch_size: int
+    # A registered model (models:/NAME/VERSION, pinned on the driver): the registry it is in.
+    registry_uri: str | None = None
 
 
 def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = 1.0,
                   keep_columns: list[str] | None = None, encoded: bool = False, program: bool = False,
-                  fingerprint: str | None = None):
+                  fingerprint: str | None = None, registry_uri: str | None = None):
     """``df`` scored with the model at ``model_uri``: see the module docstring for the columns.
+
+    ``model_uri`` may name a registered version, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``
+    (in ``registry_uri``, or MLflow's default registry): the driver resolves it to one version
+    once, and every worker loads that version (and verifies it like any model), so a moving alias
+    cannot mix two models' predictions.
 
     ``fingerprint``: the model's identity (its model.json sha256, as its commit marker records
     it) that the caller already recorded; a model at the URI with another one is refused, so a
@@ -91,13 +98,18 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     missing or named like an output column; ValueError for a bad batch_size or temperature.
     Lazy: nothing runs until the result is written or collected.
     """
+    from common.model_registry import is_registry_uri, resolve_registry_model
     from training import load_model
 
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    model = load_model(model_uri, program=program)  # verified once on the driver: a bad model fails here
+    if is_registry_uri(model_uri):
+        registered = resolve_registry_model(model_uri, registry_uri)
+        model_uri, registry_uri = registered.pinned_uri, registered.registry_uri
+    # Verified once on the driver: a bad model fails here.
+    model = load_model(model_uri, program=program, registry_uri=registry_uri)
     if fingerprint is not None and model.fingerprint != fingerprint:
         raise DatasetError(f"{model_uri}: the model was replaced while this job ran (its model.json sha256 is now "
                            f"{model.fingerprint[:12]}, the job recorded {fingerprint[:12]}); nothing was published: "
@@ -113,7 +125,7 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
         weights_sha256=model.weights_sha256,
         task=model.task, num_classes=int(model.label.num_classes or 0),
         keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))), features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
-        encoded=encoded, temperature=float(temperature), batch_size=batch_size)
+        encoded=encoded, temperature=float(temperature), batch_size=batch_size, registry_uri=registry_uri)
     typed = [f"{expr} AS {private}" for (name, private), expr in
              zip(task.features, _typed_features(fields, spec, encoded))]
     reason = reason_sql(fields, spec, encoded)
@@ -236,7 +248,7 @@ def worker_model(task: ScoreTask):
     if key not in _MODELS:
         from training import load_model
 
-        model = load_model(task.model_uri, program=task.program)
+        model = load_model(task.model_uri, program=task.program, registry_uri=task.registry_uri)
         found = model.weights_sha256
         if found != task.weights_sha256:
             raise RuntimeError(f"{task.model_uri}: the model was replaced while this job ran (weights sha256 "

@@ -113,12 +113,14 @@ def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, started: flo
     return result
 
 
-def load_model(uri: str, program: bool = False):
+def load_model(uri: str, program: bool = False, registry_uri: str | None = None):
     """A published model (see training.export.load_model): ``.predict(frame)`` on raw feature
-    columns. ``program=True`` runs the TorchScript program (needed for plug-in models)."""
+    columns. ``program=True`` runs the TorchScript program (needed for plug-in models). ``uri``
+    may be ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` (in ``registry_uri``, or MLflow's
+    default registry)."""
     from training.export import load_model as _load
 
-    return _load(uri, program)
+    return _load(uri, program, registry_uri)
 
 
 # --- command handler (shardtrain train) ---------------------------------------------------------

@@ -307,12 +307,21 @@ class MlflowConfig:
     # Seconds rank 0 waits for all of tracking (every MLflow call and upload) before it warns and
     # goes on: a server that accepts connections and never answers costs at most this.
     timeout_s: float = 60.0
+    # A new version of this registered model gets the run's pyfunc model (training.mlflow_model):
+    # a plain name (workspace registry) or catalog.schema.name (Unity Catalog); null: logged, not registered.
+    registered_model: str | None = None
+    registry_uri: str | None = None  # null: MLflow's default (MLFLOW_REGISTRY_URI, else the tracking URI)
+    alias: str | None = None  # moved to the new version (models:/NAME@ALIAS); needs registered_model
 
     def __post_init__(self):
-        for key in ("tracking_uri", "experiment", "run_name"):
+        for key in ("tracking_uri", "experiment", "run_name", "registered_model", "registry_uri", "alias"):
             value = getattr(self, key)
             require(value is None or bool(value.strip()), key, "must not be empty (null: MLflow's default)")
         require(self.timeout_s > 0, "timeout_s", f"must be > 0 seconds, got {self.timeout_s:g}")
+        require(self.alias is None or self.registered_model is not None, "alias",
+                "needs tracking.mlflow.registered_model: an alias names a version of a registered model")
+        require(self.alias is None or not self.alias.strip().isdigit() and "@" not in self.alias
+                and "/" not in self.alias, "alias", f"must be a name (not a number, no '@' or '/'), got {self.alias!r}")
 
 
 @dataclass

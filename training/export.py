@@ -130,15 +130,18 @@ def versions() -> dict:
     return found
 
 
-def load_model(uri: str, program: bool = False) -> LoadedModel:
+def load_model(uri: str, program: bool = False, registry_uri: str | None = None) -> LoadedModel:
     """Load a published model, verifying each file it reads against the recorded sha256
     (``common.model_artifact.read_model``).
 
     ``program=False`` (default): the built-in MLP, rebuilt from model.json and safetensors; a
     plug-in model is refused (it has no built-in architecture). ``program=True``: the TorchScript
     program. The choice is the caller's alone; no field of model.json can switch it.
+
+    ``uri`` may name a registered version, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``
+    (in ``registry_uri``, or MLflow's default registry): it is downloaded and verified the same way.
     """
-    return read_model(uri, program, _built_in_network)
+    return read_model(uri, program, _built_in_network, registry_uri)
 
 
 def _built_in_network(loc: Location, meta: dict) -> ServingModel:

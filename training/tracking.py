@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -29,7 +28,8 @@ from urllib.parse import urlparse
 
 from common import __version__
 from common.config import to_dict
-from common.errors import first_line
+from common.errors import StorageIOError, first_line
+from common.model_registry import check_reachable
 from common.storage import resolve
 from training.config import MlflowConfig
 from training.run_record import epoch_rates
@@ -39,7 +39,6 @@ log = logging.getLogger("shardtrain.train")
 MAX_PARAMS_PER_BATCH = 100  # MLflow's limits for one log_batch
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAM_LENGTH = 6000  # MLflow's limit for a param value
-CONNECT_TIMEOUT_S = 10
 # MLflow's per-request settings, read from the environment at each request; while tracking runs
 # they are set (unless the user set them) so that one request cannot outlast the whole deadline.
 _REQUEST_TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_TIMEOUT"
@@ -74,6 +73,7 @@ def track_run(cfg: MlflowConfig, plan, history: list[dict], report_uri: str | No
                      * plan.config.train.grad_accum)
         with local_copy(plan.model_path) as model_dir:
             client.log_artifacts(run_id, model_dir, artifact_path="model")
+            _log_pyfunc_model(cfg, plan, run_id, model_dir)
         if report_uri:
             with local_copy(report_uri) as report:
                 client.log_artifact(run_id, report)
@@ -82,6 +82,20 @@ def track_run(cfg: MlflowConfig, plan, history: list[dict], report_uri: str | No
         raise
     client.set_terminated(run_id, status="FINISHED")
     return run_id
+
+
+def _log_pyfunc_model(cfg: MlflowConfig, plan, run_id: str, model_dir: str) -> None:
+    """The published model as the run's MLflow pyfunc model, registered when
+    tracking.mlflow.registered_model is set (training.mlflow_model)."""
+    from training.mlflow_model import log_and_register
+
+    with open(os.path.join(model_dir, "model.json"), encoding="utf-8") as fh:
+        meta = json.load(fh)
+    data = plan.config.data
+    outcome = log_and_register(cfg, run_id, model_dir, meta, plan.dataset_uri,
+                               [s for s in (data.val_split, data.train_split) if s])
+    log.info("MLflow model %s logged%s", outcome["model_uri"],
+             f"; registered as {cfg.registered_model} version {outcome['version']}" if outcome["version"] else "")
 
 
 def within_deadline(call, cfg: MlflowConfig):
@@ -183,15 +197,10 @@ def _client(cfg: MlflowConfig):
 
 def _check_reachable(tracking_uri: str) -> None:
     """Fail in seconds on a server nobody answers at: MLflow itself would retry for minutes."""
-    parsed = urlparse(tracking_uri)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        return
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
-        socket.create_connection((parsed.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
-        raise TrackingUnavailable(f"the tracking server {tracking_uri} is unreachable: cannot connect to "
-                                  f"{parsed.hostname}:{port}: {exc}") from None
+        check_reachable(tracking_uri, "the tracking server")
+    except StorageIOError as exc:
+        raise TrackingUnavailable(str(exc)) from None
 
 
 def _experiment_id(client, name: str | None) -> str:

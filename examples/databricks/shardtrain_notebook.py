@@ -23,6 +23,8 @@ dbutils.widgets.text("rows", "20000", "Rows to generate")
 dbutils.widgets.text("num_proc", "2", "Training ranks (launch.num_proc)")
 dbutils.widgets.text("epochs", "2", "Epochs")
 dbutils.widgets.dropdown("backend", "auto", ["auto", "horovod", "torch"], "launch.backend")
+dbutils.widgets.text("registered_model", "", "Register as (e.g. main.default.shardtrain_demo; empty: no)")
+dbutils.widgets.text("alias", "champion", "Alias of the registered version")
 
 workdir = dbutils.widgets.get("workdir").rstrip("/")
 shard_config_path = dbutils.widgets.get("shard_config").strip()
@@ -31,6 +33,8 @@ rows = int(dbutils.widgets.get("rows"))
 num_proc = int(dbutils.widgets.get("num_proc"))
 epochs = int(dbutils.widgets.get("epochs"))
 backend = dbutils.widgets.get("backend")
+registered_model = dbutils.widgets.get("registered_model").strip()
+alias = dbutils.widgets.get("alias").strip()
 
 raw_uri, shards_uri, model_uri = f"{workdir}/raw", f"{workdir}/shards", f"{workdir}/model"
 
@@ -82,6 +86,11 @@ train_overrides = [f"data.path={sharded.uri}", f"output.model_path={model_uri}",
                    "checkpoint.resume=never"]  # each run of the notebook trains from scratch
 if backend != "auto":
     train_overrides.append(f"launch.backend={backend}")
+if registered_model:
+    # The run goes to the workspace's MLflow (this notebook's experiment); its pyfunc model becomes a new
+    # version of registered_model (Unity Catalog: catalog.schema.name), and the alias moves to it:
+    # then `models:/<registered_model>@<alias>` scores it (`shardtrain score`, mlflow.pyfunc.spark_udf).
+    train_overrides += [f"tracking.mlflow.registered_model={registered_model}", f"tracking.mlflow.alias={alias}"]
 if train_config_path:
     train_cfg = load_train_config(train_config_path, train_overrides)
 else:

@@ -1,0 +1,259 @@
+"""A trained model as an MLflow model, against real MLflow: a SQLite tracking store and registry and a
+local artifact root in tmp_path, no server. Training with tracking.mlflow.registered_model and alias
+logs the pyfunc model and registers it; ``models:/NAME@ALIAS`` then gives the same predictions
+through ``mlflow.pyfunc`` and ``spark_udf`` as ``load_model`` and ``shardtrain score`` do; the score
+job records the version it used and scores again only when the alias moved; a flipped byte in the
+artifact store is refused by name; a registry nobody answers at costs training one warning and
+fails scoring with exit 1 naming the URI."""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import socket
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from common.errors import ConfigError, DatasetError
+from common.storage import MARKER
+from tabular_data import raw_frame, write_dataset
+from train_configs import train_overrides
+from training import load_model, load_train_config, train
+
+pytest.importorskip("mlflow")
+import mlflow.pyfunc  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+SHAPE = (4,)
+EXPERIMENT = "shardtrain-models"
+FEATURES = ["x1", "x2", "city", "image"]
+
+
+class Registry:
+    """The module's MLflow store (tracking + registry in one SQLite file) and its trained models."""
+
+    def __init__(self, root):
+        self.root = root
+        self.uri = f"sqlite:///{root}/mlflow.db"
+        self.client = MlflowClient(tracking_uri=self.uri)
+        # A local artifact root of its own (MLflow's default would be ./mlruns in the working directory).
+        self.client.create_experiment(EXPERIMENT, artifact_location=str(root / "artifacts"))
+        self.dataset = write_dataset(str(root / "ds"), {"train": [[400]], "val": [[100]]}, array_shape=SHAPE)
+
+    def train(self, model_path, name: str, *extra: str):
+        return train(load_train_config(None, train_overrides(
+            self.dataset, str(model_path), "train.epochs=2", "train.batch_size=32", "train.lr=0.01", "model.hidden=[8]",
+            f"tracking.mlflow.tracking_uri={self.uri}", f"tracking.mlflow.experiment={EXPERIMENT}",
+            f"tracking.mlflow.registered_model={name}", *extra)))
+
+    def artifact_dir(self, name: str, version: str) -> str:
+        """The published model directory inside the artifact store, for this version."""
+        source = self.client.get_model_version_download_uri(name, version)
+        (found,) = glob.glob(os.path.join(source.removeprefix("file://"), "artifacts", "*", "model.safetensors"))
+        return os.path.dirname(found)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    reg = Registry(tmp_path_factory.mktemp("mlflow-models"))
+    reg.model = reg.train(reg.root / "model", "demo_model", "tracking.mlflow.alias=champion").model_uri
+    return reg
+
+
+@pytest.fixture
+def mlflow_env(registry, monkeypatch):
+    """MLflow's default tracking URI (and so registry) for the test: what a user's environment sets."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", registry.uri)
+    return registry
+
+
+def raw_rows(n: int, seed: int) -> pd.DataFrame:
+    """Raw rows with nulls (numeric and categorical), categories the model never saw, an array column."""
+    frame = raw_frame(n, seed, "classification", SHAPE).drop(columns=["label"])
+    frame.loc[frame.index[5::11], "city"] = "atlantis"
+    frame["image"] = [np.asarray(v, dtype=np.float32) for v in frame["image"]]
+    frame.insert(0, "id", np.arange(n, dtype=np.int64))
+    assert frame["x2"].isna().any() and frame["city"].isna().any() and (frame["city"] == "atlantis").any()
+    return frame
+
+
+def test_the_registered_pyfunc_by_alias_predicts_what_load_model_does(mlflow_env, tmp_path):
+    reg = mlflow_env
+    (version,) = reg.client.search_model_versions("name='demo_model'")
+    assert str(version.version) == "1"
+    assert str(reg.client.get_model_version_by_alias("demo_model", "champion").version) == "1"
+    frame = raw_rows(200, seed=3)
+    expected = load_model(reg.model).predict(frame)
+    pyfunc = mlflow.pyfunc.load_model("models:/demo_model@champion")
+    np.testing.assert_allclose(np.asarray(pyfunc.predict(frame[FEATURES])), expected, rtol=0, atol=1e-6)
+    by_alias = load_model("models:/demo_model@champion")
+    np.testing.assert_allclose(by_alias.predict(frame), expected, rtol=0, atol=1e-6)
+    assert by_alias.fingerprint == load_model(reg.model).fingerprint  # the very model training published
+    assert len(set(expected.argmax(axis=1))) == 2  # not a constant model: agreement means something
+
+    signature = pyfunc.metadata.signature
+    assert signature.inputs.input_names() == FEATURES  # every raw feature column, in the model's order
+    types = {column["name"]: column["type"] for column in signature.inputs.to_dict()}
+    assert types == {"x1": "double", "x2": "double", "city": "string", "image": "array"}
+    assert signature.inputs.to_dict()[3]["items"] == {"type": "double"}
+    # Nothing is unpickled: the logged model holds no pickle, and its code builds the PythonModel.
+    local = mlflow.artifacts.download_artifacts("models:/demo_model/1", dst_path=str(tmp_path / "dl"))
+    files = [os.path.relpath(p, local) for p in glob.glob(f"{local}/**", recursive=True) if os.path.isfile(p)]
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".cloudpickle"))], files
+    requirements = open(os.path.join(local, "requirements.txt")).read()
+    assert "shardtrain==0.1.0" in requirements and "torch==" in requirements
+    assert "pyspark" not in requirements and "horovod" not in requirements
+    example = json.load(open(os.path.join(local, "input_example.json")))
+    assert example["columns"] == FEATURES and len(example["data"]) == 5
+
+
+def test_spark_udf_by_alias_equals_shardtrain_score_by_alias(spark, mlflow_env, tmp_path, capsys):
+    from pyspark.sql import types as T
+
+    from shardtrain.cli import main
+
+    frame = raw_rows(150, seed=5)
+    source = str(tmp_path / "raw")
+    os.makedirs(source)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), os.path.join(source, "part-0.parquet"))
+    udf = mlflow.pyfunc.spark_udf(spark, "models:/demo_model@champion", result_type=T.ArrayType(T.FloatType()))
+    by_udf = spark.read.parquet(source).select("id", udf(*FEATURES).alias("p")).toPandas().sort_values("id")
+
+    out = tmp_path / "scores"
+    config = tmp_path / "score.yaml"
+    config.write_text(yaml.safe_dump({"model": "models:/demo_model@champion", "sources": {"raw": {"path": source}},
+                                      "output": {"path": str(out), "keep_columns": ["id"]}}))
+    assert main(["score", "--config", str(config)]) == 0, capsys.readouterr().err
+    scored = pd.read_parquet(out, engine="pyarrow").sort_values("id")
+    assert scored["id"].tolist() == by_udf["id"].tolist() == list(range(150))
+    np.testing.assert_allclose(np.stack(scored["probabilities"].to_numpy()), np.stack(by_udf["p"].to_numpy()),
+                               rtol=0, atol=1e-6)
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["model"] == "models:/demo_model@champion"
+    assert marker["model_version"]["version"] == "1" and marker["model_version"]["name"] == "demo_model"
+    assert json.loads((out / "_scores.json").read_text())["model_version"] == marker["model_version"]
+
+
+def test_a_moved_alias_is_scored_again_and_a_pinned_version_is_not(spark, mlflow_env, tmp_path, capsys):
+    from shardtrain.cli import main
+
+    reg = mlflow_env
+    first = reg.train(tmp_path / "m1", "moving_model", "tracking.mlflow.alias=prod").model_uri
+    source = str(tmp_path / "raw")
+    os.makedirs(source)
+    frame = raw_rows(60, seed=9)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), os.path.join(source, "part-0.parquet"))
+
+    def score(model: str, out) -> str:
+        config = tmp_path / "score.yaml"
+        config.write_text(yaml.safe_dump({"model": model, "sources": {"raw": {"path": source}},
+                                          "output": {"path": str(out), "keep_columns": ["id"],
+                                                     "mode": "skip_if_exists"}}))
+        capsys.readouterr()
+        assert main(["score", "--config", str(config)]) == 0, capsys.readouterr().err
+        return capsys.readouterr().out
+
+    def probabilities(out) -> np.ndarray:
+        return np.stack(pd.read_parquet(out, engine="pyarrow").sort_values("id")["probabilities"].to_numpy())
+
+    by_alias, pinned = tmp_path / "by-alias", tmp_path / "pinned"
+    score("models:/moving_model@prod", by_alias)
+    score("models:/moving_model/1", pinned)
+    assert "unchanged, skipped" in score("models:/moving_model@prod", by_alias)  # nothing moved: no work
+    pinned_marker = (pinned / MARKER).read_bytes()
+
+    second = reg.train(tmp_path / "m2", "moving_model", "tracking.mlflow.alias=prod", "train.seed=7").model_uri
+    assert str(reg.client.get_model_version_by_alias("moving_model", "prod").version) == "2"  # the alias really moved
+    assert load_model(second).fingerprint != load_model(first).fingerprint
+
+    assert "published" in score("models:/moving_model@prod", by_alias)  # scored again, with version 2
+    assert json.loads((by_alias / MARKER).read_text())["model_version"]["version"] == "2"
+    np.testing.assert_allclose(probabilities(by_alias), load_model(second).predict(frame), rtol=0, atol=1e-6)
+    assert "unchanged, skipped" in score("models:/moving_model/1", pinned)  # the pinned version: no work
+    assert (pinned / MARKER).read_bytes() == pinned_marker
+    np.testing.assert_allclose(probabilities(pinned), load_model(first).predict(frame), rtol=0, atol=1e-6)
+    assert "unchanged, skipped" in score("models:/moving_model@prod", by_alias)
+
+
+def test_a_flipped_byte_in_the_artifact_store_is_refused_naming_the_file(mlflow_env):
+    reg = mlflow_env
+    weights = os.path.join(reg.artifact_dir("demo_model", "1"), "model.safetensors")
+    original = open(weights, "rb").read()
+    assert original == open(os.path.join(reg.model, "model.safetensors"), "rb").read()
+    flipped = bytearray(original)
+    flipped[len(flipped) // 2] ^= 0x01
+    try:
+        with open(weights, "wb") as fh:
+            fh.write(flipped)
+        assert open(weights, "rb").read() != original  # the artifact store's file really changed
+        with pytest.raises(DatasetError, match=r"models:/demo_model@champion \(version 1\)/model\.safetensors: "
+                                               r"does not match the sha256 recorded in model\.json"):
+            load_model("models:/demo_model@champion")
+        with pytest.raises(Exception, match=r"model\.safetensors: does not match the sha256 recorded in model\.json"):
+            mlflow.pyfunc.load_model("models:/demo_model@champion").predict(raw_rows(20, seed=1)[FEATURES])
+    finally:
+        with open(weights, "wb") as fh:
+            fh.write(original)
+
+
+def _refused_port() -> int:
+    """A loopback port nothing listens on, proven by a refused connection."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    return port
+
+
+def test_a_registry_nobody_answers_at_warns_in_training_and_fails_scoring_with_exit_1(
+        spark, registry, tmp_path, caplog, capsys, monkeypatch):
+    from shardtrain.cli import main
+
+    registry_uri = f"http://127.0.0.1:{_refused_port()}"
+    with caplog.at_level(logging.WARNING, logger="shardtrain.train"):
+        result = registry.train(tmp_path / "model", "unreachable_model", f"tracking.mlflow.registry_uri={registry_uri}",
+                                "tracking.mlflow.alias=champion", "train.epochs=1")
+    assert os.path.exists(os.path.join(result.model_uri, MARKER))  # trained and published
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "unreachable_model" in warnings[0] and registry_uri in warnings[0]
+    (run,) = registry.client.search_runs([registry.client.get_experiment_by_name(EXPERIMENT).experiment_id],
+                                         filter_string=f"tags.model_uri = '{result.model_uri}'")
+    assert run.info.status == "FINISHED"  # the run itself was tracked
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", registry_uri)
+    os.makedirs(tmp_path / "raw")
+    out = tmp_path / "scores"
+    config = tmp_path / "score.yaml"
+    config.write_text(yaml.safe_dump({"model": "models:/demo_model@champion",
+                                      "sources": {"raw": {"path": str(tmp_path / "raw")}}, "output": {"path": str(out)}}))
+    capsys.readouterr()
+    assert main(["score", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "models:/demo_model@champion" in err and registry_uri in err and "unreachable" in err
+    assert not os.path.exists(out)
+
+
+def test_registry_keys_are_checked_naming_the_key():
+    base = ["data.path=/data/ds"]
+    cfg = load_train_config(None, [*base, "tracking.mlflow.registered_model=main.ml.demo", "tracking.mlflow.alias=champion"])
+    assert (cfg.tracking.mlflow.registered_model, cfg.tracking.mlflow.alias, cfg.tracking.mlflow.registry_uri) == \
+        ("main.ml.demo", "champion", None)
+    with pytest.raises(ConfigError, match=r"tracking\.mlflow\.alias needs tracking\.mlflow\.registered_model"):
+        load_train_config(None, [*base, "tracking.mlflow.alias=champion"])
+    with pytest.raises(ConfigError, match=r"tracking\.mlflow\.alias must be a name"):
+        load_train_config(None, [*base, "tracking.mlflow.registered_model=m", "tracking.mlflow.alias='3'"])
+
+
+def test_models_uris_of_another_form_are_refused_naming_the_uri():
+    for uri in ("models:/demo_model", "models:/demo_model/latest", "models:/demo_model/Production"):
+        with pytest.raises(DatasetError, match=f"^{uri}: not a model registry URI shardtrain reads"):
+            load_model(uri)

@@ -1,0 +1,187 @@
+"""A published model as an MLflow model: the pyfunc flavour, its signature and input example,
+logging it with the training run, and registering the logged model as a version.
+
+``ShardtrainPyfunc.predict(context, frame)`` is ``load_model(dir).predict(frame)``: the same
+preprocessing fitted on train, the same output (class probabilities ``[n, classes]``, or values
+``[n]``). Its one artifact, ``common.model_registry.ARTIFACT_KEY``, is the published model
+directory as it is (``model.safetensors``, ``model.torchscript.pt``, ``model.json``,
+``_COMMITTED``), and loading goes through ``training.export.load_model``, which checks every file
+against its sha256: a damaged artifact is refused naming the file. Nothing is unpickled: the
+model is logged as "models from code" (``PYFUNC_CODE``, a file that builds the PythonModel when
+MLflow loads it), never as a cloudpickled object; the input example is JSON.
+
+The signature lists every raw feature column the model reads, as the types scoring casts them to
+(``scoring.predict``, the shard job's own typing): numeric features ``double`` (null: imputed),
+categorical ``string`` (null and unseen values have their own indices), array features
+``array<double>`` (float32 arrays convert to it exactly; MLflow has no fixed-shape tensor type for a column beside others, and a schema
+cannot mix columns and tensors; the shape is model.json's). The output is a float32 tensor.
+The input example is the validation split's first rows (else train's), decoded back to raw
+values from their stored encodings (numbers un-standardized, category indices back to words; an
+unseen category becomes a word outside the vocabulary).
+
+Pip requirements: what loading and predicting need (shardtrain pinned to this version, torch,
+numpy, pandas, pyarrow, safetensors, fsspec, pyyaml): no Spark, no Horovod.
+
+Only training.tracking calls ``log_and_register`` (rank 0, on the tracking thread, within
+``tracking.mlflow.timeout_s``). MLflow's ``log_model`` reads its tracking URI from MLflow's global
+state, so it is set for the duration of the call only, and put back as it was (environment
+variable included): a notebook's own MLflow setup is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Iterator
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+
+from common import __version__
+from common.dataset import NULL_INDEX, RESERVED_INDICES, FeatureSpec, read_manifest
+from common.errors import first_line
+from common.model_registry import ARTIFACT_KEY, check_reachable
+
+log = logging.getLogger("shardtrain.train")
+
+PYFUNC_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mlflow_pyfunc_code.py")
+LOGGED_MODEL_NAME = "model"
+EXAMPLE_ROWS = 5
+UNSEEN_EXAMPLE = "<unseen category>"  # a word outside every vocabulary: index UNSEEN_INDEX
+REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "safetensors", "fsspec", "pyyaml")
+
+
+class ShardtrainPyfunc(mlflow.pyfunc.PythonModel):
+    """A published shardtrain model as an MLflow pyfunc: raw feature columns in, predictions out."""
+
+    def load_context(self, context):
+        from training.export import load_model
+
+        # Verified here, file by file, against model.json's sha256s and the marker's model.json sha256.
+        self.model = load_model(context.artifacts[ARTIFACT_KEY])
+
+    # The type hint says what MLflow passes (it infers no schema from it: the signature is ours).
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> np.ndarray:
+        return self.model.predict(model_input)
+
+
+def signature(meta: dict):
+    """The model's MLflow signature: every raw feature column (module docstring) -> a float32 tensor."""
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types import ColSpec, DataType, Schema, TensorSpec
+    from mlflow.types.schema import Array
+
+    spec = FeatureSpec(meta["features"])
+    inputs = ([ColSpec(DataType.double, name) for name in spec.numeric]
+              + [ColSpec(DataType.string, name) for name in spec.categorical]
+              + [ColSpec(Array(DataType.double), name) for name in spec.arrays])
+    label = meta["label"]
+    shape = (-1, int(label["num_classes"])) if label["task"] == "classification" else (-1,)
+    return ModelSignature(inputs=Schema(inputs), outputs=Schema([TensorSpec(np.dtype(np.float32), shape)]))
+
+
+def input_example(meta: dict, dataset_uri: str, splits: list[str], rows: int = EXAMPLE_ROWS):
+    """The first ``rows`` rows of the first of ``splits`` the dataset has, as raw columns (pandas)."""
+    import pyarrow.parquet as pq
+
+    manifest = read_manifest(dataset_uri)
+    split = next(s for s in splits if s in manifest.split_names)
+    entry = manifest.files(split)[0]
+    with manifest.root.open(entry.path, "rb") as fh:
+        table = pq.ParquetFile(fh).read_row_group(0).slice(0, rows)
+    spec = FeatureSpec(meta["features"])
+    columns = {}
+    for field in meta["features"].get("numeric", []):
+        stored = table.column(field["name"]).to_numpy().astype(np.float64)
+        columns[field["name"]] = stored * field["std"] + field["mean"]
+    for field in meta["features"].get("categorical", []):
+        codes = table.column(field["name"]).to_numpy()
+        columns[field["name"]] = [None if c == NULL_INDEX else field["vocab"][c - RESERVED_INDICES]
+                                  if c >= RESERVED_INDICES else UNSEEN_EXAMPLE for c in codes]
+    for name, shape in spec.arrays.items():
+        flat = table.column(name).to_pylist()
+        columns[name] = [np.asarray(v, dtype=np.float32) for v in flat]
+    return pd.DataFrame(columns)[spec.columns]
+
+
+def pip_requirements() -> list[str]:
+    """What loading and predicting need, pinned to the versions here (a local build tag dropped)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = [f"shardtrain=={__version__}"]
+    for name in REQUIREMENTS:
+        try:
+            found.append(f"{name}=={version(name).split('+')[0]}")
+        except PackageNotFoundError:
+            found.append(name)
+    return found
+
+
+def log_and_register(cfg, run_id: str, model_dir: str, meta: dict, dataset_uri: str, splits: list[str]) -> dict:
+    """Log the published model at local ``model_dir`` as the run's pyfunc model; register it as a
+    new version of ``cfg.registered_model`` (and move ``cfg.alias`` to it) when set. Returns what
+    happened: {"model_uri", "version"}. A registry failure warns naming the model and the registry
+    (the logged model stays); any other failure is raised (tracking's caller warns)."""
+    import mlflow
+
+    example = input_example(meta, dataset_uri, splits)
+    with _tracking_uri(cfg.tracking_uri):
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name=LOGGED_MODEL_NAME, python_model=PYFUNC_CODE, artifacts={ARTIFACT_KEY: model_dir},
+                signature=signature(meta), input_example=example, pip_requirements=pip_requirements())
+        # Inside the scope too: a registry finds the logged model (models:/m-...) through the tracking URI.
+        version = register_or_warn(cfg, info, run_id) if cfg.registered_model else None
+    return {"model_uri": info.model_uri, "version": version}
+
+
+def register_or_warn(cfg, info, run_id: str) -> str | None:
+    """A new version of ``cfg.registered_model`` from the logged model, ``cfg.alias`` moved to it;
+    None after one warning naming the model and the registry."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=cfg.tracking_uri, registry_uri=cfg.registry_uri)
+    registry = client._registry_uri
+    try:
+        check_reachable(registry, "the model registry")
+        with contextlib.suppress(Exception):  # already there: RESOURCE_ALREADY_EXISTS (the usual case)
+            client.create_registered_model(cfg.registered_model)
+        version = client.create_model_version(cfg.registered_model, source=info.model_uri, run_id=run_id,
+                                              model_id=info.model_id).version
+        if cfg.alias:
+            client.set_registered_model_alias(cfg.registered_model, cfg.alias, str(version))
+    except Exception as exc:  # noqa: BLE001 - the registry must not fail training either
+        log.warning("MLflow model registry: registering the model as %s in %s failed, the training run is unaffected "
+                    "(its model is logged with the MLflow run): %s", cfg.registered_model, registry,
+                    f"{type(exc).__name__}: {first_line(exc)}")
+        return None
+    log.info("registered %s version %s in %s%s", cfg.registered_model, version, registry,
+             f"; alias {cfg.alias} -> version {version}" if cfg.alias else "")
+    return str(version)
+
+
+@contextlib.contextmanager
+def _tracking_uri(uri: str | None) -> Iterator[None]:
+    """MLflow's global tracking URI set to ``uri`` for the block (None: left alone), then put back,
+    with the MLFLOW_TRACKING_URI variable MLflow's setter also writes."""
+    if uri is None:
+        yield
+        return
+    from mlflow.tracking._tracking_service import utils
+
+    before, env = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    utils.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        utils.set_tracking_uri(before)
+        if env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = env
+
+
+__all__ = ["ShardtrainPyfunc", "input_example", "log_and_register", "pip_requirements", "register_or_warn",
+           "signature"]
