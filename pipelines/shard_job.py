@@ -27,6 +27,12 @@ a failure removes):
    write the quarantine, check input = published + quarantined, write the manifest and config;
    commit.
 
+A small job (sources under ``SMALL_INPUT_BYTES``) runs the same steps in fewer Spark jobs and
+tasks, since there each one's fixed cost outweighs the parallelism (``_JobShape``): one staging
+partition per split, its row count checked from pass one's counts, and pass two's files, the
+quarantine's among them, written by at most one task per core in one job. The bytes written are
+the same either way (tests/pipelines/test_shard_job.py, benchmarks/shard_small.py).
+
 Ranking and placement without a global sort or a driver collect: the shuffle key's top 12 bits
 form 4096 buckets per split; the counts per (split, bucket) come from pass one, so each bucket's
 range of ranks is known, and shards are contiguous blocks of ranks, so each bucket belongs to a
