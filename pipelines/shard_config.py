@@ -102,7 +102,8 @@ class OutputConfig:
     mode: Literal["error", "overwrite", "skip_if_exists"] = "error"
     # Partitions per split of the job's staging pass (how it runs, not what it writes: the files
     # are the same for any value). Default: num_shards, times what it takes to give every core of
-    # the cluster a task (pipelines/shard_job.py, staging_parts). With a teacher, always num_shards.
+    # the cluster a task, or 1 for sources under 8 MiB (pipelines/shard_job.py, staging_parts).
+    # With a teacher, always num_shards.
     staging_partitions: int | None = None
     # overwrite: replace the dataset even while training runs hold reader leases on it (they then
     # fail, naming the dataset). How the job runs, not what it writes.

@@ -27,6 +27,12 @@ a failure removes):
    write the quarantine, check input = published + quarantined, write the manifest and config;
    commit.
 
+A small job (sources under ``SMALL_INPUT_BYTES``) runs the same steps in fewer Spark jobs and
+tasks, since there each one's fixed cost outweighs the parallelism (``_JobShape``): one staging
+partition per split, its row count checked from pass one's counts, and pass two's files, the
+quarantine's among them, written by at most one task per core in one job. The bytes written are
+the same either way (tests/pipelines/test_shard_job.py, benchmarks/shard_small.py).
+
 Ranking and placement without a global sort or a driver collect: the shuffle key's top 12 bits
 form 4096 buckets per split; the counts per (split, bucket) come from pass one, so each bucket's
 range of ranks is known, and shards are contiguous blocks of ranks, so each bucket belongs to a
@@ -69,8 +75,9 @@ from pipelines.preprocess import arr_col, cat_col, check_table, fit, moment_valu
 from pipelines.shard_config import ShardConfig
 from pipelines import summary as summary_module
 from pipelines.summary import ScanSpec, Summary
-from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, TARGET_COLUMN, Encoding, ShardPlan,
-                                    stage_partition, write_empty, write_partition, write_shards)
+from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, TARGET_COLUMN, Encoding,
+                                    QuarantinePlan, ShardPlan, stage_partition, write_empty, write_partition,
+                                    write_shards)
 from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
 from common.output_mode import REPLACE, SAME, OutputWords, existing_output
 from common.storage import (KIND_DATASET, check_disjoint, check_output_uri, clean_stale_staging, output_lock, publish,
@@ -81,6 +88,11 @@ log = logging.getLogger("shardtrain.shard")
 QUARANTINE_DIR = "_quarantine"
 QUARANTINE_ROWS_PER_FILE = 1_000_000
 CONFIG_NAME = "config.yaml"
+# Sources of fewer bytes than this are a small job: there a Spark task's fixed cost (a Python
+# worker round trip, a file) and a Spark job's (scheduling, planning) outweigh what parallel
+# tasks save, so the job runs the fewest of both (``_JobShape``; benchmarks/shard_small.py). It
+# decides how the job runs, never what it writes (tests/pipelines/test_shard_job.py).
+SMALL_INPUT_BYTES = 8 << 20
 
 
 @dataclass
@@ -135,9 +147,13 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
 
     table, where = _build_table(spark, cfg, frames)
     check_table(table, cfg, where)
-    if cfg.query is None and cfg.transform is None:
-        # One source's scan, no column read, stopping at num_shards rows: cheap. A query's or a
-        # transform's table may cost a whole pass to count, so there the split check below decides.
+    shape = _JobShape.of(spark, cfg, sources_fp)
+    # One source's table is checked for num_shards rows before the split checks: a query's or a
+    # transform's table may cost a whole pass to count, so there the split check below decides.
+    check_rows_first = cfg.query is None and cfg.transform is None
+    if check_rows_first and not shape.small:
+        # A scan that reads no column and stops at num_shards rows: cheap, and it spares a large
+        # input's whole first pass. A small input's first pass counts its rows anyway (below).
         with spark_errors("counting the input's first rows"):
             seen = table.select(F.lit(1)).limit(cfg.output.num_shards).count()
         check_input_rows(where, seen, cfg.output.num_shards)
@@ -150,10 +166,12 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
     # split sizes, accounting) removes it with whatever was written, and the output is untouched.
     with publish(out.uri, mode=mode, marker={"kind": KIND_DATASET, "input_fingerprint": input_fp}) as staging:
         with spark_errors("reading, checking and staging the input rows"):
-            staged, counts, summary = _stage_rows(spark, checked, cfg, staging.uri, teacher_scorer, teacher)
+            staged, counts, summary = _stage_rows(spark, checked, cfg, staging.uri, teacher_scorer, teacher, shape)
         for frame in frames.values():
             frame.release()  # only pass one reads the sources
         timer.done("read, check, stage and count rows", counts.input_rows)
+        if check_rows_first and shape.small:
+            check_input_rows(where, min(counts.table_rows, cfg.output.num_shards), cfg.output.num_shards)
         _quality_gate(cfg, counts)
         for i, name in enumerate(split_names):
             check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
@@ -169,11 +187,12 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         columns = stored_schema(cfg, teacher)
         rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
         with spark_errors("writing the balanced shards"):
-            files = _write_shards(spark, staged, cfg, counts, features, columns, rpg)
+            files, qfiles = _write_shards(spark, staged, cfg, counts, features, columns, rpg, shape)
         timer.done("write balanced shards", sum(counts.split_rows.values()))
-        with spark_errors("writing the quarantine"):
-            qfiles = _write_quarantine(spark, staged, counts)
-        timer.done("write quarantine", counts.quarantined)
+        if qfiles is None:
+            with spark_errors("writing the quarantine"):
+                qfiles = _write_quarantine(spark, staged, counts)
+            timer.done("write quarantine", counts.quarantined)
         _remove_staged_rows(staging)
         _remove_temporaries(staging, [*split_names, QUARANTINE_DIR])
         splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
@@ -273,22 +292,45 @@ class StagedRows:
         return spark.read.parquet(*[to_spark_path(resolve(self.uri).join(p).uri) for p in paths])
 
 
-def staging_parts(spark, cfg: ShardConfig) -> int:
+@dataclass(frozen=True)
+class _JobShape:
+    """How many Spark tasks the job runs, decided before pass one; never what it writes.
+
+    ``small``: the sources hold fewer than SMALL_INPUT_BYTES. Then each split is staged in one
+    partition (unless ``output.staging_partitions`` says otherwise), its row count is checked
+    from pass one's counts rather than by a Spark job of its own, and pass two writes the shard
+    files and the quarantine in at most ``cores`` tasks, in one job. ``cores``: the cluster's
+    default parallelism (None without a SparkContext, under Spark Connect)."""
+
+    small: bool
+    cores: int | None
+
+    @classmethod
+    def of(cls, spark, cfg: ShardConfig, sources_fp: dict) -> "_JobShape":
+        size = sum(f["size"] for source in sources_fp.values() for f in source["files"])
+        try:
+            cores = spark.sparkContext.defaultParallelism
+        except Exception:  # noqa: BLE001 - no SparkContext here (Spark Connect)
+            cores = None
+        return cls(small=size < SMALL_INPUT_BYTES and cfg.teacher is None, cores=cores)
+
+
+def staging_parts(cfg: ShardConfig, shape: _JobShape) -> int:
     """Staging partitions per split: ``output.staging_partitions``, else num_shards times the
     smallest factor that gives every core of the cluster a task (pass one's writes and scans run
-    in num_splits x parts tasks). With a teacher, always num_shards: its soft targets are
-    computed in these partitions, and their last bits depend on the batches (pipelines/teacher.py).
-    The shard files do not depend on it (tests/pipelines/test_shard_job.py)."""
+    in num_splits x parts tasks), or for a small job one. With a teacher, always num_shards: its
+    soft targets are computed in these partitions, and their last bits depend on the batches
+    (pipelines/teacher.py). The shard files do not depend on it (tests/pipelines/test_shard_job.py)."""
     n = cfg.output.num_shards
     if cfg.teacher is not None:
         return n
     if cfg.output.staging_partitions is not None:
         return cfg.output.staging_partitions
-    try:
-        cores = spark.sparkContext.defaultParallelism
-    except Exception:  # noqa: BLE001 - no SparkContext here (Spark Connect)
+    if shape.small:
+        return 1
+    if shape.cores is None:
         return n
-    return n * max(1, math.ceil(cores / (len(cfg.split.fractions) * n)))
+    return n * max(1, math.ceil(shape.cores / (len(cfg.split.fractions) * n)))
 
 
 def stage_key_sql(num_splits: int, parts: int) -> str:
@@ -298,7 +340,7 @@ def stage_key_sql(num_splits: int, parts: int) -> str:
 
 
 def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scorer: TeacherScorer | None,
-                teacher: TeacherRecord | None) -> tuple[StagedRows, RowCounts, Summary]:
+                teacher: TeacherRecord | None, shape: _JobShape) -> tuple[StagedRows, RowCounts, Summary]:
     """Pass one over the rows: evaluate the row checks once, send each row to its staging key's
     partition (one shuffle), and there write the rows as one Parquet file and take their summary
     (pipelines/summary.py), in the same task. Returns the files, the counts and the summary.
@@ -315,7 +357,7 @@ def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scor
     """
     from pyspark.sql import functions as F
 
-    num_splits, parts = len(cfg.split.fractions), staging_parts(spark, cfg)
+    num_splits, parts = len(cfg.split.fractions), staging_parts(cfg, shape)
     keys = _partition_keys((num_splits + 1) * parts)
     rows = checked.selectExpr("*", f"{stage_key_sql(num_splits, parts)} AS {STAGE_COLUMN}")
     placed = rows.repartition(len(keys), F.expr(f"element_at({_literal_array(keys)}, {STAGE_COLUMN} + 1)"))
@@ -561,24 +603,65 @@ def _literal_array(values: list[int]) -> str:
 
 
 def _write_shards(spark, staged: StagedRows, cfg: ShardConfig, counts: RowCounts, features: dict,
-                  columns: list[dict], rpg: int) -> list[dict]:
+                  columns: list[dict], rpg: int, shape: _JobShape) -> tuple[list[dict], list[dict] | None]:
     """Pass two: one task per output file reads its buckets' staged rows, ranks, encodes and
-    writes them (shard_writer.write_shards); no shuffle. The driver checks every file arrived."""
+    writes them (shard_writer.write_shards); no shuffle. A small job runs at most ``cores`` tasks,
+    the files dealt out by size, and writes the quarantine in the same job (then returned as the
+    second value, else None: ``_write_quarantine`` writes it). The driver checks every file arrived."""
     n = cfg.output.num_shards
     split_names = list(cfg.split.fractions)
     targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
     plans = _shard_plans(staged, counts, len(split_names), n)
+    quarantine = _quarantine_plan(staged, counts) if shape.small else None
+    sizes = [plan.bucket_rows for plan in plans] + ([quarantine.rows] if quarantine is not None else [])
+    tasks = min(len(sizes), shape.cores or len(sizes)) if shape.small else len(sizes)
+    assignments = _deal(sizes, tasks)
     writer = functools.partial(write_shards, root_uri=staged.uri, plans=plans, targets=targets,
                                encoding=_encoding(cfg, features, columns), schema=arrow_schema(columns),
-                               rows_per_row_group=rpg)
-    ids = spark.range(0, len(targets), 1, len(targets)).selectExpr("CAST(id AS INT) AS id")
-    files = [r.asDict(recursive=True) for r in ids.mapInArrow(writer, RESULT_DDL).collect()]
+                               rows_per_row_group=rpg, assignments=assignments, quarantine=quarantine)
+    ids = spark.range(0, len(assignments), 1, len(assignments)).selectExpr("CAST(id AS INT) AS id")
+    written = [r.asDict(recursive=True) for r in ids.mapInArrow(writer, RESULT_DDL).collect()]
+    files = [f for f in written if not f["path"].startswith(QUARANTINE_DIR + "/")]
     got = sorted(f["path"] for f in files)
     if got != sorted(targets):
         missing = sorted(set(targets) - set(got))
         raise AccountingError(f"the shard write produced {len(got)} files for {len(targets)} shards "
                               f"(missing {missing[:5]}); nothing was published")
-    return files
+    if quarantine is None:
+        return files, None
+    qfiles = [f for f in written if f["path"].startswith(QUARANTINE_DIR + "/")]
+    if [f["path"] for f in qfiles] != [quarantine.path]:
+        raise AccountingError(f"the shard write produced quarantine files {[f['path'] for f in qfiles]} for "
+                              f"{[quarantine.path]}; nothing was published")
+    return files, qfiles
+
+
+def _deal(sizes: list[int], tasks: int) -> list[tuple[int, ...]]:
+    """The items (indexes into ``sizes``) each of ``tasks`` tasks writes: largest first, each to
+    the task with the fewest rows so far, so tasks finish together. One task per item when
+    there are as many tasks as items (a large job: one file per task, in file order)."""
+    if tasks >= len(sizes):
+        return [(i,) for i in range(len(sizes))]
+    load = [0] * tasks
+    dealt: list[list[int]] = [[] for _ in range(tasks)]
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        t = min(range(tasks), key=lambda t: (load[t], t))
+        dealt[t].append(i)
+        load[t] += sizes[i]
+    return [tuple(items) for items in dealt]
+
+
+def _quarantine_plan(staged: StagedRows, counts: RowCounts) -> QuarantinePlan | None:
+    """The quarantine as a file for pass two's job to write: when it has rows and they fit one
+    file (an empty one is written on the driver, a larger one by ``_write_quarantine``)."""
+    if counts.quarantined == 0 or counts.quarantined > QUARANTINE_ROWS_PER_FILE:
+        return None
+    if not staged.bad_paths():
+        raise AccountingError(f"the count found {counts.quarantined} bad rows, but the staging pass wrote none; "
+                              "nothing was published")
+    return QuarantinePlan(path=f"{QUARANTINE_DIR}/part-00000.parquet", inputs=tuple(staged.bad_paths()),
+                          rows=counts.quarantined, schema=_quarantine_schema(),
+                          rows_per_row_group=QUARANTINE_ROWS_PER_FILE)
 
 
 def _shard_plans(staged: StagedRows, counts: RowCounts, num_splits: int, n: int) -> list[ShardPlan]:
@@ -613,11 +696,17 @@ def _encoding(cfg: ShardConfig, features: dict, columns: list[dict]) -> Encoding
                     columns=tuple((c["name"], *how[c["name"]]) for c in columns if c["name"] != ROW_INDEX))
 
 
-def _write_quarantine(spark, staged: StagedRows, counts: RowCounts) -> list[dict]:
+def _quarantine_schema():
     import pyarrow as pa
 
+    return pa.schema([("reason", pa.string()), ("source", pa.string()), ("raw", pa.string())])
+
+
+def _write_quarantine(spark, staged: StagedRows, counts: RowCounts) -> list[dict]:
+    """The quarantine by a Spark job of its own (``_write_shards`` writes a small job's): the bad
+    rows placed into files by a hash, each file sorted by (reason, source, raw)."""
     staging_uri = staged.uri
-    schema = pa.schema([("reason", pa.string()), ("source", pa.string()), ("raw", pa.string())])
+    schema = _quarantine_schema()
     if counts.quarantined == 0:
         return [write_empty(staging_uri, f"{QUARANTINE_DIR}/part-00000.parquet", schema)]
     if not staged.bad_paths():

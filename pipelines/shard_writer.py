@@ -9,7 +9,9 @@ Two ``mapInArrow`` bodies, one per pass over the rows (pipelines/shard_job.py):
   its buckets, sort the rows in rank order (the seeded shuffle key, then the tie-break), keep
   the file's block of ranks, encode them with the fitted statistics (``FeatureSpec``, the same
   code a loaded model applies) and write the file with fixed-size row groups; report what was
-  written (path, rows, row-group sizes, bytes, sha256), one small record per file.
+  written (path, rows, row-group sizes, bytes, sha256), one small record per file. For a small
+  job the same tasks also write the quarantine's one file (``QuarantinePlan``), the bytes Spark's
+  sort and ``write_partition`` give it, so that no job of its own is launched for it.
 
 Runs on executors: it imports only numpy, pyarrow and common (never Spark, never the session),
 and everything it needs arrives as plain picklable arguments. A retried or speculative task
@@ -266,21 +268,67 @@ PLACEMENT_COLUMNS = ("_bucket", "_shuffle", "_tiebreak")
 WRITE_BATCH_ROWS = 10_000
 
 
-def write_shards(ids: Iterator[pa.RecordBatch], *, root_uri: str, plans: list[ShardPlan], targets: list[str],
-                 encoding: Encoding, schema: pa.Schema, rows_per_row_group: int) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body over the planned files' indexes (one column): each file is read, ranked,
-    encoded and written (see the module docstring); yields one record per file."""
+@dataclass(frozen=True)
+class QuarantinePlan:
+    """The quarantine as one file, written by a task of the shard files' job: its bad rows are
+    all in the staged files ``inputs``, ``rows`` of them."""
+
+    path: str
+    inputs: tuple[str, ...]
+    rows: int
+    schema: pa.Schema
+    rows_per_row_group: int
+
+
+def write_shards(tasks: Iterator[pa.RecordBatch], *, root_uri: str, plans: list[ShardPlan], targets: list[str],
+                 encoding: Encoding, schema: pa.Schema, rows_per_row_group: int,
+                 assignments: list[tuple[int, ...]], quarantine: QuarantinePlan | None = None
+                 ) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body over task indexes (one column): task t writes the files ``assignments[t]``
+    names, each planned file read, ranked, encoded and written (see the module docstring), and
+    index ``len(plans)`` the quarantine's file; yields one record per file."""
     spec = FeatureSpec(encoding.features)
     staged = sorted({source for _, _, source in encoding.columns})
-    for batch in ids:
-        for target in batch.column(0).to_pylist():
-            plan = plans[target]
-            rows = _placed_rows(root_uri, plan, staged, targets[target])
-            table = _encoded(rows, spec, encoding, plan.start)
-            # Fixed batches: the Parquet writer's page boundaries follow the batches it is given.
-            batches = table.combine_chunks().to_batches(max_chunksize=WRITE_BATCH_ROWS)
-            yield _write_file((pa.Table.from_batches([batch]) for batch in batches), resolve(root_uri),
-                              targets[target], schema, rows_per_row_group)
+    for batch in tasks:
+        for task in batch.column(0).to_pylist():
+            for target in assignments[task]:
+                if target == len(plans):
+                    yield write_quarantine_file(root_uri, quarantine)
+                    continue
+                plan = plans[target]
+                rows = _placed_rows(root_uri, plan, staged, targets[target])
+                yield _write_table(_encoded(rows, spec, encoding, plan.start), root_uri, targets[target], schema,
+                                   rows_per_row_group)
+
+
+def _write_table(table: pa.Table, root_uri: str, path: str, schema: pa.Schema,
+                 rows_per_row_group: int) -> pa.RecordBatch:
+    # Fixed batches: the Parquet writer's page boundaries follow the batches it is given, and
+    # these are the ones Spark's Arrow transfer gives ``write_partition`` (WRITE_BATCH_ROWS).
+    batches = table.combine_chunks().to_batches(max_chunksize=WRITE_BATCH_ROWS)
+    return _write_file((pa.Table.from_batches([batch]) for batch in batches), resolve(root_uri), path, schema,
+                       rows_per_row_group)
+
+
+QUARANTINE_SOURCES = {"reason": "_reason", "source": "_source", "raw": "_raw"}
+
+
+def write_quarantine_file(root_uri: str, plan: QuarantinePlan) -> pa.RecordBatch:
+    """The quarantine's one file from the staged bad rows: sorted by (reason, source, raw) as
+    Spark's ``sortWithinPartitions`` sorts them (byte order, nulls first; rows equal in all three
+    are identical, so their order among themselves changes no byte), in Spark's Arrow batches."""
+    root = resolve(root_uri)
+    parts = []
+    for path in plan.inputs:
+        with root.fs.open(root.join(path).path, "rb") as source:
+            parts.append(pq.read_table(source, columns=list(QUARANTINE_SOURCES.values())))
+    rows = pa.concat_tables(parts) if parts else None
+    if rows is None or rows.num_rows != plan.rows:
+        raise RuntimeError(f"{plan.path}: the staged files hold {rows.num_rows if rows else 0} bad rows where the count "
+                           f"found {plan.rows}; the staging directory changed while the job ran, nothing was published")
+    rows = rows.rename_columns(list(QUARANTINE_SOURCES))
+    order = pc.sort_indices(rows, sort_keys=[(c, "ascending") for c in QUARANTINE_SOURCES], null_placement="at_start")
+    return _write_table(rows.take(order), root_uri, plan.path, plan.schema, plan.rows_per_row_group)
 
 
 def _placed_rows(root_uri: str, plan: ShardPlan, columns: list[str], target: str) -> pa.Table:

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from common import __version__
-from common.dataset import NULL_INDEX, RESERVED_INDICES, FeatureSpec, read_manifest
+from common.dataset import FeatureSpec, LabelSpec, NULL_INDEX, RESERVED_INDICES, read_manifest
 from common.errors import first_line
 from common.model_registry import ARTIFACT_KEY, check_reachable
 
@@ -77,8 +77,8 @@ def signature(meta: dict):
     inputs = ([ColSpec(DataType.double, name) for name in spec.numeric]
               + [ColSpec(DataType.string, name) for name in spec.categorical]
               + [ColSpec(Array(DataType.double), name) for name in spec.arrays])
-    label = meta["label"]
-    shape = (-1, int(label["num_classes"])) if label["task"] == "classification" else (-1,)
+    label = LabelSpec.from_record(meta["label"])
+    shape = (-1, int(label.num_classes)) if label.classification else (-1,)
     return ModelSignature(inputs=Schema(inputs), outputs=Schema([TensorSpec(np.dtype(np.float32), shape)]))
 
 

@@ -530,3 +530,51 @@ def test_staged_rows_that_change_between_the_passes_fail_the_job_and_publish_not
         run_shard_job(spark, config(src, str(out)))
     assert damaged and damaged[0][1] == damaged[0][0] - 1  # the staged file did lose a row
     assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_small_job_writes_the_bytes_of_a_large_one(spark, tmp_path, monkeypatch, fmt):
+    # Sources under SMALL_INPUT_BYTES run in fewer Spark jobs and tasks (one staging partition
+    # per split, the shard files dealt to `cores` tasks, the quarantine written in their job
+    # instead of its own Spark sort). Users rely on the files, so they must be the bytes the
+    # large job's path writes for the same rows: quarantine (every kind of bad row, malformed
+    # records among them for CSV), shards, manifest and config.
+    from common.sources import source_fingerprint
+    from pipelines import shard_job
+
+    data = generate_dataset(spark, str(tmp_path / "raw"), 2000, seed=3, format=fmt, bad_rows=25,
+                            array_shape=[3] if fmt == "parquet" else None)
+    cfg = from_dict(ShardConfig, data.shard_config(str(tmp_path / "out"), output={"num_shards": 3},
+                                                   quality={"max_bad_fraction": 0.05}))
+    assert shard_job._JobShape.of(spark, cfg, {"raw": source_fingerprint("raw", cfg.sources["raw"])}).small
+    small = run_shard_job(spark, cfg)
+    small_files, small_manifest = file_hashes(small.uri), manifest_without_timestamps(small.uri)
+    small_config = Path(small.uri, "config.yaml").read_bytes()
+    assert len(quarantine(small.uri)) == 25 and small.manifest.data["quarantine"]["by_reason"] == data.bad_by_reason
+
+    monkeypatch.setattr(shard_job, "SMALL_INPUT_BYTES", 0)  # every input is large now
+    cfg.output.mode = "overwrite"
+    large = run_shard_job(spark, cfg)
+    assert file_hashes(large.uri) == small_files
+    large_manifest = manifest_without_timestamps(large.uri)
+    assert large_manifest["config"]["output"].pop("mode") == "overwrite"
+    small_manifest["config"]["output"].pop("mode")
+    assert large_manifest == small_manifest
+    assert Path(large.uri, "config.yaml").read_bytes() == small_config.replace(b"mode: error", b"mode: overwrite")
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_fewer_rows_than_shards_is_the_same_refusal_however_the_job_runs(spark, tmp_path, monkeypatch, small):
+    # A small job counts its rows in its first pass instead of a Spark job of its own: the same
+    # error, before anything is published, and it comes before the quality gate (3 of 5 bad rows).
+    from pipelines import shard_job
+
+    if not small:
+        monkeypatch.setattr(shard_job, "SMALL_INPUT_BYTES", 0)
+    rows = simple_rows(5)
+    rows["y"] = [0, 1, None, None, None]
+    src = write_parquet(tmp_path / "in", rows)
+    out = tmp_path / "out"
+    with pytest.raises(InputDataError, match=r"source 'raw' \(.*\) has 5 rows, fewer than output.num_shards=8"):
+        run_shard_job(spark, config(src, str(out), output={"num_shards": 8}, quality={"max_bad_fraction": 0.1}))
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
