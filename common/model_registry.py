@@ -100,7 +100,11 @@ def downloaded_model(uri: str, registry_uri: str | None = None) -> Iterator[tupl
     model = resolve_registry_model(uri, registry_uri)
     from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
 
-    with tempfile.TemporaryDirectory(prefix="shardtrain-registry-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="shardtrain-registry-") as tmp, \
+            mlflow_uris(_tracking_for(model.registry_uri), model.registry_uri):
+        # MLflow's ModelsArtifactRepository looks the version up again through the process-wide
+        # registry URI, whatever it is given: on a Spark worker (no MLFLOW_* variables) that is
+        # another registry, which says the model does not exist. So it is set for the download.
         with _registry_errors(model.pinned_uri, f"registry {model.registry_uri}"):
             repo = ModelsArtifactRepository(model.pinned_uri, tracking_uri=_tracking_for(model.registry_uri),
                                             registry_uri=model.registry_uri)
@@ -117,6 +121,31 @@ def downloaded_model(uri: str, registry_uri: str | None = None) -> Iterator[tupl
                                    "that `shardtrain train` logs with tracking.mlflow") from None
         shown = model.pinned_uri if model.alias is None else f"{model.uri} (version {model.version})"
         yield os.path.realpath(local), shown
+
+
+@contextlib.contextmanager
+def mlflow_uris(tracking_uri: str | None, registry_uri: str | None = None) -> Iterator[None]:
+    """MLflow's process-wide tracking and registry URIs set for the block (None: left alone), then
+    put back, with the MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI variables MLflow's setters also
+    write: for the MLflow calls that read only the globals."""
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    saved = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    before_tracking, before_registry = tracking_utils._tracking_uri, registry_utils._registry_uri
+    if tracking_uri is not None:
+        tracking_utils.set_tracking_uri(tracking_uri)
+    if registry_uri is not None:
+        registry_utils.set_registry_uri(registry_uri)
+    try:
+        yield
+    finally:
+        tracking_utils._tracking_uri, registry_utils._registry_uri = before_tracking, before_registry
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _artifact_path(mlmodel_file: str) -> str:
@@ -186,5 +215,5 @@ def _registry_errors(uri: str, where: str) -> Iterator[None]:
         raise StorageIOError(f"{uri}: the {where} cannot be read ({type(exc).__name__}: {first_line(exc)})") from None
 
 
-__all__ = ["ARTIFACT_KEY", "RegistryModel", "check_reachable", "downloaded_model", "is_registry_uri",
+__all__ = ["ARTIFACT_KEY", "RegistryModel", "check_reachable", "downloaded_model", "is_registry_uri", "mlflow_uris",
            "parse_registry_uri", "resolve_registry_model"]

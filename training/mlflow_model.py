@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Iterator
 
 import mlflow.pyfunc
 import numpy as np
@@ -42,7 +41,7 @@ import pandas as pd
 from common import __version__
 from common.dataset import FeatureSpec, LabelSpec, NULL_INDEX, RESERVED_INDICES, read_manifest
 from common.errors import first_line
-from common.model_registry import ARTIFACT_KEY, check_reachable
+from common.model_registry import ARTIFACT_KEY, check_reachable, mlflow_uris
 
 log = logging.getLogger("shardtrain.train")
 
@@ -127,7 +126,7 @@ def log_and_register(cfg, run_id: str, model_dir: str, meta: dict, dataset_uri: 
     import mlflow
 
     example = input_example(meta, dataset_uri, splits)
-    with _tracking_uri(cfg.tracking_uri):
+    with mlflow_uris(cfg.tracking_uri):
         with mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
                 name=LOGGED_MODEL_NAME, python_model=PYFUNC_CODE, artifacts={ARTIFACT_KEY: model_dir},
@@ -160,27 +159,6 @@ def register_or_warn(cfg, info, run_id: str) -> str | None:
     log.info("registered %s version %s in %s%s", cfg.registered_model, version, registry,
              f"; alias {cfg.alias} -> version {version}" if cfg.alias else "")
     return str(version)
-
-
-@contextlib.contextmanager
-def _tracking_uri(uri: str | None) -> Iterator[None]:
-    """MLflow's global tracking URI set to ``uri`` for the block (None: left alone), then put back,
-    with the MLFLOW_TRACKING_URI variable MLflow's setter also writes."""
-    if uri is None:
-        yield
-        return
-    from mlflow.tracking._tracking_service import utils
-
-    before, env = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
-    utils.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        utils.set_tracking_uri(before)
-        if env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = env
 
 
 __all__ = ["ShardtrainPyfunc", "input_example", "log_and_register", "pip_requirements", "register_or_warn",
