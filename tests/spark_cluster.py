@@ -26,6 +26,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def refused_port() -> int:
+    """A loopback port nothing listens on, proven by a refused connection."""
+    port = free_port()
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return port
+    raise AssertionError(f"127.0.0.1:{port} accepted a connection; a test needs a port nothing listens on")
+
+
 def spark_env() -> dict:
     import pyspark
 

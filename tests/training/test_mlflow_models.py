@@ -12,7 +12,6 @@ import glob
 import json
 import logging
 import os
-import socket
 
 import numpy as np
 import pandas as pd
@@ -23,6 +22,7 @@ import yaml
 
 from common.errors import ConfigError, DatasetError
 from common.storage import MARKER
+from spark_cluster import refused_port
 from tabular_data import raw_frame, write_dataset
 from train_configs import train_overrides
 from training import load_model, load_train_config, train
@@ -203,21 +203,11 @@ def test_a_flipped_byte_in_the_artifact_store_is_refused_naming_the_file(mlflow_
             fh.write(original)
 
 
-def _refused_port() -> int:
-    """A loopback port nothing listens on, proven by a refused connection."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
-    return port
-
-
 def test_a_registry_nobody_answers_at_warns_in_training_and_fails_scoring_with_exit_1(
         spark, registry, tmp_path, caplog, capsys, monkeypatch):
     from shardtrain.cli import main
 
-    registry_uri = f"http://127.0.0.1:{_refused_port()}"
+    registry_uri = f"http://127.0.0.1:{refused_port()}"
     with caplog.at_level(logging.WARNING, logger="shardtrain.train"):
         result = registry.train(tmp_path / "model", "unreachable_model", f"tracking.mlflow.registry_uri={registry_uri}",
                                 "tracking.mlflow.alias=champion", "train.epochs=1")

@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from common.errors import ConfigError
+from spark_cluster import refused_port
 from tabular_data import write_dataset
 from train_configs import train_overrides
 from training import load_train_config, train
@@ -66,19 +67,9 @@ def test_a_finished_run_is_in_mlflow_with_params_metrics_tag_and_artifacts(datas
     assert open(report).read() == open(os.path.join(result.run_dir, "report.html")).read()
 
 
-def _refused_port() -> int:
-    """A loopback port nothing listens on, proven by a refused connection."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
-    return port
-
-
 @pytest.mark.parametrize("case", ["unreachable server", "mlflow not installed"])
 def test_tracking_that_cannot_work_warns_once_and_training_exits_0_with_the_model(dataset, tmp_path, case):
-    port = _refused_port()
+    port = refused_port()
     overrides = _overrides(dataset, tmp_path, "train.epochs=1", f"tracking.mlflow.tracking_uri=http://127.0.0.1:{port}")
     # "not installed": the interpreter's import of mlflow fails as it does where it is absent.
     hide = "import sys; sys.modules['mlflow'] = None; " if case == "mlflow not installed" else ""
