@@ -103,10 +103,14 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float], ylabel
 
 
 def scatter_chart(title: str, xlabel: str, series: dict[str, tuple[Sequence, Sequence[float]]], ylabel: str = "",
-                  log_x: bool = False) -> str:
+                  log_x: bool = False, integer_x: bool = False) -> str:
     """Points per ``series`` entry (label -> (xs, ys)); xs that are not numbers are placed as
     categories, in the order first seen."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = _figure()
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     xs_all = [x for xs, _ in series.values() for x in xs]
     categories = not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs_all)
     positions = {label: i for i, label in enumerate(dict.fromkeys(str(x) for x in xs_all))} if categories else {}

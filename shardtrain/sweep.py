@@ -365,8 +365,12 @@ def _study(cfg: SweepConfig, storage, study_name: str):
     study = optuna.create_study(storage=storage, study_name=study_name, direction=s.objective.direction,
                                 sampler=optuna.samplers.TPESampler(seed=s.seed), pruner=_pruner(s.pruner),
                                 load_if_exists=True)
-    for params in s.enqueue:  # idempotent: a rerun finds them already in the study
-        study.enqueue_trial(optuna_params(params, s.space), skip_if_exists=True)
+    if s.enqueue and not study.user_attrs.get("enqueued"):
+        # The study's first trials, in order (twice the same values is two trials); once: a rerun
+        # finds the flag, and a run killed while enqueueing adds only the ones still missing.
+        for params in s.enqueue[len(study.get_trials(deepcopy=False)):]:
+            study.enqueue_trial(optuna_params(params, s.space))
+        study.set_user_attr("enqueued", True)
     return study
 
 

@@ -45,7 +45,7 @@ def sweep_html(title: str, overview: list[tuple[str, object]], metric: str, maxi
         pruned = [t for t in scored if t.state == "PRUNED"]
         if pruned:
             series["pruned (last epoch reported)"] = ([t.number for t in pruned], [t.value for t in pruned])
-        charts.append(scatter_chart(f"{metric} per trial", "trial", series, metric))
+        charts.append(scatter_chart(f"{metric} per trial", "trial", series, metric, integer_x=True))
         if complete:
             best, xs, ys = None, [], []
             for t in complete:
@@ -60,13 +60,16 @@ def sweep_html(title: str, overview: list[tuple[str, object]], metric: str, maxi
     page.add("Objective over trials", *(charts or [paragraph("no trial has reported the objective yet", note=True)]))
     per_param = []
     for key in keys:
-        points = [(t.params[key], t.value) for t in scored if key in t.params]
-        if points:
-            xs = [x if isinstance(x, (int, float)) and not isinstance(x, bool) else _show(x) for x, _ in points]
-            numeric = all(isinstance(x, (int, float)) for x in xs)
-            log_x = numeric and min(xs) > 0 and max(xs) / min(xs) >= 100
-            per_param.append(scatter_chart(f"{metric} against {key}", key, {"trials": (xs, [y for _, y in points])},
-                                           metric, log_x=log_x))
+        series, xs_all = {}, []
+        for state, label in (("COMPLETE", "finished"), ("PRUNED", "pruned (last epoch reported)")):
+            points = [(_point(t.params[key]), t.value) for t in scored if key in t.params and t.state == state]
+            if points:
+                series[label] = ([x for x, _ in points], [y for _, y in points])
+                xs_all += series[label][0]
+        if series:
+            numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs_all)
+            log_x = numeric and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 100
+            per_param.append(scatter_chart(f"{metric} against {key}", key, series, metric, log_x=log_x))
     page.add("Objective against each parameter", *(per_param or [paragraph("nothing to plot yet", note=True)]))
     page.add("Sweep config", preformatted(config_text))
     return page.render()
@@ -74,6 +77,11 @@ def sweep_html(title: str, overview: list[tuple[str, object]], metric: str, maxi
 
 def write_sweep_report(uri: str, *args, **kwargs) -> str:
     return write_page(uri, sweep_html(*args, **kwargs))
+
+
+def _point(value: Any) -> Any:
+    """A parameter's value as a chart's x: numbers as they are, anything else as its text."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else str(_show(value))
 
 
 def _show(value: Any) -> Any:
