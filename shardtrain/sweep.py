@@ -31,13 +31,14 @@ import copy
 import json
 import logging
 import math
+import os
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from common.config import config_fingerprint, dump_yaml, from_dict, load_config, require, to_dict
+from common.config import config_fingerprint, dump_yaml, load_config, require, to_dict
 from common.errors import ConfigError, OutputExistsError, StorageError, TrainingError, first_line
 from pipelines.shard_config import ShardConfig
 from shardtrain.sweep_report import REPORT, TrialRecord, write_sweep_report
@@ -96,7 +97,8 @@ class SweepSection:
 
     def __post_init__(self):
         require(1 <= self.trials <= 100_000, "trials", f"must be in [1, 100000], got {self.trials}")
-        require(1 <= self.parallel_trials <= 1024, "parallel_trials", f"must be in [1, 1024], got {self.parallel_trials}")
+        require(1 <= self.parallel_trials <= 1024, "parallel_trials",
+                f"must be in [1, 1024], got {self.parallel_trials}")
         require(self.storage is None or bool(self.storage.strip()), "storage", "must not be empty (null: a journal "
                 "file beside the sweep)")
         for i, params in enumerate(self.enqueue):
@@ -311,7 +313,10 @@ def study_storage(cfg: SweepConfig, probe_only: bool = False):
         import optuna
 
         return optuna.storages.RDBStorage(url), _redacted(url)
-    key, path = ("sweep.storage", url) if url is not None else ("output.path", f"{cfg.output.path.rstrip('/')}/{JOURNAL}")
+    if url is not None:
+        key, path = "sweep.storage", url
+    else:
+        key, path = "output.path", f"{cfg.output.path.rstrip('/')}/{JOURNAL}"
     try:
         loc = resolve(path)
     except StorageError as exc:
@@ -322,8 +327,6 @@ def study_storage(cfg: SweepConfig, probe_only: bool = False):
                           "(postgresql://..., mysql://..., sqlite:///path/on/a/local/disk.db)")
     if probe_only:
         return None, loc.path
-    import os
-
     import optuna
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
@@ -402,6 +405,8 @@ class _Runner:
     def __init__(self, cfg: SweepConfig, train_cfg: TrainConfig, study, spark, tracker: "_Tracker"):
         self.cfg, self.train_cfg, self.study, self.spark, self.tracker = cfg, train_cfg, study, spark, tracker
         self.lock = threading.Lock()
+        self.pending: list = []  # interrupted trials, run (resumed) first
+        self.to_ask = 0  # new trials still to draw
         self.ran: list[int] = []
         self.errors: list[BaseException] = []
 
@@ -412,9 +417,11 @@ class _Runner:
         trials = self.study.get_trials(deepcopy=False)
         finished = sum(t.state.is_finished() for t in trials)
         # RUNNING now means its sweep died (this one holds output.path's lock): run it again, resumed.
+        # Optuna has no public way to take a RUNNING trial over; Trial(study, id) is what ask() builds.
         self.pending = [optuna.trial.Trial(self.study, t._trial_id) for t in trials if t.state == TrialState.RUNNING]
         for trial in self.pending:
-            log.info("trial %d was interrupted (its sweep stopped); it resumes from its newest checkpoint", trial.number)
+            log.info("trial %d was interrupted (its sweep stopped); it resumes from its newest checkpoint",
+                     trial.number)
         self.to_ask = max(0, self.cfg.sweep.trials - finished - len(self.pending))
         if finished:
             log.info("study %s: %d trial(s) finished before; %d to run", self.study.study_name, finished,

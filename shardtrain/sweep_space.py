@@ -52,7 +52,8 @@ class ParamSpec:
         if self.type == "int":
             for key in ("low", "high", "step"):
                 value = getattr(self, key)
-                require(value is None or float(value).is_integer(), key, f"must be an integer for type: int, got {value}")
+                require(value is None or float(value).is_integer(), key,
+                        f"must be an integer for type: int, got {value}")
         require(self.low < self.high, "high", f"must be above low: the range [{self.low:g}, {self.high:g}] is empty")
         require(not self.log or self.low > 0, "low", f"must be > 0 with log: true (a log range cannot reach "
                 f"{self.low:g}); raise low or set log: false")
@@ -158,7 +159,8 @@ def _check_key(key: str, where: str) -> None:
         if part not in names:
             prefix = ".".join(parts[:depth])
             close = difflib.get_close_matches(part, names, n=1, cutoff=0.5)
-            hint = f"; did you mean {prefix + '.' + close[0]!r}?" if close else f"; {prefix} has {', '.join(sorted(names))}"
+            hint = (f"; did you mean {prefix + '.' + close[0]!r}?" if close
+                    else f"; {prefix} has {', '.join(sorted(names))}")
             raise ConfigError(f"{where}: unknown key {key!r}{hint}")
         tp = get_type_hints(section)[part]
     if _section(tp) is not None:
