@@ -102,6 +102,31 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float], ylabel
     return image(figure_png(fig), title)
 
 
+def scatter_chart(title: str, xlabel: str, series: dict[str, tuple[Sequence, Sequence[float]]], ylabel: str = "",
+                  log_x: bool = False, integer_x: bool = False) -> str:
+    """Points per ``series`` entry (label -> (xs, ys)); xs that are not numbers are placed as
+    categories, in the order first seen."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = _figure()
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    xs_all = [x for xs, _ in series.values() for x in xs]
+    categories = not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs_all)
+    positions = {label: i for i, label in enumerate(dict.fromkeys(str(x) for x in xs_all))} if categories else {}
+    for label, (xs, ys) in series.items():
+        ax.scatter([positions[str(x)] for x in xs] if categories else list(xs), list(ys), s=24, label=label)
+    if categories:
+        ax.set_xticks(range(len(positions)), list(positions), fontsize=8)
+    elif log_x:
+        ax.set_xscale("log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend()
+    return image(figure_png(fig), title)
+
+
 def image(png: bytes, alt: str) -> str:
     return f'<img alt="{escape(alt)}" src="{png_data_uri(png)}">'
 
@@ -148,4 +173,4 @@ def _cell(value) -> str:
 
 
 __all__ = ["PNG_SIGNATURE", "Page", "bar_chart", "escape", "figure_png", "image", "key_values", "line_chart",
-           "paragraph", "png_data_uri", "preformatted", "table", "write_page"]
+           "paragraph", "png_data_uri", "preformatted", "scatter_chart", "table", "write_page"]

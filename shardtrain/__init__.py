@@ -1,5 +1,6 @@
-"""The ``shardtrain`` command and what uses both stages (``run``: shard then train; ``demo``;
-``doctor``). It sits above ``pipelines`` and ``training``; nothing below imports it.
+"""The ``shardtrain`` command and what uses both stages (``run``: shard then train; ``sweep``:
+Optuna trials over one dataset; ``demo``; ``doctor``). It sits above ``pipelines`` and ``training``;
+nothing below imports it.
 
     common/  ->  pipelines/ (raw data -> shards + manifest)  ->  training/ (manifest -> model)  ->  shardtrain/
 
@@ -16,6 +17,7 @@ _NAMES = {
     "train": "training", "load_model": "training", "load_train_config": "training", "TrainConfig": "training",
     "run": "shardtrain.run", "load_run_config": "shardtrain.run", "RunConfig": "shardtrain.run",
     "RunResult": "shardtrain.run",
+    "sweep": "shardtrain.sweep", "load_sweep_config": "shardtrain.sweep", "SweepConfig": "shardtrain.sweep",
 }
 
 __all__ = ["__version__", *_NAMES]

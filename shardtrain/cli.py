@@ -33,6 +33,12 @@ def _run(args):
     return handle_run(args)
 
 
+def _sweep(args):
+    from shardtrain.sweep import handle_sweep
+
+    return handle_sweep(args)
+
+
 def _score(args):
     from scoring.job import handle_score
 
@@ -86,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="shard, then train, in one Spark application")
     add_config_arguments(p)
     p.set_defaults(handler=_run)
+
+    p = sub.add_parser("sweep", help="many training configs over one sharded dataset, drawn and pruned by Optuna")
+    add_config_arguments(p)
+    p.set_defaults(handler=_sweep)
 
     p = sub.add_parser("score", help="score raw data (or a dataset split) with a published model, on Spark")
     add_config_arguments(p)
@@ -146,6 +156,10 @@ def _job_config(args):
         from shardtrain.run import load_run_config
 
         return load_run_config(args.config, args.overrides)
+    if args.command == "sweep":
+        from shardtrain.sweep import load_sweep_config
+
+        return load_sweep_config(args.config, args.overrides)
     if args.command == "distill":
         from shardtrain.distill import load_distill_config
 

@@ -135,3 +135,43 @@ def test_scoring_imports_only_common_and_trainings_public_api():
     assert {"scoring.predict", "scoring.job", "scoring.config"} <= set(modules)
     reached = {m: _scoring_reaches_past(m, p, modules) for m, p in modules.items() if m.split(".")[0] == "scoring"}
     assert not any(reached.values()), {m: r for m, r in reached.items() if r}
+
+
+# --- what the sweep may import ----------------------------------------------------------------------
+# The sweep (shardtrain/sweep*.py) drives training as a user's program would: through training's
+# public API (its exported names, training.api and training.config), never a module inside it,
+# whose insides (the loop, launchers, recorder) must stay free to change.
+
+SWEEP_MAY_IMPORT = ("training.api", "training.config")
+
+
+def _sweep_reaches_past(module: str, path: str, modules: dict[str, str]) -> list[str]:
+    """What ``module`` (a sweep module) imports of training beyond its public API."""
+    found = sorted(t for t in _imported(module, path, modules)
+                   if t.startswith("training.") and t not in SWEEP_MAY_IMPORT)
+    public = _public_training_names()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.ImportFrom) and node.module == "training" and not node.level:
+            found += [f"training.{a.name}" for a in node.names
+                      if a.name not in public and f"training.{a.name}" not in modules]
+    return found
+
+
+def test_the_sweep_rule_finds_training_internals_in_a_function(tmp_path):
+    modules = _modules()
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text("from training.api import train\n"
+                       "from training.config import TrainConfig\n"
+                       "def f():\n"
+                       "    from training.loop import Hooks\n"
+                       "    from training.launchers.capacity import task_slots\n")
+    assert _sweep_reaches_past("shardtrain.snippet", str(snippet), modules) == [
+        "training.launchers.capacity", "training.loop"]
+
+
+def test_the_sweep_drives_training_through_its_public_api_only():
+    modules = _modules()
+    sweep = [m for m in modules if m.startswith("shardtrain.sweep")]
+    assert "shardtrain.sweep" in sweep
+    reached = {m: _sweep_reaches_past(m, modules[m], modules) for m in sweep}
+    assert not any(reached.values()), {m: r for m, r in reached.items() if r}

@@ -56,6 +56,7 @@ class TrainResult:
     reference: dict | None = field(repr=False, default=None)  # rank 0's final predictions on val rows
     resumed_from: str | None = None
     checkpoint_problems: list[str] = field(default_factory=list)
+    stopped_early: bool = False  # on_epoch ended the run before train.epochs (a sweep's pruner)
 
     @property
     def final(self) -> dict:
@@ -78,14 +79,19 @@ class TrainResult:
             lines.append(f"train loss: {self.metrics[0]['train_loss']:.4f} (epoch 1) -> {final['train_loss']:.4f}")
         if self.resumed_from:
             lines.append(f"resumed from {self.resumed_from}")
+        if self.stopped_early:
+            lines.append(f"stopped early, after epoch {len(self.metrics)}, as the driver asked")
         lines += [f"model:   {self.model_uri}", f"metrics: {self.run_dir}/metrics.jsonl (summary: {self.run_dir}/summary.json)"]
         return "\n".join(lines)
 
 
-def train(cfg: TrainConfig, spark=None, *, on_step=None) -> TrainResult:
+def train(cfg: TrainConfig, spark=None, *, on_step=None, on_epoch=None) -> TrainResult:
     """Train ``cfg`` from its published dataset. ``spark``: the session whose executors run the
     ranks (default: the active one, or one built from ``cfg.spark``). ``on_step(step)`` is called
-    after every optimizer step in in-process mode (tests use it to simulate a crash)."""
+    after every optimizer step in in-process mode (tests use it to simulate a crash).
+    ``on_epoch(record) -> bool`` is called here, on the driver, with each epoch's record (its
+    validation metrics included) as rank 0 ends the epoch, on every launcher; True ends the run at
+    that epoch boundary: its checkpoint is written, the model published (a sweep's pruner)."""
     started = time.perf_counter()
     plan = build_plan(cfg)  # reads and checks the manifest: nothing launched yet, nothing written
     # Both held to the end. The model path's writer lock, before the run directory or a
@@ -96,17 +102,17 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None) -> TrainResult:
         plan = dataclasses.replace(plan, writer_lock=lock)
         # The plan was read before the lease was taken: the dataset must still be that one.
         check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)
-        return _train_leased(cfg, plan, spark, on_step, started)
+        return _train_leased(cfg, plan, spark, on_step, on_epoch, started)
 
 
-def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, started: float) -> TrainResult:
+def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, on_epoch, started: float) -> TrainResult:
     _check_output(cfg)
     log.info("dataset %s: %d train rows -> %d rank(s) x %d steps/epoch x %d epoch(s) (%d rows skipped per epoch)",
              plan.dataset_uri, plan.train.rows, plan.world_size, plan.steps_per_epoch, cfg.train.epochs,
              plan.skipped_rows_per_epoch)
     if cfg.launch.mode != "in_process":
         spark = spark or _session(cfg)
-    ranks = launch(plan, spark, on_step=on_step,
+    ranks = launch(plan, spark, on_step=on_step, on_epoch=on_epoch,
                    on_restart=lambda n, why: record_restart(plan.run_dir, n, cfg.launch.max_restarts, why))
     result = _result(plan, ranks, time.perf_counter() - started)
     _write_summary(result)
@@ -165,6 +171,15 @@ def check_outputs(cfg: TrainConfig, inputs: dict[str, str]) -> None:
     check_checkpoint_root(cfg.checkpoint_path)
 
 
+def task_slots(spark) -> tuple[str, int, int] | None:
+    """(master, spark.task.cpus, concurrent tasks) of ``spark``'s application in local mode; None
+    on a cluster, whose executors cannot be counted up front. A launch of ``launch.num_proc``
+    Spark ranks needs that many slots at once."""
+    from training.launchers.capacity import task_slots as slots
+
+    return slots(spark)
+
+
 def _session(cfg: TrainConfig):
     from common.spark import get_or_create_session
 
@@ -187,6 +202,7 @@ def _write_summary(result: TrainResult) -> None:
                "steps_per_epoch": result.steps_per_epoch, "skipped_rows_per_epoch": result.skipped_rows_per_epoch,
                "world_size": result.world_size, "seconds": round(result.seconds, 3),
                "resumed_from": result.resumed_from, "checkpoint_problems": result.checkpoint_problems,
+               "stopped_early": result.stopped_early,
                "ranks": [{k: r.get(k) for k in ("rank", "steps", "device", "device_reason", "gpu_addresses",
                                                 "epoch_stats")} for r in result.ranks]}
     resolve(result.run_dir).write_text("summary.json", json.dumps(summary, indent=2, sort_keys=True))
@@ -200,7 +216,9 @@ def _result(plan: RankPlan, ranks: list[dict], seconds: float) -> TrainResult:
                        steps_per_rank=[r["steps"] for r in ranks], steps_per_epoch=final.steps_per_epoch,
                        skipped_rows_per_epoch=final.skipped_rows_per_epoch, world_size=final.world_size,
                        seconds=seconds, ranks=ranks, reference=main.get("reference"),
-                       resumed_from=main.get("resumed_from"), checkpoint_problems=main.get("checkpoint_problems", []))
+                       resumed_from=main.get("resumed_from"), checkpoint_problems=main.get("checkpoint_problems", []),
+                       stopped_early=bool(main.get("stopped_early")))
 
 
-__all__ = ["TrainResult", "check_outputs", "handle_train", "load_model", "load_train_config", "session_for", "train"]
+__all__ = ["TrainResult", "check_outputs", "handle_train", "load_model", "load_train_config", "session_for", "task_slots",
+           "train"]

@@ -312,6 +312,8 @@ class MlflowConfig:
     registered_model: str | None = None
     registry_uri: str | None = None  # null: MLflow's default (MLFLOW_REGISTRY_URI, else the tracking URI)
     alias: str | None = None  # moved to the new version (models:/NAME@ALIAS); needs registered_model
+    # Tags on the run, beside shardtrain's own (a sweep sets mlflow.parentRunId: its trials are child runs).
+    tags: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         for key in ("tracking_uri", "experiment", "run_name", "registered_model", "registry_uri", "alias"):

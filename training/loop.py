@@ -58,16 +58,23 @@ log = logging.getLogger("shardtrain.train")
 
 class Hooks:
     """What a launcher watches a rank's progress with (``training.launchers.progress.Reporter`` has
-    the same three methods): ``on_step(step)`` after every optimizer step (and its mid-epoch
+    the same four methods): ``on_step(step)`` after every optimizer step (and its mid-epoch
     checkpoint, if due); ``on_validation(batches)`` during each validation pass (see ``evaluate``);
+    ``should_stop(record)`` on rank 0 at each epoch end, with the epoch's record (validation
+    included): True ends the run at this boundary (a sweep's pruner decides, on the driver);
     ``on_published()`` on rank 0 once the model is published, before the run report and tracking."""
 
-    def __init__(self, on_step: Callable[[int], None] | None = None):
+    def __init__(self, on_step: Callable[[int], None] | None = None,
+                 on_epoch: Callable[[dict], bool] | None = None):
         self._on_step = on_step
+        self._on_epoch = on_epoch
 
     def on_step(self, step: int) -> None:
         if self._on_step:
             self._on_step(step)
+
+    def should_stop(self, record: dict) -> bool:
+        return bool(self._on_epoch(record)) if self._on_epoch else False
 
     def on_validation(self, batches: int | None) -> None:
         pass
@@ -121,15 +128,22 @@ def _train(run: "RankRun", state: "TrainState", hooks, attempts) -> dict:
         record = train_epoch(run, state, train_loader, epoch, hooks.on_step)
         if val_loader:
             record.update(evaluate(run, val_loader, hooks.on_validation))
-        _end_epoch(run, state, epoch, record)
+        stop = _stop_asked(run, hooks, record)  # asked first: a run that stops here saves this checkpoint
+        _end_epoch(run, state, epoch, record, stop)
         attempts.commit(state)
+        if stop:
+            if group.rank == 0:
+                log.info("stopping after epoch %d of %d: the driver asked (a sweep's pruner)", epoch + 1,
+                         plan.config.train.epochs)
+            break
 
     restored = run.restored
     result = {"rank": group.rank, "device": str(device), "device_reason": group.device_reason,
               "gpu_addresses": spark_gpu_addresses(), "steps": state.step, "steps_per_epoch": plan.steps_per_epoch,
               "world_size": group.size, "epoch_stats": [stats.__dict__ for stats in train_loader.stats],
               "resumed_from": restored["uri"], "resumed_step": restored["step"],
-              "checkpoint_problems": restored["problems"]}
+              "checkpoint_problems": restored["problems"],
+              "stopped_early": len(state.history) < plan.config.train.epochs}
     # FSDP: all ranks gather the weights; rank 0 gets a plain module to export.
     final = run.strategy.unsharded(run.model, lambda: build_model(plan.config.model, plan.feature_spec,
                                                                   plan.label_spec).to(device))
@@ -306,12 +320,21 @@ def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
     return record
 
 
-def _end_epoch(run: RankRun, state: TrainState, epoch: int, record: dict) -> None:
-    """The record joins the history (and metrics.jsonl); then the epoch-end checkpoint, if due."""
+def _end_epoch(run: RankRun, state: TrainState, epoch: int, record: dict, stop: bool = False) -> None:
+    """The record joins the history (and metrics.jsonl); then the epoch-end checkpoint, if due
+    (always at the run's last step, and at an epoch the run stops after)."""
     state.history.append(record)
     if run.recorder:
         run.recorder.epoch_end(record)
-    run.checkpoints.save(state.step, epoch, lambda: state.checkpoint(run), last=state.step == run.total_steps)
+    run.checkpoints.save(state.step, epoch, lambda: state.checkpoint(run),
+                         last=stop or state.step == run.total_steps)
+
+
+def _stop_asked(run: RankRun, hooks, record: dict) -> bool:
+    """Whether the run ends at this epoch boundary: rank 0 asks its hooks (the driver), once per
+    epoch; every rank gets the same answer, so all stop together."""
+    stop = hooks.should_stop(record) if run.group.rank == 0 else False
+    return bool(run.group.broadcast_object(stop)) if run.group.size > 1 else bool(stop)
 
 
 def _build(plan: RankPlan, group) -> RankRun:

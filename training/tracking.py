@@ -64,7 +64,7 @@ def track_run_or_warn(plan, history: list[dict], report_uri: str | None) -> str 
 def track_run(cfg: MlflowConfig, plan, history: list[dict], report_uri: str | None) -> str:
     client = _client(cfg)
     run = client.create_run(_experiment_id(client, cfg.experiment), run_name=cfg.run_name,
-                            tags={"dataset_fingerprint": plan.fingerprint, "dataset_uri": plan.dataset_uri,
+                            tags={**cfg.tags, "dataset_fingerprint": plan.fingerprint, "dataset_uri": plan.dataset_uri,
                                   "model_uri": plan.model_path, "shardtrain_version": __version__})
     run_id = run.info.run_id
     try:

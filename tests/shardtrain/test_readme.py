@@ -42,7 +42,7 @@ NOISE = [
     re.compile(r"^Traceback \(most recent call last\)"),
     re.compile(r"\w+Warning: "),
 ]
-JOB_COMMANDS = ("shard", "train", "run", "score", "demo")
+JOB_COMMANDS = ("shard", "train", "run", "score", "demo", "sweep")
 FIRST_LINE = re.compile(rf"INFO shardtrain: shardtrain {re.escape(__version__)} (\w+): config \S+.*; "
                         r"fingerprint [0-9a-f]{12}$")
 

@@ -352,3 +352,27 @@ def test_the_rank_entry_reports_a_failure_with_its_traceback_then_stops_the_grou
         # A rank that succeeds reports done without an error.
         ok = run_rank_entry(_RankPlan(), 1, lambda plan: _Group(), lambda plan, g, r: {"published": True})
         assert ok == {"ok": True, "published": True}
+
+
+def test_rank_0_asks_the_driver_at_each_epoch_end_and_gets_its_answer_over_loopback():
+    """train(on_epoch=...) on Spark ranks: rank 0 sends each epoch's record, the driver's callback
+    answers stop or go; a driver without a callback sets no flag, and its ranks never ask."""
+    seen = []
+
+    def on_epoch(record):
+        seen.append(record)
+        if record["epoch"] == 3:
+            raise RuntimeError("a pruner's bug")  # warns; the run goes on
+        return record["epoch"] >= 2
+
+    with Supervision(None, world=1, stall_timeout_s=60, on_epoch=on_epoch) as sup:
+        env = sup.launch_env()
+        assert env["SHARDTRAIN_SUPERVISOR_EPOCHS"] == "1"
+        rank0 = Reporter(env["SHARDTRAIN_SUPERVISOR"], env["SHARDTRAIN_SUPERVISOR_TOKEN"], rank=0, steps_per_epoch=10,
+                         interval=0.05, asks_epochs=True)
+        answers = [rank0.should_stop({"epoch": e, "val_accuracy": 0.5}) for e in (1, 2, 3)]
+        rank0.finished(None)
+    assert answers == [False, True, False]
+    assert [r["epoch"] for r in seen] == [1, 2, 3] and seen[0]["val_accuracy"] == 0.5
+    with Supervision(None, world=1, stall_timeout_s=60) as sup:
+        assert "SHARDTRAIN_SUPERVISOR_EPOCHS" not in sup.launch_env()

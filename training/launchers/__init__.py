@@ -38,21 +38,24 @@ def spark_launcher(backend: str) -> Callable:
 
 
 def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
-           on_restart: Callable[[int, str], None] | None = None) -> list[dict]:
+           on_restart: Callable[[int, str], None] | None = None,
+           on_epoch: Callable[[dict], bool] | None = None) -> list[dict]:
     """Every rank's result (rank 0 first), or one typed error. ``plan.config.launch`` picks the
     launcher; ``spark`` is the job's session (unused in-process). ``on_step`` (in-process only) sees
-    each step; ``on_restart(restart, reason)`` runs before each relaunch of the Spark ranks."""
+    each step; ``on_restart(restart, reason)`` runs before each relaunch of the Spark ranks;
+    ``on_epoch(record)``, on the driver, gets rank 0's record of each epoch and returns whether the
+    run stops there (every launcher: in-process directly, Spark ranks through the supervisor)."""
     from training.launchers.rank_entry import check_results
 
     cfg = plan.config
     if cfg.launch.mode == "in_process":
         from training.launchers.in_process import launch_in_process
 
-        return check_results(launch_in_process(plan, on_step=on_step))
+        return check_results(launch_in_process(plan, on_step=on_step, on_epoch=on_epoch))
     from training.launchers.supervisor import run_supervised
 
     results = run_supervised(spark_launcher(cfg.launch.backend), plan, spark, cfg.launch, cfg.checkpoint.resume,
-                             on_restart=on_restart)
+                             on_restart=on_restart, on_epoch=on_epoch)
     return check_results(results)
 
 

@@ -10,15 +10,25 @@ import re
 from common.errors import ConfigError
 
 
-def check_capacity(spark, num_proc: int, gpus_per_proc: int) -> None:
-    """Refuse up front what would otherwise wait start_timeout seconds and then fail."""
+def task_slots(spark) -> tuple[str, int, int] | None:
+    """(master, spark.task.cpus, concurrent tasks) of a local-mode application; None elsewhere,
+    where executors come and go (dynamic allocation) and their slots cannot be counted up front."""
     conf = spark.sparkContext.getConf()
     master = conf.get("spark.master", "")
     task_cpus = int(conf.get("spark.task.cpus", "1"))
     match = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]|local", master)
-    if match:
-        cores = 1 if master == "local" else (os.cpu_count() or 1) if match.group(1) == "*" else int(match.group(1))
-        slots = cores // task_cpus
+    if not match:
+        return None
+    cores = 1 if master == "local" else (os.cpu_count() or 1) if match.group(1) == "*" else int(match.group(1))
+    return master, task_cpus, cores // task_cpus
+
+
+def check_capacity(spark, num_proc: int, gpus_per_proc: int) -> None:
+    """Refuse up front what would otherwise wait start_timeout seconds and then fail."""
+    conf = spark.sparkContext.getConf()
+    slots_known = task_slots(spark)
+    if slots_known:
+        master, task_cpus, slots = slots_known
         if num_proc > slots:
             raise ConfigError(
                 f"launch.num_proc={num_proc} needs {num_proc} concurrent Spark tasks, but master {master} with "
@@ -33,4 +43,4 @@ def check_capacity(spark, num_proc: int, gpus_per_proc: int) -> None:
                 "spark.executor.resource.gpu.amount and a discovery script) in spark.conf")
 
 
-__all__ = ["check_capacity"]
+__all__ = ["check_capacity", "task_slots"]

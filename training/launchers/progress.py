@@ -11,6 +11,8 @@ Protocol: each rank holds one TCP connection to the driver and sends a JSON line
 (at most ten a second) and every ``interval`` seconds: its step, phase, validation batches, pid and
 host. The first line carries a per-launch token. The driver may answer ``abort``: a live rank then
 exits at once. What counts as progress in each phase is the driver's rule (see the supervisor).
+When the driver decides where a run ends (``EPOCHS_ENV``: a sweep's pruner), rank 0 sends each
+epoch's record (``event: epoch``) and waits for ``stop`` or ``go``.
 
 This module imports only the standard library and ``common`` (psutil lazily): it runs on executors.
 """
@@ -30,6 +32,8 @@ log = logging.getLogger("shardtrain.train")
 ADDRESS_ENV = "SHARDTRAIN_SUPERVISOR"  # host:port of the driver's ProgressServer
 TOKEN_ENV = "SHARDTRAIN_SUPERVISOR_TOKEN"
 INTERVAL_ENV = "SHARDTRAIN_SUPERVISOR_INTERVAL"  # seconds between a rank's reports
+EPOCHS_ENV = "SHARDTRAIN_SUPERVISOR_EPOCHS"  # "1": the driver answers each epoch's record with stop or go
+EPOCH_ANSWER_TIMEOUT_S = 300  # a driver that does not answer by then: the run goes on, with a warning
 
 STARTING, TRAINING, VALIDATING, BETWEEN_EPOCHS = "starting", "training", "validating", "between_epochs"
 AFTER_PUBLISH = "after_publish"  # rank 0, model published: the run report and MLflow tracking remain
@@ -39,9 +43,13 @@ class Reporter:
     """One rank's link to the driver. Never raises into training and never blocks it: the main
     thread only stores the step; a daemon thread sends it."""
 
-    def __init__(self, address: str | None, token: str, rank: int, steps_per_epoch: int, interval: float):
+    def __init__(self, address: str | None, token: str, rank: int, steps_per_epoch: int, interval: float,
+                 asks_epochs: bool = False):
         self.rank, self.steps_per_epoch, self.interval = rank, steps_per_epoch, interval
         self.token = token
+        self.asks_epochs = asks_epochs
+        self._answer: bool | None = None  # the driver's word on the last epoch record sent
+        self._answered = threading.Event()
         self.step: int | None = None  # None until this process finishes its first step
         self.validation_batches: int | None = None  # batches done in the current validation pass, if in one
         self.published = False
@@ -60,7 +68,8 @@ class Reporter:
         """The reporter ``run_supervised`` asked for through the environment, or a silent one."""
         address = os.environ.get(ADDRESS_ENV)
         interval = float(os.environ.get(INTERVAL_ENV, "1"))
-        return cls(address, os.environ.get(TOKEN_ENV, ""), rank, steps_per_epoch, interval)
+        return cls(address, os.environ.get(TOKEN_ENV, ""), rank, steps_per_epoch, interval,
+                   asks_epochs=os.environ.get(EPOCHS_ENV) == "1")
 
     def on_step(self, step: int) -> None:
         self.step = step
@@ -70,6 +79,19 @@ class Reporter:
         """``batches`` done in the current validation pass; ``None`` when the pass is over."""
         self.validation_batches = batches
         self._wake.set()
+
+    def should_stop(self, record: dict) -> bool:
+        """Rank 0 at an epoch end: the driver's answer to the epoch's record (False when the driver
+        does not decide, cannot be reached, or does not answer in EPOCH_ANSWER_TIMEOUT_S)."""
+        if not self.asks_epochs or not self._sock:
+            return False
+        self._answered.clear()
+        self._send({"event": "epoch", "record": record})
+        if not self._answered.wait(EPOCH_ANSWER_TIMEOUT_S):
+            log.warning("rank %d: the driver did not answer epoch %s's record in %d s; training goes on", self.rank,
+                        record.get("epoch"), EPOCH_ANSWER_TIMEOUT_S)
+            return False
+        return bool(self._answer)
 
     def on_published(self) -> None:
         """Rank 0 published the model: from now on the stall clock runs (see training.launchers.supervisor)."""
@@ -137,6 +159,11 @@ class Reporter:
             if not chunk:
                 return
             received = (received + chunk)[-64:]
+            for word, answer in ((b"stop\n", True), (b"go\n", False)):
+                if word in received:
+                    received = received.replace(word, b"")
+                    self._answer = answer
+                    self._answered.set()
             if b"abort\n" in received:
                 # The driver gave up on this launch (another rank stalled): leave now rather than
                 # wait in a collective for a rank that will never answer.
@@ -152,5 +179,5 @@ def _process_created(pid: int) -> float | None:
         return None
 
 
-__all__ = ["ADDRESS_ENV", "AFTER_PUBLISH", "BETWEEN_EPOCHS", "INTERVAL_ENV", "STARTING", "TOKEN_ENV", "TRAINING",
+__all__ = ["ADDRESS_ENV", "AFTER_PUBLISH", "BETWEEN_EPOCHS", "EPOCHS_ENV", "INTERVAL_ENV", "STARTING", "TOKEN_ENV", "TRAINING",
            "VALIDATING", "Reporter"]

@@ -39,8 +39,8 @@ from typing import Callable
 
 from common.errors import LaunchError, RankStalledError, ShardtrainError
 from training.launchers.failure_policy import RAISE, FailurePolicy
-from training.launchers.progress import (ADDRESS_ENV, AFTER_PUBLISH, INTERVAL_ENV, STARTING, TOKEN_ENV, TRAINING,
-                                         VALIDATING)
+from training.launchers.progress import (ADDRESS_ENV, AFTER_PUBLISH, EPOCHS_ENV, INTERVAL_ENV, STARTING, TOKEN_ENV,
+                                         TRAINING, VALIDATING)
 from training.launchers.rank_entry import check_results
 
 log = logging.getLogger("shardtrain.train")
@@ -81,9 +81,10 @@ class ProgressServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, on_epoch: Callable[[dict], bool] | None = None):
         super().__init__(("0.0.0.0", 0), _ReportHandler)
         self.token = token
+        self.on_epoch = on_epoch  # rank 0's epoch records -> stop (True) or go on
         self.ranks: dict[int, RankState] = {}
         self.connections: list[socket.socket] = []
         self.lock = threading.Lock()
@@ -102,6 +103,17 @@ class ProgressServer(socketserver.ThreadingTCPServer):
             if message.get("event") == "done":
                 state.done, state.error, state.secondary = True, message.get("error"), bool(message.get("secondary"))
             return state
+
+    def answer_epoch(self, record: dict) -> bool:
+        """Whether the run stops after the epoch of ``record``; a failing callback only warns."""
+        if self.on_epoch is None:
+            return False
+        try:
+            return bool(self.on_epoch(record))
+        except Exception as exc:  # noqa: BLE001 - deciding to stop early must never fail the run
+            log.warning("deciding whether to stop after epoch %s failed (%s: %s); training goes on",
+                        record.get("epoch"), type(exc).__name__, exc)
+            return False
 
     def lost(self, rank: int, now: float) -> None:
         with self.lock:
@@ -133,6 +145,8 @@ class _ReportHandler(socketserver.StreamRequestHandler):
                 if rank is None:
                     server.connections.append(self.connection)
                 rank = server.record(message, time.monotonic()).rank
+                if message.get("event") == "epoch":
+                    self.connection.sendall(b"stop\n" if server.answer_epoch(message.get("record") or {}) else b"go\n")
         except (OSError, ValueError):
             pass  # a reset connection is a rank that went away, as below
         if rank is not None:
@@ -178,12 +192,13 @@ def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: f
 class Supervision:
     """One launch under watch: the progress server, the watcher thread, and how to stop the launch."""
 
-    def __init__(self, spark, world: int, stall_timeout_s: float, start_timeout: float = 0, elastic: bool = False):
+    def __init__(self, spark, world: int, stall_timeout_s: float, start_timeout: float = 0, elastic: bool = False,
+                 on_epoch: Callable[[dict], bool] | None = None):
         self.spark, self.world, self.timeout, self.start_timeout = spark, world, stall_timeout_s, start_timeout
         self.elastic = elastic
         self._announced: set[int] = set()  # lost ranks already logged (launch.elastic)
         self.token = secrets.token_hex(16)
-        self.server = ProgressServer(self.token)
+        self.server = ProgressServer(self.token, on_epoch)
         self.stall: str | None = None
         self._done = threading.Event()
         self._started = time.monotonic()
@@ -191,8 +206,11 @@ class Supervision:
 
     def launch_env(self) -> dict[str, str]:
         host = _driver_host(self.spark)
-        return {ADDRESS_ENV: f"{host}:{self.server.server_address[1]}", TOKEN_ENV: self.token,
-                INTERVAL_ENV: str(beat_interval(self.timeout))}
+        env = {ADDRESS_ENV: f"{host}:{self.server.server_address[1]}", TOKEN_ENV: self.token,
+               INTERVAL_ENV: str(beat_interval(self.timeout))}
+        if self.server.on_epoch is not None:
+            env[EPOCHS_ENV] = "1"
+        return env
 
     def __enter__(self):
         threading.Thread(target=self.server.serve_forever, name="shardtrain-progress", daemon=True).start()
@@ -286,11 +304,13 @@ def _kill(pid: int, created: float | None) -> None:
 
 # --- one launch, then relaunches ------------------------------------------------------------------
 
-def supervise(launch_fn: Callable, plan, spark, launch_cfg) -> list[dict]:
+def supervise(launch_fn: Callable, plan, spark, launch_cfg,
+              on_epoch: Callable[[dict], bool] | None = None) -> list[dict]:
     """``launch_fn`` in this thread (Horovod installs signal handlers, so it needs the main one)
-    while a watcher thread stops it if a rank stalls; failures are explained rank by rank."""
+    while a watcher thread stops it if a rank stalls; failures are explained rank by rank.
+    ``on_epoch(record)``: rank 0's epoch records, answered stop (True) or go on."""
     with Supervision(spark, plan.world_size, launch_cfg.stall_timeout_s, launch_cfg.start_timeout,
-                     launch_cfg.elastic) as sup:
+                     launch_cfg.elastic, on_epoch) as sup:
         cfg = dataclasses.replace(launch_cfg, env={**launch_cfg.env, **sup.launch_env()})
         try:
             results = launch_fn(plan, spark, cfg)
@@ -324,7 +344,8 @@ def explain(exc: Exception, ranks: dict[int, RankState]) -> Exception:
 
 
 def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str,
-                   on_restart: Callable[[int, str], None] | None = None) -> list[dict]:
+                   on_restart: Callable[[int, str], None] | None = None,
+                   on_epoch: Callable[[dict], bool] | None = None) -> list[dict]:
     """Launch, and relaunch up to ``launch_cfg.max_restarts`` times after a retryable failure; the
     ranks resume from the newest complete checkpoint (``resume`` must be ``auto`` for that).
     ``on_restart(restart, reason)`` runs before each relaunch (the run directory's restart log)."""
@@ -332,7 +353,7 @@ def run_supervised(launch_fn: Callable, plan, spark, launch_cfg, resume: str,
     restarts = 0
     while True:
         try:
-            results = supervise(launch_fn, plan, spark, launch_cfg)
+            results = supervise(launch_fn, plan, spark, launch_cfg, on_epoch)
         except ShardtrainError as exc:
             decision = policy.decide(exc, restarts)
             if decision.action == RAISE:

@@ -1,0 +1,323 @@
+"""``shardtrain sweep``: Optuna trials over one sharded dataset, each a real training run.
+
+Real parts: published Parquet datasets, real training runs (in-process, and TorchDistributor
+ranks on local[2] for trials running two at a time), a real Optuna journal file, a real sweep
+process killed with SIGKILL mid-trial and run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from common.errors import EXIT_RUNTIME, EXIT_USAGE, ConfigError, TrainingError
+from common.storage import read_marker
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+ROOT = os.path.dirname(TESTS)
+sys.path.insert(0, os.path.join(TESTS, "training"))  # tabular_data, plugin_models
+sys.path.insert(0, HERE)  # sweep_models
+# MLflow starts usage telemetry, which calls out to the network, when imported outside a running test.
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+
+from polling import wait_for  # noqa: E402
+from tabular_data import write_dataset  # noqa: E402
+
+LR = {"type": "float", "low": 0.003, "high": 0.03, "log": True}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_settled():
+    """torch sets TORCHINDUCTOR_CACHE_DIR on its first optimizer step (torch's doing, not a test's
+    leak; tests/training/conftest.py says more): take that step before the environment guard looks."""
+    import torch
+
+    layer = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    layer(torch.ones(1, 1)).sum().backward()
+    optimizer.step()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_dataset(str(tmp_path_factory.mktemp("sweep") / "ds"), {"train": [[600], [600]], "val": [[300]]})
+
+
+def sweep_yaml(dataset, out, space, *, trials, parallel=1, pruner="none", enqueue=(), epochs=2, launch=None,
+               **sections) -> dict:
+    """A sweep config as a user writes it: tiny 1-rank trials (in-process unless ``launch`` says)."""
+    return {
+        "sweep": {"trials": trials, "parallel_trials": parallel, "seed": 0, "space": space, "enqueue": list(enqueue),
+                  "objective": {"metric": "val_accuracy"}, "pruner": {"type": pruner, "startup_trials": 2}},
+        "output": {"path": str(out / "sweep"), "model_path": str(out / "best")},
+        "train": {"data": {"path": dataset.uri}, "model": {"hidden": [8]},
+                  "train": {"epochs": epochs, "batch_size": 64, "log_every_steps": 1000},
+                  "launch": launch or {"mode": "in_process", "num_proc": 1}, **sections},
+    }
+
+
+def load(data: dict, *overrides: str):
+    from common.config import from_dict
+    from common.config import apply_overrides
+    from shardtrain.sweep import SweepConfig
+
+    return from_dict(SweepConfig, apply_overrides(data, list(overrides)))
+
+
+def study(cfg):
+    """The study as Optuna reads it back from the sweep's journal."""
+    import optuna
+
+    from shardtrain.sweep import study_storage
+
+    storage, _ = study_storage(cfg)
+    summaries = optuna.get_all_study_summaries(storage)
+    assert len(summaries) == 1, [s.study_name for s in summaries]
+    return optuna.load_study(study_name=summaries[0].study_name, storage=storage)
+
+
+def trial_dir(cfg, number: int) -> str:
+    return os.path.join(cfg.output.path, "trials", f"{number:04d}")
+
+
+def assert_complete_run(run_dir: str, model: str, epochs: int) -> None:
+    """What every trial leaves: a committed model, and a run directory with its records, report
+    and a committed checkpoint at its last epoch."""
+    assert read_marker(model)["kind"] == "shardtrain.model"
+    for name in ("config.yaml", "run.json", "metrics.jsonl", "summary.json", "report.html"):
+        assert os.path.isfile(os.path.join(run_dir, name)), (run_dir, name)
+    metrics = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert [m["epoch"] for m in metrics] == list(range(1, epochs + 1))
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    committed = [d for d in os.listdir(checkpoints) if os.path.isfile(os.path.join(checkpoints, d, "_COMMITTED"))]
+    assert committed, f"no committed checkpoint in {checkpoints}"
+
+
+# --- bad configs -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("space, key, words", [
+    ({"train.lrr": LR}, "train.lrr", "did you mean 'train.lr'"),
+    ({"train.lr": {"type": "float", "low": 0.1, "high": 0.01}}, "train.lr", "is empty"),
+    ({"train.batch_size": {"type": "int", "low": 64, "high": 64}}, "train.batch_size", "is empty"),
+    ({"train.lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}}, "train.lr", "> 0 with log"),
+    ({"train.weight_decay": {"type": "float", "low": -1.0, "high": 0.1, "log": True}}, "train.weight_decay",
+     "> 0 with log"),
+    ({"model.hidden": {"type": "categorical", "choices": []}}, "model.hidden", "at least one"),
+    ({"launch.num_proc": {"type": "int", "low": 1, "high": 2}}, "launch.num_proc", "cannot be searched"),
+    ({"train.batch_size": {"type": "int", "low": 0, "high": 64}}, "train.batch_size", "refuses 0"),
+])
+def test_a_bad_search_space_is_exit_2_naming_the_key(tmp_path, dataset, capsys, space, key, words):
+    from shardtrain.cli import main
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep_yaml(dataset, tmp_path, space, trials=2)))
+    assert main(["sweep", "--config", str(path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert key in err and words in err, err
+    assert not (tmp_path / "sweep").exists()  # refused before anything was written
+
+
+def test_parallel_trials_that_cannot_run_together_are_exit_2_naming_the_keys(tmp_path, dataset, spark):
+    from shardtrain.sweep import sweep
+
+    with pytest.raises(ConfigError, match="sweep.parallel_trials.*in_process") as err:
+        load(sweep_yaml(dataset, tmp_path, {"train.lr": LR}, trials=2, parallel=2))
+    assert err.value.exit_code == EXIT_USAGE
+    with pytest.raises(ConfigError, match="sweep.parallel_trials.*backend=horovod"):
+        load(sweep_yaml(dataset, tmp_path, {"train.lr": LR}, trials=2, parallel=2,
+                        launch={"num_proc": 1, "backend": "horovod"}))
+    # 3 trials x 1 rank on local[2]'s 2 task slots: refused up front, naming both keys.
+    cfg = load(sweep_yaml(dataset, tmp_path, {"train.lr": LR}, trials=3, parallel=3,
+                          launch={"num_proc": 1, "backend": "torch"}))
+    with pytest.raises(ConfigError, match=r"sweep.parallel_trials=3 x train.launch.num_proc=1 needs 3 concurrent "
+                                          r"Spark tasks.*local\[2\].*runs 2"):
+        sweep(cfg, spark)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_journal_on_object_storage_is_refused_asking_for_a_url(tmp_path, dataset):
+    from shardtrain.sweep import study_storage
+
+    cfg = load(sweep_yaml(dataset, tmp_path, {"train.lr": LR}, trials=2), "sweep.storage=s3://bucket/study.journal")
+    with pytest.raises(ConfigError, match="sweep.storage: .*object storage.*RDB URL"):
+        study_storage(cfg, probe_only=True)
+
+
+# --- trials ------------------------------------------------------------------------------------------
+
+@pytest.mark.spark
+def test_four_trials_two_at_a_time_on_local_2_publish_the_best(tmp_path, dataset, spark):
+    """1-rank TorchDistributor trials, two at once on local[2]'s two task slots."""
+    from shardtrain.sweep import sweep
+    from training import load_model
+
+    cfg = load(sweep_yaml(dataset, tmp_path, {"train.lr": LR, "model.hidden": {"type": "categorical",
+                                                                                "choices": [[8], [16, 8]]}},
+                          trials=4, parallel=2, epochs=1, launch={"num_proc": 1, "backend": "torch",
+                                                                  "start_timeout": 300}))
+    result = sweep(cfg, spark)
+
+    s = study(cfg)
+    assert [t.state.name for t in s.trials] == ["COMPLETE"] * 4
+    # Two at a time: the first two trials ran side by side (each started before the other ended).
+    first, second = s.trials[0], s.trials[1]
+    assert first.datetime_start < second.datetime_complete and second.datetime_start < first.datetime_complete
+    for t in s.trials:
+        assert_complete_run(os.path.join(trial_dir(cfg, t.number), "model.run"),
+                            os.path.join(trial_dir(cfg, t.number), "model"), epochs=1)
+        assert t.value == json.loads(open(os.path.join(trial_dir(cfg, t.number), "model.run", "summary.json")).read()
+                                     )["metrics"][-1]["val_accuracy"]
+    # The published model is the best trial's: its metric is the study's best value.
+    best = cfg.output.model_path
+    meta = json.load(open(os.path.join(best, "model.json")))
+    assert meta["metrics"][-1]["val_accuracy"] == s.best_value == result.best.value
+    marker = read_marker(best)
+    assert marker["sweep"] == {"study_name": s.study_name, "fingerprint": result.fingerprint,
+                               "trial": s.best_trial.number}
+    record = json.load(open(os.path.join(best, "sweep.json")))
+    assert record["trial"] == s.best_trial.number and record["objective"]["value"] == s.best_value
+    assert record["params"]["train.lr"] == s.best_trial.params["train.lr"]
+    assert meta["config"]["train"]["lr"] == s.best_trial.params["train.lr"]
+    model = load_model(best)  # the marker, model.json and weights check out as any model's
+    assert model.meta["run_id"] == read_marker(os.path.join(trial_dir(cfg, s.best_trial.number), "model"))["run_id"]
+    page = open(os.path.join(cfg.output.path, "sweep.html")).read()
+    assert page.count("<img") >= 4 and "train.lr" in page and "model.hidden" in page  # over trials, per parameter
+
+
+def test_a_trial_with_an_absurd_learning_rate_is_pruned_at_an_epoch_boundary(tmp_path, dataset):
+    from shardtrain.sweep import sweep
+
+    cfg = load(sweep_yaml(dataset, tmp_path, {"train.lr": {"type": "float", "low": 1e-9, "high": 0.1, "log": True}},
+                          trials=3, pruner="median",
+                          enqueue=[{"train.lr": 0.02}, {"train.lr": 0.01}, {"train.lr": 1e-9}]))
+    result = sweep(cfg)
+    s = study(cfg)
+    assert [t.state.name for t in s.trials] == ["COMPLETE", "COMPLETE", "PRUNED"], \
+        [(t.state.name, t.intermediate_values) for t in s.trials]
+    pruned = s.trials[2]
+    assert pruned.params["train.lr"] == 1e-9 and list(pruned.intermediate_values) == [1]
+    assert pruned.intermediate_values[1] < min(t.intermediate_values[1] for t in s.trials[:2])
+    # It stopped after epoch 1 of 2, as a real run: that epoch's checkpoint kept, its model and report written.
+    run_dir = os.path.join(trial_dir(cfg, 2), "model.run")
+    assert_complete_run(run_dir, os.path.join(trial_dir(cfg, 2), "model"), epochs=1)
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["stopped_early"] is True
+    step = summary["steps_per_epoch"]
+    assert os.path.isfile(os.path.join(run_dir, "checkpoints", f"step-{step:09d}", "_COMMITTED")), \
+        os.listdir(os.path.join(run_dir, "checkpoints"))
+    assert result.best.number in (0, 1)
+
+
+def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, dataset):
+    from shardtrain.sweep import sweep
+
+    space = {"model.name": {"type": "categorical", "choices": ["mlp", "plugin_models:poisoned"]}}
+    cfg = load(sweep_yaml(dataset, tmp_path, space, trials=3, epochs=1,
+                          enqueue=[{"model.name": "mlp"}, {"model.name": "plugin_models:poisoned"},
+                                   {"model.name": "mlp"}]))
+    result = sweep(cfg)
+    s = study(cfg)
+    assert [t.state.name for t in s.trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    error = s.trials[1].user_attrs["error"]
+    assert "NonFiniteLossError" in error and "non-finite" in error, error
+    assert result.best.number in (0, 2)
+    assert "NonFiniteLossError" in open(os.path.join(cfg.output.path, "sweep.html")).read()
+
+    # No trial succeeds: exit 1, every trial's error named, and no model published.
+    only_bad = load(sweep_yaml(dataset, tmp_path / "bad", space, trials=1, epochs=1,
+                               enqueue=[{"model.name": "plugin_models:poisoned"}]))
+    with pytest.raises(TrainingError, match="no trial of the sweep finished.*trial 0: NonFiniteLossError") as err:
+        sweep(only_bad)
+    assert err.value.exit_code == EXIT_RUNTIME
+    assert not os.path.exists(only_bad.output.model_path)
+
+
+def test_a_sweep_killed_in_its_third_trial_resumes_it_and_reruns_nothing_finished(tmp_path, dataset):
+    """The sweep process (in-process trials: the trial trains in it) is SIGKILLed while its third
+    trial waits at a gate in epoch 2 (epoch 1's checkpoint written); the same command again
+    finishes the study: trials 0 and 1 untouched, trial 2 resumed from its checkpoint, trial 3 run."""
+    space = {"model.kwargs.gate": {"type": "categorical", "choices": [0, 1]}}
+    data = sweep_yaml(dataset, tmp_path, space, trials=4, epochs=2,
+                      enqueue=[{"model.kwargs.gate": 0}, {"model.kwargs.gate": 0}, {"model.kwargs.gate": 1}])
+    data["train"]["model"] = {"name": "sweep_models:gated_when", "kwargs": {"after": 25}}  # 18 steps/epoch: epoch 2
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load(data)
+    gate = str(tmp_path / "gate")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(TESTS, "training"), HERE]),
+           "SHARDTRAIN_TEST_GATE": gate}
+    command = [sys.executable, "-m", "shardtrain", "sweep", "--config", str(path)]
+    log = tmp_path / "first.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+    try:
+        wait_for(lambda: os.path.exists(gate + ".waiting"), "the third trial at its gate", 600, proc=proc, log=log)
+        assert int(open(gate + ".waiting").read()) == proc.pid  # the trial trains in the sweep's own process
+        third = os.path.join(trial_dir(cfg, 2), "model.run", "checkpoints")
+        assert os.path.isfile(os.path.join(third, "step-000000018", "_COMMITTED")), os.listdir(third)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(60) == -signal.SIGKILL  # proven: killed by SIGKILL, not exited
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert [t.state.name for t in study(cfg).trials] == ["COMPLETE", "COMPLETE", "RUNNING"]
+    before = {n: (read_marker(os.path.join(trial_dir(cfg, n), "model"))["run_id"],
+                  os.stat(os.path.join(trial_dir(cfg, n), "model.run", "metrics.jsonl")).st_mtime_ns) for n in (0, 1)}
+    assert not os.path.exists(os.path.join(trial_dir(cfg, 2), "model"))
+
+    del env["SHARDTRAIN_TEST_GATE"]  # the same command; the gate was the test's, not the sweep's
+    again = subprocess.run(command, env=env, capture_output=True, text=True, cwd=str(tmp_path), timeout=900)
+    assert again.returncode == 0, again.stdout + again.stderr[-5000:]
+    assert "trial 2 was interrupted" in again.stderr and "2 run by this command" in again.stdout, again.stdout
+    assert "trial 0:" not in again.stderr and "trial 1:" not in again.stderr, again.stderr  # not run again
+    s = study(cfg)
+    assert [t.state.name for t in s.trials] == ["COMPLETE"] * 4
+    assert {n: (read_marker(os.path.join(trial_dir(cfg, n), "model"))["run_id"],
+                os.stat(os.path.join(trial_dir(cfg, n), "model.run", "metrics.jsonl")).st_mtime_ns)
+            for n in (0, 1)} == before
+    summary = json.load(open(os.path.join(trial_dir(cfg, 2), "model.run", "summary.json")))
+    assert summary["resumed_from"].endswith("step-000000018"), summary["resumed_from"]
+    assert [m["epoch"] for m in summary["metrics"]] == [1, 2]
+    assert s.trials[2].params == {"model.kwargs.gate": 1}
+    for n in range(4):
+        assert_complete_run(os.path.join(trial_dir(cfg, n), "model.run"), os.path.join(trial_dir(cfg, n), "model"), 2)
+    assert read_marker(cfg.output.model_path)["sweep"]["trial"] == s.best_trial.number
+
+    # Once more: everything is finished, nothing runs, the best model is already there.
+    third = subprocess.run(command, env=env, capture_output=True, text=True, cwd=str(tmp_path), timeout=900)
+    assert third.returncode == 0 and "0 run by this command" in third.stdout, third.stdout + third.stderr[-3000:]
+    assert "already published" in third.stderr
+
+
+def test_with_mlflow_the_sweep_is_a_parent_run_with_one_child_run_per_trial(tmp_path, dataset, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from shardtrain.sweep import sweep
+
+    monkeypatch.chdir(tmp_path)  # the experiment's artifacts go to ./mlruns, MLflow's default
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    space = {"model.name": {"type": "categorical", "choices": ["mlp", "plugin_models:poisoned"]}}
+    cfg = load(sweep_yaml(dataset, tmp_path, space, trials=2, epochs=1,
+                          enqueue=[{"model.name": "mlp"}, {"model.name": "plugin_models:poisoned"}],
+                          tracking={"mlflow": {"tracking_uri": uri, "experiment": "sweeps"}}))
+    result = sweep(cfg)
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("sweeps").experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.run_name == result.study_name and parent.info.status == "FINISHED"
+    assert parent.data.tags["study_fingerprint"] == result.fingerprint and parent.data.tags["best_trial"] == "0"
+    assert parent.data.metrics["best_val_accuracy"] == result.best.value
+    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
+                      key=lambda r: r.data.tags["sweep_trial"])
+    assert [(r.info.run_name, r.info.status) for r in children] == [("trial 0", "FINISHED"), ("trial 1", "FAILED")]
+    assert children[0].data.params["model.name"] == "mlp"  # the trial's own run: training's tracking, its config
+    assert "NonFiniteLossError" in children[1].data.tags["error"]
