@@ -15,7 +15,7 @@ from common.cli import run_command
 from pipelines.commands import register_commands
 from pipelines.generate import generate_dataset
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.stack]
 
 ROOT = Path(__file__).resolve().parents[2]
 
