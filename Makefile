@@ -6,14 +6,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The current-stack profile: pyspark 4.x, pyarrow 26, numpy 2, no Horovod or petastorm.
 VENV_CURRENT ?= .venv-current
-# What must also pass there: the shard job, the torch backend, the arrow reader, load_model, doctor,
-# scoring, the run report and MLflow tracking.
-CURRENT_TESTS ?= tests/common tests/pipelines tests/training/test_torch_backend.py \
-	tests/training/test_arrow_reader.py tests/training/test_torch_arrow_demo.py tests/training/test_train_in_process.py \
-	tests/shardtrain/test_doctor_stacks.py tests/training/test_run_report.py tests/training/test_tracking.py tests/training/test_distill.py \
-	tests/training/test_periodic_sync.py tests/training/test_pipeline.py tests/training/test_published_before.py tests/training/test_mlflow_models.py \
-	tests/test_import_graph.py \
-	tests/scoring
+# What runs there too: the tests marked `stack` (code whose behaviour depends on the pyspark,
+# pyarrow, numpy or pandas versions: the shard job, the torch launcher, the arrow reader, scoring,
+# load_model, doctor). Everything else is the same code on the same torch/fsspec/mlflow, and runs once.
+STACK_TESTS ?= stack and not cluster and not horovod
 
 .PHONY: setup setup-current demo test test-current test-fast doctor bench wheel clean
 
@@ -35,12 +31,14 @@ test: setup
 # Tests that need Horovod or the standalone cluster are left to the pinned run; those needing
 # petastorm skip themselves (importorskip) where it is not installed.
 test-current: setup-current
-	$(VENV_CURRENT)/bin/python -m pytest $(CURRENT_TESTS) -q -p no:cacheprovider --timeout=900 \
-		-m "not cluster and not horovod" $(PYTEST_ARGS)
+	$(VENV_CURRENT)/bin/python -m pytest tests -q -p no:cacheprovider --timeout=900 \
+		-m "$(STACK_TESTS)" $(PYTEST_ARGS)
 
-# Unit tests and local-mode tests only; skips the standalone-cluster tests.
+# The inner loop: unit tests and local Spark, no rank launches (no `ranks`/`horovod`/`cluster` marks).
 test-fast: setup
-	$(PY) -m pytest tests -q -m "not cluster" $(PYTEST_ARGS)
+	@start=$$(date +%s); \
+	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 -m "not cluster and not horovod and not ranks" $(PYTEST_ARGS) && \
+	echo "make test-fast: $$(( $$(date +%s) - start )) s wall"
 
 doctor: setup
 	$(VENV)/bin/shardtrain doctor

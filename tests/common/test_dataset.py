@@ -10,6 +10,8 @@ import pytest
 from common.errors import DatasetError
 from common.dataset import NULL_INDEX, UNSEEN_INDEX, FeatureSpec
 
+pytestmark = pytest.mark.stack
+
 SPEC = FeatureSpec({
     "numeric": [{"name": "x", "mean": 2.0, "std": 4.0, "fill": 2.0}],
     # Spark casts categoricals to string before fitting: ints -> "3", booleans -> "true"

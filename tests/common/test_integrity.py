@@ -20,7 +20,7 @@ from pipelines.shard_job import run_shard_job
 from shardtrain.cli import main
 from train_configs import train_overrides
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.stack]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from common.spark import QUIET_LOG4J, _quiet_driver_logging
+
+pytestmark = pytest.mark.stack
 
 KEY = "spark.driver.extraJavaOptions"
 

@@ -18,7 +18,7 @@ from common.errors import ConfigError, DatasetError, InputDataError
 from pipelines.shard_job import run_shard_job
 from shard_testdata import config, quarantine, read_split, simple_rows, write_parquet
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.stack]
 
 
 def _csv(path: Path, header: bytes, lines: list[bytes]) -> str:

@@ -13,7 +13,7 @@ import pytest
 
 from pipelines.summary import exact_moments
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.stack]
 
 
 def _awkward_values() -> list[float | None]:

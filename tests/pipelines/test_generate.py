@@ -14,7 +14,7 @@ import pytest
 
 from pipelines.generate import generate_dataset
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.stack]
 
 CASES = {
     "parquet-classification-array-bad": (

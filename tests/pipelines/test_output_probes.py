@@ -102,7 +102,7 @@ def test_train_over_a_regular_file_or_a_user_directory_is_refused(dataset, tmp_p
     assert (mine / "weights.bin").read_bytes() == b"x"
 
 
-def test_two_concurrent_shard_jobs_publish_exactly_one_complete_dataset(raw, tmp_path):
+def test_two_concurrent_shard_jobs_publish_exactly_one_complete_dataset(raw, tmp_path, capsys):
     out = str(tmp_path / "ds")
     barrier = tmp_path / "barrier"
     barrier.mkdir()
@@ -119,10 +119,13 @@ def test_two_concurrent_shard_jobs_publish_exactly_one_complete_dataset(raw, tmp
         assert first.poll() is None, first.communicate()
         holder = json.loads(open(lock_location(out).path).read())
         assert holder["pid"] == first.pid
-        second = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-        assert second.returncode == 1, second.stderr[-2000:]
-        assert f"{out} is being written by pid {first.pid} on host" in second.stderr
-        assert "published" not in second.stdout
+        # The second writer is this process (the first is another one), on the same output: refused at the lock.
+        capsys.readouterr()
+        code = main(_shard_args(raw, out, "output.mode=overwrite"))
+        second = capsys.readouterr()
+        assert code == 1, second.err[-2000:]
+        assert f"{out} is being written by pid {first.pid} on host" in second.err
+        assert "published" not in second.out
         assert not os.path.exists(out)  # the refused job wrote nothing
         (barrier / "release").write_text("go")
         stdout, stderr = first.communicate(timeout=600)

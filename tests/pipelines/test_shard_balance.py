@@ -13,6 +13,8 @@ from pipelines.preprocess import row_columns
 from pipelines.shard_config import ShardConfig, load_shard_config
 from shard_testdata import config, simple_rows, write_parquet
 
+pytestmark = pytest.mark.stack
+
 
 @pytest.mark.parametrize("rows,shards", [(1, 1), (7, 7), (10, 3), (100, 8), (1001, 4), (99_999, 16)])
 def test_shard_sizes_differ_by_at_most_one_and_cover_every_row(rows, shards):

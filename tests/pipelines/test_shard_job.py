@@ -21,7 +21,7 @@ from pipelines.shard_job import run_shard_job
 from shard_testdata import (config, file_hashes, manifest_without_timestamps, quarantine, read_split, simple_rows,
                             write_parquet)
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.stack]
 
 
 @pytest.fixture(scope="module")

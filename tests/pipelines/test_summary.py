@@ -12,7 +12,7 @@ import pytest
 from pipelines.preprocess import cat_col, spark_vocabularies
 from pipelines.summary import ScanSpec, summarize, top_values
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.stack]
 
 SCHEMA = "s INT, b INT, r STRING, x DOUBLE, a STRING, y BIGINT"
 

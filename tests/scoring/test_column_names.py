@@ -21,6 +21,8 @@ from pipelines.shard_job import run_shard_job
 from train_configs import train_config
 from training import load_model, train
 
+pytestmark = pytest.mark.stack
+
 PRICE, AGE, TICK = "price-usd", "it's", "tick`s"  # numeric
 NAME, CITY = "first name", "städt ü"  # categorical
 VECTOR = "vec`tor-ü 'x'"  # array

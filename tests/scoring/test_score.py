@@ -26,6 +26,8 @@ from tabular_data import raw_frame, write_dataset
 from train_configs import train_config
 from training import load_model, train
 
+pytestmark = pytest.mark.stack
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARDTRAIN = os.path.join(os.path.dirname(sys.executable), "shardtrain")
 SHAPE = (4,)

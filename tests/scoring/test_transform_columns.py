@@ -16,6 +16,8 @@ import pytest
 
 from common.dataset import NULL_INDEX, UNSEEN_INDEX, FeatureSpec
 
+pytestmark = pytest.mark.stack
+
 VOCAB = ["paris", "", "Zürich", "東京", "😀", "3", "true", "a b"]
 SPEC = FeatureSpec({
     "numeric": [{"name": "x", "mean": 0.3, "std": 1.7, "fill": 0.3},

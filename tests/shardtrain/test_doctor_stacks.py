@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.stack]
 
 
 def test_doctor_reports_the_backends_and_readers_this_environment_can_use():

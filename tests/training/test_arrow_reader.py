@@ -16,6 +16,8 @@ from tabular_data import write_dataset
 from training.arrow_reader import row_group_order
 from training.data import BufferMemory, RankLoader, SplitLayout, columns_for
 
+pytestmark = pytest.mark.stack
+
 # Files of unequal row groups (one empty file) that divide evenly by neither 2 nor 3 ranks.
 UNEVEN = {"train": [[300, 77], [13], [500, 111, 2], [0], [250]], "val": [[90], [33]]}
 

@@ -167,6 +167,7 @@ def test_accumulated_distill_step_equals_one_big_batch():
 
 # --- the readers ---------------------------------------------------------------------------------
 
+@pytest.mark.stack  # the soft targets ride through pyarrow
 @pytest.mark.parametrize("reader", ["petastorm", "arrow"])
 def test_both_readers_carry_the_soft_targets_into_the_batch(dataset, reader):
     if reader == "petastorm":

@@ -31,6 +31,8 @@ pytest.importorskip("mlflow")
 import mlflow.pyfunc  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+pytestmark = pytest.mark.stack
+
 SHAPE = (4,)
 EXPERIMENT = "shardtrain-models"
 FEATURES = ["x1", "x2", "city", "image"]

@@ -128,6 +128,7 @@ def test_refused_combinations_name_the_key(overrides, key):
 
 
 @pytest.mark.spark
+@pytest.mark.ranks
 @pytest.mark.timeout(600)
 def test_local_sgd_through_torch_distributor_records_its_rounds_and_publishes_the_consensus(spark, tmp_path):
     """A real launch (TorchDistributor, 2 Gloo ranks on local[2]): each epoch's record counts its

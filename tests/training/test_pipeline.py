@@ -25,7 +25,7 @@ import pipeline_ranks
 from common.errors import EXIT_USAGE, ConfigError
 from torch_ranks import run_ranks
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.stack, pytest.mark.ranks]
 
 ROWS = 8  # per replica and accumulated batch: 4 micro-batches of 2
 

@@ -15,6 +15,8 @@ from tabular_data import raw_frame
 from train_configs import train_config
 from training import load_model, train
 
+pytestmark = pytest.mark.stack
+
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "published_before")
 
 

@@ -54,14 +54,16 @@ def test_training_writes_the_report_and_the_command_rebuilds_it_identically(fini
     assert rebuilt == text  # nothing in it comes from the training process: only the run directory's files
 
 
-def test_a_directory_without_metrics_or_no_directory_exits_2_naming_the_path(finished, tmp_path):
+def test_a_directory_without_metrics_or_no_directory_exits_2_naming_the_path(finished, tmp_path, capsys):
+    from shardtrain.cli import main  # in this process: the rebuild above is the real command's
+
     not_a_run = tmp_path / "not-a-run"
     not_a_run.mkdir()
     (not_a_run / "config.yaml").write_text("train: {}\n")
     for path, why in ((not_a_run, "it has no metrics.jsonl"), (tmp_path / "missing", "no such training run directory")):
-        proc = _cli("report", str(path))
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        code = main(["report", str(path)])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, lines
         assert lines[0].startswith(f"shardtrain: error: {path}: ") and why in lines[0]
         assert not os.path.exists(path / "report.html")
 

@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ROWS = 20_000  # the demo's data at a tenth of its size: 16k train rows, 2k validation rows
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.ranks]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from training.data import rank_row_range
 HERE = os.path.dirname(os.path.abspath(__file__))
 UNEVEN = {"train": [[700, 301], [13], [900, 111, 2], [0], [455]], "val": [[190], [77]]}
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600), pytest.mark.ranks]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,7 @@ def torch_run(spark, uneven, tmp_path_factory):
     return train(_cfg(uneven, out, "train.epochs=2", "data.reader=arrow"), spark)
 
 
+@pytest.mark.stack  # TorchDistributor and the arrow reader are pyspark's and pyarrow's
 def test_two_torch_ranks_train_with_equal_steps(torch_run, uneven):
     _assert_equal_steps(torch_run, 2)
     losses = [m["train_loss"] for m in torch_run.metrics]
@@ -84,19 +85,30 @@ def test_two_torch_ranks_train_with_equal_steps(torch_run, uneven):
     np.testing.assert_allclose(probs, np.array(torch_run.reference["predictions"]), rtol=1e-5, atol=1e-6)
 
 
-def test_gradient_accumulation_equals_the_larger_batch(spark, uneven, tmp_path):
-    # 2 micro-batches of 16 with no_sync on the first == one batch of 32 on the same rows: a
-    # shuffle buffer larger than a rank's rows makes one permutation of them, cut into 16s or 32s.
+# One epoch of plain SGD over a shuffle buffer larger than a rank's rows (so the rows' order is one
+# permutation of them, whatever the batch size): the DDP run that gradient accumulation and FSDP are
+# both compared with, launched once for the two tests.
+ONE_SGD_EPOCH = ("data.shuffle_buffer_rows=4096", "train.epochs=1", "train.optimizer=sgd", "data.reader=arrow")
+
+
+@pytest.fixture(scope="module")
+def ddp_sgd_epoch(spark, uneven, tmp_path_factory):
+    return train(_cfg(uneven, tmp_path_factory.mktemp("ddp-sgd"), *ONE_SGD_EPOCH), spark)
+
+
+def test_gradient_accumulation_equals_the_larger_batch(spark, uneven, tmp_path, ddp_sgd_epoch):
+    # 2 micro-batches of 16 with no_sync on the first == one batch of 32 (ddp_sgd_epoch) on the same
+    # rows: the shuffle buffer makes one permutation of a rank's rows, cut into 16s or 32s.
     # Only the order of float sums differs (hence a tolerance, not equality).
-    same_rows = ("data.shuffle_buffer_rows=4096", "train.epochs=1", "train.optimizer=sgd")
-    accum = train(_cfg(uneven, tmp_path / "a", "train.batch_size=16", "train.grad_accum=2", *same_rows), spark)
-    whole = train(_cfg(uneven, tmp_path / "b", "train.batch_size=32", *same_rows), spark)
+    accum = train(_cfg(uneven, tmp_path / "a", "train.batch_size=16", "train.grad_accum=2", *ONE_SGD_EPOCH), spark)
+    whole = ddp_sgd_epoch
     assert accum.steps_per_rank == whole.steps_per_rank
     wa, wb = _weights(accum), _weights(whole)
     for name in wa:
         np.testing.assert_allclose(wa[name], wb[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.stack  # the rank's traceback comes out of pyspark's barrier-task error
 def test_a_failing_torch_rank_reports_its_own_traceback(spark, uneven, tmp_path):
     cfg = _cfg(uneven, tmp_path, "model.name=plugin_models:failing", "model.kwargs.fail_rank=1",
                "model.kwargs.fail_after=3", "train.epochs=1")
@@ -145,12 +157,11 @@ def _last_checkpoint(result):
     return torch.load(newest, map_location="cpu", weights_only=False)
 
 
-def test_fsdp_trains_like_ddp_and_saves_the_same_formats(spark, uneven, tmp_path):
+def test_fsdp_trains_like_ddp_and_saves_the_same_formats(spark, uneven, tmp_path, ddp_sgd_epoch):
     # SGD: a fresh optimizer's zero-gradient first step (see TorchGroup.broadcast_model) leaves
     # its state as if untouched, so only sharded vs whole-tensor float sums differ.
-    common = ("train.epochs=1", "train.optimizer=sgd", "data.reader=arrow")
-    ddp = train(_cfg(uneven, tmp_path / "ddp", *common), spark)
-    fsdp = train(_cfg(uneven, tmp_path / "fsdp", "train.parallel=fsdp", *common), spark)
+    ddp = ddp_sgd_epoch
+    fsdp = train(_cfg(uneven, tmp_path / "fsdp", "train.parallel=fsdp", *ONE_SGD_EPOCH), spark)
     _assert_equal_steps(fsdp, 1)
     assert abs(fsdp.final["train_loss"] - ddp.final["train_loss"]) < 1e-4
     # The wait after the step's last gradient reduce-scatter started is measured, as DDP's is.

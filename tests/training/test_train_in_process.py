@@ -18,6 +18,8 @@ from train_configs import train_config
 from training import load_model, load_train_config, train
 from common.errors import NonFiniteLossError
 
+pytestmark = pytest.mark.stack
+
 LAYOUT = {"train": [[400, 150], [300], [190]], "val": [[120], [80]]}
 
 
