@@ -153,6 +153,7 @@ def test_a_journal_on_object_storage_is_refused_asking_for_a_url(tmp_path, datas
 # --- trials ------------------------------------------------------------------------------------------
 
 @pytest.mark.spark
+@pytest.mark.ranks
 def test_four_trials_two_at_a_time_on_local_2_publish_the_best(tmp_path, dataset, spark):
     """1-rank TorchDistributor trials, two at once on local[2]'s two task slots."""
     from shardtrain.sweep import sweep
