@@ -175,6 +175,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--hidden", default="[64, 64]", help="the model's hidden layers (JSON list)")
     parser.add_argument("--repeats", type=int, default=2, help="mapInArrow / predict_batch_udf runs, best taken")
+    parser.add_argument("--bad-rows", type=int, default=None,
+                        help="rows the job quarantines (default: one per 10,000; 0: a clean input, no quarantine pass)")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="score-bench-"))
@@ -182,7 +184,8 @@ def main() -> None:
     try:
         model = train_model(spark, work, json.loads(args.hidden))
         data = generate_dataset(spark, str(work / "raw"), args.rows, seed=2, array_shape=[8],
-                                bad_rows=max(1, args.rows // 10_000), mode="overwrite")
+                                bad_rows=max(1, args.rows // 10_000) if args.bad_rows is None else args.bad_rows,
+                                mode="overwrite")
         common = {"rows": args.rows, "master": args.master, "batch_size": args.batch_size, "hidden": args.hidden}
         job_s, scored = time_score_job(spark, model, data.path, str(work / "scores"), args.batch_size)
         print(json.dumps({"what": "score_job", **common, "scored_rows": scored, "seconds": round(job_s, 2),

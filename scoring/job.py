@@ -14,11 +14,15 @@ file, notebooks). Nothing is written until every check that can fail has passed:
    encodings, after checking the model was fitted on the same encodings (equal feature spec)
    and every file against its manifest sha256;
 3. every feature the model reads is checked against the input's schema (present, of a type its
-   preprocessing takes: exit 2 naming the column); one aggregation counts rows per quarantine reason (``scoring.predict.reason_sql``);
+   preprocessing takes: exit 2 naming the column);
 4. inside ``storage.publish``: the clean rows are scored (``predict_frame``) and written as
-   Parquet at the output's root, the others under ``_quarantine/`` (``reason``, ``source``,
-   ``raw`` as JSON, as the shard job writes them); the rows in the written files must add up to
-   the input (scored = clean, scored + quarantined = input) before the marker is written.
+   Parquet at the output's root; that same pass counts every row by quarantine reason
+   (``scoring.predict.reason_sql``, observed as it reads the rows: no counting job of its own). An
+   empty input is refused then (nothing published). The others go under ``_quarantine/``
+   (``reason``, ``source``, ``raw`` as JSON, as the shard job writes them): written by a second
+   pass over the input only when the count found any, else the same empty file from no rows. The
+   rows in the written files must add up to the counts (scored = clean, quarantined = bad) before
+   the marker is written: an input that changed between the two passes is refused.
 
 A ``models:/NAME@ALIAS`` model is resolved to one version first; the marker and
 ``_scores.json`` record it (``model_version``). With ``skip_if_exists``, scores of the same
@@ -43,7 +47,7 @@ from common.model_registry import is_registry_uri, resolve_registry_model
 from common.storage import (KIND_SCORES, check_disjoint, check_output_uri, clean_stale_staging, is_committed,
                             output_lock, publish, read_marker, resolve)
 from scoring.config import ScoreConfig
-from scoring.predict import REASON, check_feature_types, predict_frame, reason_sql
+from scoring.predict import REASON, check_feature_types, predict_frame, reason_sql, reason_values
 
 log = logging.getLogger("shardtrain.score")
 
@@ -121,25 +125,32 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
     check_feature_types(fields, spec, encoded)
     reason = reason_sql(fields, spec, encoded)
     checked = table.selectExpr("*", f"{reason} AS {REASON}")
-    with spark_errors("counting rows per quarantine reason"):
-        by_reason, clean_rows = _count(checked, malformed)
-    input_rows = clean_rows + sum(by_reason.values())
-    if input_rows == 0:
-        raise InputDataError(f"the input has no rows ({_describe_input(cfg)})")
+    with spark_errors("counting malformed records"):
+        bad_records = sum(frame.count() for frame in malformed)
 
     version = {"model_version": registered.record()} if registered is not None else {}
     marker = {"kind": KIND_SCORES, "input_fingerprint": input_fp, "model": cfg.model,
               "model_json_sha256": model_marker.get("model_json_sha256"), **version}
     mode = "overwrite" if mode == "overwrite" else "error"
     with publish(out.uri, mode=mode, marker=marker) as staging:
-        scored = predict_frame(checked.where(f"{REASON} IS NULL"), model_uri, batch_size=cfg.batch_size,
+        # The scoring pass counts every row by reason as it reads them (an observation: no pass of its own).
+        reasons = reason_values(fields, spec, encoded)
+        observed, counting = _observe_reasons(checked, reasons)
+        scored = predict_frame(observed.where(f"{REASON} IS NULL"), model_uri, batch_size=cfg.batch_size,
                                temperature=cfg.temperature, keep_columns=cfg.output.keep_columns,
                                encoded=encoded, program=cfg.program, registry_uri=registry_uri,
                                fingerprint=model_marker.get("model_json_sha256")).drop(REASON)
         with spark_errors(f"scoring with {cfg.model}"):
             _write(scored, staging.uri)
+        by_reason, clean_rows = _counts(counting, reasons, bad_records)
+        input_rows = clean_rows + sum(by_reason.values())
+        if input_rows == 0:
+            raise InputDataError(f"the input has no rows ({_describe_input(cfg)})")  # nothing is published
+        quarantine = _quarantine_rows(cfg, checked, table.columns, malformed)
+        if not by_reason:  # nothing to find in another pass over the input: the same empty file, from no rows
+            quarantine = quarantine.limit(0)
         with spark_errors("writing the quarantine"):
-            _write(_quarantine_rows(cfg, checked, table.columns, malformed), staging.join(QUARANTINE_DIR).uri)
+            _write(quarantine, staging.join(QUARANTINE_DIR).uri)
         accounting = _check_accounting(staging, input_rows, clean_rows, sum(by_reason.values()))
         summary = {"format": KIND_SCORES, "shardtrain_version": __version__, "model": cfg.model,
                    "model_json_sha256": model_marker.get("model_json_sha256"), **version, "input_fingerprint": input_fp,
@@ -266,19 +277,31 @@ def _check_columns(fields: dict, cfg: ScoreConfig) -> None:
         raise InputDataError(f"the input has a column named {REASON!r}, which the score job adds; rename it in the query")
 
 
-def _count(checked, malformed: list) -> tuple[dict[str, int], int]:
-    """Rows per quarantine reason, and clean rows: one aggregation (plus one count per malformed frame)."""
-    by_reason: dict[str, int] = {}
-    clean = 0
-    for row in checked.groupBy(REASON).count().collect():  # one row per reason
-        if row[REASON] is None:
-            clean = int(row["count"])
-        else:
-            by_reason[row[REASON]] = int(row["count"])
-    bad_records = sum(frame.count() for frame in malformed)
+def _observe_reasons(checked, reasons: list[str]):
+    """(``checked`` counting its rows per reason as any action reads it, the observation). Every
+    reason ``reason_sql`` can give is counted by name (``reasons``, read off its own branches); all
+    rows and the clean ones are counted too, so a reason missing from the list shows. The caller
+    filters the clean rows above the observation (Spark does not push a filter below one)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    counting = Observation("score_reasons")
+    metrics = [F.count(F.lit(1)).alias("rows"), F.count_if(F.col(REASON).isNull()).alias("clean")]
+    metrics += [F.count_if(F.col(REASON) == F.lit(r)).alias(f"reason_{i}") for i, r in enumerate(reasons)]
+    return checked.observe(counting, *metrics), counting
+
+
+def _counts(counting, reasons: list[str], bad_records: int) -> tuple[dict[str, int], int]:
+    """Rows per quarantine reason (only reasons that occur), and clean rows, from the observation
+    of the scoring pass (plus the malformed records of the sources)."""
+    got = counting.get
+    by_reason = {r: int(got[f"reason_{i}"]) for i, r in enumerate(reasons) if got[f"reason_{i}"]}
+    unnamed = int(got["rows"]) - int(got["clean"]) - sum(by_reason.values())
+    if unnamed:  # reason_values missed a rule: the accounting would not balance, so say why here
+        raise AccountingError(f"{unnamed} quarantined rows have a reason outside {reasons}")
     if bad_records:
         by_reason["malformed_record"] = bad_records
-    return by_reason, clean
+    return by_reason, int(got["clean"])
 
 
 def _quarantine_rows(cfg: ScoreConfig, checked, columns: list[str], malformed: list):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,6 +162,32 @@ def output_schema(df, keep_columns: list[str], task: str):
 def reason_sql(fields: dict, spec, encoded: bool = False) -> str:
     """Spark SQL giving a row's quarantine reason (the first rule it breaks), or NULL when the model
     can score it. ``fields``: column name -> Spark type; ``spec``: the model's FeatureSpec."""
+    reasons = _reason_branches(fields, spec, encoded)
+    return f"CASE {' '.join(reasons)} END" if reasons else "CAST(NULL AS STRING)"
+
+
+# A branch ends in THEN and the reason's literal, as common.sql.quote_string writes it: quotes and
+# backslashes inside are backslash-escaped, so the literal is the last run of escaped or plain
+# characters between two unescaped quotes.
+_THEN_LITERAL = re.compile(r" THEN '((?:[^'\\]|\\.)*)'$", re.DOTALL)
+
+
+def reason_values(fields: dict, spec, encoded: bool = False) -> list[str]:
+    """Every reason ``reason_sql`` can give, in its order, read off its own branches (so the two
+    cannot drift): what a job counts rows by without grouping them."""
+    values = []
+    for branch in _reason_branches(fields, spec, encoded):
+        match = _THEN_LITERAL.search(branch)
+        if match is None:  # a rule built some other way: counting by reason would miss its rows
+            raise AssertionError(f"quarantine rule without a literal reason: {branch}")
+        value = re.sub(r"\\(.)", r"\1", match.group(1), flags=re.DOTALL)
+        if value not in values:
+            values.append(value)
+    return values
+
+
+def _reason_branches(fields: dict, spec, encoded: bool) -> list[str]:
+    """The CASE branches of ``reason_sql``, first rule first."""
     reasons = []
     for name in spec.numeric:
         if encoded:  # stored values were imputed by the shard job: a gap means the data is not its output
@@ -173,7 +200,7 @@ def reason_sql(fields: dict, spec, encoded: bool = False) -> str:
                            f"THEN {rows.reason('bad_value', name)}")
     for name, shape in spec.arrays.items():
         reasons += rows.array_reasons(name, shape)
-    return f"CASE {' '.join(reasons)} END" if reasons else "CAST(NULL AS STRING)"
+    return reasons
 
 
 def _typed_features(fields: dict, spec, encoded: bool) -> list[str]:
@@ -353,4 +380,4 @@ def _encoded_arrays(table, spec) -> dict:
 
 
 __all__ = ["OUTPUT_COLUMNS", "PREDICTION", "PROBABILITIES", "REASON", "ScoreTask", "check_feature_types", "output_schema", "predict_frame",
-           "reason_sql", "score_batch", "scoring_device", "worker_model"]
+           "reason_sql", "reason_values", "score_batch", "scoring_device", "worker_model"]

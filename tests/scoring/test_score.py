@@ -292,6 +292,120 @@ def test_score_job_quarantines_values_float32_cannot_hold(spark, models, tmp_pat
     assert summary["quarantine"]["by_reason"] == {"non_finite:x1": 2, "non_finite:x2": 1}
 
 
+# sha256 of the score job's text files (marker, _scores.json, _config.yaml, _SUCCESS), normalized as
+# output_digests does, as main's code at 2b8cdf9 (a count pass, the scores, then the quarantine
+# re-reading the input) wrote them on this test's inputs. Parquet files are compared in-session
+# instead: Spark's Parquet writer lists a column's encodings in a JVM hash set's order, so the same
+# rows give other bytes in another JVM (seen: main's own output differs from run to run).
+# Regenerate with SHARDTRAIN_WRITE_SCORE_DIGESTS=1 only from code whose outputs are known right.
+SCORE_DIGESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "score_output_sha256.json")
+
+
+def output_digests(out, *roots) -> dict[str, str]:
+    """{file: sha256} of everything under ``out``: a part file's random id replaced by ``*``; in the
+    JSON/YAML files the temporary paths replaced and what comes from the clock, the files' modification
+    times or the model.json (which holds its temporary paths) left out: ``committed_at``, the input
+    fingerprint and its file records, ``model_json_sha256``."""
+    import hashlib
+    import re
+
+    digests = {}
+    for path in sorted(out.rglob("*")):
+        if path.is_dir():
+            continue
+        name = re.sub(r"-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}-", "-*-", str(path.relative_to(out)))
+        data = path.read_bytes()
+        if path.suffix in (".json", ".yaml") or path.name == MARKER:
+            text = data.decode()
+            for i, root in enumerate(roots):
+                text = text.replace(str(root), f"<root{i}>")
+            if path.suffix != ".yaml":
+                record = json.loads(text)
+                for volatile in ("committed_at", "input_fingerprint", "input", "model_json_sha256"):
+                    record.pop(volatile, None)
+                text = json.dumps(record, sort_keys=True)
+            data = text.encode()
+        digests[name] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+def previous_job_writes(spark, config: str, out) -> None:
+    """What the job wrote before, in the order it wrote it, into ``out``: every row typed and given
+    its reason, the clean ones scored into the root, then the quarantine from another pass over the
+    input (written even when it holds no rows)."""
+    from scoring.config import load_score_config
+    from scoring.job import _quarantine_rows
+    from scoring.predict import reason_sql
+
+    cfg = load_score_config(config, [])
+    table = spark.read.parquet(cfg.sources["raw"].path)
+    fields = {f.name: f.dataType for f in table.schema.fields}
+    checked = table.selectExpr("*", f"{reason_sql(fields, load_model(cfg.model).features)} AS score_reason")
+    scored = predict_frame(checked.where("score_reason IS NULL"), cfg.model, batch_size=cfg.batch_size,
+                           keep_columns=cfg.output.keep_columns).drop("score_reason")
+    scored.write.parquet(str(out))
+    _quarantine_rows(cfg, checked, table.columns, []).write.parquet(str(out / "_quarantine"))
+
+
+def test_score_job_writes_the_same_bytes_as_before(spark, models, tmp_path, capsys):
+    """Every output file equal, byte for byte, to what the job wrote before it counted reasons in
+    the scoring pass and skipped the quarantine's pass over the input when there are no bad rows:
+    raw rows in two files with bad rows only in the second, and the same rows without the bad ones
+    (no quarantine pass now: its one empty file comes from no rows). Parquet files against the
+    previous passes run in this session; the text files against digests of main's output."""
+    import pyspark
+
+    frame = bad_source(tmp_path)[1]
+    outputs = {}
+    for case, rows in (("bad_rows", frame), ("clean", frame.iloc[:200])):
+        source = tmp_path / f"raw-{case}"
+        write_parquet(rows.iloc[:100], source)
+        pq.write_table(pa.Table.from_pandas(rows.iloc[100:], preserve_index=False), source / "part-1.parquet")
+        out = tmp_path / f"scores-{case}"
+        config = score_config(tmp_path / f"{case}.yaml", models["classification"], str(source), str(out))
+        assert cli("score", "--config", config) == 0, capsys.readouterr().err
+        outputs[case] = output_digests(out, tmp_path, os.path.dirname(models["classification"]))
+        previous_job_writes(spark, config, tmp_path / f"previous-{case}")
+        before = output_digests(tmp_path / f"previous-{case}")
+        parquet = {name: digest for name, digest in outputs[case].items() if ".parquet" in name}
+        assert parquet and parquet == {name: digest for name, digest in before.items() if ".parquet" in name}
+    assert sum(1 for name in outputs["clean"] if name.startswith("_quarantine/part-")) == 1
+    text = {case: {n: d for n, d in digests.items() if ".parquet" not in n} for case, digests in outputs.items()}
+    known = json.load(open(SCORE_DIGESTS)) if os.path.exists(SCORE_DIGESTS) else {}
+    if os.environ.get("SHARDTRAIN_WRITE_SCORE_DIGESTS") == "1":
+        known[pyspark.__version__] = text
+        with open(SCORE_DIGESTS, "w") as fh:
+            json.dump(known, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+        pytest.skip(f"wrote the digests of Spark {pyspark.__version__} to {SCORE_DIGESTS}")
+    if pyspark.__version__ not in known:
+        pytest.skip(f"no recorded digests for Spark {pyspark.__version__} (its _SUCCESS/.crc files may differ)")
+    expected = known[pyspark.__version__]
+    differ = sorted(f"{case}/{name}" for case in expected for name in {*expected[case], *text[case]}
+                    if expected[case].get(name) != text[case].get(name))
+    assert not differ, f"files that differ from before (or are new or missing): {differ}"
+
+def test_reason_values_are_every_reason_the_sql_gives():
+    """The job counts rows by the reasons read off reason_sql's own branches: every one of them,
+    in order, for names that hold a quote, a backslash and the words the branches are built of."""
+    from types import SimpleNamespace
+
+    from pyspark.sql import types as T
+
+    from scoring.predict import reason_sql, reason_values
+
+    odd = "x THEN 'y\\' END"
+    spec = SimpleNamespace(numeric=[odd, "n"], categorical=["c"], arrays={"a'": [2]}, num_embeddings=lambda name: 5)
+    fields = {odd: T.StringType(), "n": T.DoubleType(), "c": T.IntegerType(), "a'": T.ArrayType(T.FloatType())}
+    assert reason_values(fields, spec) == [f"bad_value:{odd}", f"non_finite:{odd}", "non_finite:n", "bad_shape:a'",
+                                           "non_finite:a'"]
+    assert reason_values(fields, spec, encoded=True) == [f"bad_value:{odd}", f"non_finite:{odd}", "bad_value:n",
+                                                         "non_finite:n", "bad_value:c", "bad_shape:a'", "non_finite:a'"]
+    from common.sql import quote_string
+
+    sql = reason_sql(fields, spec, encoded=True)
+    assert all(f"THEN {quote_string(value)}" in sql for value in reason_values(fields, spec, encoded=True))
+
 def test_score_job_refuses_a_model_json_that_disagrees_with_the_network(spark, models, tmp_path, capsys):
     """model.json edited consistently (its digest re-recorded in the marker): num_classes 1 was
     published as 1-element probabilities with exit 0, num_classes 3 and task regression gave
