@@ -200,3 +200,22 @@ def test_transfer_without_a_teacher_is_refused(loop, tmp_path):
         bad = to_dict(loop["cfg"])
         bad["shard"]["label"]["unlabeled"] = "transfer"
         from_dict(DistillRunConfig, bad)
+
+
+def test_the_shard_command_says_the_transfer_rows_and_rewrites_the_same_bytes(loop, tmp_path):
+    """`shardtrain shard` on the student's shard config (another output path): its summary line
+    names the transfer rows, and the dataset is the fixture's, byte for byte."""
+    from common.config import dump_yaml
+
+    cfg = loop["cfg"].student_shard()
+    cfg.output.path = str(tmp_path / "again")
+    config = tmp_path / "shard.yaml"
+    config.write_text(dump_yaml(cfg))
+    done = subprocess.run([sys.executable, "-m", "shardtrain", "shard", "--config", str(config)], capture_output=True,
+                          text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.path.dirname(__file__)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"quarantined {INVALID:,}; transfer {UNLABELLED:,} (train rows without a label)" in done.stdout
+    again, transfer = read_manifest(str(tmp_path / "again")), loop["transfer"]
+    for split in transfer.split_names:
+        assert [f.sha256 for f in again.files(split)] == [f.sha256 for f in transfer.files(split)], split
