@@ -4,7 +4,7 @@ with an unlabelled transfer set, (c) the teacher, on one generated dataset, in o
 
     .venv/bin/python benchmarks/distill_quality.py [--labelled 3000] [--unlabelled 15000]
         [--teacher 256,256] [--widths 32,128] [--alphas 0.5,0.9] [--temperatures 1,4] [--seeds 3]
-        [--steps 240] [--workdir /tmp/distill-quality]
+        [--steps 1500] [--workdir /tmp/distill-quality]
 
 The question issue 12's benchmark could not ask: there a 178-parameter student could not represent
 the function at all. Here the data are chosen so a student can: 8 standard-normal features, the
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--temperatures", default="1,4")
     parser.add_argument("--scratch-epoch-factors", default="0.33,1", help="x the step budget's epochs")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=240, help="optimizer steps per model (about)")
+    parser.add_argument("--steps", type=int, default=1500, help="optimizer steps per model (about)")
     parser.add_argument("--workdir", default="/tmp/distill-quality")
     args = parser.parse_args()
     teacher_hidden = [int(h) for h in args.teacher.split(",")]
