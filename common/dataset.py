@@ -37,6 +37,14 @@ Optional, written by a shard job with a ``teacher`` (knowledge distillation)::
   and ``features`` (the raw columns the teacher reads) are the teacher's own, so a consumer can
   check it suits the dataset's label and features (``teacher_differences``).
 
+  With the shard config's ``label.unlabeled: transfer``, the train split also holds rows without
+  a label (a transfer set: they teach through the soft targets only). Then ``label`` adds
+  ``"unlabeled": "transfer", "train_transfer_rows": 900`` (of the train split's rows; class counts
+  and moments are the labelled rows'), ``accounting`` adds ``"transfer_rows"`` (part of the
+  published rows), and those rows store ``MISSING_LABEL``: -1 as the class (classification),
+  NaN (regression). A marker in the label column itself, so every Parquet reader passes it on
+  unchanged; the training loss masks those rows out of the label term (``training.loop.loss_fn``).
+
 Also written by the shard job (readers must not require them): ``num_shards``,
 ``rows_per_row_group``; ``label.source`` (the raw column or expression); ``quarantine.files``
 (same entries as a split's files); ``input_fingerprint`` (sha256 of the resolved config minus
@@ -91,6 +99,8 @@ RESERVED_INDICES = 2
 LABEL_NAME = "label"
 TEACHER_COLUMN = "teacher"
 TASKS = ("classification", "regression")
+# What a transfer row (no label; see the module doc) stores as its label, by task.
+MISSING_LABEL = {"classification": -1, "regression": float("nan")}
 DTYPES = ("float32", "int32", "int64")
 
 
@@ -149,6 +159,11 @@ class LabelSpec:
     @property
     def classification(self) -> bool:
         return self.task == "classification"
+
+    @property
+    def transfer_rows(self) -> int:
+        """Train rows without a label (``label.unlabeled: transfer``; see the module doc); 0 if none."""
+        return int(self.record.get("train_transfer_rows", 0))
 
     def to_record(self) -> dict:
         return copy.deepcopy(self.record)
@@ -599,6 +614,12 @@ def validate_manifest(data: dict, where: str) -> None:
         raise DatasetError(f"{where}: field 'schema' lacks column(s) {missing} that 'features'/'label' name")
     if data.get("teacher") is not None:
         _validate_teacher(data["teacher"], data["schema"], where)
+    transfer = data["label"].get("train_transfer_rows", 0)
+    if not isinstance(transfer, int) or transfer < 0:
+        raise DatasetError(f"{where}: field 'label.train_transfer_rows' is {transfer!r}; expected an integer >= 0")
+    if transfer and data.get("teacher") is None:
+        raise DatasetError(f"{where}: field 'label.train_transfer_rows' is {transfer}, but there is no field "
+                           "'teacher': rows without a label need the teacher's soft targets")
     _validate_splits(data["splits"], where)
     quarantine = data.get("quarantine") or {}
     for i, entry in enumerate(quarantine.get("files") or []):

@@ -82,7 +82,10 @@ def handle_shard(args: argparse.Namespace) -> int:
     what = "unchanged, skipped" if result.skipped else "published"
     splits = ", ".join(f"{s}={manifest.rows(s):,}" for s in manifest.split_names)
     quarantined = (manifest.data.get("quarantine") or {}).get("rows", 0)
-    print(f"{what} {result.uri}: {splits}; quarantined {quarantined:,}; fingerprint {manifest.fingerprint[:12]}")
+    transfer = (f"; transfer {manifest.label.transfer_rows:,} (train rows without a label)"
+                if manifest.label.transfer_rows else "")
+    print(f"{what} {result.uri}: {splits}; quarantined {quarantined:,}{transfer}; "
+          f"fingerprint {manifest.fingerprint[:12]}")
     return 0
 
 

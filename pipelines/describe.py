@@ -106,6 +106,9 @@ def _quarantine_summary(manifest: Manifest) -> list[str]:
     if accounting:
         lines.append(f"accounting input {accounting['input_rows']:,} = published {accounting['published_rows']:,} "
                      f"+ quarantined {accounting['quarantined_rows']:,}")
+        if "transfer_rows" in accounting:
+            lines.append(f"transfer {accounting['transfer_rows']:,} of the published train rows have no label "
+                         "(label.unlabeled=transfer: they learn from the teacher's soft targets only)")
     rows = quarantine.get("rows", 0)
     if not rows:
         return lines + ["quarantine none"]
@@ -180,7 +183,9 @@ def _html_quarantine(manifest: Manifest) -> list[str]:
     accounting = manifest.data.get("accounting") or {}
     parts = [key_values([("input rows", accounting.get("input_rows")),
                          ("published rows", accounting.get("published_rows")),
-                         ("quarantined rows", accounting.get("quarantined_rows"))])] if accounting else []
+                         ("quarantined rows", accounting.get("quarantined_rows")),
+                         *([("transfer rows (train, no label)", accounting["transfer_rows"])]
+                           if "transfer_rows" in accounting else [])])] if accounting else []
     reasons = _quarantine_reasons(manifest)
     if not reasons:
         return parts + [paragraph("No row was quarantined.")]

@@ -11,7 +11,8 @@ Three steps, each a function of the config (and, for the last, of fitted statist
    ``common.dataset.FeatureSpec``'s, applied by the shard writer (pipelines/shard_writer.py).
 
 Reasons: ``bad_encoding`` (a used text value holds U+FFFD, which Spark's CSV/JSON readers put in
-place of bytes that are not valid UTF-8), ``null_label``, ``invalid_label``,
+place of bytes that are not valid UTF-8), ``null_label`` (none with ``label.unlabeled: transfer``:
+those rows join the train split as transfer rows), ``invalid_label``,
 ``too_long:<col>`` (a category longer than features.max_category_bytes),
 ``bad_value:<col>`` (a string that is not a number),
 ``non_finite:<col>`` (a numeric value that is NaN, +/-inf or beyond float32, as stored; a
@@ -128,7 +129,14 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     seed = int(split.seed)
     cols = [q(c) for c in table.columns]
     key = f"CAST({sql_expr(split.key, fields)} AS STRING)"
-    cols.append(f"{split_index_sql(key, seed, split.fractions)} AS _split")
+    label_raw = sql_expr(label.column, fields) if label.column is not None else f"({label.expr})"
+    transfer = label.unlabeled == "transfer"
+    split_sql = split_index_sql(key, seed, split.fractions)
+    if transfer:
+        # Every unlabelled row joins the train split's transfer set; the labelled rows split as always,
+        # so val and test hold the same rows as with label.unlabeled=quarantine.
+        split_sql = f"CASE WHEN {label_raw} IS NULL THEN {list(split.fractions).index('train')} ELSE {split_sql} END"
+    cols.append(f"{split_sql} AS _split")
     # The seeded shuffle key hashes the key and every used value, so rows of one group still shuffle.
     used = [q(c) for c in feats.all_columns]
     if label.column is not None:
@@ -144,9 +152,9 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
         # a different category than the one in the file.
         replaced = " OR ".join(f"instr({q(c)}, '\ufffd') > 0" for c in text)
         reasons.append(f"WHEN {replaced} THEN 'bad_encoding'")
-    label_raw = sql_expr(label.column, fields) if label.column is not None else f"({label.expr})"
     label_d = f"try_cast({label_raw} AS DOUBLE)"
-    reasons.append(f"WHEN {label_raw} IS NULL THEN 'null_label'")
+    if not transfer:
+        reasons.append(f"WHEN {label_raw} IS NULL THEN 'null_label'")
     if label.task == "classification":
         invalid = (f"{label_d} IS NULL OR isnan({label_d}) OR abs({label_d}) = double('Infinity') "
                    f"OR {label_d} <> floor({label_d}) OR {label_d} < 0 OR {label_d} >= {label.num_classes}")
@@ -156,7 +164,10 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     else:
         invalid = f"{label_d} IS NULL OR isnan({label_d}) OR abs({label_d}) > {FLOAT_MAX!r}"
         cols.append(f"CAST({label_d} AS FLOAT) AS _label")
-    reasons.append(f"WHEN {invalid} THEN 'invalid_label'")
+    # A transfer row's label stays null here (left out of class counts and moments); the shard
+    # writer stores MISSING_LABEL in its place.
+    reasons.append(f"WHEN {label_raw} IS NOT NULL AND ({invalid}) THEN 'invalid_label'" if transfer
+                   else f"WHEN {invalid} THEN 'invalid_label'")
 
     for name in feats.numeric:
         reasons += numeric_reasons(name, fields[name])

@@ -65,6 +65,10 @@ class LabelConfig:
     expr: str | None = None  # a Spark SQL expression, instead of column
     task: Literal["classification", "regression"] = "classification"
     num_classes: int | None = None
+    # Rows whose label is null: ``quarantine`` (reason null_label), or, with a teacher, ``transfer``:
+    # those of every split join the train split as a transfer set, which learns from the teacher's
+    # soft targets only (see common/dataset.py); val and test keep only labelled rows.
+    unlabeled: Literal["quarantine", "transfer"] = "quarantine"
 
     def __post_init__(self):
         require((self.column is None) != (self.expr is None), "column", "or label.expr must be set (exactly one)")
@@ -163,6 +167,10 @@ class ShardConfig:
         require(self.transform is None or ":" in self.transform, "transform",
                 f"must be 'module:function', got {self.transform!r}")
         require(bool(self.features.all_columns), "features", "must declare at least one feature column")
+        require(self.label.unlabeled != "transfer" or self.teacher is not None, "label.unlabeled",
+                "is transfer, but no teacher is set: rows without a label learn only from a teacher's soft "
+                "targets. Set teacher.model (a published model URI; `shardtrain distill` sets it with "
+                "soft_targets.unlabeled=transfer) or label.unlabeled=quarantine")
         if self.teacher is not None:
             require(self.label.task == "classification" or self.teacher.temperature == 1, "teacher.temperature",
                     f"applies to class probabilities only; a regression teacher's value has none (got "

@@ -181,6 +181,9 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         with spark_errors("fitting statistics and vocabularies on the train split"):
             stats = fit(lambda: staged.frame(spark, staged.split_paths(train)), cfg, summary)
         timer.done("fit statistics and vocabularies on train", counts.split_rows.get(train, 0))
+        transfer_rows = _transfer_rows(cfg, counts.split_rows.get(train, 0), summary)
+        if cfg.label.unlabeled == "transfer":
+            stats.label.update(unlabeled="transfer", train_transfer_rows=transfer_rows)
         features = {"numeric": stats.numeric, "categorical": stats.categorical,
                     "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
 
@@ -197,6 +200,8 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         _remove_temporaries(staging, [*split_names, QUARANTINE_DIR])
         splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
         accounting = _check_accounting(counts, splits, qfiles)
+        if cfg.label.unlabeled == "transfer":
+            accounting["transfer_rows"] = transfer_rows  # published, in the train split
         manifest = build_manifest(
             splits, features, stats.label, teacher=None if teacher is None else teacher.to_record(),
             num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
@@ -210,7 +215,8 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         staging.write_text(CONFIG_NAME, dump_yaml(cfg))
         if cfg.output.mode == "overwrite":
             check_no_readers(out.uri, cfg)  # again, just before the commit: a training may have started since
-    log.info("published %s: %s", out.uri, ", ".join(f"{s}={v['rows']}" for s, v in splits.items()))
+    log.info("published %s: %s%s", out.uri, ", ".join(f"{s}={v['rows']}" for s, v in splits.items()),
+             f" ({transfer_rows} of train without a label: the transfer set)" if transfer_rows else "")
     return ShardResult(uri=out.uri, manifest=read_manifest(out.uri), skipped=False)
 
 
@@ -510,6 +516,23 @@ def _counts(summary: Summary) -> RowCounts:
     return RowCounts(split_rows, summary.bucket_rows, by_reason, table_rows, malformed, summary.moments)
 
 
+def _transfer_rows(cfg: ShardConfig, train_rows: int, summary: Summary) -> int:
+    """Train rows without a label (``label.unlabeled: transfer``): the train rows the summary's
+    label statistics did not count (class counts, or a regression label's moments, skip nulls).
+    Refuses a train split with no labelled row, and (a check on the row rules) any unlabelled
+    row under ``quarantine``."""
+    labelled = (sum(summary.class_counts) if cfg.label.task == "classification" else summary.moments[-1][0])
+    transfer = train_rows - labelled
+    if cfg.label.unlabeled != "transfer" and transfer:
+        raise AccountingError(f"{transfer} train rows have no label although label.unlabeled=quarantine should have "
+                              "quarantined them; nothing was published")
+    if cfg.label.unlabeled == "transfer" and labelled == 0:
+        raise InputDataError(f"the train split has no labelled row (all {train_rows} are transfer rows, "
+                             "label.unlabeled=transfer): there is nothing to learn the label from; check "
+                             f"label.{'column' if cfg.label.column else 'expr'}")
+    return transfer
+
+
 def _quality_gate(cfg: ShardConfig, counts: RowCounts) -> None:
     total = counts.input_rows
     if total == 0:
@@ -686,14 +709,16 @@ def _shard_plans(staged: StagedRows, counts: RowCounts, num_splits: int, n: int)
 
 def _encoding(cfg: ShardConfig, features: dict, columns: list[dict]) -> Encoding:
     """Each stored column's staged source: numeric and categorical features encoded with the
-    fitted statistics, arrays, the label and the teacher's soft targets copied as staged."""
+    fitted statistics, arrays and the teacher's soft targets copied as staged, the label too (a
+    transfer row's null as ``MISSING_LABEL``)."""
     feats = cfg.features
     how = {**{n: ("numeric", num_col(n)) for n in feats.numeric},
            **{n: ("categorical", cat_col(n)) for n in feats.categorical},
            **{n: ("copy", arr_col(n)) for n in feats.arrays},
-           LABEL_NAME: ("copy", "_label"), TEACHER_COLUMN: ("copy", TEACHER_COLUMN)}
+           LABEL_NAME: ("label", "_label"), TEACHER_COLUMN: ("copy", TEACHER_COLUMN)}
     return Encoding(features=features,
-                    columns=tuple((c["name"], *how[c["name"]]) for c in columns if c["name"] != ROW_INDEX))
+                    columns=tuple((c["name"], *how[c["name"]]) for c in columns if c["name"] != ROW_INDEX),
+                    task=cfg.label.task)
 
 
 def _quarantine_schema():

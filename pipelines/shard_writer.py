@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.dataset import ROW_INDEX, FeatureSpec, is_list_type, value_type
+from common.dataset import MISSING_LABEL, ROW_INDEX, FeatureSpec, is_list_type, value_type
 from common.storage import resolve
 from pipelines.summary import ScanSpec, chunks
 
@@ -255,11 +255,12 @@ class ShardPlan:
 @dataclass(frozen=True)
 class Encoding:
     """How each stored column comes from the staged ones: (stored name, how, staged column),
-    how = ``numeric`` or ``categorical`` (``FeatureSpec`` of ``features``, the manifest's) or
-    ``copy``; ``_row`` is the rank."""
+    how = ``numeric`` or ``categorical`` (``FeatureSpec`` of ``features``, the manifest's),
+    ``label`` (nulls become ``MISSING_LABEL[task]``) or ``copy``; ``_row`` is the rank."""
 
     features: dict
     columns: tuple[tuple[str, str, str], ...]
+    task: str = "classification"
 
 
 PLACEMENT_COLUMNS = ("_bucket", "_shuffle", "_tiebreak")
@@ -386,6 +387,8 @@ def _encoded(rows: pa.Table, spec: FeatureSpec, encoding: Encoding, first_rank: 
             columns[name] = spec.encode_numeric(name, values.to_numpy(zero_copy_only=False).astype(np.float64))
         elif how == "categorical":
             columns[name] = spec.encode_categorical(name, values).astype(np.int32)
+        elif how == "label":  # a transfer row's null label becomes the marker the readers pass on
+            columns[name] = pc.fill_null(values, pa.scalar(MISSING_LABEL[encoding.task], values.type))
         else:
             columns[name] = values
     columns[ROW_INDEX] = np.arange(first_rank, first_rank + rows.num_rows, dtype=np.int64)

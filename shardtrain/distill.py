@@ -4,6 +4,8 @@
 2. shard the same rows again with the teacher's soft targets (``soft_targets``: where, and at which
    temperature; the shard job's ``teacher`` option, scored once by Spark);
 3. train the student on that dataset with ``train.distill`` (``student``: a train config).
+   With ``soft_targets.unlabeled: transfer`` its train split also keeps the rows without a label
+   (the teacher's dataset quarantines them): a transfer set taught by the soft targets alone.
 
 Both datasets come from the same shard config, so their splits hold the same rows: the teacher's
 and the student's test metrics are comparable. Each stage is ``shardtrain run`` (shardtrain/run.py)
@@ -13,6 +15,7 @@ with its own config, so the modes (``skip_if_exists``, ``overwrite``) and checks
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from common.config import from_dict, load_config, require, to_dict
 from pipelines.shard_config import ShardConfig
@@ -24,6 +27,9 @@ from training.config import TrainConfig
 class SoftTargetsConfig:
     path: str  # where the student's dataset goes: the shard config's rows plus the teacher column
     temperature: float = 2.0  # of the stored probabilities; 1 for regression (it does not apply)
+    # Rows without a label in the student's dataset: quarantined (as in the teacher's), or kept in
+    # its train split as a transfer set that learns from the soft targets only (label.unlabeled).
+    unlabeled: Literal["quarantine", "transfer"] = "quarantine"
 
     def __post_init__(self):
         require(bool(self.path), "path", "must not be empty")
@@ -59,6 +65,7 @@ class DistillRunConfig:
         data = to_dict(self.shard)
         data["output"]["path"] = self.soft_targets.path
         data["teacher"] = {"model": self.teacher.output.model_path, "temperature": self.soft_targets.temperature}
+        data["label"]["unlabeled"] = self.soft_targets.unlabeled
         return from_dict(ShardConfig, data, "shard")
 
 

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from common.config import to_dict
 from common.errors import ConfigError, NonFiniteLossError
-from common.dataset import TEACHER_COLUMN, LabelSpec
+from common.dataset import MISSING_LABEL, TEACHER_COLUMN, LabelSpec
 from training.checkpoint import CheckpointManager
 from training.config import DistillConfig, TrainLoopConfig
 from training.data import BufferMemory, RankLoader, check_manifest_unchanged
@@ -371,10 +371,25 @@ def loss_fn(output: torch.Tensor, label: torch.Tensor, label_spec: LabelSpec,
     the small probabilities the teacher term is about). With ``distill``, Hinton et al.'s mix:
     alpha * T^2 * KL(teacher || student at T) + (1 - alpha) * the label loss; the T^2 keeps the
     soft term's gradients on the label term's scale. Regression: the MSE to the teacher's value
-    (standardized like the label) in place of the KL term; T does not apply."""
+    (standardized like the label) in place of the KL term; T does not apply.
+
+    A dataset with transfer rows (``label_spec.transfer_rows``: train rows without a label, whose
+    label column holds ``MISSING_LABEL``) masks them out of the label term: it is the sum of the
+    labelled rows' losses over all B rows of the batch, so a transfer row adds exactly zero to it
+    and every row keeps the weight 1/B in both terms (a batch of transfer rows only: the teacher
+    term alone). The mask is ``ignore_index`` (classification) or a 0/1 factor on a target whose
+    marker was zeroed (regression): the marker never enters the loss as a label."""
     output = output.float()
     mean, std = target_scaling(label_spec)
-    if label_spec.classification:
+    if label_spec.transfer_rows:
+        rows = max(int(output.shape[0]), 1)
+        if label_spec.classification:
+            hard = F.cross_entropy(output, label, ignore_index=MISSING_LABEL["classification"], reduction="sum") / rows
+        else:
+            labelled = ~torch.isnan(label)
+            target = (torch.nan_to_num(label.float(), nan=0.0) - mean) / std
+            hard = (labelled.float() * (output - target) ** 2).sum() / rows
+    elif label_spec.classification:
         hard = F.cross_entropy(output, label)
     else:
         hard = F.mse_loss(output, (label.float() - mean) / std)

@@ -162,6 +162,14 @@ def _resolve_distill(manifest: Manifest, cfg: TrainConfig, where: str) -> TrainC
     same features and predicts the same classes as the student will; returns the config with the
     distillation temperature resolved from the manifest (a copy; ``cfg`` is left as it was)."""
     distill = cfg.train.distill
+    transfer = manifest.label.transfer_rows
+    if transfer and (distill is None or distill.alpha == 0):
+        # They would train as rows whose loss is exactly zero: batches diluted, nothing learnt from them.
+        raise DatasetError(f"{where}: field 'label.train_transfer_rows' is {transfer}: train rows without a label "
+                           f"(a transfer set), which learn only from the teacher's soft targets, but "
+                           f"{'train.distill is unset' if distill is None else 'train.distill.alpha is 0'}; set "
+                           "train.distill.alpha (e.g. 0.5), or train on a dataset sharded with "
+                           "label.unlabeled=quarantine")
     if distill is None:
         return cfg
     teacher = manifest.teacher

@@ -101,6 +101,56 @@ def test_alpha_zero_is_the_plain_loss_bit_for_bit():
     assert torch.equal(plain, mixed)
 
 
+# --- transfer rows: no label, the teacher term only ---------------------------------------------
+
+def test_transfer_rows_add_exactly_zero_to_the_label_term():
+    """A dataset with transfer rows (label -1): the loss is (1/B) sum_i [alpha T^2 KL_i + (1 - alpha)
+    m_i CE_i], m_i = 0 for a transfer row, against numpy in float64; the transfer rows' logits get
+    no gradient from the label term, and a batch of transfer rows alone has a label term of 0."""
+    rng = np.random.default_rng(2)
+    rows, classes = 10, 3
+    logits = rng.normal(0, 2, (rows, classes))
+    teacher = _softmax(rng.normal(0, 2, (rows, classes)) / 2.0)
+    label = rng.integers(0, classes, rows)
+    label[[1, 4, 5, 9]] = -1  # MISSING_LABEL["classification"]
+    labelled = label >= 0
+    alpha, temperature = 0.4, 2.0
+    spec = LabelSpec.from_record({"name": "label", "task": "classification", "num_classes": classes,
+                                  "unlabeled": "transfer", "train_transfer_rows": 4})
+    assert spec.transfer_rows == 4
+    kl = (teacher * (np.log(teacher) - np.log(_softmax(logits / temperature)))).sum(axis=1)
+    ce = np.where(labelled, -np.log(_softmax(logits)[np.arange(rows), np.where(labelled, label, 0)]), 0.0)
+    expected = (alpha * temperature ** 2 * kl + (1 - alpha) * ce).sum() / rows
+    z = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+    got = loss_fn(z, torch.tensor(label), spec, DistillConfig(alpha=alpha, temperature=temperature),
+                  torch.tensor(teacher, dtype=torch.float32))
+    assert float(got.detach()) == pytest.approx(expected, rel=1e-5)
+
+    hard_only = loss_fn(z, torch.tensor(label), spec, DistillConfig(alpha=0.0, temperature=temperature),
+                        torch.tensor(teacher, dtype=torch.float32))
+    assert float(hard_only.detach()) == pytest.approx(ce.sum() / rows, rel=1e-5)
+    hard_only.backward()
+    assert torch.count_nonzero(z.grad[~torch.tensor(labelled)]) == 0  # exactly zero, not small
+    assert torch.count_nonzero(z.grad[torch.tensor(labelled)]) > 0
+    none = torch.full((rows,), -1)
+    assert float(loss_fn(z.detach(), none, spec, DistillConfig(alpha=0.0, temperature=1.0), torch.tensor(teacher))) == 0.0
+
+
+def test_regression_transfer_rows_add_exactly_zero_to_the_label_term():
+    spec = LabelSpec.from_record({"name": "label", "task": "regression", "train_mean": 10.0, "train_std": 4.0,
+                                  "unlabeled": "transfer", "train_transfer_rows": 1})
+    output = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    label = torch.tensor([14.0, float("nan"), 18.0])  # standardized: 1, (none), 2
+    teacher = torch.tensor([14.0, 10.0, 10.0])  # standardized: 1, 0, 0
+    soft = ((0.5 - 1) ** 2 + (-1.0 - 0) ** 2 + (2.0 - 0) ** 2) / 3
+    hard = ((0.5 - 1) ** 2 + 0 + (2.0 - 2) ** 2) / 3
+    got = loss_fn(output, label, spec, DistillConfig(alpha=0.25, temperature=1.0), teacher)
+    assert float(got.detach()) == pytest.approx(0.25 * soft + 0.75 * hard)
+    hard_only = loss_fn(output, label, spec, DistillConfig(alpha=0.0, temperature=1.0), teacher)
+    hard_only.backward()
+    assert torch.isfinite(hard_only.detach()) and float(output.grad[1]) == 0.0 and float(output.grad[0]) != 0.0
+
+
 def _batch(seed=0, rows=64):
     """Labels follow x0 > 0; the teacher says the opposite: a student can only agree with one."""
     torch.manual_seed(seed)
