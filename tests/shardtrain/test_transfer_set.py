@@ -25,6 +25,9 @@ from common.errors import EXIT_USAGE, ConfigError, DatasetError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # distill_transforms, named by a shard config
 
+# Both Parquet readers and the shard job on each stack's pyarrow/pyspark: the current profile runs it too.
+pytestmark = [pytest.mark.spark, pytest.mark.stack]
+
 ROWS = 1500
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
