@@ -15,7 +15,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from common.config import load_config, require
+from common.config import load_config, require, to_dict
 from common.config import SparkConfig
 from training.strategies import check_strategy
 
@@ -63,8 +63,12 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"  # "mlp" or "package.module:factory"
-    hidden: list[int] = field(default_factory=lambda: [128, 64])
+    name: str = "mlp"  # "mlp", "ft_transformer" or "package.module:factory"
+    hidden: list[int] = field(default_factory=lambda: [128, 64])  # mlp only
+    # ft_transformer only: transformer blocks, token width (a multiple of heads), attention heads.
+    layers: int = 4
+    d_model: int = 32
+    heads: int = 4
     dropout: float = 0.0
     embedding_dim: int | None = None  # null: min(16, (vocabulary size + 1) // 2)
     # Extra keyword arguments for a "module:factory" model (or overrides for the MLP).
@@ -75,8 +79,18 @@ class ModelConfig:
     features: list[str] | None = None
 
     def __post_init__(self):
-        require(self.name == "mlp" or (":" in self.name and all(self.name.split(":", 1))), "name",
-                f"must be 'mlp' or 'module:factory', got {self.name!r}")
+        require(self.name in ("mlp", "ft_transformer") or (":" in self.name and all(self.name.split(":", 1))), "name",
+                f"must be 'mlp', 'ft_transformer' or 'module:factory', got {self.name!r}")
+        require(1 <= self.layers <= 1024, "layers", f"must be in [1, 1024], got {self.layers}")
+        require(1 <= self.heads <= MAX_WIDTH, "heads", f"must be in [1, {MAX_WIDTH:,}], got {self.heads}")
+        require(1 <= self.d_model <= MAX_WIDTH and self.d_model % self.heads == 0, "d_model",
+                f"must be a multiple of model.heads={self.heads} in [1, {MAX_WIDTH:,}], got {self.d_model}")
+
+    def identity(self) -> dict:
+        """The keys that shape this model, what a checkpoint must match to resume: without the
+        other architecture's keys, so an MLP's checkpoints from before ft_transformer still resume."""
+        unused = ("hidden", "embedding_dim") if self.name == "ft_transformer" else ("layers", "d_model", "heads")
+        return {key: value for key, value in to_dict(self).items() if key not in unused}
         require(all(isinstance(h, int) and 0 < h <= MAX_WIDTH for h in self.hidden), "hidden",
                 f"must be a list of positive integers of at most {MAX_WIDTH:,}, got {self.hidden}")
         require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")

@@ -13,17 +13,20 @@ import torch
 from common.dataset import LabelSpec
 from training.config import PipelineConfig
 from training.loop import Objective
-from training.models import TabularMLP
+from training.models import FTTransformer, TabularMLP
 from training.precision import Precision
 from training.strategies.base import initialise_optimizer_state
 
 LABEL = LabelSpec(name="label", task="classification", num_classes=3)
 
 
-def model() -> TabularMLP:
+def model(kind: str = "mlp") -> torch.nn.Module:
+    """The built-in ``kind`` (``mlp``, ``ft_transformer``), seeded, with 4 blocks to cut."""
     torch.manual_seed(0)
-    return TabularMLP(num_numeric=4, vocab_sizes=[9, 5], array_names=["image"], array_widths=[6], out_dim=3,
-                      hidden=[16, 12, 12, 8], embedding_dim=3)
+    inputs = dict(num_numeric=4, vocab_sizes=[9, 5], array_names=["image"], array_widths=[6], out_dim=3)
+    if kind == "ft_transformer":
+        return FTTransformer(**inputs, layers=4, d_model=8, heads=2)
+    return TabularMLP(**inputs, hidden=[16, 12, 12, 8], embedding_dim=3)
 
 
 def batch(step: int, accum: int, replica: int, rows: int) -> dict:
@@ -42,13 +45,13 @@ def _optimizer(net):
 
 
 def steps_on_stages(group, pipeline: dict, steps: int, accum: int, rows: int, clip_norm=None,
-                    precision: str = "fp32", poison_step: int | None = None) -> dict:
+                    precision: str = "fp32", poison_step: int | None = None, kind: str = "mlp") -> dict:
     """Per-step losses on this rank, the gathered state dicts on rank 0, and the steps the
     optimizer really took (fp16 skips). ``poison_step``: stage 0's gradients get an inf then."""
     from training.strategies.pipeline import PipelineParallel
 
     strategy = PipelineParallel(group, Precision(precision, "cpu"), PipelineConfig(**pipeline))
-    net = model()
+    net = model(kind)
     step_model = strategy.wrap(net)
     optimizer = _optimizer(net)
     strategy.broadcast_initial_state(net, optimizer)
@@ -74,12 +77,12 @@ _now = {"step": -1}
 
 
 def steps_in_one_process(steps: int, accum: int, rows: int, replicas: int = 1, clip_norm=None,
-                         precision: str = "fp32") -> dict:
+                         precision: str = "fp32", kind: str = "mlp") -> dict:
     from training.strategies.single import SingleProcess
     from training.distributed import LocalGroup
 
     strategy = SingleProcess(LocalGroup(), Precision(precision, "cpu"))
-    net = model()
+    net = model(kind)
     optimizer = _optimizer(net)
     objective = Objective(LABEL)
     losses = []

@@ -36,15 +36,17 @@ def _assert_close_states(got: dict, expected: dict, tol: float = 2e-6):
         np.testing.assert_allclose(got[name].numpy(), value.numpy(), rtol=0, atol=tol, err_msg=name)
 
 
-@pytest.mark.parametrize("pipeline,accum", [
-    ({"stages": 2, "schedule": "gpipe", "microbatches": 4}, 1),
-    ({"stages": 2, "schedule": "1f1b", "microbatches": 4}, 2),
-    ({"stages": 2, "schedule": "interleaved_1f1b", "microbatches": 4, "stages_per_rank": 2}, 1),
-], ids=["gpipe", "1f1b-grad_accum2", "interleaved_1f1b"])
-def test_two_stages_equal_one_process(pipeline, accum):
+@pytest.mark.parametrize("pipeline,accum,kind", [
+    ({"stages": 2, "schedule": "gpipe", "microbatches": 4}, 1, "mlp"),
+    ({"stages": 2, "schedule": "1f1b", "microbatches": 4}, 2, "mlp"),
+    ({"stages": 2, "schedule": "interleaved_1f1b", "microbatches": 4, "stages_per_rank": 2}, 1, "mlp"),
+    ({"stages": 2, "schedule": "1f1b", "microbatches": 4}, 1, "ft_transformer"),
+    ({"stages": 2, "schedule": "interleaved_1f1b", "microbatches": 4, "stages_per_rank": 2}, 1, "ft_transformer"),
+], ids=["gpipe", "1f1b-grad_accum2", "interleaved_1f1b", "ft_transformer-1f1b", "ft_transformer-interleaved"])
+def test_two_stages_equal_one_process(pipeline, accum, kind):
     steps = 4
-    ranks = run_ranks(2, pipeline_ranks.steps_on_stages, pipeline, steps, accum, ROWS, 0.5)
-    alone = pipeline_ranks.steps_in_one_process(steps, accum, ROWS, clip_norm=0.5)
+    ranks = run_ranks(2, pipeline_ranks.steps_on_stages, pipeline, steps, accum, ROWS, 0.5, "fp32", None, kind)
+    alone = pipeline_ranks.steps_in_one_process(steps, accum, ROWS, clip_norm=0.5, kind=kind)
     # Every stage returns the loss the last stage computed: what logs and the non-finite check read.
     for rank in ranks:
         np.testing.assert_allclose(rank["losses"], alone["losses"], rtol=1e-6)

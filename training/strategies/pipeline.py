@@ -84,7 +84,7 @@ class PipelineParallel(Strategy):
 
         if not all(hasattr(model, name) for name in ("pipeline_inputs", "pipeline_blocks", "pipeline_stage")):
             raise ConfigError(f"model {type(model).__name__} cannot be cut into pipeline stages (it has no "
-                              "pipeline_blocks/pipeline_stage, see training.models); use model.name=mlp or set "
+                              "pipeline_blocks/pipeline_stage, see training.models); use model.name=mlp or ft_transformer, or set "
                               "train.pipeline.stages=1")
         blocks = model.pipeline_blocks()
         if blocks < self.parts:
