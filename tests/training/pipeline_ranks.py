@@ -103,3 +103,25 @@ def train_rank(group, plan) -> dict:
     from training.loop import run_rank
 
     return run_rank(plan, group)
+
+
+def bubble_with_a_slow_first_stage(group, seconds: float, steps: int) -> dict:
+    """``steps`` 1F1B steps on 2 stages whose first sleeps ``seconds`` in every micro-batch's
+    forward; the strategy's epoch figures (the bubble fraction per stage) and the seconds slept."""
+    import time
+
+    from training.strategies.pipeline import PipelineParallel
+
+    strategy = PipelineParallel(group, Precision("fp32", "cpu"), PipelineConfig(stages=2, microbatches=4))
+    net = model()
+    step_model = strategy.wrap(net)
+    optimizer = _optimizer(net)
+    slept = []
+    if strategy.holds_first:
+        def slow(module, inputs):
+            time.sleep(seconds)
+            slept.append(seconds)
+        strategy.modules[0].register_forward_pre_hook(slow)
+    for step in range(steps):
+        strategy.train_step(step_model, [batch(step, 0, 0, 8)], optimizer, Objective(LABEL), None)
+    return {"figures": strategy.epoch_metrics(), "slept": sum(slept), "stage": strategy.pp_rank}

@@ -86,6 +86,19 @@ def test_fp16_an_overflow_on_stage_0_skips_the_step_on_every_stage():
     assert ranks[0]["scale"] == ranks[1]["scale"] == 32768.0
 
 
+def test_the_bubble_fraction_is_measured_per_stage_and_names_the_stage_that_waits():
+    """Stage 0 sleeps in every forward: stage 1 idles waiting for its activations, which the
+    measured bubble (point-to-point waits over step time) shows; every rank gets every stage's."""
+    ranks = run_ranks(2, pipeline_ranks.bubble_with_a_slow_first_stage, 0.05, 3)
+    # The sleeps happened: 4 micro-batches x 3 steps, and one more while the schedule infers shapes.
+    assert ranks[0]["slept"] >= 3 * 4 * 0.05
+    assert ranks[1]["slept"] == 0
+    bubble = ranks[0]["figures"]["pipeline_bubble_fraction"]
+    assert ranks[1]["figures"]["pipeline_bubble_fraction"] == bubble
+    assert len(bubble) == 2 and all(0 <= f < 1 for f in bubble)
+    assert bubble[1] > bubble[0]
+
+
 # --- the refusals: exit 2 before anything launches, naming the key ----------------------------------
 
 def _config(*extra):
@@ -191,6 +204,10 @@ def test_a_run_on_two_stages_equals_one_process_and_publishes_the_same_model(dat
     _assert_close_states(_weights(tmp_path), _weights(alone_out), tol=1e-5)
     for key in ("train_loss", "val_loss", "val_accuracy"):
         assert staged["metrics"][-1][key] == pytest.approx(alone.final[key], rel=1e-5)
+    # metrics.jsonl records each epoch's measured bubble, one fraction per stage.
+    with open(tmp_path / "model.run" / "metrics.jsonl") as fh:
+        bubbles = [json.loads(line)["pipeline_bubble_fraction"] for line in fh if line.strip()]
+    assert len(bubbles) == 2 and all(len(b) == 2 and all(0 <= f < 1 for f in b) for b in bubbles)
     # The published model is the plain model: load_model reads it and predicts as rank 0 did.
     model = load_model(str(tmp_path / "model"))
     probs = model.predict(dataset.raw["val"].iloc[staged["reference"]["rows"]])

@@ -26,12 +26,17 @@ Gradient accumulation calls the schedule once per accumulated batch with ``scale
 each micro-batch's loss divided by all micro-batches of the optimizer step (the schedule's own
 scaling would divide the earlier calls' gradients again: wrong by 3e-2 in issue 23's check).
 Validation runs the stages forward only, one batch at a time (its last batch is partial, which a
-schedule's fixed micro-batch shapes cannot take).
+schedule's fixed micro-batch shapes cannot take). Each epoch's record (metrics.jsonl) carries the
+measured bubble per stage: the share of its training-step time spent blocked in the schedule's
+point-to-point waits.
 
 Rank-side only (imports torch).
 """
 
 from __future__ import annotations
+
+import contextlib
+import time
 
 import torch
 import torch.distributed as dist
@@ -68,6 +73,8 @@ class PipelineParallel(Strategy):
         self.holds_first, self.holds_last = 0 in self.part_ids, self.parts - 1 in self.part_ids
         self._objective = None
         self._loss_scale = 1.0
+        # This epoch's seconds in training steps and, of those, blocked in point-to-point waits.
+        self._step_seconds = self._p2p_wait_seconds = 0.0
 
     @property
     def dp_rank(self) -> int:
@@ -119,6 +126,7 @@ class PipelineParallel(Strategy):
     # --- one optimizer step ------------------------------------------------------------------------
 
     def train_step(self, step_model, micro_batches, optimizer, objective, clip_norm, timer=None):
+        started = time.perf_counter()
         precision = self.precision
         self._objective = objective
         self._loss_scale = 1.0 / (self.settings.microbatches * len(micro_batches))
@@ -126,7 +134,7 @@ class PipelineParallel(Strategy):
         for batch in micro_batches:  # grad_accum batches, each cut into the pipeline's micro-batches
             inputs = tuple(batch[name] for name in self.inputs) if self.holds_first else ()
             losses: list[torch.Tensor] = []  # what _loss returned, per micro-batch (last stage only)
-            with precision.autocast():
+            with precision.autocast(), _timed_p2p_waits(self):
                 self.schedule.step(*inputs, target=batch["label"] if self.holds_last else None, losses=losses,
                                    return_outputs=False)
             for value in losses:
@@ -143,7 +151,24 @@ class PipelineParallel(Strategy):
         precision.step(optimizer)
         precision.update()
         optimizer.zero_grad()
+        self._step_seconds += time.perf_counter() - started
         return loss
+
+    def epoch_metrics(self) -> dict:
+        """``pipeline_bubble_fraction``: per stage (list index), the epoch's seconds its rank
+        waited in the schedule's point-to-point transfers (the stage idle, waiting for a
+        neighbour's activations or gradients, or for it to take ours) over its seconds in training
+        steps; replicas of a stage averaged. None where this torch's schedules cannot be timed.
+        Every rank takes part in the gather; all get the same figures."""
+        mine = (self.pp_rank, self._p2p_wait_seconds, self._step_seconds)
+        self._p2p_wait_seconds = self._step_seconds = 0.0
+        if not _P2P_TIMED:
+            return {"pipeline_bubble_fraction": None}
+        waits, steps = [0.0] * self.stages, [0.0] * self.stages
+        for stage, wait, seconds in self.group.allgather_object(mine):
+            waits[stage] += wait
+            steps[stage] += seconds
+        return {"pipeline_bubble_fraction": [round(w / s, 4) if s else 0.0 for w, s in zip(waits, steps)]}
 
     def _average_over_replicas(self) -> None:
         """Each stage's gradients averaged with the same stage's on the other replicas, in one
@@ -266,6 +291,42 @@ class PipelineParallel(Strategy):
         parts = [None] * self.stages if self.group.rank == 0 else None
         dist.gather_object(part, parts, dst=0, group=self.pp_group)
         return parts
+
+
+def _schedules_module():
+    try:
+        from torch.distributed.pipelining import schedules
+    except ImportError:
+        return None
+    return schedules if hasattr(schedules, "_wait_batch_p2p") else None
+
+
+# Every schedule waits for its sends and receives through this private torch function; where a
+# torch lacks it, the bubble fraction is recorded as None rather than as a wrong 0.
+_P2P_TIMED = _schedules_module() is not None
+
+
+@contextlib.contextmanager
+def _timed_p2p_waits(strategy: PipelineParallel):
+    """Adds the seconds the schedule spends in its point-to-point waits to the strategy's count."""
+    schedules = _schedules_module()
+    if schedules is None:
+        yield
+        return
+    original = schedules._wait_batch_p2p
+
+    def timed(work):
+        started = time.perf_counter()
+        try:
+            return original(work)
+        finally:
+            strategy._p2p_wait_seconds += time.perf_counter() - started
+
+    schedules._wait_batch_p2p = timed
+    try:
+        yield
+    finally:
+        schedules._wait_batch_p2p = original
 
 
 def _empty_all_but(model, owned: set[int]) -> None:
