@@ -125,3 +125,17 @@ def bubble_with_a_slow_first_stage(group, seconds: float, steps: int) -> dict:
     for step in range(steps):
         strategy.train_step(step_model, [batch(step, 0, 0, 8)], optimizer, Objective(LABEL), None)
     return {"figures": strategy.epoch_metrics(), "slept": sum(slept), "stage": strategy.pp_rank}
+
+
+def pid_recording_mlp(feature_spec: dict, label_spec: dict, pid_dir: str, hidden: list, **kwargs):
+    """``model.name=pipeline_ranks:pid_recording_mlp``: the built-in MLP (so it cuts into stages),
+    built by a rank that first records its pid as ``<pid_dir>/rank<RANK>-<pid>``: a failure test
+    signals exactly its own launch's rank processes, and sees a relaunch as a second pid."""
+    import os
+
+    from training.models import mlp_arguments
+
+    os.makedirs(pid_dir, exist_ok=True)
+    with open(os.path.join(pid_dir, f"rank{os.environ.get('RANK', '0')}-{os.getpid()}"), "w"):
+        pass
+    return TabularMLP(**mlp_arguments(feature_spec, label_spec, hidden, **kwargs))
