@@ -168,6 +168,11 @@ class PipelineConfig:
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     microbatches: int = 8  # per batch: train.batch_size must be a multiple of it
     stages_per_rank: int = 1  # interleaved_1f1b only (>= 2)
+    # Where the stage boundaries fall between the model's blocks. auto: balanced by a short timing
+    # pass of each block (forward and backward of one micro-batch, on rank 0); even: the same number
+    # of blocks per stage; or a list per stage of the blocks' module names (e.g. [[blocks.0],
+    # [blocks.1, blocks.2]]), all of them in order.
+    split: Literal["auto", "even"] | list[list[str]] = "auto"
 
     def __post_init__(self):
         require(1 <= self.stages <= MAX_RANKS, "stages", f"must be in [1, {MAX_RANKS}], got {self.stages}")
@@ -178,6 +183,11 @@ class PipelineConfig:
                 f"must be >= 2 with schedule=interleaved_1f1b (got {self.stages_per_rank})" if interleaved else
                 f"must be 1 with schedule={self.schedule} (got {self.stages_per_rank}); more stages per rank need "
                 "schedule=interleaved_1f1b")
+        parts = self.stages * self.stages_per_rank
+        require(not isinstance(self.split, list) or self.stages == 1 or
+                (len(self.split) == parts and all(self.split)), "split",
+                f"must be 'auto', 'even' or {parts} non-empty lists of module names (one per stage: stages x "
+                f"stages_per_rank), got {self.split}")
         if self.stages > 1 and self.schedule != "gpipe":
             # Too few micro-batches and 1F1B has no steady state: torch refuses fewer than the
             # stages; the interleaved schedule needs whole rounds of `stages` micro-batches.

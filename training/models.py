@@ -14,7 +14,9 @@ says how to cut it: ``pipeline_inputs()`` (the batch keys its first stage takes,
 parameter names (so a stage's state dict is a piece of the model's), whose forward takes the
 previous stage's output (the first: the inputs) and returns the next one's input (the last: the
 model's output). Chained, the stages compute exactly what ``forward`` does. Built by hand from the
-model's own modules, never traced.
+model's own modules, never traced. Optional: ``pipeline_block_names()`` (each block's module name,
+what an explicit ``train.pipeline.split`` lists) and ``pipeline_example(rows, device)`` (made-up
+first-stage inputs, which ``split: auto`` times each block on).
 
 Imported on ranks only (it imports torch).
 """
@@ -40,7 +42,7 @@ class TabularMLP(nn.Module):
                  out_dim: int, hidden: list[int], dropout: float = 0.0, embedding_dim: int | None = None,
                  regression: bool = False):
         super().__init__()
-        self.array_names = list(array_names)
+        self.array_names, self.array_widths = list(array_names), list(array_widths)
         self.regression = regression
         dims = [embedding_dim or min(16, (size + 1) // 2) for size in vocab_sizes]
         self.embeddings = nn.ModuleList(nn.Embedding(size, dim) for size, dim in zip(vocab_sizes, dims))
@@ -79,6 +81,14 @@ class TabularMLP(nn.Module):
 
     def pipeline_stage(self, start: int, stop: int) -> nn.Module:
         return _MLPStage(self, start, stop)
+
+    def pipeline_block_names(self) -> list[str]:
+        return [f"body.{i}" for i in self._block_starts()]
+
+    def pipeline_example(self, rows: int, device=None) -> tuple[torch.Tensor, ...]:
+        return _example_inputs(self.body[0].in_features - sum(e.embedding_dim for e in self.embeddings) -
+                               sum(self.array_widths), [e.num_embeddings for e in self.embeddings],
+                               self.array_widths, rows, device)
 
     def _block_starts(self) -> list[int]:
         return [i for i, layer in enumerate(self.body) if isinstance(layer, nn.Linear)]
@@ -156,6 +166,14 @@ class FTTransformer(nn.Module):
 
     def pipeline_stage(self, start: int, stop: int) -> nn.Module:
         return _FTStage(self, start, stop)
+
+    def pipeline_block_names(self) -> list[str]:
+        return [f"blocks.{i}" for i in range(len(self.blocks))]
+
+    def pipeline_example(self, rows: int, device=None) -> tuple[torch.Tensor, ...]:
+        tokenizer = self.tokenizer
+        return _example_inputs(tokenizer.numeric_weight.shape[0], [e.num_embeddings for e in tokenizer.embeddings],
+                               [a.in_features for a in tokenizer.arrays], rows, device)
 
 
 class _FeatureTokenizer(nn.Module):
@@ -243,6 +261,15 @@ class _FTStage(nn.Module):
             return out
         out = self.head(out)
         return out.squeeze(1) if self.regression else out
+
+
+def _example_inputs(numeric: int, vocab_sizes: list[int], array_widths: list[int], rows: int,
+                    device=None) -> tuple[torch.Tensor, ...]:
+    """Made-up inputs of the first stage (``pipeline_inputs()`` order; arrays flat), for timing."""
+    return (torch.randn(rows, numeric, device=device),
+            torch.stack([torch.randint(0, size, (rows,), device=device) for size in vocab_sizes], dim=1)
+            if vocab_sizes else torch.zeros(rows, 0, dtype=torch.int64, device=device),
+            *(torch.randn(rows, width, device=device) for width in array_widths))
 
 
 def _data_arguments(feature_spec: dict, label_spec: dict) -> dict:

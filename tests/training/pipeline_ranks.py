@@ -70,7 +70,8 @@ def steps_on_stages(group, pipeline: dict, steps: int, accum: int, rows: int, cl
             # Adam's step counts of this rank's own parameters.
             "optimizer_steps": sorted({float(optimizer.state[p]["step"]) for m in strategy.modules
                                        for p in m.parameters()}),
-            "scale": strategy.precision.state_dict().get("scale"), "dp_rank": strategy.dp_rank}
+            "scale": strategy.precision.state_dict().get("scale"), "dp_rank": strategy.dp_rank,
+            "bounds": strategy.bounds, "owned": strategy.owned_names}
 
 
 _now = {"step": -1}

@@ -60,6 +60,34 @@ def test_two_stages_equal_one_process(pipeline, accum, kind):
             np.testing.assert_allclose(mine["state"][i][key].numpy(), state[key].numpy(), atol=1e-6)
 
 
+@pytest.mark.parametrize("split", [[["body.0"], ["body.2", "body.4", "body.6", "body.8"]], "auto"],
+                         ids=["named", "auto"])
+def test_where_the_stages_are_cut_follows_split_and_changes_no_result(split):
+    """An explicit split puts exactly the named blocks on each stage; auto (a timing pass on
+    rank 0) cuts every block into one stage or the other, the same on every rank. Either way the
+    stages compute what one process does."""
+    ranks = run_ranks(2, pipeline_ranks.steps_on_stages, {"stages": 2, "microbatches": 4, "split": split}, 2, 1, ROWS)
+    (first,), (second,) = ranks[0]["bounds"], ranks[1]["bounds"]
+    assert first[0] == 0 and first[1] == second[0] and second[1] == 5 and first[1] < second[1]
+    if split != "auto":
+        assert (first, second) == ((0, 1), (1, 5))
+        assert [n for n in ranks[0]["owned"] if n.startswith("body.")] == ["body.0.weight", "body.0.bias"]
+    alone = pipeline_ranks.steps_in_one_process(2, 1, ROWS)
+    np.testing.assert_allclose(ranks[1]["losses"], alone["losses"], rtol=1e-6)
+    _assert_close_states(ranks[0]["model"], alone["model"])
+
+
+def test_an_explicit_split_must_name_every_block_in_order():
+    from training.strategies.pipeline import _named_bounds
+
+    net = pipeline_ranks.model("ft_transformer")
+    assert _named_bounds(net, [["blocks.0", "blocks.1", "blocks.2"], ["blocks.3"]]) == [(0, 3), (3, 4)]
+    with pytest.raises(ConfigError) as info:
+        _named_bounds(net, [["blocks.0", "blocks.2"], ["blocks.1", "blocks.3"]])
+    assert info.value.exit_code == EXIT_USAGE
+    assert "train.pipeline.split=" in str(info.value) and "['blocks.0', 'blocks.1', 'blocks.2', 'blocks.3']" in str(info.value)
+
+
 def test_two_stages_times_two_replicas_equal_one_process():
     """Ranks 0,1 are replica 0's stages, 2,3 replica 1's; each stage is replicated with replicate()."""
     steps = 3
@@ -139,8 +167,10 @@ def _config(*extra):
     (["train.parallel=fsdp"], ["train.parallel=fsdp with train.pipeline.stages=2", "set train.parallel=ddp"]),
     (["model.hidden=[16]", "train.pipeline.stages=4", "launch.num_proc=4", "train.pipeline.microbatches=4"],
      ["model.hidden=[16] gives 2 layer(s), fewer than the 4 pipeline stage(s)"]),
+    (["train.pipeline.split=[[body.0], [body.2], [body.4]]"],
+     ["train.pipeline.split must be 'auto', 'even' or 2 non-empty lists of module names"]),
 ], ids=["horovod", "batch-not-divisible", "too-few-microbatches-1f1b", "interleaved-rounds",
-        "interleaved-one-stage-per-rank", "num_proc-not-multiple", "fsdp", "too-few-layers"])
+        "interleaved-one-stage-per-rank", "num_proc-not-multiple", "fsdp", "too-few-layers", "split-lists"])
 def test_combinations_that_cannot_run_are_refused_naming_the_key(overrides, names):
     with pytest.raises(ConfigError) as info:
         _config(*overrides)

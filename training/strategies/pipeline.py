@@ -54,10 +54,12 @@ class PipelineParallel(Strategy):
 
     @classmethod
     def from_config(cls, config, group, precision) -> "PipelineParallel":
-        return cls(group, precision, config.train.pipeline)
+        t = config.train
+        return cls(group, precision, t.pipeline, microbatch_rows=t.batch_size // t.pipeline.microbatches)
 
-    def __init__(self, group, precision, pipeline):
+    def __init__(self, group, precision, pipeline, microbatch_rows: int = 16):
         super().__init__(group, precision)
+        self.microbatch_rows = microbatch_rows  # what split: auto times each block on
         from torch.distributed.device_mesh import init_device_mesh
 
         self.settings = pipeline
@@ -97,7 +99,8 @@ class PipelineParallel(Strategy):
         if blocks < self.parts:
             raise ConfigError(f"model {type(model).__name__} has {blocks} block(s), fewer than the {self.parts} "
                               "pipeline stage(s) (train.pipeline.stages x stages_per_rank); use fewer stages")
-        bounds = [(i * blocks // self.parts, (i + 1) * blocks // self.parts) for i in range(self.parts)]
+        bounds = self._bounds(model, blocks)
+        self.bounds = [bounds[i] for i in self.part_ids]
         self.inputs = model.pipeline_inputs()
         self.modules = [model.pipeline_stage(*bounds[i]) for i in self.part_ids]
         owned = {id(t) for m in self.modules for t in [*m.parameters(), *m.buffers()]}
@@ -108,6 +111,18 @@ class PipelineParallel(Strategy):
                   for i, m in zip(self.part_ids, self.modules)]
         self.schedule = self._schedule(stages)
         return model
+
+    def _bounds(self, model, blocks: int) -> list[tuple[int, int]]:
+        """(start, stop) blocks of every stage of the model, by ``train.pipeline.split``."""
+        split = self.settings.split
+        if isinstance(split, list):
+            return _named_bounds(model, split)
+        if split == "auto" and hasattr(model, "pipeline_example"):
+            # Rank 0 times, every rank cuts where it says: the replicas' stages must match.
+            costs = self.group.broadcast_object(_block_seconds(model, self.microbatch_rows, self.device)
+                                                if self.group.rank == 0 else None)
+            return _balanced_bounds(costs, self.parts)
+        return [(i * blocks // self.parts, (i + 1) * blocks // self.parts) for i in range(self.parts)]
 
     def _schedule(self, stages):
         from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
@@ -291,6 +306,67 @@ class PipelineParallel(Strategy):
         parts = [None] * self.stages if self.group.rank == 0 else None
         dist.gather_object(part, parts, dst=0, group=self.pp_group)
         return parts
+
+
+def _named_bounds(model, split: list[list[str]]) -> list[tuple[int, int]]:
+    """The (start, stop) blocks of an explicit split, which must list every block's name in order."""
+    names = model.pipeline_block_names() if hasattr(model, "pipeline_block_names") else None
+    if names is None or [name for stage in split for name in stage] != names:
+        raise ConfigError(f"train.pipeline.split={split} must list every block of model {type(model).__name__} once, "
+                          f"in order, cut into stages: its blocks are {names}; or set train.pipeline.split=auto")
+    bounds, start = [], 0
+    for stage in split:
+        bounds.append((start, start + len(stage)))
+        start += len(stage)
+    return bounds
+
+
+def _block_seconds(model, rows: int, device, repeats: int = 5) -> list[float]:
+    """Each block's fastest forward + backward of ``rows`` made-up rows, in the order of the stages.
+    Leaves the model, its gradients and the RNG (dropout, the next seeded draws) as they were."""
+    rng = torch.get_rng_state()
+    blocks = model.pipeline_blocks()
+    parts = [model.pipeline_stage(i, i + 1) for i in range(blocks)]
+    seconds = [float("inf")] * blocks
+    try:
+        for _ in range(repeats):
+            inputs = model.pipeline_example(rows, device)
+            for i, part in enumerate(parts):
+                inputs = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in inputs)
+                started = time.perf_counter()
+                out = part(*inputs)
+                out.float().sum().backward()
+                seconds[i] = min(seconds[i], time.perf_counter() - started)
+                inputs = (out,)
+    finally:
+        torch.set_rng_state(rng)
+        for p in model.parameters():
+            p.grad = None
+    return seconds
+
+
+def _balanced_bounds(costs: list[float], parts: int) -> list[tuple[int, int]]:
+    """Consecutive groups of ``costs`` (each non-empty), ``parts`` of them, with the smallest
+    largest sum: the slowest stage sets the pipeline's pace."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    # best[k][i]: the smallest largest sum cutting the first i blocks into k groups; cut[k][i]: its last cut.
+    best = [[float("inf")] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for i in range(k, n - (parts - k) + 1):
+            for j in range(k - 1, i):
+                worst = max(best[k - 1][j], prefix[i] - prefix[j])
+                if worst < best[k][i]:
+                    best[k][i], cut[k][i] = worst, j
+    bounds, stop = [], n
+    for k in range(parts, 0, -1):
+        bounds.append((cut[k][stop], stop))
+        stop = cut[k][stop]
+    return bounds[::-1]
 
 
 def _schedules_module():
