@@ -85,17 +85,17 @@ class ModelConfig:
         require(1 <= self.heads <= MAX_WIDTH, "heads", f"must be in [1, {MAX_WIDTH:,}], got {self.heads}")
         require(1 <= self.d_model <= MAX_WIDTH and self.d_model % self.heads == 0, "d_model",
                 f"must be a multiple of model.heads={self.heads} in [1, {MAX_WIDTH:,}], got {self.d_model}")
+        require(all(isinstance(h, int) and 0 < h <= MAX_WIDTH for h in self.hidden), "hidden",
+                f"must be a list of positive integers of at most {MAX_WIDTH:,}, got {self.hidden}")
+        require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
+        require(self.embedding_dim is None or 1 <= self.embedding_dim <= MAX_WIDTH, "embedding_dim",
+                f"must be in [1, {MAX_WIDTH:,}], got {self.embedding_dim}")
 
     def identity(self) -> dict:
         """The keys that shape this model, what a checkpoint must match to resume: without the
         other architecture's keys, so an MLP's checkpoints from before ft_transformer still resume."""
         unused = ("hidden", "embedding_dim") if self.name == "ft_transformer" else ("layers", "d_model", "heads")
         return {key: value for key, value in to_dict(self).items() if key not in unused}
-        require(all(isinstance(h, int) and 0 < h <= MAX_WIDTH for h in self.hidden), "hidden",
-                f"must be a list of positive integers of at most {MAX_WIDTH:,}, got {self.hidden}")
-        require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
-        require(self.embedding_dim is None or 1 <= self.embedding_dim <= MAX_WIDTH, "embedding_dim",
-                f"must be in [1, {MAX_WIDTH:,}], got {self.embedding_dim}")
 
 
 @dataclass

@@ -297,7 +297,7 @@ def supervise(launch_fn: Callable, plan, spark, launch_cfg) -> list[dict]:
     """``launch_fn`` in this thread (Horovod installs signal handlers, so it needs the main one)
     while a watcher thread stops it if a rank stalls; failures are explained rank by rank."""
     with Supervision(spark, plan.world_size, launch_cfg.stall_timeout_s, launch_cfg.start_timeout,
-                     launch_cfg.elastic, plan.config.train.pipeline.stages) as sup:
+                     launch_cfg.elastic, plan.pipeline_stages) as sup:
         cfg = dataclasses.replace(launch_cfg, env={**launch_cfg.env, **sup.launch_env()})
         try:
             results = launch_fn(plan, spark, cfg)
