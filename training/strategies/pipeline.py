@@ -36,6 +36,7 @@ Rank-side only (imports torch).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 import torch
@@ -43,6 +44,8 @@ import torch.distributed as dist
 
 from common.errors import ConfigError
 from training.strategies.base import Strategy, initialise_optimizer_state
+
+log = logging.getLogger("shardtrain.train")
 
 # Activations sent between stages during validation carry their dtype as an index in this list.
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
@@ -100,6 +103,9 @@ class PipelineParallel(Strategy):
             raise ConfigError(f"model {type(model).__name__} has {blocks} block(s), fewer than the {self.parts} "
                               "pipeline stage(s) (train.pipeline.stages x stages_per_rank); use fewer stages")
         bounds = self._bounds(model, blocks)
+        if self.group.rank == 0:
+            log.info("pipeline: %d blocks cut into stages %s (train.pipeline.split=%s)", blocks,
+                     " ".join(f"[{a}, {b})" for a, b in bounds), self.settings.split)
         self.bounds = [bounds[i] for i in self.part_ids]
         self.inputs = model.pipeline_inputs()
         self.modules = [model.pipeline_stage(*bounds[i]) for i in self.part_ids]
