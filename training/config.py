@@ -15,7 +15,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from common.config import load_config, require
+from common.config import load_config, require, to_dict
 from common.config import SparkConfig
 from training.strategies import check_strategy
 
@@ -63,8 +63,12 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"  # "mlp" or "package.module:factory"
-    hidden: list[int] = field(default_factory=lambda: [128, 64])
+    name: str = "mlp"  # "mlp", "ft_transformer" or "package.module:factory"
+    hidden: list[int] = field(default_factory=lambda: [128, 64])  # mlp only
+    # ft_transformer only: transformer blocks, token width (a multiple of heads), attention heads.
+    layers: int = 4
+    d_model: int = 32
+    heads: int = 4
     dropout: float = 0.0
     embedding_dim: int | None = None  # null: min(16, (vocabulary size + 1) // 2)
     # Extra keyword arguments for a "module:factory" model (or overrides for the MLP).
@@ -75,13 +79,23 @@ class ModelConfig:
     features: list[str] | None = None
 
     def __post_init__(self):
-        require(self.name == "mlp" or (":" in self.name and all(self.name.split(":", 1))), "name",
-                f"must be 'mlp' or 'module:factory', got {self.name!r}")
+        require(self.name in ("mlp", "ft_transformer") or (":" in self.name and all(self.name.split(":", 1))), "name",
+                f"must be 'mlp', 'ft_transformer' or 'module:factory', got {self.name!r}")
+        require(1 <= self.layers <= 1024, "layers", f"must be in [1, 1024], got {self.layers}")
+        require(1 <= self.heads <= MAX_WIDTH, "heads", f"must be in [1, {MAX_WIDTH:,}], got {self.heads}")
+        require(1 <= self.d_model <= MAX_WIDTH and self.d_model % self.heads == 0, "d_model",
+                f"must be a multiple of model.heads={self.heads} in [1, {MAX_WIDTH:,}], got {self.d_model}")
         require(all(isinstance(h, int) and 0 < h <= MAX_WIDTH for h in self.hidden), "hidden",
                 f"must be a list of positive integers of at most {MAX_WIDTH:,}, got {self.hidden}")
         require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
         require(self.embedding_dim is None or 1 <= self.embedding_dim <= MAX_WIDTH, "embedding_dim",
                 f"must be in [1, {MAX_WIDTH:,}], got {self.embedding_dim}")
+
+    def identity(self) -> dict:
+        """The keys that shape this model, what a checkpoint must match to resume: without the
+        other architecture's keys, so an MLP's checkpoints from before ft_transformer still resume."""
+        unused = ("hidden", "embedding_dim") if self.name == "ft_transformer" else ("layers", "d_model", "heads")
+        return {key: value for key, value in to_dict(self).items() if key not in unused}
 
 
 @dataclass
@@ -154,6 +168,11 @@ class PipelineConfig:
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     microbatches: int = 8  # per batch: train.batch_size must be a multiple of it
     stages_per_rank: int = 1  # interleaved_1f1b only (>= 2)
+    # Where the stage boundaries fall between the model's blocks. auto: balanced by a short timing
+    # pass of each block (forward and backward of one micro-batch, on rank 0); even: the same number
+    # of blocks per stage; or a list per stage of the blocks' module names (e.g. [[blocks.0],
+    # [blocks.1, blocks.2]]), all of them in order.
+    split: Literal["auto", "even"] | list[list[str]] = "auto"
 
     def __post_init__(self):
         require(1 <= self.stages <= MAX_RANKS, "stages", f"must be in [1, {MAX_RANKS}], got {self.stages}")
@@ -164,6 +183,11 @@ class PipelineConfig:
                 f"must be >= 2 with schedule=interleaved_1f1b (got {self.stages_per_rank})" if interleaved else
                 f"must be 1 with schedule={self.schedule} (got {self.stages_per_rank}); more stages per rank need "
                 "schedule=interleaved_1f1b")
+        parts = self.stages * self.stages_per_rank
+        require(not isinstance(self.split, list) or self.stages == 1 or
+                (len(self.split) == parts and all(self.split)), "split",
+                f"must be 'auto', 'even' or {parts} non-empty lists of module names (one per stage: stages x "
+                f"stages_per_rank), got {self.split}")
         if self.stages > 1 and self.schedule != "gpipe":
             # Too few micro-batches and 1F1B has no steady state: torch refuses fewer than the
             # stages; the interleaved schedule needs whole rounds of `stages` micro-batches.

@@ -134,7 +134,7 @@ def load_model(uri: str, program: bool = False, registry_uri: str | None = None)
     """Load a published model, verifying each file it reads against the recorded sha256
     (``common.model_artifact.read_model``).
 
-    ``program=False`` (default): the built-in MLP, rebuilt from model.json and safetensors; a
+    ``program=False`` (default): the built-in model (MLP, FT-Transformer), rebuilt from model.json and safetensors; a
     plug-in model is refused (it has no built-in architecture). ``program=True``: the TorchScript
     program. The choice is the caller's alone; no field of model.json can switch it.
 
@@ -145,10 +145,12 @@ def load_model(uri: str, program: bool = False, registry_uri: str | None = None)
 
 
 def _built_in_network(loc: Location, meta: dict) -> ServingModel:
-    """The built-in MLP of model.json's arguments, with its verified safetensors weights, as served."""
+    """The built-in model (MLP, FT-Transformer) of model.json's name and arguments, with its verified safetensors weights, as served."""
     name = (meta.get("model") or {}).get("name")
     arguments = (meta.get("model") or {}).get("arguments")
-    if name != "mlp":
+    from training.models import BUILT_IN
+
+    if name not in BUILT_IN:
         raise DatasetError(f"{loc.uri}: model {name!r} is a plug-in model with no built-in architecture; load its "
                            "TorchScript program with load_model(uri, program=True)")
     if not isinstance(arguments, dict):
@@ -158,11 +160,9 @@ def _built_in_network(loc: Location, meta: dict) -> ServingModel:
     from safetensors import SafetensorError
     from safetensors.torch import load as load_safetensors
 
-    from training.models import TabularMLP
-
     data = verified_bytes(loc, meta, WEIGHTS)
     try:
-        net = TabularMLP(**arguments)
+        net = BUILT_IN[name](**arguments)
         net.load_state_dict(load_safetensors(data))
     except (SafetensorError, RuntimeError, TypeError, ValueError) as exc:
         raise DatasetError(f"{loc.uri}/{WEIGHTS}: cannot be loaded as the built-in model's weights "

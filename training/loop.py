@@ -603,7 +603,7 @@ def _run_identity(plan: RankPlan) -> dict:
     # on 2 stages and one in a single process train on the same rows in the same steps.
     return {"fingerprint": plan.fingerprint, "data_parallel_size": plan.data_parallel_size, "batch_size": t.batch_size,
             "grad_accum": t.grad_accum, "steps_per_epoch": plan.steps_per_epoch, "seed": t.seed,
-            "model": json.dumps(to_dict(plan.config.model), sort_keys=True), "precision": t.precision,
+            "model": json.dumps(plan.config.model.identity(), sort_keys=True), "precision": t.precision,
             **({"distill": to_dict(t.distill)} if t.distill is not None else {})}
 
 

@@ -14,14 +14,16 @@ says how to cut it: ``pipeline_inputs()`` (the batch keys its first stage takes,
 parameter names (so a stage's state dict is a piece of the model's), whose forward takes the
 previous stage's output (the first: the inputs) and returns the next one's input (the last: the
 model's output). Chained, the stages compute exactly what ``forward`` does. Built by hand from the
-model's own modules, never traced.
+model's own modules, never traced. Optional: ``pipeline_block_names()`` (each block's module name,
+what an explicit ``train.pipeline.split`` lists) and ``pipeline_example(rows, device)`` (made-up
+first-stage inputs, which ``split: auto`` times each block on).
 
 Imported on ranks only (it imports torch).
 """
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
 
 import torch
 from torch import nn
@@ -40,7 +42,7 @@ class TabularMLP(nn.Module):
                  out_dim: int, hidden: list[int], dropout: float = 0.0, embedding_dim: int | None = None,
                  regression: bool = False):
         super().__init__()
-        self.array_names = list(array_names)
+        self.array_names, self.array_widths = list(array_names), list(array_widths)
         self.regression = regression
         dims = [embedding_dim or min(16, (size + 1) // 2) for size in vocab_sizes]
         self.embeddings = nn.ModuleList(nn.Embedding(size, dim) for size, dim in zip(vocab_sizes, dims))
@@ -80,6 +82,14 @@ class TabularMLP(nn.Module):
     def pipeline_stage(self, start: int, stop: int) -> nn.Module:
         return _MLPStage(self, start, stop)
 
+    def pipeline_block_names(self) -> list[str]:
+        return [f"body.{i}" for i in self._block_starts()]
+
+    def pipeline_example(self, rows: int, device=None) -> tuple[torch.Tensor, ...]:
+        return _example_inputs(self.body[0].in_features - sum(e.embedding_dim for e in self.embeddings) -
+                               sum(self.array_widths), [e.num_embeddings for e in self.embeddings],
+                               self.array_widths, rows, device)
+
     def _block_starts(self) -> list[int]:
         return [i for i, layer in enumerate(self.body) if isinstance(layer, nn.Linear)]
 
@@ -112,27 +122,199 @@ class _MLPStage(nn.Module):
         return out.squeeze(1) if self.last and self.regression else out
 
 
-def mlp_arguments(feature_spec: dict, label_spec: dict, hidden: list[int], dropout: float = 0.0,
-                  embedding_dim: int | None = None, **overrides) -> dict:
-    """The MLP's constructor arguments, as plain values (stored in model.json, so it rebuilds)."""
+class FTTransformer(nn.Module):
+    """FT-Transformer (Gorishniy et al., 2021): a feature tokenizer turns every feature into one
+    ``d_model`` token (a numeric value scales its own learned vector plus a bias, a category looks
+    up its own embedding table, an array feature is flattened through its own Linear), a learned
+    CLS token goes first, ``layers`` identical pre-norm transformer blocks (``heads``-head
+    self-attention, then a feed-forward of ``ffn_width``, default 2 x d_model) mix the tokens, and
+    the head reads the CLS token. The blocks are the units of pipeline stages and FSDP."""
+
+    def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
+                 out_dim: int, layers: int, d_model: int, heads: int, dropout: float = 0.0,
+                 ffn_width: int | None = None, regression: bool = False):
+        super().__init__()
+        self.array_names = list(array_names)
+        self.regression = regression
+        self.tokenizer = _FeatureTokenizer(num_numeric, vocab_sizes, array_widths, d_model)
+        self.blocks = nn.ModuleList(_TransformerBlock(d_model, heads, ffn_width or 2 * d_model, dropout)
+                                    for _ in range(layers))
+        self.head = _CLSHead(d_model, out_dim)
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        arrays = [batch[name] for name in self.array_names]
+        tokens = self.tokenizer(batch["numeric"], batch["categorical"], arrays)
+        for block in self.blocks:
+            tokens = block(tokens)
+        out = self.head(tokens)
+        if self.regression:
+            return out.squeeze(1)
+        return out
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """FSDP2's units (``training.strategies.fsdp``): the tokenizer, each block, the head."""
+        return [self.tokenizer, *self.blocks, self.head]
+
+    # --- pipeline stages (see the module docstring): whole blocks; the tokenizer goes with the
+    # first, the head (and the regression squeeze) with the last.
+
+    def pipeline_inputs(self) -> list[str]:
+        return ["numeric", "categorical", *self.array_names]
+
+    def pipeline_blocks(self) -> int:
+        return len(self.blocks)
+
+    def pipeline_stage(self, start: int, stop: int) -> nn.Module:
+        return _FTStage(self, start, stop)
+
+    def pipeline_block_names(self) -> list[str]:
+        return [f"blocks.{i}" for i in range(len(self.blocks))]
+
+    def pipeline_example(self, rows: int, device=None) -> tuple[torch.Tensor, ...]:
+        tokenizer = self.tokenizer
+        return _example_inputs(tokenizer.numeric_weight.shape[0], [e.num_embeddings for e in tokenizer.embeddings],
+                               [a.in_features for a in tokenizer.arrays], rows, device)
+
+
+class _FeatureTokenizer(nn.Module):
+    """The batch's features as tokens [B, 1 + numeric + categorical + arrays, d_model], CLS first."""
+
+    def __init__(self, num_numeric: int, vocab_sizes: list[int], array_widths: list[int], d_model: int):
+        super().__init__()
+        bound = d_model ** -0.5
+        self.cls = nn.Parameter(torch.empty(d_model).uniform_(-bound, bound))
+        self.numeric_weight = nn.Parameter(torch.empty(num_numeric, d_model).uniform_(-bound, bound))
+        self.numeric_bias = nn.Parameter(torch.empty(num_numeric, d_model).uniform_(-bound, bound))
+        self.embeddings = nn.ModuleList(nn.Embedding(size, d_model) for size in vocab_sizes)
+        self.arrays = nn.ModuleList(nn.Linear(width, d_model) for width in array_widths)
+
+    def forward(self, numeric: torch.Tensor, categorical: torch.Tensor, arrays: List[torch.Tensor]) -> torch.Tensor:
+        rows = numeric.shape[0]
+        tokens = [self.cls.expand(rows, 1, -1), numeric.unsqueeze(-1) * self.numeric_weight + self.numeric_bias]
+        for j, embedding in enumerate(self.embeddings):
+            tokens.append(embedding(categorical[:, j]).unsqueeze(1))
+        for j, linear in enumerate(self.arrays):
+            tokens.append(linear(arrays[j].reshape(rows, -1)).unsqueeze(1))
+        return torch.cat(tokens, dim=1)
+
+
+class _TransformerBlock(nn.Module):
+    """Pre-norm: x + attention(norm(x)), then x + feed-forward(norm(x))."""
+
+    def __init__(self, d_model: int, heads: int, ffn_width: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.attention_norm = nn.LayerNorm(d_model)
+        # No bias: a key bias only shifts every score of a query alike, which softmax ignores; its
+        # gradient is rounding noise that Adam would blow up into steps.
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.attention_out = nn.Linear(d_model, d_model)
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.ffn = nn.Sequential(nn.Linear(d_model, ffn_width), nn.GELU(), nn.Dropout(dropout),
+                                 nn.Linear(ffn_width, d_model))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows, tokens, width = x.shape
+        qkv = self.qkv(self.attention_norm(x)).reshape(rows, tokens, 3, self.heads, width // self.heads)
+        qkv = qkv.permute(2, 0, 3, 1, 4)  # [3, B, heads, T, head width]
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        weights = torch.softmax(q @ k.transpose(-2, -1) * (width // self.heads) ** -0.5, dim=-1)
+        mixed = (weights @ v).transpose(1, 2).reshape(rows, tokens, width)
+        x = x + self.dropout(self.attention_out(mixed))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+
+class _CLSHead(nn.Module):
+    def __init__(self, d_model: int, out_dim: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.linear = nn.Linear(d_model, out_dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.relu(self.norm(tokens[:, 0])))
+
+
+class _FTStage(nn.Module):
+    """Blocks ``start..stop-1`` of an ``FTTransformer`` under its own names (``tokenizer.*``,
+    ``blocks.<i>.*``, ``head.*``), its modules shared, not copied."""
+
+    def __init__(self, model: FTTransformer, start: int, stop: int):
+        super().__init__()
+        self.first, self.last = start == 0, stop == len(model.blocks)
+        self.regression = model.regression
+        if self.first:
+            self.tokenizer = model.tokenizer
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(start, stop)})
+        if self.last:
+            self.head = model.head
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            numeric, categorical, *arrays = inputs
+            out = self.tokenizer(numeric, categorical, list(arrays))
+        else:
+            (out,) = inputs
+        for block in self.blocks.values():
+            out = block(out)
+        if not self.last:
+            return out
+        out = self.head(out)
+        return out.squeeze(1) if self.regression else out
+
+
+def _example_inputs(numeric: int, vocab_sizes: list[int], array_widths: list[int], rows: int,
+                    device=None) -> tuple[torch.Tensor, ...]:
+    """Made-up inputs of the first stage (``pipeline_inputs()`` order; arrays flat), for timing."""
+    return (torch.randn(rows, numeric, device=device),
+            torch.stack([torch.randint(0, size, (rows,), device=device) for size in vocab_sizes], dim=1)
+            if vocab_sizes else torch.zeros(rows, 0, dtype=torch.int64, device=device),
+            *(torch.randn(rows, width, device=device) for width in array_widths))
+
+
+def _data_arguments(feature_spec: dict, label_spec: dict) -> dict:
+    """A built-in model's constructor arguments that come from the manifest's feature and label spec."""
     arrays = feature_spec.get("arrays", [])
     regression = label_spec.get("task") != "classification"
-    args = dict(
+    return dict(
         num_numeric=len(feature_spec.get("numeric", [])),
         vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES)) for c in feature_spec.get("categorical", [])],
         array_names=[a["name"] for a in arrays],
         array_widths=[int(torch.tensor(a["shape"]).prod()) for a in arrays],
-        out_dim=1 if regression else int(label_spec["num_classes"]),
-        hidden=list(hidden), dropout=float(dropout), embedding_dim=embedding_dim, regression=regression)
+        out_dim=1 if regression else int(label_spec["num_classes"]), regression=regression)
+
+
+def mlp_arguments(feature_spec: dict, label_spec: dict, hidden: list[int], dropout: float = 0.0,
+                  embedding_dim: int | None = None, **overrides) -> dict:
+    """The MLP's constructor arguments, as plain values (stored in model.json, so it rebuilds)."""
+    args = dict(_data_arguments(feature_spec, label_spec), hidden=list(hidden), dropout=float(dropout),
+                embedding_dim=embedding_dim)
     args.update(overrides)
     return args
 
 
+# model.name -> the built-in class; model.json's model.arguments are its constructor's.
+BUILT_IN = {"mlp": TabularMLP, "ft_transformer": FTTransformer}
+
+
+def built_in_arguments(model_cfg: ModelConfig, feature_spec: dict, label_spec: dict) -> dict | None:
+    """The constructor arguments of ``model_cfg``'s built-in model as plain values (model.json
+    keeps them, so ``load_model`` rebuilds it); None for a plug-in model."""
+    if model_cfg.name == "mlp":
+        return mlp_arguments(feature_spec, label_spec, model_cfg.hidden, model_cfg.dropout, model_cfg.embedding_dim,
+                             **model_cfg.kwargs)
+    if model_cfg.name == "ft_transformer":
+        args = dict(_data_arguments(feature_spec, label_spec), layers=model_cfg.layers, d_model=model_cfg.d_model,
+                    heads=model_cfg.heads, dropout=float(model_cfg.dropout))
+        args.update(model_cfg.kwargs)
+        return args
+    return None
+
+
 def build_model(model_cfg: ModelConfig, feature_spec: dict, label_spec: LabelSpec) -> nn.Module:
     name = model_cfg.name
-    if name == "mlp":
-        return TabularMLP(**mlp_arguments(feature_spec, label_spec.to_record(), model_cfg.hidden, model_cfg.dropout,
-                                          model_cfg.embedding_dim, **model_cfg.kwargs))
+    if name in BUILT_IN:
+        return BUILT_IN[name](**built_in_arguments(model_cfg, feature_spec, label_spec.to_record()))
     factory = load_callable(name, "model.name")
     model = factory(feature_spec, label_spec.to_record(), **model_cfg.kwargs)
     if not isinstance(model, nn.Module):
@@ -140,4 +322,4 @@ def build_model(model_cfg: ModelConfig, feature_spec: dict, label_spec: LabelSpe
     return model
 
 
-__all__ = ["TabularMLP", "build_model", "mlp_arguments"]
+__all__ = ["BUILT_IN", "FTTransformer", "TabularMLP", "build_model", "built_in_arguments", "mlp_arguments"]

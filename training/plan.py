@@ -59,6 +59,11 @@ class RankPlan:
     # What the config says, read from it (one copy of each value; the plan adds only what it resolved).
 
     @property
+    def pipeline_stages(self) -> int:
+        """Ranks that hold one replica together: rank r is stage r % pipeline_stages (1: no pipeline)."""
+        return ranks_per_replica(self.config.train)
+
+    @property
     def data_parallel_size(self) -> int:
         """Replicas of the model that read different rows: the world size, divided by the ranks
         that hold one replica together (pipeline stages)."""

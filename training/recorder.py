@@ -25,7 +25,7 @@ from common.dataset import ROW_INDEX, TEACHER_COLUMN
 from common.storage import resolve, writing_under
 from training.data import check_manifest_unchanged, read_first_rows
 from training.export import publish_model, published_by, serving_model
-from training.models import mlp_arguments
+from training.models import built_in_arguments
 from training.plan import RankPlan
 from training.run_record import write_run_info, write_steps
 
@@ -75,9 +75,7 @@ class Recorder:
             arrays = read_first_rows(plan.train, plan.columns, 1)
             example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in _NOT_INPUTS}
         model_cfg = plan.config.model
-        arguments = (mlp_arguments(plan.feature_spec, plan.label_spec.to_record(), model_cfg.hidden, model_cfg.dropout,
-                                   model_cfg.embedding_dim, **model_cfg.kwargs)
-                     if model_cfg.name == "mlp" else None)
+        arguments = built_in_arguments(model_cfg, plan.feature_spec, plan.label_spec.to_record())
         meta = {"model": {"name": model_cfg.name, "arguments": arguments}, "config": to_dict(plan.config),
                 "features": plan.feature_spec, "label": plan.label_spec.to_record(), "metrics": history,
                 "dataset": {"uri": plan.dataset_uri, "fingerprint": plan.fingerprint},

@@ -109,6 +109,9 @@ def _epoch_table(record: RunRecord) -> str:
     # Periodic synchronisation (train.sync) records its rounds, what each rank sent and the drift.
     synced = any("sync_rounds" in e for e in record.epochs)
     headers += ["sync rounds", "sync bytes/sample", "drift at sync"] if synced else []
+    # Pipeline stages (train.pipeline) record each stage's measured bubble: idle share of step time.
+    staged = any(e.get("pipeline_bubble_fraction") for e in record.epochs)
+    headers += ["bubble per stage"] if staged else []
     rows = []
     for e in record.epochs:
         rates = epoch_rates(e, record.samples_per_step)
@@ -117,6 +120,7 @@ def _epoch_table(record: RunRecord) -> str:
         row += [e.get("seconds"), rates.get("steps_per_s"), rates.get("samples_per_s"),
                 _percent(rates.get("data_wait_fraction")), _percent(rates.get("allreduce_wait_fraction"))]
         row += [e.get("sync_rounds"), e.get("sync_bytes_per_sample"), e.get("sync_drift")] if synced else []
+        row += [" / ".join(_percent(f) or "" for f in e.get("pipeline_bubble_fraction") or [])] if staged else []
         rows.append(row)
     return table(headers, rows)
 

@@ -13,17 +13,20 @@ import torch
 from common.dataset import LabelSpec
 from training.config import PipelineConfig
 from training.loop import Objective
-from training.models import TabularMLP
+from training.models import FTTransformer, TabularMLP
 from training.precision import Precision
 from training.strategies.base import initialise_optimizer_state
 
 LABEL = LabelSpec(name="label", task="classification", num_classes=3)
 
 
-def model() -> TabularMLP:
+def model(kind: str = "mlp") -> torch.nn.Module:
+    """The built-in ``kind`` (``mlp``, ``ft_transformer``), seeded, with 4 blocks to cut."""
     torch.manual_seed(0)
-    return TabularMLP(num_numeric=4, vocab_sizes=[9, 5], array_names=["image"], array_widths=[6], out_dim=3,
-                      hidden=[16, 12, 12, 8], embedding_dim=3)
+    inputs = dict(num_numeric=4, vocab_sizes=[9, 5], array_names=["image"], array_widths=[6], out_dim=3)
+    if kind == "ft_transformer":
+        return FTTransformer(**inputs, layers=4, d_model=8, heads=2)
+    return TabularMLP(**inputs, hidden=[16, 12, 12, 8], embedding_dim=3)
 
 
 def batch(step: int, accum: int, replica: int, rows: int) -> dict:
@@ -42,13 +45,13 @@ def _optimizer(net):
 
 
 def steps_on_stages(group, pipeline: dict, steps: int, accum: int, rows: int, clip_norm=None,
-                    precision: str = "fp32", poison_step: int | None = None) -> dict:
+                    precision: str = "fp32", poison_step: int | None = None, kind: str = "mlp") -> dict:
     """Per-step losses on this rank, the gathered state dicts on rank 0, and the steps the
     optimizer really took (fp16 skips). ``poison_step``: stage 0's gradients get an inf then."""
     from training.strategies.pipeline import PipelineParallel
 
     strategy = PipelineParallel(group, Precision(precision, "cpu"), PipelineConfig(**pipeline))
-    net = model()
+    net = model(kind)
     step_model = strategy.wrap(net)
     optimizer = _optimizer(net)
     strategy.broadcast_initial_state(net, optimizer)
@@ -67,19 +70,20 @@ def steps_on_stages(group, pipeline: dict, steps: int, accum: int, rows: int, cl
             # Adam's step counts of this rank's own parameters.
             "optimizer_steps": sorted({float(optimizer.state[p]["step"]) for m in strategy.modules
                                        for p in m.parameters()}),
-            "scale": strategy.precision.state_dict().get("scale"), "dp_rank": strategy.dp_rank}
+            "scale": strategy.precision.state_dict().get("scale"), "dp_rank": strategy.dp_rank,
+            "bounds": strategy.bounds, "owned": strategy.owned_names}
 
 
 _now = {"step": -1}
 
 
 def steps_in_one_process(steps: int, accum: int, rows: int, replicas: int = 1, clip_norm=None,
-                         precision: str = "fp32") -> dict:
+                         precision: str = "fp32", kind: str = "mlp") -> dict:
     from training.strategies.single import SingleProcess
     from training.distributed import LocalGroup
 
     strategy = SingleProcess(LocalGroup(), Precision(precision, "cpu"))
-    net = model()
+    net = model(kind)
     optimizer = _optimizer(net)
     objective = Objective(LABEL)
     losses = []
@@ -100,3 +104,39 @@ def train_rank(group, plan) -> dict:
     from training.loop import run_rank
 
     return run_rank(plan, group)
+
+
+def bubble_with_a_slow_first_stage(group, seconds: float, steps: int) -> dict:
+    """``steps`` 1F1B steps on 2 stages whose first sleeps ``seconds`` in every micro-batch's
+    forward; the strategy's epoch figures (the bubble fraction per stage) and the seconds slept."""
+    import time
+
+    from training.strategies.pipeline import PipelineParallel
+
+    strategy = PipelineParallel(group, Precision("fp32", "cpu"), PipelineConfig(stages=2, microbatches=4))
+    net = model()
+    step_model = strategy.wrap(net)
+    optimizer = _optimizer(net)
+    slept = []
+    if strategy.holds_first:
+        def slow(module, inputs):
+            time.sleep(seconds)
+            slept.append(seconds)
+        strategy.modules[0].register_forward_pre_hook(slow)
+    for step in range(steps):
+        strategy.train_step(step_model, [batch(step, 0, 0, 8)], optimizer, Objective(LABEL), None)
+    return {"figures": strategy.epoch_metrics(), "slept": sum(slept), "stage": strategy.pp_rank}
+
+
+def pid_recording_mlp(feature_spec: dict, label_spec: dict, pid_dir: str, hidden: list, **kwargs):
+    """``model.name=pipeline_ranks:pid_recording_mlp``: the built-in MLP (so it cuts into stages),
+    built by a rank that first records its pid as ``<pid_dir>/rank<RANK>-<pid>``: a failure test
+    signals exactly its own launch's rank processes, and sees a relaunch as a second pid."""
+    import os
+
+    from training.models import mlp_arguments
+
+    os.makedirs(pid_dir, exist_ok=True)
+    with open(os.path.join(pid_dir, f"rank{os.environ.get('RANK', '0')}-{os.getpid()}"), "w"):
+        pass
+    return TabularMLP(**mlp_arguments(feature_spec, label_spec, hidden, **kwargs))

@@ -214,6 +214,7 @@ def _launch_failing(times, error):
 
 class _Plan:
     world_size = 0  # no rank reports in these tests: nothing can stall
+    pipeline_stages = 1
 
 
 @pytest.mark.parametrize("failures, max_restarts, resume, launches, succeeds", [

@@ -193,9 +193,10 @@ class Supervision:
     """One launch under watch: the progress server, the watcher thread, and how to stop the launch."""
 
     def __init__(self, spark, world: int, stall_timeout_s: float, start_timeout: float = 0, elastic: bool = False,
-                 on_epoch: Callable[[dict], bool] | None = None):
+                 on_epoch: Callable[[dict], bool] | None = None, stages: int = 1):
         self.spark, self.world, self.timeout, self.start_timeout = spark, world, stall_timeout_s, start_timeout
         self.elastic = elastic
+        self.stages = stages  # train.pipeline.stages: rank r holds stage r % stages (pipeline inner)
         self._announced: set[int] = set()  # lost ranks already logged (launch.elastic)
         self.token = secrets.token_hex(16)
         self.server = ProgressServer(self.token, on_epoch)
@@ -254,7 +255,12 @@ class Supervision:
                                                     getattr(ranks.get(item[0]), "last_progress", 0.0), item[0]))
         named = {rank for rank, _ in reasons}
         others = [ranks[r].describe() for r in sorted(ranks) if r not in named]
-        text = (f"rank {reasons[0][0]} stalled: no progress for launch.stall_timeout_s={self.timeout:g} s: "
+        first = reasons[0][0]
+        # A stopped pipeline stage leaves its neighbours blocked in a point-to-point receive, not a
+        # collective: the stage index says which part of the model stopped.
+        stage = (f" (pipeline stage {first % self.stages} of train.pipeline.stages={self.stages}, replica "
+                 f"{first // self.stages})" if self.stages > 1 else "")
+        text = (f"rank {first}{stage} stalled: no progress for launch.stall_timeout_s={self.timeout:g} s: "
                 + "; ".join(why for _, why in reasons))
         if others:
             text += "; the other ranks: " + ", ".join(others)
@@ -310,7 +316,7 @@ def supervise(launch_fn: Callable, plan, spark, launch_cfg,
     while a watcher thread stops it if a rank stalls; failures are explained rank by rank.
     ``on_epoch(record)``: rank 0's epoch records, answered stop (True) or go on."""
     with Supervision(spark, plan.world_size, launch_cfg.stall_timeout_s, launch_cfg.start_timeout,
-                     launch_cfg.elastic, on_epoch) as sup:
+                     launch_cfg.elastic, on_epoch, plan.pipeline_stages) as sup:
         cfg = dataclasses.replace(launch_cfg, env={**launch_cfg.env, **sup.launch_env()})
         try:
             results = launch_fn(plan, spark, cfg)

@@ -109,11 +109,15 @@ def _check_pipeline(train, launch, model) -> None:
                           f"every data-parallel replica is one whole pipeline; set launch.num_proc to a multiple of "
                           f"{stages}" + (" (with launch.mode=spark)" if launch.mode == "in_process" else ""))
     parts = stages * train.pipeline.stages_per_rank
+    # The built-in models' blocks are the units a stage holds: the MLP's hidden layers plus its
+    # output layer, the FT-Transformer's transformer blocks.
     if model.name == "mlp" and len(model.hidden) + 1 < parts:
-        # The MLP's blocks (one per hidden layer, plus the output layer) are the units a stage holds.
         raise ConfigError(f"model.hidden={model.hidden} gives {len(model.hidden) + 1} layer(s), fewer than the "
                           f"{parts} pipeline stage(s) (train.pipeline.stages x stages_per_rank); add hidden layers "
                           "or use fewer stages")
+    if model.name == "ft_transformer" and model.layers < parts:
+        raise ConfigError(f"model.layers={model.layers} is fewer than the {parts} pipeline stage(s) (train.pipeline."
+                          "stages x stages_per_rank): a stage holds whole blocks; raise model.layers or use fewer stages")
 
 
 # The techniques that replace every-step synchronisation, and the train.parallel each needs.

@@ -1,7 +1,8 @@
 """FSDP2 (``train.parallel=fsdp``, torch backend): parameters, gradients and optimizer state
 sharded across ranks, for models larger than one device.
 
-Each Linear and Embedding is its own unit (gathered only while it computes), then the root.
+Each Linear and Embedding is its own unit (gathered only while it computes), or the units a model
+names (``fsdp_units``: the FT-Transformer's blocks), then the root.
 Parameters become DTensors in place; the plain module stays the module to call. Checkpoints and
 exports hold full, gathered state dicts in the plain module's format (complete on rank 0, which
 writes), so a run saved under FSDP resumes under DDP or Horovod and exports the same model.
@@ -30,8 +31,11 @@ class FullyShardedDataParallel(Strategy):
         from torch.distributed.fsdp import fully_shard
 
         policy = self.precision.sharded_policy()  # the precision decides, FSDP only applies it
-        units = [module for module in model.modules()
-                 if module is not model and isinstance(module, (torch.nn.Linear, torch.nn.Embedding))]
+        # A model that names its units (the FT-Transformer: one per block) gets those; else each
+        # Linear and Embedding is one.
+        units = (model.fsdp_units() if hasattr(model, "fsdp_units") else
+                 [module for module in model.modules()
+                  if module is not model and isinstance(module, (torch.nn.Linear, torch.nn.Embedding))])
         for module in units:
             fully_shard(module, mp_policy=policy)
         fully_shard(model, mp_policy=policy)

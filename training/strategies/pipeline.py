@@ -26,18 +26,26 @@ Gradient accumulation calls the schedule once per accumulated batch with ``scale
 each micro-batch's loss divided by all micro-batches of the optimizer step (the schedule's own
 scaling would divide the earlier calls' gradients again: wrong by 3e-2 in issue 23's check).
 Validation runs the stages forward only, one batch at a time (its last batch is partial, which a
-schedule's fixed micro-batch shapes cannot take).
+schedule's fixed micro-batch shapes cannot take). Each epoch's record (metrics.jsonl) carries the
+measured bubble per stage: the share of its training-step time spent blocked in the schedule's
+point-to-point waits.
 
 Rank-side only (imports torch).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
+
 import torch
 import torch.distributed as dist
 
 from common.errors import ConfigError
 from training.strategies.base import Strategy, initialise_optimizer_state
+
+log = logging.getLogger("shardtrain.train")
 
 # Activations sent between stages during validation carry their dtype as an index in this list.
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
@@ -49,10 +57,12 @@ class PipelineParallel(Strategy):
 
     @classmethod
     def from_config(cls, config, group, precision) -> "PipelineParallel":
-        return cls(group, precision, config.train.pipeline)
+        t = config.train
+        return cls(group, precision, t.pipeline, microbatch_rows=t.batch_size // t.pipeline.microbatches)
 
-    def __init__(self, group, precision, pipeline):
+    def __init__(self, group, precision, pipeline, microbatch_rows: int = 16):
         super().__init__(group, precision)
+        self.microbatch_rows = microbatch_rows  # what split: auto times each block on
         from torch.distributed.device_mesh import init_device_mesh
 
         self.settings = pipeline
@@ -68,6 +78,8 @@ class PipelineParallel(Strategy):
         self.holds_first, self.holds_last = 0 in self.part_ids, self.parts - 1 in self.part_ids
         self._objective = None
         self._loss_scale = 1.0
+        # This epoch's seconds in training steps and, of those, blocked in point-to-point waits.
+        self._step_seconds = self._p2p_wait_seconds = 0.0
 
     @property
     def dp_rank(self) -> int:
@@ -84,13 +96,17 @@ class PipelineParallel(Strategy):
 
         if not all(hasattr(model, name) for name in ("pipeline_inputs", "pipeline_blocks", "pipeline_stage")):
             raise ConfigError(f"model {type(model).__name__} cannot be cut into pipeline stages (it has no "
-                              "pipeline_blocks/pipeline_stage, see training.models); use model.name=mlp or set "
+                              "pipeline_blocks/pipeline_stage, see training.models); use model.name=mlp or ft_transformer, or set "
                               "train.pipeline.stages=1")
         blocks = model.pipeline_blocks()
         if blocks < self.parts:
             raise ConfigError(f"model {type(model).__name__} has {blocks} block(s), fewer than the {self.parts} "
                               "pipeline stage(s) (train.pipeline.stages x stages_per_rank); use fewer stages")
-        bounds = [(i * blocks // self.parts, (i + 1) * blocks // self.parts) for i in range(self.parts)]
+        bounds = self._bounds(model, blocks)
+        if self.group.rank == 0:
+            log.info("pipeline: %d blocks cut into stages %s (train.pipeline.split=%s)", blocks,
+                     " ".join(f"[{a}, {b})" for a, b in bounds), self.settings.split)
+        self.bounds = [bounds[i] for i in self.part_ids]
         self.inputs = model.pipeline_inputs()
         self.modules = [model.pipeline_stage(*bounds[i]) for i in self.part_ids]
         owned = {id(t) for m in self.modules for t in [*m.parameters(), *m.buffers()]}
@@ -101,6 +117,18 @@ class PipelineParallel(Strategy):
                   for i, m in zip(self.part_ids, self.modules)]
         self.schedule = self._schedule(stages)
         return model
+
+    def _bounds(self, model, blocks: int) -> list[tuple[int, int]]:
+        """(start, stop) blocks of every stage of the model, by ``train.pipeline.split``."""
+        split = self.settings.split
+        if isinstance(split, list):
+            return _named_bounds(model, split)
+        if split == "auto" and hasattr(model, "pipeline_example"):
+            # Rank 0 times, every rank cuts where it says: the replicas' stages must match.
+            costs = self.group.broadcast_object(_block_seconds(model, self.microbatch_rows, self.device)
+                                                if self.group.rank == 0 else None)
+            return _balanced_bounds(costs, self.parts)
+        return [(i * blocks // self.parts, (i + 1) * blocks // self.parts) for i in range(self.parts)]
 
     def _schedule(self, stages):
         from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
@@ -119,6 +147,7 @@ class PipelineParallel(Strategy):
     # --- one optimizer step ------------------------------------------------------------------------
 
     def train_step(self, step_model, micro_batches, optimizer, objective, clip_norm, timer=None):
+        started = time.perf_counter()
         precision = self.precision
         self._objective = objective
         self._loss_scale = 1.0 / (self.settings.microbatches * len(micro_batches))
@@ -126,7 +155,7 @@ class PipelineParallel(Strategy):
         for batch in micro_batches:  # grad_accum batches, each cut into the pipeline's micro-batches
             inputs = tuple(batch[name] for name in self.inputs) if self.holds_first else ()
             losses: list[torch.Tensor] = []  # what _loss returned, per micro-batch (last stage only)
-            with precision.autocast():
+            with precision.autocast(), _timed_p2p_waits(self):
                 self.schedule.step(*inputs, target=batch["label"] if self.holds_last else None, losses=losses,
                                    return_outputs=False)
             for value in losses:
@@ -143,7 +172,24 @@ class PipelineParallel(Strategy):
         precision.step(optimizer)
         precision.update()
         optimizer.zero_grad()
+        self._step_seconds += time.perf_counter() - started
         return loss
+
+    def epoch_metrics(self) -> dict:
+        """``pipeline_bubble_fraction``: per stage (list index), the epoch's seconds its rank
+        waited in the schedule's point-to-point transfers (the stage idle, waiting for a
+        neighbour's activations or gradients, or for it to take ours) over its seconds in training
+        steps; replicas of a stage averaged. None where this torch's schedules cannot be timed.
+        Every rank takes part in the gather; all get the same figures."""
+        mine = (self.pp_rank, self._p2p_wait_seconds, self._step_seconds)
+        self._p2p_wait_seconds = self._step_seconds = 0.0
+        if not _P2P_TIMED:
+            return {"pipeline_bubble_fraction": None}
+        waits, steps = [0.0] * self.stages, [0.0] * self.stages
+        for stage, wait, seconds in self.group.allgather_object(mine):
+            waits[stage] += wait
+            steps[stage] += seconds
+        return {"pipeline_bubble_fraction": [round(w / s, 4) if s else 0.0 for w, s in zip(waits, steps)]}
 
     def _average_over_replicas(self) -> None:
         """Each stage's gradients averaged with the same stage's on the other replicas, in one
@@ -266,6 +312,103 @@ class PipelineParallel(Strategy):
         parts = [None] * self.stages if self.group.rank == 0 else None
         dist.gather_object(part, parts, dst=0, group=self.pp_group)
         return parts
+
+
+def _named_bounds(model, split: list[list[str]]) -> list[tuple[int, int]]:
+    """The (start, stop) blocks of an explicit split, which must list every block's name in order."""
+    names = model.pipeline_block_names() if hasattr(model, "pipeline_block_names") else None
+    if names is None or [name for stage in split for name in stage] != names:
+        raise ConfigError(f"train.pipeline.split={split} must list every block of model {type(model).__name__} once, "
+                          f"in order, cut into stages: its blocks are {names}; or set train.pipeline.split=auto")
+    bounds, start = [], 0
+    for stage in split:
+        bounds.append((start, start + len(stage)))
+        start += len(stage)
+    return bounds
+
+
+def _block_seconds(model, rows: int, device, repeats: int = 5) -> list[float]:
+    """Each block's fastest forward + backward of ``rows`` made-up rows, in the order of the stages.
+    Leaves the model, its gradients and the RNG (dropout, the next seeded draws) as they were."""
+    rng = torch.get_rng_state()
+    blocks = model.pipeline_blocks()
+    parts = [model.pipeline_stage(i, i + 1) for i in range(blocks)]
+    seconds = [float("inf")] * blocks
+    try:
+        for _ in range(repeats):
+            inputs = model.pipeline_example(rows, device)
+            for i, part in enumerate(parts):
+                inputs = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in inputs)
+                started = time.perf_counter()
+                out = part(*inputs)
+                out.float().sum().backward()
+                seconds[i] = min(seconds[i], time.perf_counter() - started)
+                inputs = (out,)
+    finally:
+        torch.set_rng_state(rng)
+        for p in model.parameters():
+            p.grad = None
+    return seconds
+
+
+def _balanced_bounds(costs: list[float], parts: int) -> list[tuple[int, int]]:
+    """Consecutive groups of ``costs`` (each non-empty), ``parts`` of them, with the smallest
+    largest sum: the slowest stage sets the pipeline's pace."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    # best[k][i]: the smallest largest sum cutting the first i blocks into k groups; cut[k][i]: its last cut.
+    best = [[float("inf")] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for i in range(k, n - (parts - k) + 1):
+            for j in range(k - 1, i):
+                worst = max(best[k - 1][j], prefix[i] - prefix[j])
+                if worst < best[k][i]:
+                    best[k][i], cut[k][i] = worst, j
+    bounds, stop = [], n
+    for k in range(parts, 0, -1):
+        bounds.append((cut[k][stop], stop))
+        stop = cut[k][stop]
+    return bounds[::-1]
+
+
+def _schedules_module():
+    try:
+        from torch.distributed.pipelining import schedules
+    except ImportError:
+        return None
+    return schedules if hasattr(schedules, "_wait_batch_p2p") else None
+
+
+# Every schedule waits for its sends and receives through this private torch function; where a
+# torch lacks it, the bubble fraction is recorded as None rather than as a wrong 0.
+_P2P_TIMED = _schedules_module() is not None
+
+
+@contextlib.contextmanager
+def _timed_p2p_waits(strategy: PipelineParallel):
+    """Adds the seconds the schedule spends in its point-to-point waits to the strategy's count."""
+    schedules = _schedules_module()
+    if schedules is None:
+        yield
+        return
+    original = schedules._wait_batch_p2p
+
+    def timed(work):
+        started = time.perf_counter()
+        try:
+            return original(work)
+        finally:
+            strategy._p2p_wait_seconds += time.perf_counter() - started
+
+    schedules._wait_batch_p2p = timed
+    try:
+        yield
+    finally:
+        schedules._wait_batch_p2p = original
 
 
 def _empty_all_but(model, owned: set[int]) -> None:
