@@ -21,7 +21,7 @@ import pipeline_ranks
 from common.errors import EXIT_USAGE, ConfigError
 from torch_ranks import run_ranks
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ranks]
 
 LAYOUT = {"train": [[160, 96], [256]], "val": [[70], [50]]}
 FT = ["model.name=ft_transformer", "model.layers=2", "model.d_model=8", "model.heads=2"]
