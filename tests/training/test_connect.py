@@ -262,16 +262,17 @@ def horovod_and_doctor(spark, shards: str, model: str) -> dict:
             "parallelism": default_parallelism(spark)}
 
 
-def test_horovod_is_refused_over_connect_and_doctor_says_connect(both, connect, spark, tmp_path):
+def test_horovod_is_refused_over_connect_and_doctor_says_connect(connect, spark, tmp_path):
     from dataclasses import asdict
 
     from common.spark import default_parallelism
     from shardtrain.doctor import check_spark_mode
+    from tabular_data import write_dataset
 
-    _, over_connect = both
-    said = connect.call("test_connect:horovod_and_doctor", shards=over_connect["shards"], model=str(tmp_path / "m"))
+    shards = write_dataset(str(tmp_path / "ds"), {"train": [[200], [200]], "val": [[50]]}).uri  # 2 shards, 2 ranks
+    said = connect.call("test_connect:horovod_and_doctor", shards=shards, model=str(tmp_path / "m"))
     assert said["refused"]["exit_code"] == 2
-    assert "launch.backend=horovod" in said["refused"]["message"]
+    assert "launch.backend=horovod" in said["refused"]["message"], said["refused"]
     assert "set launch.backend=torch" in said["refused"]["message"]
     assert not (tmp_path / "m").exists()  # refused before any rank ran
     assert said["spark"]["ok"] and said["spark"]["detail"].startswith("Spark Connect (the active session)")
