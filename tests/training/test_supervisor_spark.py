@@ -27,11 +27,14 @@ def test_silent_ranks_are_not_stalled_while_spark_runs_their_tasks(spark, tmp_pa
         while not os.path.exists(release):
             time.sleep(0.1)
 
-    with Supervision(spark, world=2, stall_timeout_s=5, start_timeout=1) as sup:
+    # The rule applies once the stall and start timeouts have passed (65 s): by then Spark runs the
+    # job's two tasks, even on a loaded machine.
+    with Supervision(spark, world=2, stall_timeout_s=5, start_timeout=60) as sup:
         job = threading.Thread(target=lambda: spark.range(0, 2, numPartitions=2).foreach(task), daemon=True)
         job.start()
+        wait_for(lambda: sup.jobs.running_tasks() == 2, "Spark to run both tasks", timeout=60)
         said = wait_for(lambda: [r.getMessage() for r in caplog.records if "never reached" in r.getMessage()],
-                        "the supervisor to say the ranks cannot reach it", timeout=120)
+                        "the supervisor to say the ranks cannot reach it", timeout=180)
         assert sup.stall is None
         assert sup.jobs.running_tasks() == 2  # what it went by: Spark runs both tasks
         assert len(said) == 1 and "rank(s) 0, 1 never reached the driver's progress server" in said[0]
