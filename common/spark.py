@@ -1,6 +1,12 @@
 """The one SparkSession factory (jobs, notebooks, tests, benchmarks and ``doctor`` all use it), and
 turning Spark's Java errors into readable ones.
 
+It is also the one place that tells classic Spark from Spark Connect (``is_connect``; Databricks
+standard and serverless compute, ``spark.remote``/``SPARK_REMOTE``) and the only module that touches
+``sparkContext`` or the JVM: the functions below it (``spark_setting``, ``default_parallelism``,
+``LaunchJobs``, ``driver_address``) answer the same question on both, and their classic branches are
+the only code that runs there (tests/test_connect_guard.py checks that no other module does).
+
 It also owns how much Spark says on the console. A session it creates is quiet: the driver JVM
 gets log4j2-quiet.properties (warnings and errors only, on stderr; no start-up banner) and no
 console progress bars, so a command's output is shardtrain's own lines. ``set_spark_verbose(True)``
@@ -15,10 +21,11 @@ import contextlib
 import os
 import re
 import sys
+import warnings
 from typing import Iterator
 
 from common.config import SparkConfig
-from common.errors import ShardtrainError, SparkJobError
+from common.errors import ConfigError, ShardtrainError, SparkJobError
 
 QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
@@ -37,7 +44,12 @@ def get_or_create_session(cfg: SparkConfig | None = None, log_level: str | None 
 
     ``cfg.conf`` applies only to a session this call creates: an existing session's static
     settings cannot change, and silently half-applying them would be worse. ``log_level``: the
-    JVM's level once the session runs (default WARN, or INFO when verbose).
+    JVM's level once the session runs (default WARN, or INFO when verbose); a Spark Connect
+    server's logging is the server's own, so it is left alone there.
+
+    Spark Connect: ``spark.remote`` in ``cfg.conf`` (``sc://host:port``, or ``local[N]`` for a
+    Connect server in this process) or the ``SPARK_REMOTE`` environment variable; then
+    ``cfg.master`` is not used (pyspark refuses a master beside a remote).
     """
     from pyspark.sql import SparkSession
 
@@ -45,28 +57,155 @@ def get_or_create_session(cfg: SparkConfig | None = None, log_level: str | None 
     if active is not None:
         return active
     cfg = cfg or SparkConfig()
+    user_conf = dict(cfg.conf)
+    remote = _connect_url(user_conf.pop("spark.remote", None))
     # Executors must run the same interpreter as the driver (same torch, pyarrow, horovod).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if cfg.master.startswith("local"):
+    local = remote.startswith("local") if remote else cfg.master.startswith("local")
+    if local:
         # Everything stays on this machine: bind to loopback, not whatever eth0 resolves to.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(cfg.app_name)
-    if not _submitted_with_master():
+    if remote:
+        if "SPARK_REMOTE" not in os.environ:
+            builder = builder.remote(remote)  # SPARK_REMOTE is read by pyspark itself
+    elif not _submitted_with_master():
         builder = builder.master(cfg.master)
     defaults = {
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
-    conf = {**defaults, **cfg.conf}
-    if not _spark_verbose and not _operator_log4j_config():
+    conf = {**defaults, **user_conf}
+    # A remote sc:// server started long ago: only its runtime SQL settings can still be set.
+    if not _spark_verbose and not _operator_log4j_config() and (remote is None or local):
         conf = _quiet_driver_logging(conf)
     for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel(log_level or ("INFO" if _spark_verbose else "WARN"))
+    with warnings.catch_warnings():
+        if remote and local:
+            # pyspark starts the local Connect server with every setting, then tries them all again on
+            # the client session and warns about each static one it cannot set twice.
+            warnings.filterwarnings("ignore", message=r"Failed to set spark\.", category=UserWarning)
+        session = builder.getOrCreate()
+    if not is_connect(session):
+        session.sparkContext.setLogLevel(log_level or ("INFO" if _spark_verbose else "WARN"))
     return session
+
+
+def _connect_url(configured: str | None) -> str | None:
+    """The Spark Connect URL: ``spark.remote`` from the config, else ``SPARK_REMOTE``; both set and
+    different is refused (pyspark would only say that the two disagree)."""
+    env = os.environ.get("SPARK_REMOTE")
+    if configured and env and str(configured) != env:
+        raise ConfigError(f"spark.conf spark.remote={configured} and the environment's SPARK_REMOTE={env} name "
+                          "different Spark Connect servers: keep one of them")
+    return str(configured) if configured else env
+
+
+def is_connect(spark) -> bool:
+    """True for a Spark Connect session (no SparkContext, RDDs or JVM in this process's reach)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def spark_setting(spark, key: str, default: str | None = None) -> str | None:
+    """A Spark setting (static or runtime) as the application runs with it."""
+    if is_connect(spark):
+        return spark.conf.get(key, default)
+    # Classic: the SparkContext's own conf, which also holds what the launcher (spark-submit) set.
+    return spark.sparkContext.getConf().get(key, default)
+
+
+def default_parallelism(spark) -> int:
+    """The cluster's default parallelism (its cores, or spark.default.parallelism)."""
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    # Connect offers no SparkContext: a range without a partition count gets exactly this many
+    # partitions (spark.sql.leafNodeDefaultParallelism, else the scheduler's default parallelism),
+    # so one tiny job that counts them asks the cluster itself.
+    from pyspark.sql import functions as F
+
+    row = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p")).first()
+    return int(row[0]) + 1
+
+
+def driver_address(spark) -> str:
+    """The host the Spark tasks can reach this Python process at (for the ranks' progress reports).
+    ``SHARDTRAIN_PROGRESS_HOST`` overrides it. Classic: the driver's host. Connect: the client runs
+    apart from the cluster's driver; with a local Connect server (``remote("local[N]")``) it is the
+    same machine, else this host's name, which the cluster may well not reach (the launch then
+    supervises by Spark's task state, training.launchers.supervisor)."""
+    import socket
+
+    override = os.environ.get("SHARDTRAIN_PROGRESS_HOST")
+    if override:
+        return override
+    if spark is None:
+        return "127.0.0.1"
+    if not is_connect(spark) or os.environ.get("SPARK_LOCAL_REMOTE"):
+        return spark_setting(spark, "spark.driver.host") or socket.gethostname()
+    return socket.getfqdn()
+
+
+class LaunchJobs:
+    """The Spark jobs a block of driver code starts (a launch's barrier job), to watch and cancel.
+
+    Connect: a job tag (``addTag`` on this thread, ``interruptTag`` from any) and the execution
+    progress the server streams. Classic (Spark 3.5 has no job tags, and Horovod runs its job on a
+    thread of its own): the jobs the status tracker lists that were not running before."""
+
+    def __init__(self, spark):
+        import secrets
+
+        self.spark = spark
+        self.connect = spark is not None and is_connect(spark)
+        self.tag = f"shardtrain-launch-{secrets.token_hex(6)}"
+        self._inflight: int | None = None
+        if spark is None:
+            self._before: set[int] = set()
+        elif self.connect:
+            spark.addTag(self.tag)
+            if hasattr(spark, "registerProgressHandler"):  # pyspark >= 4.0 (a 3.5 client: no task state)
+                spark.registerProgressHandler(self._progress)
+        else:
+            self._before = set(spark.sparkContext.statusTracker().getActiveJobsIds())
+
+    def _progress(self, stages, inflight_tasks, operation_id, done) -> None:
+        self._inflight = 0 if done else int(inflight_tasks)
+
+    def running_tasks(self) -> int | None:
+        """How many of these jobs' tasks Spark runs now; None where Spark has not said."""
+        if self.spark is None:
+            return None
+        if self.connect:
+            return self._inflight
+        tracker = self.spark.sparkContext.statusTracker()
+        running = 0
+        for job in set(tracker.getActiveJobsIds()) - self._before:
+            info = tracker.getJobInfo(job)
+            for stage in (info.stageIds if info else ()):
+                stage_info = tracker.getStageInfo(stage)
+                running += stage_info.numActiveTasks if stage_info else 0
+        return running
+
+    def cancel(self) -> list[str]:
+        """Cancel these jobs; returns what was cancelled, for the log."""
+        if self.spark is None:
+            return []
+        if self.connect:
+            return [f"operation {op}" for op in self.spark.interruptTag(self.tag)]
+        sc = self.spark.sparkContext
+        jobs = sorted(set(sc.statusTracker().getActiveJobsIds()) - self._before)
+        for job in jobs:
+            sc._jsc.sc().cancelJob(int(job))
+        return [f"Spark job {job}" for job in jobs]
+
+    def close(self) -> None:
+        if self.connect:
+            self.spark.removeTag(self.tag)
+            if hasattr(self.spark, "removeProgressHandler"):
+                self.spark.removeProgressHandler(self._progress)
 
 
 def _quiet_driver_logging(conf: dict) -> dict:
@@ -149,10 +288,15 @@ def spark_errors(what: str) -> Iterator[None]:
 
 
 def to_spark_path(uri: str) -> str:
-    """A storage URI as Spark's Hadoop file systems spell it: file:///abs for local paths, s3a:// for S3."""
-    from common.storage import resolve
+    """A storage URI as Spark's Hadoop file systems spell it: file:///abs for local paths, s3a:// for S3,
+    /Volumes/... for a Unity Catalog volume."""
+    from common.storage import is_volume_path, resolve
 
     loc = resolve(uri)
+    if loc.scheme == "file" and is_volume_path(loc.path):
+        # A volume as Databricks' Spark names it (its default file system resolves /Volumes; file:
+        # access is refused on standard compute); a local Spark reads the same plain path.
+        return loc.path
     if loc.scheme == "file":
         return "file://" + loc.path
     if loc.scheme == "s3":

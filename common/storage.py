@@ -1,7 +1,9 @@
 """Storage by URI, and the atomic-publish protocol every shardtrain output follows.
 
 Supported: local paths and ``file://``, ``s3://`` (s3fs; ``s3a://`` is accepted as an alias),
-``hdfs://`` (pyarrow's HDFS client), ``dbfs:/`` (the ``/dbfs`` FUSE mount on Databricks).
+``hdfs://`` (pyarrow's HDFS client), ``dbfs:/`` (the ``/dbfs`` FUSE mount on Databricks), and Unity
+Catalog volumes: ``/Volumes/<catalog>/<schema>/<volume>/...`` and ``dbfs:/Volumes/...`` both name the
+volume path, which every Databricks compute type mounts at ``/Volumes`` (no ``/dbfs`` needed).
 
 Publishing a directory: everything is written under a staging location beside the target, the
 ``_COMMITTED`` marker last, then it is moved into place. Readers call ``require_committed`` and
@@ -73,6 +75,12 @@ KIND_CHECKPOINT = "shardtrain.checkpoint"
 KIND_SCORES = "shardtrain.scores"
 SCHEMES = ("file", "s3", "hdfs", "dbfs")
 DBFS_MOUNT = os.environ.get("SHARDTRAIN_DBFS_MOUNT", "/dbfs")
+VOLUMES_ROOT = "/Volumes"  # Unity Catalog volumes, on every Databricks compute type
+
+
+def is_volume_path(path: str) -> bool:
+    """``/Volumes/...``: a Unity Catalog volume path."""
+    return path == VOLUMES_ROOT or path.startswith(VOLUMES_ROOT + "/")
 
 log = logging.getLogger("shardtrain.storage")
 
@@ -176,7 +184,11 @@ def resolve(uri: str) -> Location:
         return Location(uri=uri.rstrip("/"), scheme="hdfs", path=("/" + rest).rstrip("/") or "/")
     if scheme == "dbfs":
         # dbfs:/a/b and dbfs:///a/b both name /dbfs/a/b on a Databricks driver or worker.
+        # dbfs:/Volumes/x is the volume path /Volumes/x, not /dbfs/Volumes/x: standard and serverless
+        # compute have no /dbfs mount, and volumes are mounted at /Volumes everywhere.
         rel = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
+        if is_volume_path("/" + rel.lstrip("/")):
+            return resolve("/" + rel.lstrip("/"))
         path = posixpath.join(DBFS_MOUNT, rel.lstrip("/"))
         if not os.path.isdir(DBFS_MOUNT):
             raise StorageError(f"{uri}: dbfs:/ URIs need the {DBFS_MOUNT} mount, which exists only on Databricks")

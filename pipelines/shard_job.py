@@ -68,6 +68,7 @@ from common.errors import AccountingError, InputDataError, OutputLockedError, Qu
 from common.leases import active_readers, describe_reader, readers_location
 from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUMN, Manifest, TeacherRecord,
                             arrow_schema, build_manifest, read_manifest, row_bytes, write_manifest)
+from common.spark import default_parallelism
 from common.sql import quote_identifier as q
 from common.sql import quote_string
 from common.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
@@ -306,19 +307,15 @@ class _JobShape:
     partition (unless ``output.staging_partitions`` says otherwise), its row count is checked
     from pass one's counts rather than by a Spark job of its own, and pass two writes the shard
     files and the quarantine in at most ``cores`` tasks, in one job. ``cores``: the cluster's
-    default parallelism (None without a SparkContext, under Spark Connect)."""
+    default parallelism (under Spark Connect too: common.spark.default_parallelism)."""
 
     small: bool
-    cores: int | None
+    cores: int
 
     @classmethod
     def of(cls, spark, cfg: ShardConfig, sources_fp: dict) -> "_JobShape":
         size = sum(f["size"] for source in sources_fp.values() for f in source["files"])
-        try:
-            cores = spark.sparkContext.defaultParallelism
-        except Exception:  # noqa: BLE001 - no SparkContext here (Spark Connect)
-            cores = None
-        return cls(small=size < SMALL_INPUT_BYTES and cfg.teacher is None, cores=cores)
+        return cls(small=size < SMALL_INPUT_BYTES and cfg.teacher is None, cores=default_parallelism(spark))
 
 
 def staging_parts(cfg: ShardConfig, shape: _JobShape) -> int:
@@ -334,8 +331,6 @@ def staging_parts(cfg: ShardConfig, shape: _JobShape) -> int:
         return cfg.output.staging_partitions
     if shape.small:
         return 1
-    if shape.cores is None:
-        return n
     return n * max(1, math.ceil(shape.cores / (len(cfg.split.fractions) * n)))
 
 
@@ -637,7 +632,7 @@ def _write_shards(spark, staged: StagedRows, cfg: ShardConfig, counts: RowCounts
     plans = _shard_plans(staged, counts, len(split_names), n)
     quarantine = _quarantine_plan(staged, counts) if shape.small else None
     sizes = [plan.bucket_rows for plan in plans] + ([quarantine.rows] if quarantine is not None else [])
-    tasks = min(len(sizes), shape.cores or len(sizes)) if shape.small else len(sizes)
+    tasks = min(len(sizes), shape.cores) if shape.small else len(sizes)
     assignments = _deal(sizes, tasks)
     writer = functools.partial(write_shards, root_uri=staged.uri, plans=plans, targets=targets,
                                encoding=_encoding(cfg, features, columns), schema=arrow_schema(columns),

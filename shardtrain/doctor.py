@@ -8,6 +8,8 @@ Horovod and petastorm are optional (the current-stack profile has neither): one 
 installed passes its line with what is used instead (``launch.backend`` and ``data.reader``
 default to what is installed); one that is installed but broken fails, because the defaults pick
 it. The ``backends`` and ``readers`` lines say which of each this environment can use, and why not.
+The ``spark`` line says whether sessions here are classic Spark or Spark Connect (an active session,
+else ``SPARK_REMOTE``), which decides the backends: Horovod needs classic Spark.
 """
 
 from __future__ import annotations
@@ -147,10 +149,46 @@ def _allreduce_rank():
     return result
 
 
+def spark_mode() -> tuple[str, str]:
+    """("connect" or "classic", why): the active session's kind, else SPARK_REMOTE's."""
+    from pyspark.sql import SparkSession
+
+    from common.spark import is_connect
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return ("connect" if is_connect(active) else "classic"), "the active session"
+    if os.environ.get("SPARK_REMOTE"):
+        return "connect", f"SPARK_REMOTE={os.environ['SPARK_REMOTE']}"
+    return "classic", "no active session and no SPARK_REMOTE"
+
+
+def check_spark_mode() -> Check:
+    fix = ("pip install -c .ci/constraints-current.txt grpcio grpcio-status googleapis-common-protos zstandard "
+           "(pyspark's connect extra)")
+    import pyspark
+
+    needed = {"grpc": "grpcio", "grpc_status": "grpcio-status", "google.rpc": "googleapis-common-protos"}
+    if _version_tuple(pyspark.__version__) >= (4,):
+        needed["zstandard"] = "zstandard"
+    missing = [package for module, package in needed.items() if not _installed(module)]
+    client = "Spark Connect client installed" if not missing else \
+        f"no Spark Connect client (missing {', '.join(missing)})"
+    mode, why = spark_mode()
+    if mode == "connect":
+        ok = client.startswith("Spark Connect client installed")
+        return Check("spark", ok, f"Spark Connect ({why}): launch.backend=torch runs, horovod does not; {client}",
+                     "" if ok else fix)
+    return Check("spark", True, f"classic Spark ({why}; spark.remote in spark.conf or SPARK_REMOTE picks Spark "
+                 f"Connect): every launch.backend runs; {client}")
+
+
 def check_horovod_on_spark(num_proc: int = 2) -> Check:
     fix = "see README 'Troubleshooting'; run with -v for Spark and Horovod logs"
     if not _installed("horovod"):
         return Check("horovod-on-spark", True, "skipped: Horovod not installed")
+    if spark_mode()[0] == "connect":
+        return Check("horovod-on-spark", True, "skipped: Spark Connect cannot run Horovod (launch.backend=torch does)")
     try:
         import horovod.spark
         from pyspark.sql import SparkSession
@@ -189,6 +227,8 @@ def backend_status() -> dict[str, str]:
     horovod = check_horovod()
     status["horovod"] = "" if horovod.ok and _installed("horovod") else (
         "not installed" if horovod.ok else f"{horovod.detail}; fix: {horovod.fix}")
+    if spark_mode()[0] == "connect":
+        status["horovod"] = "needs classic Spark, and sessions here are Spark Connect"
     try:
         import torch.distributed as dist
         from pyspark.ml.torch.distributor import TorchDistributor  # noqa: F401 - pyspark >= 3.4
@@ -244,8 +284,8 @@ def check_readers() -> Check:
     return _choices("readers", "data.reader", reader_status(), DataConfig().reader)
 
 
-CHECKS: list[Callable[[], Check]] = [check_python, check_java, check_pyspark, check_pyarrow_petastorm,
-                                     check_torch, check_horovod, check_backends, check_readers,
+CHECKS: list[Callable[[], Check]] = [check_python, check_java, check_pyspark, check_spark_mode,
+                                     check_pyarrow_petastorm, check_torch, check_horovod, check_backends, check_readers,
                                      check_horovod_on_spark]
 
 

@@ -2,10 +2,13 @@
 # MAGIC %md
 # MAGIC # shardtrain on Databricks: shard, train, load, predict
 # MAGIC
-# MAGIC Runs on the notebook's own `spark` session (the `spark:` section of a config is then ignored):
+# MAGIC Runs on the notebook's own `spark` session (the `spark:` section of a config is then ignored), classic
+# MAGIC (a dedicated cluster) or Spark Connect (standard access mode, serverless; training there needs
+# MAGIC `backend` torch, which `auto` picks where Horovod is not installed):
 # MAGIC
 # MAGIC 1. raw data: a small generated dataset, or your own through a shard config (the `shard_config` widget),
-# MAGIC 2. the shard job: balanced Parquet shards + manifest under `<workdir>/shards`,
+# MAGIC 2. the shard job: balanced Parquet shards + manifest under `<workdir>/shards` (by default a Unity Catalog
+# MAGIC    volume, `/Volumes/<catalog>/<schema>/<volume>/work`, which every compute type mounts),
 # MAGIC 3. training on the cluster's executors (`num_proc` ranks; Horovod where installed, else TorchDistributor),
 # MAGIC 4. the model at `<workdir>/model`, loaded back, predicting on a few raw rows.
 # MAGIC
@@ -16,7 +19,11 @@
 # COMMAND ----------
 
 # The paths and sizes, as widgets: set them at the top of the notebook, or pass them to a job run.
-dbutils.widgets.text("workdir", "dbfs:/tmp/shardtrain", "Work folder (URI)")
+import os
+import tempfile
+
+dbutils.widgets.text("workdir", "", "Work folder (URI; empty: <volume>/work)")
+dbutils.widgets.text("volume", "main.default.shardtrain", "Unity Catalog volume (catalog.schema.volume)")
 dbutils.widgets.text("shard_config", "", "Shard config YAML (empty: generated data)")
 dbutils.widgets.text("train_config", "", "Train config YAML (empty: defaults)")
 dbutils.widgets.text("rows", "20000", "Rows to generate")
@@ -27,6 +34,7 @@ dbutils.widgets.text("registered_model", "", "Register as (e.g. main.default.sha
 dbutils.widgets.text("alias", "champion", "Alias of the registered version")
 
 workdir = dbutils.widgets.get("workdir").rstrip("/")
+volume_path = "/Volumes/" + dbutils.widgets.get("volume").strip().replace(".", "/")
 shard_config_path = dbutils.widgets.get("shard_config").strip()
 train_config_path = dbutils.widgets.get("train_config").strip()
 rows = int(dbutils.widgets.get("rows"))
@@ -35,6 +43,15 @@ epochs = int(dbutils.widgets.get("epochs"))
 backend = dbutils.widgets.get("backend")
 registered_model = dbutils.widgets.get("registered_model").strip()
 alias = dbutils.widgets.get("alias").strip()
+
+if not workdir:
+    if os.path.isdir(volume_path):  # the volume (CREATE VOLUME main.default.shardtrain): any compute type
+        workdir = f"{volume_path}/work"
+    elif os.path.isdir("/dbfs"):  # a dedicated cluster with the DBFS mount, and no such volume
+        workdir = "dbfs:/tmp/shardtrain"
+    else:  # neither (not on Databricks): this machine's temporary folder, for a local Spark
+        workdir = os.path.join(tempfile.gettempdir(), "shardtrain")
+print("work folder:", workdir)
 
 raw_uri, shards_uri, model_uri = f"{workdir}/raw", f"{workdir}/shards", f"{workdir}/model"
 

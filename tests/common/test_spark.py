@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from common.spark import QUIET_LOG4J, _quiet_driver_logging
+from common.errors import ConfigError
+from common.spark import QUIET_LOG4J, _connect_url, _quiet_driver_logging
 
 pytestmark = pytest.mark.stack
 
@@ -58,3 +59,15 @@ def test_a_spark_conf_value_too_long_for_the_jvm_command_line_is_refused_naming_
     path.write_text(yaml.safe_dump(shard))
     assert main(["shard", "--config", str(path)]) == 2
     assert "bytes in all" in capsys.readouterr().err
+
+
+def test_spark_remote_and_a_different_SPARK_REMOTE_are_refused_naming_both(monkeypatch):
+    import pytest
+
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    assert _connect_url(None) is None  # classic: spark.master
+    assert _connect_url("sc://cluster:15002") == "sc://cluster:15002"
+    monkeypatch.setenv("SPARK_REMOTE", "sc://a:15002")
+    assert _connect_url(None) == "sc://a:15002" == _connect_url("sc://a:15002")
+    with pytest.raises(ConfigError, match=r"spark.remote=sc://b:15002 and the environment's SPARK_REMOTE=sc://a:15002"):
+        _connect_url("sc://b:15002")

@@ -61,6 +61,22 @@ def test_dbfs_needs_the_mount(monkeypatch, tmp_path):
     assert resolve("dbfs:/data/x").path == str(tmp_path / "data" / "x")
 
 
+@pytest.mark.parametrize("dbfs_mount", [True, False])  # a dedicated cluster has /dbfs; standard/serverless do not
+def test_volume_paths_are_the_same_path_both_ways(monkeypatch, tmp_path, dbfs_mount):
+    from common.spark import to_spark_path
+
+    monkeypatch.setattr(storage, "DBFS_MOUNT", str(tmp_path) if dbfs_mount else str(tmp_path / "absent"))
+    volume = "/Volumes/main/default/vol/work/shards"
+    for uri in (volume, "dbfs:/Volumes/main/default/vol/work/shards", "dbfs:///Volumes/main/default/vol/work/shards/",
+                "file:///Volumes/main/default/vol/work/shards"):
+        loc = resolve(uri)
+        assert (loc.scheme, loc.path, loc.uri) == ("file", volume, volume), uri
+        assert to_spark_path(uri) == volume, uri  # what Databricks' Spark resolves; a local Spark reads it too
+    if dbfs_mount:
+        assert resolve("dbfs:/VolumesX/a").path == str(tmp_path / "VolumesX" / "a")  # only /Volumes is a volume
+        assert resolve("dbfs:/tmp/x").path == str(tmp_path / "tmp" / "x")  # the rest of DBFS stays on the mount
+
+
 def _write_files(loc, names):
     fs = loc.fs
     for name in names:

@@ -1,15 +1,23 @@
 """examples/databricks/shardtrain_notebook.py, run as Databricks runs it: its Python cells in
 order, in one namespace, on a SparkSession named ``spark``, with ``dbutils.widgets`` and
 ``display`` as the only other things the notebook gets. Markdown and magic cells are skipped.
+
+The same notebook, unchanged, runs on a classic session (a dedicated cluster) and on a Spark Connect
+one (standard access mode and serverless; pyspark 4's local Connect server in a child process,
+tests/connect_process.py), where it trains with the torch backend.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 from examples_env import EXAMPLES
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from connect_process import ConnectProcess, connect_available  # noqa: E402
 
 NOTEBOOK = os.path.join(EXAMPLES, "databricks", "shardtrain_notebook.py")
 HEADER = "# Databricks notebook source"
@@ -66,16 +74,10 @@ def test_the_notebook_format_is_databricks_source():
         compile(cell, NOTEBOOK, "exec")
 
 
-@pytest.mark.spark
-@pytest.mark.horovod
-@pytest.mark.parametrize("backend", ["auto", "torch"])  # auto: Horovod here; torch: what DBR 16+ ML runs
-def test_the_notebook_runs_end_to_end(spark, tmp_path, backend):
-    from common.storage import MARKER
-    from training import load_model
-
-    # What a user types into the widgets: a work folder, fewer rows and one epoch (kept small for
-    # the test), the backend; num_proc stays at its default of 2 ranks.
-    dbutils = DBUtils({"workdir": str(tmp_path / "shardtrain"), "rows": "4000", "epochs": "1", "backend": backend})
+def run_notebook(spark, values: dict[str, str]) -> dict:
+    """The notebook's code cells in order on ``spark``, with ``values`` typed into its widgets; what
+    it left behind (module-level: the Spark Connect process runs it too)."""
+    dbutils = DBUtils(values)
     shown = []
     namespace = {"spark": spark, "dbutils": dbutils, "display": shown.append}
     ran = 0
@@ -84,20 +86,71 @@ def test_the_notebook_runs_end_to_end(spark, tmp_path, backend):
             continue
         exec(compile(cell, f"{NOTEBOOK} (cell {number})", "exec"), namespace)
         ran += 1
-    assert ran >= 5
+    return {"ran": ran, "defaults": dbutils.widgets.defaults, "workdir": namespace["workdir"],
+            "world_size": namespace["trained"].world_size, "backend": namespace["train_cfg"].launch.backend,
+            "scores_shape": namespace["scores"].shape, "shown": [frame.toPandas() for frame in shown]}
 
-    assert dbutils.widgets.defaults["num_proc"] == "2"
+
+@pytest.fixture(scope="module")
+def connect():
+    process = ConnectProcess([os.path.dirname(os.path.abspath(__file__))], via="env")  # SPARK_REMOTE=local[2]
+    yield process
+    process.close()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("session,backend", [
+    pytest.param("classic", "auto", marks=pytest.mark.horovod),  # auto: Horovod here
+    pytest.param("classic", "torch", marks=pytest.mark.horovod),  # torch: what DBR 16+ ML runs
+    # Spark Connect (standard access mode, serverless): auto is torch where Horovod is not installed.
+    pytest.param("connect", "auto", marks=pytest.mark.skipif(connect_available() is not None,
+                                                              reason=connect_available() or "")),
+])
+def test_the_notebook_runs_end_to_end(request, tmp_path, session, backend):
+    from common.storage import MARKER
+    from training import load_model
+
+    # What a user types into the widgets: a work folder, fewer rows and one epoch (kept small for
+    # the test), the backend; num_proc stays at its default of 2 ranks.
+    values = {"workdir": str(tmp_path / "shardtrain"), "rows": "4000", "epochs": "1", "backend": backend}
+    if session == "connect":
+        ran = request.getfixturevalue("connect").call("test_databricks_notebook:run_notebook", values=values)
+    else:
+        ran = run_notebook(request.getfixturevalue("spark"), values)
+    assert ran["ran"] >= 5
+
+    assert ran["defaults"]["num_proc"] == "2"
     model_dir = tmp_path / "shardtrain" / "model"
     assert (model_dir / MARKER).is_file(), "the model was not published"
-    assert namespace["trained"].world_size == 2
-    assert namespace["train_cfg"].launch.backend == ("torch" if backend == "torch" else "horovod")
+    assert ran["world_size"] == 2
+    assert ran["backend"] == ("horovod" if backend == "auto" and session == "classic" else "torch")
     model = load_model(str(model_dir))
     assert model.task == "classification"
 
-    assert namespace["scores"].shape == (8, 2), "class probabilities for the 8 sample rows"
-    assert len(shown) == 1, "the notebook displays one table"
-    table = shown[0].toPandas()
+    assert ran["scores_shape"] == (8, 2), "class probabilities for the 8 sample rows"
+    assert len(ran["shown"]) == 1, "the notebook displays one table"
+    table = ran["shown"][0]
     assert list(table.columns) == ["id", "label", "predicted_class", "probability"]
     assert len(table) == 8
     assert table["predicted_class"].isin([0, 1]).all() and table["probability"].between(0.5, 1.0).all()
+
+
+def test_the_default_work_folder_is_the_volume_where_there_is_one(tmp_path):
+    """The widget cell alone, with the work folder left empty: the volume when it is mounted; off
+    Databricks (no /Volumes, no /dbfs) this machine's temporary folder, so the notebook still runs."""
+    cell = notebook_cells()[1]
+    assert 'dbutils.widgets.text("workdir", ""' in cell
+    namespace = {"dbutils": DBUtils({})}
+    exec(compile(cell, NOTEBOOK, "exec"), namespace)
+    assert namespace["volume_path"] == "/Volumes/main/default/shardtrain"
+    if os.path.isdir(namespace["volume_path"]):  # on Databricks, with the volume created
+        assert namespace["workdir"] == "/Volumes/main/default/shardtrain/work"
+    elif not os.path.isdir("/dbfs"):
+        import tempfile
+
+        assert namespace["workdir"] == os.path.join(tempfile.gettempdir(), "shardtrain")
+    # Either way the same path resolves as the volume it is (common/storage.py).
+    from common.storage import resolve
+
+    assert resolve("dbfs:" + namespace["volume_path"] + "/work").path == namespace["volume_path"] + "/work"
 

@@ -29,7 +29,7 @@ def test_doctor_passes_here_including_a_real_two_rank_allreduce():
     failed = [c for c in report["checks"] if not c["ok"]]
     assert proc.returncode == 0 and not failed, failed
     names = [c["name"] for c in report["checks"]]
-    assert names == ["python", "java", "pyspark", "pyarrow+petastorm", "torch", "horovod", "backends", "readers",
+    assert names == ["python", "java", "pyspark", "spark", "pyarrow+petastorm", "torch", "horovod", "backends", "readers",
                      "horovod-on-spark"]
     launch = report["checks"][-1]
     assert "allreduce sum = [3.0, 3.0]" in launch["detail"]

@@ -31,6 +31,12 @@ def test_doctor_reports_the_backends_and_readers_this_environment_can_use():
     assert ("petastorm: yes" if petastorm else "petastorm: no (not installed)") in readers["detail"]
     assert readers["detail"].endswith(f"default data.reader={'petastorm' if petastorm else 'arrow'}")
 
+    # No session and no SPARK_REMOTE: classic; whether the Spark Connect client is there, either way.
+    spark = checks["spark"]
+    connect_client = all(importlib.util.find_spec(m) for m in ("grpc", "grpc_status"))
+    assert spark["ok"] and spark["detail"].startswith("classic Spark (no active session and no SPARK_REMOTE")
+    assert ("Spark Connect client installed" if connect_client else "no Spark Connect client") in spark["detail"]
+
     if not horovod:  # absent, not broken: its lines pass and say what is used instead
         assert checks["horovod"]["ok"] and "launch.backend defaults to torch" in checks["horovod"]["detail"]
     assert proc.returncode == 0, [c for c in checks.values() if not c["ok"]]

@@ -69,6 +69,12 @@ def test_stall_rule_counts_steps_inside_epochs_and_signs_of_life_outside():
     assert "rank 0 published the model 61 s ago and has not finished" in why
     # Not reported yet, but the launcher may still be waiting for task slots.
     assert find_stalled({}, world=1, started=now - 100, now=now, timeout=timeout, start_timeout=120) == []
+    # Never reported while Spark runs the launch's tasks: it cannot reach the driver, it is not stalled
+    # (a rank that did report is still held to its reports).
+    assert [r for r, _ in find_stalled({}, world=2, started=now - 1000, now=now, timeout=timeout)] == [0, 1]
+    silent = {1: _state(1, 7, TRAINING, seen=now - 100, progress=now - 100)}
+    assert [r for r, _ in find_stalled(silent, world=2, started=now - 1000, now=now, timeout=timeout,
+                                       tasks_running=True)] == [1]
 
 
 def _failure(type_, exit_code=1, secondary=False):

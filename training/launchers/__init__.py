@@ -29,6 +29,10 @@ SPARK_LAUNCHERS = {
 }
 
 
+# Backends that need classic Spark (a SparkContext, RDDs, job groups): refused under Spark Connect.
+CLASSIC_ONLY = {"horovod": "Horovod-on-Spark needs a SparkContext, RDDs and job groups"}
+
+
 def spark_launcher(backend: str) -> Callable:
     """The ``launch_fn`` of ``launch.backend``."""
     import importlib
@@ -54,9 +58,23 @@ def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
         return check_results(launch_in_process(plan, on_step=on_step, on_epoch=on_epoch))
     from training.launchers.supervisor import run_supervised
 
+    check_backend_runs(cfg.launch.backend, spark)
     results = run_supervised(spark_launcher(cfg.launch.backend), plan, spark, cfg.launch, cfg.checkpoint.resume,
                              on_restart=on_restart, on_epoch=on_epoch)
     return check_results(results)
 
 
-__all__ = ["SPARK_LAUNCHERS", "launch", "spark_launcher"]
+def check_backend_runs(backend: str, spark) -> None:
+    """Refuse (exit 2) a backend the session cannot run, before any rank starts."""
+    from common.spark import is_connect
+
+    if backend in CLASSIC_ONLY and spark is not None and is_connect(spark):
+        from common.errors import ConfigError
+
+        runs = ", ".join(sorted(set(SPARK_LAUNCHERS) - set(CLASSIC_ONLY)))
+        raise ConfigError(f"launch.backend={backend} cannot run on this Spark Connect session "
+                          f"({CLASSIC_ONLY[backend]}, which Spark Connect does not offer): set launch.backend={runs}, "
+                          "or run on a classic Spark session (a dedicated access mode cluster on Databricks)")
+
+
+__all__ = ["CLASSIC_ONLY", "SPARK_LAUNCHERS", "check_backend_runs", "launch", "spark_launcher"]

@@ -8,14 +8,14 @@ import os
 import re
 
 from common.errors import ConfigError
+from common.spark import spark_setting
 
 
 def task_slots(spark) -> tuple[str, int, int] | None:
     """(master, spark.task.cpus, concurrent tasks) of a local-mode application; None elsewhere,
     where executors come and go (dynamic allocation) and their slots cannot be counted up front."""
-    conf = spark.sparkContext.getConf()
-    master = conf.get("spark.master", "")
-    task_cpus = int(conf.get("spark.task.cpus", "1"))
+    master = spark_setting(spark, "spark.master", "") or ""
+    task_cpus = int(spark_setting(spark, "spark.task.cpus", "1") or 1)
     match = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]|local", master)
     if not match:
         return None
@@ -25,7 +25,6 @@ def task_slots(spark) -> tuple[str, int, int] | None:
 
 def check_capacity(spark, num_proc: int, gpus_per_proc: int) -> None:
     """Refuse up front what would otherwise wait start_timeout seconds and then fail."""
-    conf = spark.sparkContext.getConf()
     slots_known = task_slots(spark)
     if slots_known:
         master, task_cpus, slots = slots_known
@@ -35,7 +34,7 @@ def check_capacity(spark, num_proc: int, gpus_per_proc: int) -> None:
                 f"spark.task.cpus={task_cpus} runs {slots}; use spark.master=local[{num_proc * task_cpus}] "
                 f"or fewer ranks")
     if gpus_per_proc:
-        amount = conf.get("spark.task.resource.gpu.amount", None)
+        amount = spark_setting(spark, "spark.task.resource.gpu.amount")
         if amount is None or float(amount) < gpus_per_proc:
             raise ConfigError(
                 f"launch.gpus_per_proc={gpus_per_proc} but this Spark application gives tasks "

@@ -19,6 +19,11 @@ stalled in any phase. The heartbeat runs on its own thread, so it proves the pro
 not that the training thread moves: that is why the step and batch rules apply inside epochs and
 validation passes, and the message lists every other rank's step beside the stalled ones.
 
+Ranks that cannot reach the progress server (Databricks Connect from an IDE or a scheduler: the
+server listens in the client process, apart from the cluster) are not called stalled while Spark
+says the launch's tasks run: the launch says so once and watches Spark's own task state instead
+(``common.spark.LaunchJobs``), which sees a rank process end but not a rank that hangs.
+
 With ``launch.elastic`` a rank whose process died is logged (``rank N left ...``) and not waited
 for: the others go on without it (training.elastic).
 """
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from common.errors import LaunchError, RankStalledError, ShardtrainError
+from common.spark import LaunchJobs, driver_address
 from training.launchers.failure_policy import RAISE, FailurePolicy
 from training.launchers.progress import (ADDRESS_ENV, AFTER_PUBLISH, EPOCHS_ENV, INTERVAL_ENV, STARTING, TOKEN_ENV,
                                          TRAINING, VALIDATING)
@@ -154,16 +160,18 @@ class _ReportHandler(socketserver.StreamRequestHandler):
 
 
 def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: float, timeout: float,
-                 start_timeout: float = 0, elastic: bool = False) -> list[tuple[int, str]]:
+                 start_timeout: float = 0, elastic: bool = False,
+                 tasks_running: bool = False) -> list[tuple[int, str]]:
     """(rank, why) for each stalled rank; empty while every rank moves, has finished, or is within the
     timeout. A rank that has not reported yet gets ``start_timeout`` more: the launcher's own wait
-    for task slots comes first. ``elastic``: a rank whose process died is not waited for (the
+    for task slots comes first; while Spark says the launch's tasks run (``tasks_running``), a rank
+    that never reported is one that cannot reach the driver, not a stalled one. ``elastic``: a rank whose process died is not waited for (the
     others go on without it; Horovod's elastic_timeout bounds a wait for too few ranks)."""
     reasons = []
     for rank in range(world):
         state = ranks.get(rank)
         if state is None:
-            if now - started > timeout + start_timeout:
+            if now - started > timeout + start_timeout and not tasks_running:
                 reasons.append((rank, f"rank {rank} never reported in {now - started:.0f} s (it did not start, or "
                                        "cannot reach the driver)"))
             continue
@@ -203,12 +211,13 @@ class Supervision:
         self.stall: str | None = None
         self._done = threading.Event()
         self._started = time.monotonic()
-        self._jobs_before = self._active_jobs()
+        self.jobs = LaunchJobs(spark)
+        self.address = f"{driver_address(spark)}:{self.server.server_address[1]}"
+        self.unreachable_said = False
+        self._said_lock = threading.Lock()
 
     def launch_env(self) -> dict[str, str]:
-        host = _driver_host(self.spark)
-        env = {ADDRESS_ENV: f"{host}:{self.server.server_address[1]}", TOKEN_ENV: self.token,
-               INTERVAL_ENV: str(beat_interval(self.timeout))}
+        env = {ADDRESS_ENV: self.address, TOKEN_ENV: self.token, INTERVAL_ENV: str(beat_interval(self.timeout))}
         if self.server.on_epoch is not None:
             env[EPOCHS_ENV] = "1"
         return env
@@ -222,6 +231,10 @@ class Supervision:
         self._done.set()
         self.server.shutdown()
         self.server.server_close()
+        self.jobs.close()
+        silent = sorted(set(range(self.world)) - set(self.ranks()))
+        if silent and exc[0] is None:  # a launch shorter than the stall timeout says it too
+            self._say_unreachable(silent)
 
     def ranks(self) -> dict[int, RankState]:
         return self.server.snapshot()
@@ -231,13 +244,33 @@ class Supervision:
             ranks = self.ranks()
             if self.elastic:
                 self._announce_lost(ranks)
-            reasons = find_stalled(ranks, self.world, self._started, time.monotonic(), self.timeout,
-                                   self.start_timeout, self.elastic)
+            now = time.monotonic()
+            silent = sorted(set(range(self.world)) - set(ranks))
+            # When the old rule would call a rank that never reported stalled (after the stall and
+            # start timeouts), Spark running the launch's tasks says that it runs but cannot reach us.
+            running = bool(silent) and now - self._started > self.timeout + self.start_timeout and \
+                bool(self.jobs.running_tasks())
+            if running:
+                self._say_unreachable(silent)
+            reasons = find_stalled(ranks, self.world, self._started, now, self.timeout, self.start_timeout,
+                                   self.elastic, tasks_running=running)
             if reasons:
                 self.stall = self._stall_message(reasons, ranks)
                 log.error("%s; stopping the launch", self.stall)
                 self._stop(ranks)
                 return
+
+    def _say_unreachable(self, silent: list[int]) -> None:
+        with self._said_lock:  # the watcher and __exit__ may both get here
+            if self.unreachable_said:
+                return
+            self.unreachable_said = True
+        log.warning("rank(s) %s never reached the driver's progress server at %s (the cluster cannot connect to "
+                    "this process: Spark Connect from outside the cluster, or a firewall): the launch is "
+                    "supervised by Spark's task state instead, which sees a rank process end but "
+                    "not a rank that hangs (set SHARDTRAIN_PROGRESS_HOST to an address of this machine that the "
+                    "executors reach, and launch.stall_timeout_s applies again)", ", ".join(map(str, silent)),
+                    self.address)
 
     def _announce_lost(self, ranks: dict[int, RankState]) -> None:
         for state in ranks.values():
@@ -275,25 +308,10 @@ class Supervision:
                 _kill(state.pid, state.created)  # a stopped process cannot read "abort"; SIGKILL still works
         self._cancel_spark_jobs()
 
-    def _active_jobs(self) -> set[int]:
-        if self.spark is None:
-            return set()
-        return set(self.spark.sparkContext.statusTracker().getActiveJobsIds())
-
     def _cancel_spark_jobs(self) -> None:
         # The jobs this launch started (Horovod runs its job on its own thread, under its own group).
-        if self.spark is None:
-            return
-        sc = self.spark.sparkContext
-        for job in set(sc.statusTracker().getActiveJobsIds()) - self._jobs_before:
-            log.info("cancelling Spark job %d", job)
-            sc._jsc.sc().cancelJob(int(job))
-
-
-def _driver_host(spark) -> str:
-    if spark is None:
-        return "127.0.0.1"
-    return spark.sparkContext.getConf().get("spark.driver.host", None) or socket.gethostname()
+        for what in self.jobs.cancel():
+            log.info("cancelled %s", what)
 
 
 def _kill(pid: int, created: float | None) -> None:

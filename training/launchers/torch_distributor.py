@@ -22,6 +22,7 @@ import pickle
 import sys
 
 from common.errors import LaunchError
+from common.spark import spark_setting
 from training.launchers.capacity import check_capacity
 from training.launchers.rank_entry import failure_record, run_rank_entry
 
@@ -35,10 +36,9 @@ def launch_torch(plan, spark, launch_cfg) -> list[dict]:
     check_capacity(spark, launch_cfg.num_proc, launch_cfg.gpus_per_proc)
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    conf = spark.sparkContext.getConf()
     # TorchDistributor refuses use_gpu=True unless tasks are given GPUs; with it off it hides
     # every GPU from the ranks (CUDA_VISIBLE_DEVICES="").
-    use_gpu = bool(launch_cfg.gpus_per_proc) or conf.get("spark.task.resource.gpu.amount", None) is not None
+    use_gpu = bool(launch_cfg.gpus_per_proc) or spark_setting(spark, "spark.task.resource.gpu.amount") is not None
     env = {"PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in launch_cfg.env.items()}}
     try:
         distributor = TorchDistributor(num_processes=launch_cfg.num_proc, local_mode=False, use_gpu=use_gpu)

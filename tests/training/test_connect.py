@@ -1,0 +1,283 @@
+"""Spark Connect end to end (issue 25), on pyspark 4's own local Connect server
+(``spark.remote: local[2]`` through the project's session factory, in a child process:
+tests/connect_process.py says why), against the suite's classic local[2] session in this process:
+
+- shard -> train (launch.backend=torch, data.reader=arrow, 2 ranks) -> score -> load_model give the
+  same shard files, weights and scores over Connect as on the classic session, with the same seed.
+  The Connect run's ranks cannot reach the driver's progress server (``SHARDTRAIN_PROGRESS_HOST``
+  names a host that does not resolve, as a cluster cannot reach a laptop running Databricks
+  Connect), with a stall timeout far below the run's length: the launch says so once and finishes.
+- a rank killed (SIGKILL by pid) over Connect is relaunched, resumes from its checkpoint and ends
+  with the weights of the uninterrupted run.
+
+Skipped where Spark Connect cannot run (pyspark 3.5 from pip ships no Connect server).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import uuid
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from connect_process import ConnectProcess, connect_available  # noqa: E402
+from polling import wait_for  # noqa: E402
+
+WHY_NOT = connect_available()
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900),
+              pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")]
+MARKER = "SHARDTRAIN_TEST_RANKS"
+ROWS = 6000
+UNREACHABLE = "shardtrain-unreachable.invalid"
+
+
+# --- the steps, run on either session (module-level: the Connect process imports this file) ----------
+
+def _train_overrides(shards: str, model: str, marker: str) -> list[str]:
+    # Long enough (about 90 steps per rank and epoch) that a kill lands after a committed checkpoint.
+    return [f"data.path={shards}", f"output.model_path={model}", "launch.num_proc=2", "launch.backend=torch",
+            "data.reader=arrow", "launch.start_timeout=120", "launch.stall_timeout_s=5", f"launch.env.PYTHONPATH={HERE}",
+            f"launch.env.{MARKER}={marker}", "train.batch_size=32", "train.epochs=2", "model.hidden=[16]",
+            "checkpoint.every_steps=20", "checkpoint.keep=3", "data.shuffle_buffer_rows=200"]
+
+
+def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress_host: str | None = None) -> dict:
+    """shard -> train -> score -> load_model on ``spark``; what the test compares, and what the
+    launch logged about the progress server."""
+    import yaml
+
+    from pipelines import shard_dataset
+    from pipelines.shard_config import load_shard_config
+    from scoring.job import score
+    from training import load_model, load_train_config, train
+
+    said = _LogLines("shardtrain")
+    if progress_host:
+        os.environ["SHARDTRAIN_PROGRESS_HOST"] = progress_host
+    try:
+        sharded = shard_dataset(load_shard_config(defaults=shard_defaults,
+                                                  overrides=[f"output.path={root}/shards"]), spark=spark)
+        trained = train(load_train_config(None, _train_overrides(sharded.uri, f"{root}/model", uuid.uuid4().hex)),
+                        spark=spark)
+    finally:
+        os.environ.pop("SHARDTRAIN_PROGRESS_HOST", None)
+        said.close()
+    config = f"{root}/score.yaml"
+    with open(config, "w") as fh:
+        yaml.safe_dump({"model": trained.model_uri, "sources": {"raw": {"path": raw}},
+                        "output": {"path": f"{root}/scores", "keep_columns": ["id"]}, "batch_size": 64}, fh)
+    score(config, spark=spark)
+    sample = pd.read_parquet(raw).sort_values("id").head(50)
+    return {"shards": sharded.uri, "model": trained.model_uri, "scores": f"{root}/scores",
+            "predictions": load_model(trained.model_uri).predict(sample), "sample_ids": sample["id"].tolist(),
+            "unreachable": [line for line in said.lines if "never reached the driver's progress server" in line],
+            "stalled": [line for line in said.lines if "stalled" in line]}
+
+
+def train_only(spark, shards: str, model: str, marker: str) -> dict:
+    from training import load_train_config, train
+
+    said = _LogLines("shardtrain")
+    try:
+        result = train(load_train_config(None, _train_overrides(shards, model, marker)), spark=spark)
+    finally:
+        said.close()
+    return {"model": result.model_uri, "resumed_from": result.resumed_from, "restarts":
+            [line for line in said.lines if "restarting the ranks" in line],
+            "failed": [line for line in said.lines if line.startswith("ranks failed:")]}
+
+
+class _LogLines(logging.Handler):
+    def __init__(self, logger: str):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.logger = logging.getLogger(logger)
+        self.level_before = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self)
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+    def close(self):
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level_before)
+        super().close()
+
+
+# --- the tests --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def connect():
+    process = ConnectProcess([HERE])
+    yield process
+    process.close()
+
+
+@pytest.fixture(scope="module")
+def raw(spark, tmp_path_factory):
+    from pipelines import generate_dataset
+
+    root = tmp_path_factory.mktemp("connect-raw")
+    generated = generate_dataset(str(root / "raw"), rows=ROWS, array_shape=[4], spark=spark)
+    return str(root / "raw"), generated.shard_config("unused", output={"num_shards": 4, "rows_per_row_group": 500})
+
+
+@pytest.fixture(scope="module")
+def both(spark, connect, raw, tmp_path_factory):
+    path, defaults = raw
+    classic_root, connect_root = tmp_path_factory.mktemp("classic"), tmp_path_factory.mktemp("connect")
+    over_connect = connect.call("test_connect:shard_train_score", root=str(connect_root), shard_defaults=defaults,
+                                raw=path, progress_host=UNREACHABLE)
+    on_classic = shard_train_score(spark, str(classic_root), defaults, path)
+    return on_classic, over_connect
+
+
+def _files(root: str) -> dict[str, bytes]:
+    out = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            out[os.path.relpath(path, root)] = open(path, "rb").read()
+    return out
+
+
+def test_shards_are_the_same_files_over_connect(both):
+    on_classic, over_connect = both
+    classic, connect = _files(on_classic["shards"]), _files(over_connect["shards"])
+    assert sorted(classic) == sorted(connect)
+    data = [name for name in classic if name.endswith(".parquet")]
+    assert len(data) >= 4
+    for name in data:
+        assert classic[name] == connect[name], name
+
+
+def test_weights_scores_and_load_model_are_the_same_over_connect(both):
+    on_classic, over_connect = both
+    ours, theirs = (load_file(os.path.join(run["model"], "model.safetensors")) for run in (over_connect, on_classic))
+    assert ours.keys() == theirs.keys() and ours
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+    scored = [pd.read_parquet(run["scores"], engine="pyarrow").sort_values("id").reset_index(drop=True)
+              for run in (on_classic, over_connect)]
+    assert len(scored[0]) == ROWS and scored[0]["id"].tolist() == scored[1]["id"].tolist()
+    np.testing.assert_array_equal(np.stack(scored[0]["probabilities"]), np.stack(scored[1]["probabilities"]))
+    np.testing.assert_array_equal(over_connect["predictions"], on_classic["predictions"])
+    by_id = scored[1].set_index("id").loc[over_connect["sample_ids"]]
+    np.testing.assert_allclose(np.stack(by_id["probabilities"]), over_connect["predictions"], rtol=0, atol=1e-6)
+
+
+def test_ranks_that_cannot_reach_the_driver_are_not_called_stalled(both):
+    on_classic, over_connect = both
+    # launch.stall_timeout_s=5 and no rank ever reported: the launch said so once, and finished.
+    assert len(over_connect["unreachable"]) == 1, over_connect["unreachable"]
+    assert UNREACHABLE in over_connect["unreachable"][0] and "rank(s) 0, 1" in over_connect["unreachable"][0]
+    assert not over_connect["stalled"]
+    assert not on_classic["unreachable"]  # the classic run's ranks did report
+
+
+def _rank_process(root_pid: int, rank: int):
+    """The process running ``rank`` under ``root_pid`` (the Connect process: its Spark server, the
+    Python workers, torchrun and the ranks all descend from it), not torchrun itself."""
+    import psutil
+
+    for proc in psutil.Process(root_pid).children(recursive=True):
+        try:
+            command = " ".join(proc.cmdline())
+            if proc.environ().get("RANK") == str(rank) and proc.name().startswith("python") and \
+                    "torch.distributed.run" not in command and "torchrun" not in command:
+                return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return None
+
+
+def _committed_checkpoint(run_dir: str) -> bool:
+    root = os.path.join(run_dir, "checkpoints")
+    return os.path.isdir(root) and any(os.path.exists(os.path.join(root, d, "_COMMITTED")) for d in os.listdir(root)
+                                       if d.startswith("step-"))
+
+
+def test_a_killed_rank_is_restarted_over_connect(both, connect, tmp_path):
+    _, over_connect = both
+    marker, out = uuid.uuid4().hex, tmp_path / "restarted"
+    killed, ended = {}, threading.Event()
+
+    def saboteur():
+        try:
+            wait_for(lambda: _committed_checkpoint(f"{out}/model.run"), "the first checkpoint", timeout=240, abort=ended)
+            proc = wait_for(lambda: _rank_process(connect.proc.pid, 1), "rank 1's process", timeout=60, abort=ended)
+            proc.send_signal(signal.SIGKILL)
+            killed["proc"] = proc
+        except Exception as exc:  # noqa: BLE001 - reported below
+            killed["error"] = exc
+
+    thread = threading.Thread(target=saboteur, daemon=True)
+    thread.start()
+    try:
+        result = connect.call("test_connect:train_only", shards=over_connect["shards"], model=f"{out}/model",
+                              marker=marker)
+    finally:
+        ended.set()
+        thread.join()
+    assert "error" not in killed, killed.get("error")
+    assert not killed["proc"].is_running() or killed["proc"].status() == "zombie"  # the kill happened
+    # One relaunch, for the barrier stage the kill failed (TorchDistributor's error; its first line is
+    # what the log shows), resumed from a checkpoint rather than from scratch.
+    assert len(result["restarts"]) == 1 and "TorchDistributor failed running 2 rank(s)" in result["failed"][0], result
+    assert result["resumed_from"] is not None
+    ours = load_file(os.path.join(result["model"], "model.safetensors"))
+    theirs = load_file(os.path.join(over_connect["model"], "model.safetensors"))
+    for name in theirs:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+def horovod_and_doctor(spark, shards: str, model: str) -> dict:
+    """launch.backend=horovod through train() on ``spark``, and what doctor says there."""
+    from dataclasses import asdict
+
+    from common.errors import ShardtrainError
+    from shardtrain.doctor import backend_status, check_spark_mode
+    from training import load_train_config, train
+
+    overrides = [o for o in _train_overrides(shards, model, "refused") if not o.startswith("launch.backend=")]
+    try:
+        train(load_train_config(None, [*overrides, "launch.backend=horovod"]), spark=spark)
+        refused = None
+    except ShardtrainError as exc:
+        refused = {"exit_code": exc.exit_code, "message": str(exc)}
+    from common.spark import default_parallelism
+
+    return {"refused": refused, "spark": asdict(check_spark_mode()), "backends": backend_status(),
+            "parallelism": default_parallelism(spark)}
+
+
+def test_horovod_is_refused_over_connect_and_doctor_says_connect(connect, spark, tmp_path):
+    from dataclasses import asdict
+
+    from common.spark import default_parallelism
+    from shardtrain.doctor import check_spark_mode
+    from tabular_data import write_dataset
+
+    shards = write_dataset(str(tmp_path / "ds"), {"train": [[200], [200]], "val": [[50]]}).uri  # 2 shards, 2 ranks
+    said = connect.call("test_connect:horovod_and_doctor", shards=shards, model=str(tmp_path / "m"))
+    assert said["refused"]["exit_code"] == 2
+    assert "launch.backend=horovod" in said["refused"]["message"], said["refused"]
+    assert "set launch.backend=torch" in said["refused"]["message"]
+    assert not (tmp_path / "m").exists()  # refused before any rank ran
+    assert said["spark"]["ok"] and said["spark"]["detail"].startswith("Spark Connect (the active session)")
+    assert said["backends"]["torch"] == "" and "needs classic Spark" in said["backends"]["horovod"]
+    # The shard job's staging parallelism: the cluster's, asked over Connect as on classic.
+    assert said["parallelism"] == default_parallelism(spark) == spark.sparkContext.defaultParallelism
+    here = asdict(check_spark_mode())  # this process: the suite's classic session
+    assert here["ok"] and here["detail"].startswith("classic Spark (the active session")
