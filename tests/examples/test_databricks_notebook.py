@@ -103,8 +103,9 @@ def connect():
     pytest.param("classic", "auto", marks=pytest.mark.horovod),  # auto: Horovod here
     pytest.param("classic", "torch", marks=pytest.mark.horovod),  # torch: what DBR 16+ ML runs
     # Spark Connect (standard access mode, serverless): auto is torch where Horovod is not installed.
-    pytest.param("connect", "auto", marks=pytest.mark.skipif(connect_available() is not None,
-                                                              reason=connect_available() or "")),
+    pytest.param("connect", "auto", marks=[pytest.mark.stack, pytest.mark.ranks,
+                                           pytest.mark.skipif(connect_available() is not None,
+                                                              reason=connect_available() or "")]),
 ])
 def test_the_notebook_runs_end_to_end(request, tmp_path, session, backend):
     from common.storage import MARKER

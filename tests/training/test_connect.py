@@ -34,7 +34,7 @@ from connect_process import ConnectProcess, connect_available  # noqa: E402
 from polling import wait_for  # noqa: E402
 
 WHY_NOT = connect_available()
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(900),
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.stack, pytest.mark.ranks,
               pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")]
 MARKER = "SHARDTRAIN_TEST_RANKS"
 ROWS = 6000

@@ -13,7 +13,7 @@ import pytest
 from polling import wait_for
 from training.launchers.supervisor import Supervision
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300), pytest.mark.stack]
 
 
 def test_silent_ranks_are_not_stalled_while_spark_runs_their_tasks(spark, tmp_path, caplog):
