@@ -161,6 +161,13 @@ def _sibling(name: str, tag: str, token: str) -> str:
     return ".".join([*parts[:-1], f"{parts[-1]}{tag}{token}"])
 
 
+def _rename_target(name: str) -> str:
+    """``name`` as ``ALTER TABLE ... RENAME TO`` takes it: without the catalog (a table stays in its
+    catalog; Spark's session catalog refuses three parts there, and a v2 catalog would read the
+    catalog as a namespace)."""
+    return ".".join(q(p) for p in table_parts(name, "table")[-2:])
+
+
 def _schema_of(name: str) -> str | None:
     parts = table_parts(name, "table")
     return ".".join(q(p) for p in parts[:-1]) if len(parts) > 1 else None
@@ -195,7 +202,7 @@ def clean_stale_tables(spark, name: str) -> list[str]:
     replaced = _siblings(spark, name, REPLACED_TAG)
     if replaced and not table_exists(spark, name):
         back = replaced.pop()  # one swap at a time holds the writer lock: at most one is left aside
-        spark.sql(f"ALTER TABLE {quote_table(back)} RENAME TO {quote_table(name)}")
+        spark.sql(f"ALTER TABLE {quote_table(back)} RENAME TO {_rename_target(name)}")
         done.append(f"restored {name} from {back} (a publish was interrupted between its renames)")
     for table in [*replaced, *_siblings(spark, name, STAGING_TAG)]:
         spark.sql(f"DROP TABLE IF EXISTS {quote_table(table)}")
@@ -220,6 +227,7 @@ def write_staging_table(frame, name: str, properties: dict[str, str]) -> str:
 def swap_in(spark, staging: str, name: str, key: str) -> None:
     """Make the staging table the table ``name`` (see the module docstring), then drop the staging
     table or what it replaced."""
+    fault_point("table", "before-swap")
     exists = table_exists(spark, name)
     if exists and describe_table(spark, name, key).provider == "delta":
         # One overwrite commit: readers see the previous version or this one.
@@ -234,9 +242,9 @@ def swap_in(spark, staging: str, name: str, key: str) -> None:
     aside = None
     if exists:
         aside = _sibling(name, REPLACED_TAG, uuid.uuid4().hex[:12])
-        spark.sql(f"ALTER TABLE {quote_table(name)} RENAME TO {quote_table(aside)}")
+        spark.sql(f"ALTER TABLE {quote_table(name)} RENAME TO {_rename_target(aside)}")
         fault_point("table", "after-aside")
-    spark.sql(f"ALTER TABLE {quote_table(staging)} RENAME TO {quote_table(name)}")
+    spark.sql(f"ALTER TABLE {quote_table(staging)} RENAME TO {_rename_target(name)}")
     fault_point("table", "after-swap")
     if aside is not None:
         spark.sql(f"DROP TABLE IF EXISTS {quote_table(aside)}")
