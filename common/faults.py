@@ -9,6 +9,7 @@ relaunched process passes the same point unharmed, and the test knows which pid 
 
 The points (each named where it is called):
 - ``commit:before-aside`` / ``commit:after-aside`` / ``commit:after-swap``: ``common.storage.commit``.
+- ``table:before-swap`` / ``table:after-aside`` / ``table:after-swap``: ``common.tables.swap_in``.
 - ``rank<N>:after-run``: rank N's run returned (model published, run report written), before its
   last report to the driver (``training.launchers.rank_entry``).
 

@@ -13,8 +13,15 @@ built (and cost more than the parse: 2M CSV rows, 13.2-13.8 s instead of 10.6 s 
 job's first pass, benchmarks/RESULTS.md) even for a caller that reads ``parsed`` once, as the shard
 job does when its table is one source's rows as they are.
 
-Source fingerprints (file paths, sizes, modification times) are listed with the storage module,
-not Spark, so ``skip_if_exists`` can decide without starting any Spark work.
+A source is a ``path`` (files: ``format`` csv, json, parquet, or delta: a Delta table's directory,
+read by Spark's Delta reader) or a ``table`` the session's catalog resolves (``catalog.schema.table``;
+its format is the catalog's). Exactly one of the two.
+
+Source fingerprints say whether the input changed (``skip_if_exists``, the overlap checks): a
+path's files (paths, sizes, modification times) listed with the storage module, not Spark, so
+``skip_if_exists`` can decide without starting any Spark work; a Delta path, its newest commit in
+``_delta_log``; a Delta table, its latest version (``DESCRIBE HISTORY``); another table, the files
+at its location (as for a path). A table's are asked of the catalog, so they need the session.
 
 Driver-only. It owns how a source is read and listed; what a job does with the views (its
 query, its quarantine) is the job's own.
@@ -28,10 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from common.config import require
-from common.errors import ConfigError, InputDataError, first_line
+from common.errors import ConfigError, InputDataError, ShardtrainError, first_line
 from common.sql import quote_identifier as q
 from common.sql import why_not_a_query
 from common.storage import resolve, storage_errors
+from common.tables import (check_delta_reader_error, table_parts, delta_log_version, delta_table_bytes, delta_table_version,
+                           describe_table)
 
 CORRUPT_COLUMN = "_corrupt_record"
 MALFORMED = "malformed_record"
@@ -39,15 +48,41 @@ MALFORMED = "malformed_record"
 
 @dataclass
 class SourceConfig:
-    path: str
-    format: Literal["csv", "json", "parquet"] = "parquet"
+    path: str | None = None  # files (or a Delta table's directory, format: delta); or table, not both
+    # csv, json, parquet, or delta (a Delta table's directory: Spark's Delta reader, which
+    # delta-spark or a Databricks runtime provides). A table's format is its catalog's.
+    format: Literal["csv", "json", "parquet", "delta"] = "parquet"
     options: dict[str, Any] = field(default_factory=dict)
     # Spark DDL, e.g. "id BIGINT, x DOUBLE, city STRING". Strongly advised for CSV/JSON:
     # with a schema, a value that does not parse makes its record malformed (quarantined).
     schema: str | None = None
+    # A table the session's catalog resolves: table, schema.table or catalog.schema.table (a local
+    # in-memory or Hive catalog, Unity Catalog on Databricks), instead of path.
+    table: str | None = None
 
     def __post_init__(self):
-        require(bool(self.path), "path", "must not be empty")
+        require((self.path is None) != (self.table is None), "path",
+                "or table must be set (exactly one): files at a path, or a catalog table")
+        if self.path is not None:
+            require(bool(self.path), "path", "must not be empty")
+            require(self.format != "delta" or self.schema is None, "schema",
+                    "applies to csv, json and parquet paths; a Delta table has its own schema")
+        else:
+            table_parts(self.table, "table")
+            require(self.format in ("parquet", "delta"), "format",
+                    f"applies to a path; a table's format is its catalog's (got format={self.format} with table); "
+                    "remove format")
+            require(self.schema is None, "schema", "applies to a path; a table has its own schema (remove schema)")
+
+    @property
+    def key(self) -> str:
+        """The config key naming where this source is (for messages): ``path`` or ``table``."""
+        return "table" if self.table is not None else "path"
+
+    @property
+    def location(self) -> str:
+        """The path, or the table's name (for messages)."""
+        return self.table if self.table is not None else self.path
 
 
 def check_sources_and_query(sources: dict[str, SourceConfig], query: str | None) -> None:
@@ -86,33 +121,106 @@ class SourceFrames:
             self.persisted = False
 
 
-def source_fingerprint(name: str, cfg: SourceConfig) -> dict:
-    """Every data file of the source with its size and modification time, sorted by path."""
-    fs = resolve(cfg.path).fs
-    files = _data_files(name, cfg)
-    entries = []
-    for path in files:
-        with storage_errors(f"reading the size and time of source {name!r}'s file", path):
-            info = fs.info(path)
-        mtime = info.get("mtime", info.get("LastModified", info.get("last_modified")))
-        entries.append({"path": path, "size": int(info.get("size") or 0),
-                        "mtime": mtime.isoformat() if hasattr(mtime, "isoformat") else mtime})
+def source_fingerprint(name: str, cfg: SourceConfig, spark=None) -> dict:
+    """What the source's data is, to tell whether it changed (see the module docstring): for files,
+    each with its size and modification time, sorted by path. A table needs ``spark`` (its catalog)."""
+    if cfg.table is not None:
+        if spark is None:
+            raise TypeError("a table source's fingerprint needs the Spark session")
+        return _table_fingerprint(name, cfg, spark)
+    if cfg.format == "delta":
+        return {"path": cfg.path, "format": "delta", **_delta_log_fingerprint(name, cfg),
+                "files": _file_entries(name, cfg.path, _data_files(name, cfg), "path")}
+    entries = _file_entries(name, cfg.path, _data_files(name, cfg), "path")
     if not entries:
         raise InputDataError(f"source {name!r}: {cfg.path} holds no data files (sources.{name}.path)")
     return {"path": cfg.path, "format": cfg.format, "files": entries}
 
 
+def source_bytes(fingerprint: dict) -> int | None:
+    """The source's size in bytes from its fingerprint (None where it says nothing: a Delta table
+    whose runtime does not tell)."""
+    if "files" in fingerprint:
+        return sum(f["size"] for f in fingerprint["files"])
+    return fingerprint.get("bytes")
+
+
+def _file_entries(name: str, where: str, files: list[str], key: str) -> list[dict]:
+    fs = resolve(where).fs
+    entries = []
+    for path in files:
+        with storage_errors(f"reading the size and time of source {name!r}'s file (sources.{name}.{key})", path):
+            info = fs.info(path)
+        mtime = info.get("mtime", info.get("LastModified", info.get("last_modified")))
+        entries.append({"path": path, "size": int(info.get("size") or 0),
+                        "mtime": mtime.isoformat() if hasattr(mtime, "isoformat") else mtime})
+    return entries
+
+
+def _delta_log_fingerprint(name: str, cfg: SourceConfig) -> dict:
+    """A Delta path's newest commit (version, and its file's size and time: a table deleted and
+    created again at the path starts its versions over)."""
+    loc = resolve(cfg.path)
+    log_dir = posixpath.join(loc.path, "_delta_log")
+    with storage_errors(f"listing source {name!r}'s Delta log (sources.{name}.path)", cfg.path):
+        names = [posixpath.basename(p) for p in loc.fs.ls(log_dir, detail=False)] if loc.fs.isdir(log_dir) else []
+    version = delta_log_version(names)
+    if version is None:
+        raise InputDataError(f"source {name!r}: {cfg.path} has no Delta log (_delta_log/*.json), so it is not a Delta "
+                             f"table (sources.{name}.format=delta); set the format of its files instead")
+    commit = _file_entries(name, cfg.path, [posixpath.join(log_dir, f"{version:020d}.json")], "path")[0]
+    return {"version": version, "commit": {"size": commit["size"], "mtime": commit["mtime"]}}
+
+
+def _table_fingerprint(name: str, cfg: SourceConfig, spark) -> dict:
+    key = f"sources.{name}.table"
+    info = describe_table(spark, cfg.table, key)
+    record = {"table": cfg.table, "format": info.provider, "location": info.location}
+    if info.provider == "delta":
+        return {**record, "version": delta_table_version(spark, cfg.table, key),
+                "bytes": delta_table_bytes(spark, cfg.table)}
+    if not info.location:
+        raise InputDataError(f"source {name!r}: {cfg.table} has no storage location (a view?), so shardtrain cannot "
+                             f"tell when it changes ({key}); read the tables it selects from, or save it as a table")
+    try:
+        files = _listed_files(name, info.location, key)
+    except ShardtrainError as exc:
+        raise InputDataError(f"source {name!r}: cannot list the files of table {cfg.table} at {info.location} "
+                             f"({first_line(exc)}); {key}") from None
+    return {**record, "files": _file_entries(name, info.location, files, "table")}
+
+
+def check_table_inputs(output_uri: str, output_key: str, sources_fp: dict) -> None:
+    """An output may not be, contain or sit inside a table source's location (exit 2): the
+    path sources are checked before any work, a table's location is known from its fingerprint."""
+    from common.storage import check_disjoint
+
+    locations = {f"source {name!r} (sources.{name}.table {fp['table']})": fp.get("location")
+                 for name, fp in sources_fp.items() if "table" in fp and fp.get("location")}
+    for what, location in locations.items():
+        try:
+            resolve(location)
+        except ShardtrainError:
+            continue  # a scheme the storage module has no file system for: no output path can be there
+        check_disjoint(output_uri, output_key, {what: location})
+
+
 def _data_files(name: str, cfg: SourceConfig) -> list[str]:
     """The source's data files (file system paths), sorted, as Spark would read them."""
-    loc = resolve(cfg.path)
+    return _listed_files(name, cfg.path, f"sources.{name}.path")
+
+
+def _listed_files(name: str, where: str, key: str) -> list[str]:
+    """The data files at ``where`` (a path, maybe a glob), sorted, as Spark would read them."""
+    loc = resolve(where)
     fs = loc.fs
-    with storage_errors(f"listing source {name!r} (sources.{name}.path)", cfg.path):
+    with storage_errors(f"listing source {name!r} ({key})", where):
         paths = fs.glob(loc.path) if globlib.has_magic(loc.path) else ([loc.path] if fs.exists(loc.path) else [])
     if not paths:
-        raise InputDataError(f"source {name!r}: path {cfg.path} does not exist (sources.{name}.path)")
+        raise InputDataError(f"source {name!r}: path {where} does not exist ({key})")
     files = []
     for top in sorted(paths):
-        with storage_errors(f"listing source {name!r} (sources.{name}.path)", top):
+        with storage_errors(f"listing source {name!r} ({key})", top):
             # on_error: fsspec would otherwise skip an unreadable subdirectory, and its files, in silence.
             listed = sorted(fs.find(top, on_error="raise")) if fs.isdir(top) else None
         if listed is not None:
@@ -167,9 +275,17 @@ def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
 
     from common.spark import spark_errors, to_spark_path
 
-    path = to_spark_path(cfg.path)
     options = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in cfg.options.items()}
+    if cfg.table is not None:
+        with _delta_reader(name, cfg), spark_errors(f"reading source {name!r} (table {cfg.table})"):
+            df = spark.read.options(**options).table(cfg.table)
+        return SourceFrames(name, cfg, df, None)
+    path = to_spark_path(cfg.path)
     what = f"reading source {name!r} ({cfg.format} at {cfg.path})"
+    if cfg.format == "delta":
+        with _delta_reader(name, cfg), _input_errors(name, cfg), spark_errors(what):
+            df = spark.read.format("delta").options(**options).load(path)
+        return SourceFrames(name, cfg, df, None)
     if cfg.format == "parquet":
         with _input_errors(name, cfg), spark_errors(what):
             reader = spark.read.options(**options)
@@ -221,6 +337,21 @@ def _parse_ddl(spark, name: str, ddl: str):
         raise ConfigError(f"sources.{name}.schema is not valid Spark DDL ({first_line(exc)}): {ddl!r}") from None
 
 
+class _delta_reader:
+    """Spark's "no data source delta" as exit 2 naming the source's key, with the install hint."""
+
+    def __init__(self, name: str, cfg: SourceConfig):
+        self.key = f"sources.{name}.{cfg.key}"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None:
+            check_delta_reader_error(exc, self.key)
+        return False
+
+
 class _input_errors:
     """Turn Spark's "path does not exist" into an InputDataError naming the source."""
 
@@ -238,4 +369,5 @@ class _input_errors:
 
 
 __all__ = ["CORRUPT_COLUMN", "MALFORMED", "SourceConfig", "SourceFrames", "check_csv_header", "check_sources_and_query",
-           "read_source", "read_sources", "source_fingerprint"]
+           "check_table_inputs",
+           "read_source", "read_sources", "source_bytes", "source_fingerprint"]

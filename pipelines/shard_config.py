@@ -183,7 +183,7 @@ class ShardConfig:
     def uris(self) -> list[str]:
         """Every storage location the job touches: checked before Spark starts."""
         teacher = [self.teacher.model] if self.teacher is not None else []
-        return [self.output.path, *(src.path for src in self.sources.values()), *teacher]
+        return [self.output.path, *(src.path for src in self.sources.values() if src.path is not None), *teacher]
 
 
 def load_shard_config(path=None, overrides=None, defaults: dict | None = None) -> ShardConfig:

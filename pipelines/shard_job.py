@@ -5,8 +5,9 @@ file and the notebook API all call it. The order is fixed so that nothing is pub
 every check that can fail has passed (what is written before lands in a staging directory that
 a failure removes):
 
-0. the output may not be, contain or sit inside a source; the output's writer lock is taken
-   (held to the end) and staging left by killed jobs is removed;
+0. the output may not be, contain or sit inside a source (a table source: its location, once the
+   catalog has said it, in step 1); the output's writer lock is taken (held to the end) and
+   staging left by killed jobs is removed;
 1. mode check (``common.output_mode``: ``error`` refuses, ``skip_if_exists`` compares the input
    fingerprint and returns, ``overwrite`` accepts only a dataset at the path), and for
    ``overwrite`` none that a training run reads (a live reader lease, ``common.leases``, unless
@@ -71,7 +72,7 @@ from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUM
 from common.spark import default_parallelism
 from common.sql import quote_identifier as q
 from common.sql import quote_string
-from common.sources import CORRUPT_COLUMN, MALFORMED, read_sources, source_fingerprint
+from common.sources import CORRUPT_COLUMN, MALFORMED, check_table_inputs, read_sources, source_bytes, source_fingerprint
 from pipelines.preprocess import arr_col, cat_col, check_table, fit, moment_values, num_col, row_columns, stored_schema
 from pipelines.shard_config import ShardConfig
 from pipelines import summary as summary_module
@@ -115,7 +116,8 @@ def run_shard_job(spark, cfg: ShardConfig, teacher_scorer: TeacherScorer | None 
 
 def check_output_path(cfg: ShardConfig) -> None:
     """output.path must not be, contain or sit inside a source (exit 2, before any work)."""
-    inputs = {f"source {name!r} (sources.{name}.path)": src.path for name, src in cfg.sources.items()}
+    inputs = {f"source {name!r} (sources.{name}.path)": src.path for name, src in cfg.sources.items()
+              if src.path is not None}  # a table's location is known once the catalog is asked (check_table_inputs)
     if cfg.teacher is not None:
         inputs["the teacher model (teacher.model)"] = cfg.teacher.model
     check_output_uri(cfg.output.path, "output.path")
@@ -125,7 +127,8 @@ def check_output_path(cfg: ShardConfig) -> None:
 def _run_locked(spark, cfg: ShardConfig, out, teacher_scorer: TeacherScorer | None) -> ShardResult:
 
     teacher = teacher_record(cfg, teacher_scorer)  # None without cfg.teacher
-    sources_fp = {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}
+    sources_fp = {name: source_fingerprint(name, src, spark) for name, src in cfg.sources.items()}
+    check_table_inputs(cfg.output.path, "output.path", sources_fp)
     input_fp = input_fingerprint(cfg, sources_fp, teacher)
     existing = _check_existing(out, cfg, input_fp)
     if existing is not None:
@@ -314,7 +317,8 @@ class _JobShape:
 
     @classmethod
     def of(cls, spark, cfg: ShardConfig, sources_fp: dict) -> "_JobShape":
-        size = sum(f["size"] for source in sources_fp.values() for f in source["files"])
+        sizes = [source_bytes(source) for source in sources_fp.values()]
+        size = SMALL_INPUT_BYTES if None in sizes else sum(sizes)  # unknown (a Delta table's): not small
         return cls(small=size < SMALL_INPUT_BYTES and cfg.teacher is None, cores=default_parallelism(spark))
 
 
@@ -472,7 +476,7 @@ def _build_table(spark, cfg: ShardConfig, frames):
             raise InputDataError(f"query failed to analyse over sources {sorted(frames)}: {first_line(exc)}") from None
     else:
         (name, frame), = frames.items()
-        where = f"source {name!r} ({frame.config.path})"
+        where = f"source {name!r} ({frame.config.location})"
         table = frame.clean
     if cfg.transform is not None:
         func = load_callable(cfg.transform, "transform")
@@ -531,7 +535,7 @@ def _transfer_rows(cfg: ShardConfig, train_rows: int, summary: Summary) -> int:
 def _quality_gate(cfg: ShardConfig, counts: RowCounts) -> None:
     total = counts.input_rows
     if total == 0:
-        raise InputDataError(f"the input has no rows (sources: {', '.join(s.path for s in cfg.sources.values())})")
+        raise InputDataError(f"the input has no rows (sources: {', '.join(s.location for s in cfg.sources.values())})")
     fraction = counts.quarantined / total
     if fraction > cfg.quality.max_bad_fraction:
         reasons = ", ".join(f"{r}={n}" for r, n in sorted(counts.by_reason.items(), key=lambda kv: (-kv[1], kv[0])))

@@ -13,18 +13,26 @@ from typing import Literal
 
 from common.config import SparkConfig, load_config, require
 from common.sources import SourceConfig, check_sources_and_query
+from common.tables import table_parts
 from scoring.predict import DEFAULT_BATCH_SIZE
 
 
 @dataclass
 class ScoreOutputConfig:
+    # The scores as Parquet, with _scores.json (accounting), the config and _quarantine/ beside
+    # them; with ``table``, only those three: the scores go to the table.
     path: str
     mode: Literal["error", "overwrite", "skip_if_exists"] = "error"
     # Input columns written beside the predictions (ids, keys); the features are not kept unless listed.
     keep_columns: list[str] = field(default_factory=list)
+    # A catalog table (table, schema.table or catalog.schema.table) that gets the scores, published
+    # atomically (common.tables: a staging table swapped in, or a new version of a Delta table).
+    table: str | None = None
 
     def __post_init__(self):
         require(bool(self.path), "path", "must not be empty")
+        if self.table is not None:
+            table_parts(self.table, "table")
         dup = sorted({c for c in self.keep_columns if self.keep_columns.count(c) > 1})
         require(not dup, "keep_columns", f"lists column(s) {dup} more than once")
 
@@ -52,6 +60,12 @@ class ScoreConfig:
         else:
             require(self.split is None, "split", "applies to a dataset only; filter sources in the query")
             check_sources_and_query(self.sources, self.query)
+            if self.output.table is not None:
+                same = [n for n, src in self.sources.items() if src.table is not None and
+                        table_parts(src.table, "table")[-2:] == table_parts(self.output.table, "table")[-2:]]
+                name = same[0] if same else ""
+                require(not same, "output.table", f"is the table of source {name!r} (sources.{name}.table); writing "
+                        "the scores there would replace the input: choose another table")
         require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
         require(math.isfinite(self.temperature) and self.temperature > 0, "temperature",
                 f"must be a finite number > 0, got {self.temperature}")
@@ -62,7 +76,8 @@ class ScoreConfig:
         found = {"the model (model)": self.model}
         if self.dataset is not None:
             found["the dataset (dataset)"] = self.dataset
-        found.update({f"source {name!r} (sources.{name}.path)": src.path for name, src in self.sources.items()})
+        found.update({f"source {name!r} (sources.{name}.path)": src.path for name, src in self.sources.items()
+                      if src.path is not None})
         return found
 
 

@@ -24,6 +24,15 @@ file, notebooks). Nothing is written until every check that can fail has passed:
    rows in the written files must add up to the counts (scored = clean, quarantined = bad) before
    the marker is written: an input that changed between the two passes is refused.
 
+With ``output.table`` the scores go to that catalog table instead, published atomically
+(``common.tables``: written to a staging table, counted, then swapped in by rename, or as a new
+version of a Delta table) just before the output path commits; the path keeps everything else
+(``_scores.json`` with the accounting, the config, ``_quarantine/``, the marker and the writer
+lock), so the quarantine of a table's scores is ``<output.path>/_quarantine``. The table carries
+the input fingerprint as a table property (``shardtrain.input_fingerprint``): ``skip_if_exists``
+skips only when the path and the table both hold this input's scores; ``overwrite`` replaces only
+a table a score job wrote (``shardtrain.kind``).
+
 A ``models:/NAME@ALIAS`` model is resolved to one version first; the marker and
 ``_scores.json`` record it (``model_version``). With ``skip_if_exists``, scores of the same
 config and input by the version the alias named before are replaced (the alias moved: the input
@@ -40,10 +49,13 @@ from dataclasses import dataclass, field
 
 from common import __version__
 from common.config import dump_yaml, to_dict
+from common.sources import check_table_inputs
 from common.sql import quote_identifier
-from common.errors import AccountingError, DatasetError, InputDataError, first_line
+from common.errors import AccountingError, ConfigError, DatasetError, InputDataError, OutputExistsError, first_line
 from common.output_mode import SAME, OutputWords, existing_output
 from common.model_registry import is_registry_uri, resolve_registry_model
+from common.tables import (FINGERPRINT_PROPERTY, KIND_PROPERTY, clean_stale_tables, swap_in, table_exists,
+                           quote_table, table_properties, write_staging_table)
 from common.storage import (KIND_SCORES, check_disjoint, check_output_uri, clean_stale_staging, is_committed,
                             output_lock, publish, read_marker, resolve)
 from scoring.config import ScoreConfig
@@ -64,12 +76,14 @@ class ScoreResult:
     quarantined_rows: int
     by_reason: dict[str, int] = field(default_factory=dict)
     skipped: bool = False
+    table: str | None = None  # output.table, where the scores are (the accounting and quarantine at uri)
 
     def summary(self) -> str:
+        where = f"table {self.table} (accounting in {self.uri})" if self.table else self.uri
         if self.skipped:
-            return f"unchanged, skipped {self.uri}: scores of this input and model are already there"
+            return f"unchanged, skipped {where}: scores of this input and model are already there"
         reasons = ", ".join(f"{r}={n:,}" for r, n in sorted(self.by_reason.items()))
-        return (f"published {self.uri}: {self.scored_rows:,} of {self.input_rows:,} rows scored; quarantined "
+        return (f"published {where}: {self.scored_rows:,} of {self.input_rows:,} rows scored; quarantined "
                 f"{self.quarantined_rows:,}" + (f" ({reasons}) under {self.uri}/{QUARANTINE_DIR}" if reasons else ""))
 
 
@@ -102,7 +116,9 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
         loaded = load_model(model_uri, program=cfg.program, registry_uri=registry_uri)
         model_marker = {"model_json_sha256": loaded.fingerprint}
         log.info("%s is version %s of %s in %s", cfg.model, registered.version, registered.name, registry_uri)
-    input_record = _input_record(cfg)
+    input_record = _input_record(cfg, spark)
+    if "sources" in input_record:
+        check_table_inputs(cfg.output.path, "output.path", input_record["sources"])
     input_fp = input_fingerprint(cfg, input_record, model_marker)
     mode = cfg.output.mode
     if registered is not None and registered.alias and mode == "skip_if_exists" and _alias_moved(out, cfg, input_record,
@@ -110,6 +126,8 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
         log.info("%s holds scores of another version than %s now names (version %s): the alias moved, so the input "
                  "is scored again and the scores replaced", out.uri, cfg.model, registered.version)
         mode = "overwrite"
+    if cfg.output.table is not None:
+        mode = _check_table(spark, cfg, out, input_fp, mode)
     existing = _check_existing(out, cfg, input_fp, mode)
     if existing is not None:
         log.info("%s already holds these scores (input fingerprint %s); skipping", out.uri, input_fp[:12])
@@ -140,27 +158,43 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
                                temperature=cfg.temperature, keep_columns=cfg.output.keep_columns,
                                encoded=encoded, program=cfg.program, registry_uri=registry_uri,
                                fingerprint=model_marker.get("model_json_sha256")).drop(REASON)
-        with spark_errors(f"scoring with {cfg.model}"):
-            _write(scored, staging.uri)
-        by_reason, clean_rows = _counts(counting, reasons, bad_records)
-        input_rows = clean_rows + sum(by_reason.values())
-        if input_rows == 0:
-            raise InputDataError(f"the input has no rows ({_describe_input(cfg)})")  # nothing is published
-        quarantine = _quarantine_rows(cfg, checked, table.columns, malformed)
-        if not by_reason:  # nothing to find in another pass over the input: the same empty file, from no rows
-            quarantine = quarantine.limit(0)
-        with spark_errors("writing the quarantine"):
-            _write(quarantine, staging.join(QUARANTINE_DIR).uri)
-        accounting = _check_accounting(staging, input_rows, clean_rows, sum(by_reason.values()))
-        summary = {"format": KIND_SCORES, "shardtrain_version": __version__, "model": cfg.model,
-                   "model_json_sha256": model_marker.get("model_json_sha256"), **version, "input_fingerprint": input_fp,
-                   "input": input_record, "columns": scored.columns, "accounting": accounting,
-                   "quarantine": {"path": QUARANTINE_DIR, "by_reason": dict(sorted(by_reason.items()))},
-                   "config": to_dict(cfg)}
-        staging.write_text(SUMMARY_NAME, json.dumps(summary, indent=2, default=str) + "\n")
-        staging.write_text(CONFIG_NAME, dump_yaml(cfg))
+        staged_table = None
+        try:
+            with spark_errors(f"scoring with {cfg.model}"):
+                if cfg.output.table is None:
+                    _write(scored, staging.uri)
+                else:
+                    staged_table = write_staging_table(scored, cfg.output.table,
+                                                       {KIND_PROPERTY: KIND_SCORES, FINGERPRINT_PROPERTY: input_fp})
+            by_reason, clean_rows = _counts(counting, reasons, bad_records)
+            input_rows = clean_rows + sum(by_reason.values())
+            if input_rows == 0:
+                raise InputDataError(f"the input has no rows ({_describe_input(cfg)})")  # nothing is published
+            quarantine = _quarantine_rows(cfg, checked, table.columns, malformed)
+            if not by_reason:  # nothing to find in another pass over the input: the same empty file, from no rows
+                quarantine = quarantine.limit(0)
+            with spark_errors("writing the quarantine"):
+                _write(quarantine, staging.join(QUARANTINE_DIR).uri)
+            table_rows = None if staged_table is None else spark.table(staged_table).count()
+            accounting = _check_accounting(staging, input_rows, clean_rows, sum(by_reason.values()), table_rows)
+            summary = {"format": KIND_SCORES, "shardtrain_version": __version__, "model": cfg.model,
+                       "model_json_sha256": model_marker.get("model_json_sha256"), **version,
+                       "input_fingerprint": input_fp, "input": input_record, "columns": scored.columns,
+                       **({"table": cfg.output.table} if cfg.output.table else {}), "accounting": accounting,
+                       "quarantine": {"path": QUARANTINE_DIR, "by_reason": dict(sorted(by_reason.items()))},
+                       "config": to_dict(cfg)}
+            staging.write_text(SUMMARY_NAME, json.dumps(summary, indent=2, default=str) + "\n")
+            staging.write_text(CONFIG_NAME, dump_yaml(cfg))
+            if staged_table is not None:
+                with spark_errors(f"publishing the scores as table {cfg.output.table}"):
+                    swap_in(spark, staged_table, cfg.output.table, "output.table")
+                staged_table = None
+        finally:
+            if staged_table is not None:  # a check failed: the staging table goes with the staging directory
+                spark.sql(f"DROP TABLE IF EXISTS {quote_table(staged_table)}")
     result = ScoreResult(uri=out.uri, input_rows=input_rows, scored_rows=clean_rows,
-                         quarantined_rows=sum(by_reason.values()), by_reason=dict(sorted(by_reason.items())))
+                         quarantined_rows=sum(by_reason.values()), by_reason=dict(sorted(by_reason.items())),
+                         table=cfg.output.table)
     log.info("%s", result.summary())
     return result
 
@@ -180,9 +214,10 @@ def _model_marker(uri: str) -> dict:
     return marker
 
 
-def _input_record(cfg: ScoreConfig) -> dict:
-    """What the input is, for the fingerprint, without Spark: the source files (paths, sizes,
-    modification times), or the dataset's content fingerprint and the split."""
+def _input_record(cfg: ScoreConfig, spark=None) -> dict:
+    """What the input is, for the fingerprint, without Spark work: the source files (paths, sizes,
+    modification times; a table's from its catalog, ``common.sources``), or the dataset's content
+    fingerprint and the split."""
     if cfg.dataset is not None:
         from common.dataset import read_manifest
 
@@ -190,7 +225,7 @@ def _input_record(cfg: ScoreConfig) -> dict:
         return {"dataset": manifest.root.uri, "fingerprint": manifest.fingerprint, "split": cfg.split}
     from common.sources import source_fingerprint
 
-    return {"sources": {name: source_fingerprint(name, src) for name, src in cfg.sources.items()}}
+    return {"sources": {name: source_fingerprint(name, src, spark) for name, src in cfg.sources.items()}}
 
 
 def _sources_table(spark, cfg: ScoreConfig):
@@ -257,6 +292,33 @@ def _alias_moved(out, cfg: ScoreConfig, input_record: dict, input_fp: str) -> bo
     return input_fingerprint(cfg, input_record, {"model_json_sha256": before}) == marker.get("input_fingerprint")
 
 
+def _check_table(spark, cfg: ScoreConfig, out, input_fp: str, mode: str) -> str:
+    """output.table against the mode (under the writer lock, after putting back what a killed
+    publish left): ``error`` refuses an existing table, the other modes replace only a scores table
+    a score job wrote; the mode to go on with (``skip_if_exists`` becomes ``overwrite`` where the
+    path holds this input's scores but the table does not)."""
+    name = cfg.output.table
+    clean_stale_tables(spark, name)
+    path_holds_these = is_committed(out) and read_marker(out).get("input_fingerprint") == input_fp
+    if not table_exists(spark, name):
+        if mode == "skip_if_exists" and path_holds_these:
+            log.info("output.table %s is gone, while %s records its scores; scoring again", name, out.uri)
+            return "overwrite"
+        return mode
+    if mode == "error":
+        raise OutputExistsError(f"output.table {name} already exists; set output.mode=overwrite to replace it "
+                                "(or skip_if_exists to keep identical scores)")
+    props = table_properties(spark, name)
+    if props.get(KIND_PROPERTY) != KIND_SCORES:
+        raise ConfigError(f"output.table {name} exists and was not written by a score job (no {KIND_PROPERTY}="
+                          f"{KIND_SCORES} property); shardtrain replaces only its own scores tables: drop it or choose "
+                          "another output.table")
+    if mode == "skip_if_exists" and props.get(FINGERPRINT_PROPERTY) != input_fp and path_holds_these:
+        log.info("output.table %s does not hold the scores %s records; scoring again", name, out.uri)
+        return "overwrite"
+    return mode
+
+
 def _check_existing(out, cfg: ScoreConfig, input_fp: str, mode: str) -> ScoreResult | None:
     """The scores already at the output when skip_if_exists finds these; None to go on."""
     if existing_output(out, mode, _SCORES, input_fp) != SAME:
@@ -265,7 +327,7 @@ def _check_existing(out, cfg: ScoreConfig, input_fp: str, mode: str) -> ScoreRes
     acc = summary["accounting"]
     return ScoreResult(uri=out.uri, input_rows=acc["input_rows"], scored_rows=acc["scored_rows"],
                        quarantined_rows=acc["quarantined_rows"], by_reason=summary["quarantine"]["by_reason"],
-                       skipped=True)
+                       skipped=True, table=cfg.output.table)
 
 
 def _check_columns(fields: dict, cfg: ScoreConfig) -> None:
@@ -322,9 +384,12 @@ def _write(frame, uri: str) -> None:
     frame.write.mode("overwrite").parquet(to_spark_path(uri))
 
 
-def _check_accounting(staging, input_rows: int, clean_rows: int, quarantined_rows: int) -> dict:
-    """Rows in the written files (their Parquet footers), against the counts: nothing published otherwise."""
-    scored = _rows_written(staging, lambda rel: not rel.startswith(QUARANTINE_DIR + "/"))
+def _check_accounting(staging, input_rows: int, clean_rows: int, quarantined_rows: int,
+                      table_rows: int | None = None) -> dict:
+    """Rows in the written files (their Parquet footers; the staging table's count where the scores
+    go to a table), against the counts: nothing published otherwise."""
+    scored = table_rows if table_rows is not None else \
+        _rows_written(staging, lambda rel: not rel.startswith(QUARANTINE_DIR + "/"))
     quarantined = _rows_written(staging, lambda rel: rel.startswith(QUARANTINE_DIR + "/"))
     record = {"input_rows": input_rows, "scored_rows": scored, "quarantined_rows": quarantined}
     if scored != clean_rows or scored + quarantined != input_rows or quarantined != quarantined_rows:

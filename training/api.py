@@ -35,7 +35,7 @@ from common.storage import KIND_MODEL, check_disjoint, check_replaceable, output
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
 from training.data import check_manifest_unchanged
-from training.launchers import launch
+from training.launchers import coordinates_run, launch, needs_spark
 from training.plan import RankPlan, build_plan
 from training.run_record import record_restart
 
@@ -67,6 +67,9 @@ class TrainResult:
         return {k: v for k, v in self.final.items() if k.startswith("baseline_")}
 
     def summary(self) -> str:
+        if self.ranks and self.ranks[0].get("rank", 0) != 0:  # a torchrun rank other than 0
+            return (f"rank {self.ranks[0]['rank']} of {self.world_size}: {self.steps_per_rank[0]} steps "
+                    f"({self.steps_per_epoch}/epoch) in {self.seconds:.1f}s; rank 0 publishes {self.model_uri}")
         final = self.final
         lines = [f"trained {len(self.metrics)} epoch(s) on {self.world_size} rank(s), "
                  f"{self.steps_per_epoch} steps/epoch on every rank, in {self.seconds:.1f}s"]
@@ -94,6 +97,8 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None, on_epoch=None) -> Train
     that epoch boundary: its checkpoint is written, the model published (a sweep's pruner)."""
     started = time.perf_counter()
     plan = build_plan(cfg)  # reads and checks the manifest: nothing launched yet, nothing written
+    if not coordinates_run(cfg.launch):  # a rank other than 0 of a launcher outside Spark: rank 0 drives the run
+        return _peer_result(plan, launch(plan)[0], time.perf_counter() - started)
     # Both held to the end. The model path's writer lock, before the run directory or a
     # checkpoint is touched: a second run on this model path fails now (exit 1, naming this one)
     # instead of sharing them. The reader lease: a shard job will not overwrite the dataset.
@@ -110,7 +115,7 @@ def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, on_epoch, st
     log.info("dataset %s: %d train rows -> %d rank(s) x %d steps/epoch x %d epoch(s) (%d rows skipped per epoch)",
              plan.dataset_uri, plan.train.rows, plan.world_size, plan.steps_per_epoch, cfg.train.epochs,
              plan.skipped_rows_per_epoch)
-    if cfg.launch.mode != "in_process":
+    if needs_spark(cfg.launch):
         spark = spark or _session(cfg)
     ranks = launch(plan, spark, on_step=on_step, on_epoch=on_epoch,
                    on_restart=lambda n, why: record_restart(plan.run_dir, n, cfg.launch.max_restarts, why))
@@ -206,6 +211,14 @@ def _write_summary(result: TrainResult) -> None:
                "ranks": [{k: r.get(k) for k in ("rank", "steps", "device", "device_reason", "gpu_addresses",
                                                 "epoch_stats")} for r in result.ranks]}
     resolve(result.run_dir).write_text("summary.json", json.dumps(summary, indent=2, sort_keys=True))
+
+
+def _peer_result(plan: RankPlan, own: dict, seconds: float) -> TrainResult:
+    """A rank's own account, where another process (rank 0) is the run's driver."""
+    return TrainResult(model_uri=plan.model_path, run_dir=plan.run_dir, metrics=[], steps_per_rank=[own["steps"]],
+                       steps_per_epoch=plan.steps_per_epoch, skipped_rows_per_epoch=plan.skipped_rows_per_epoch,
+                       world_size=plan.world_size, seconds=seconds, ranks=[own],
+                       resumed_from=own.get("resumed_from"), checkpoint_problems=own.get("checkpoint_problems", []))
 
 
 def _result(plan: RankPlan, ranks: list[dict], seconds: float) -> TrainResult:

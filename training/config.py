@@ -263,9 +263,11 @@ class LaunchConfig:
     # Relaunches after a rank's process died, stalled or lost its connection; the ranks resume from
     # the newest complete checkpoint (checkpoint.resume=auto). Config and data errors never retry.
     max_restarts: int = 2
-    # horovod (horovod.spark.run) or torch (pyspark's TorchDistributor + torch.distributed).
+    # horovod (horovod.spark.run) or torch (pyspark's TorchDistributor + torch.distributed), or
+    # torchrun: no Spark, every rank a process torchrun (or Kubernetes, ...) started running
+    # `shardtrain train` (training/launchers/torchrun.py; launch.device picks its GPU or the CPU).
     # null: horovod where horovod.torch is installed, else torch (resolved here, on the driver).
-    backend: Literal["horovod", "torch"] | None = None
+    backend: Literal["horovod", "torch", "torchrun"] | None = None
     # Horovod elastic (horovod.spark.run_elastic): when a rank dies, the others go on without a
     # relaunch, at the smaller world size (at least min_num_proc; null: num_proc - 1), repeating
     # the interrupted epoch with its rows divided into equal steps for that size (training.elastic).

@@ -3,12 +3,16 @@
 - ``in_process`` (``launch.mode=in_process``): world size 1 in the driver's process.
 - ``horovod_spark`` (``launch.backend=horovod``): Horovod-on-Spark, elastic or not.
 - ``torch_distributor`` (``launch.backend=torch``): torch.distributed under TorchDistributor.
+- ``torchrun`` (``launch.backend=torchrun``): no Spark; this process is one rank a launcher outside
+  Spark started (torchrun, Kubernetes, Databricks serverless GPU), and rank 0 also the driver.
 
 A Spark launch runs under the driver's ``supervisor`` (progress reports, stall timeout, relaunches)
 and its ``failure_policy`` (retry or raise, one pure rule set). Every Spark rank runs the one
 rank-entry sequence of ``rank_entry`` and reports through ``progress.Reporter``. Adding a launcher
 is one module with a ``launch_fn(plan, spark, launch_cfg) -> list[dict]`` and an entry in
-``SPARK_LAUNCHERS``.
+``SPARK_LAUNCHERS``; a launcher whose processes are started from outside (each one rank) is one
+module with ``launch_fn(plan, launch_cfg) -> list[dict]`` and ``coordinates(launch_cfg) -> bool``
+(whether this process is also the run's driver) and an entry in ``RANK_LAUNCHERS``.
 
 Layering inside the package (no module imports one that imports it back): ``failure_policy`` and
 ``progress`` import only ``common``; ``rank_entry`` imports those two; the launchers import
@@ -28,6 +32,11 @@ SPARK_LAUNCHERS = {
     "torch": "training.launchers.torch_distributor:launch_torch",
 }
 
+# launch.backend -> the module of a launcher outside Spark (its launch_fn and coordinates).
+RANK_LAUNCHERS = {
+    "torchrun": "training.launchers.torchrun:launch_torchrun",
+}
+
 
 # Backends that need classic Spark (a SparkContext, RDDs, job groups): refused under Spark Connect.
 CLASSIC_ONLY = {"horovod": "Horovod-on-Spark needs a SparkContext, RDDs and job groups"}
@@ -35,10 +44,27 @@ CLASSIC_ONLY = {"horovod": "Horovod-on-Spark needs a SparkContext, RDDs and job 
 
 def spark_launcher(backend: str) -> Callable:
     """The ``launch_fn`` of ``launch.backend``."""
+    return _imported(SPARK_LAUNCHERS[backend])
+
+
+def _imported(target: str, name: str | None = None):
     import importlib
 
-    module, _, name = SPARK_LAUNCHERS[backend].partition(":")
-    return getattr(importlib.import_module(module), name)
+    module, _, default = target.partition(":")
+    return getattr(importlib.import_module(module), name or default)
+
+
+def needs_spark(launch_cfg) -> bool:
+    """Whether the run's ranks are started on Spark (so the driver needs a session)."""
+    return launch_cfg.mode != "in_process" and launch_cfg.backend in SPARK_LAUNCHERS
+
+
+def coordinates_run(launch_cfg) -> bool:
+    """Whether this process is the run's driver (the writer lock, the reader lease, the output
+    checks, the summary): every process but the ranks other than 0 of a launcher outside Spark."""
+    if launch_cfg.mode == "in_process" or launch_cfg.backend not in RANK_LAUNCHERS:
+        return True
+    return _imported(RANK_LAUNCHERS[launch_cfg.backend], "coordinates")(launch_cfg)
 
 
 def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
@@ -56,6 +82,8 @@ def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
         from training.launchers.in_process import launch_in_process
 
         return check_results(launch_in_process(plan, on_step=on_step, on_epoch=on_epoch))
+    if cfg.launch.backend in RANK_LAUNCHERS:
+        return check_results(_imported(RANK_LAUNCHERS[cfg.launch.backend])(plan, cfg.launch))
     from training.launchers.supervisor import run_supervised
 
     check_backend_runs(cfg.launch.backend, spark)
@@ -77,4 +105,5 @@ def check_backend_runs(backend: str, spark) -> None:
                           "or run on a classic Spark session (a dedicated access mode cluster on Databricks)")
 
 
-__all__ = ["CLASSIC_ONLY", "SPARK_LAUNCHERS", "check_backend_runs", "launch", "spark_launcher"]
+__all__ = ["CLASSIC_ONLY", "RANK_LAUNCHERS", "SPARK_LAUNCHERS", "check_backend_runs", "coordinates_run", "launch",
+           "needs_spark", "spark_launcher"]

@@ -40,6 +40,8 @@ REGISTRY = {
     ("diloco", "horovod"): "training.strategies.periodic:DiLoCo",
     ("diloco", "torch"): "training.strategies.periodic:DiLoCo",
 }
+# torchrun's ranks are torch.distributed ranks, as TorchDistributor's are: the torch strategies.
+REGISTRY.update({(name, "torchrun"): target for (name, backend), target in list(REGISTRY.items()) if backend == "torch"})
 IN_PROCESS = "training.strategies.single:SingleProcess"
 
 
@@ -90,7 +92,7 @@ def getattr_path(train, key: str):
 
 def _check_pipeline(train, launch, model) -> None:
     stages = train.pipeline.stages
-    if launch.backend != "torch":
+    if ("pipeline", launch.backend) not in REGISTRY:
         raise ConfigError(f"train.pipeline.stages={stages} needs launch.backend=torch (got launch.backend="
                           f"{launch.backend}: Horovod has no point-to-point sends between stages); set "
                           "launch.backend=torch or train.pipeline.stages=1")

@@ -1,0 +1,174 @@
+"""launch.backend=torchrun: `shardtrain train` run by a real ``torchrun --nproc-per-node 2`` (two Gloo
+ranks on CPU, no Spark in them) trains to the same weights, bit for bit, as the TorchDistributor
+run of the same config and seed (both run the one rank loop on a ``TorchGroup``), with equal steps
+on both ranks and rank 0 publishing. A rank SIGKILLed by pid after the first checkpoint is
+relaunched by torchrun (``--max-restarts 1``), resumes from that checkpoint and ends with the
+uninterrupted run's weights. Without torchrun's environment, or with a world size other than
+``launch.num_proc``, the command is exit 2 naming ``launch.backend``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from common.errors import ConfigError
+from common.faults import FAULT_ENV, FAULT_ONCE_ENV
+from polling import wait_for
+from tabular_data import write_dataset
+from train_configs import train_config, train_overrides
+from training import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+UNEVEN = {"train": [[700, 301], [13], [900, 111, 2], [0], [455]], "val": [[190], [77]]}
+COMMON = ("launch.start_timeout=120", "train.batch_size=32", "train.lr=0.005", "train.log_every_steps=10",
+          "data.shuffle_buffer_rows=200", "model.hidden=[32]", "train.epochs=2", "data.reader=arrow")
+
+pytestmark = [pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory):
+    return write_dataset(str(tmp_path_factory.mktemp("torchrun") / "ds"), UNEVEN)
+
+
+def _torchrun() -> list[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _run_torchrun(ds, out, *extra, restarts: int = 0, env_extra: dict | None = None) -> subprocess.Popen:
+    overrides = train_overrides(ds, f"{out}/model", *COMMON, "launch.backend=torchrun", *extra, ranks=2)
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_ONCE_ENV)}
+    env.update({"PYTHONPATH": ROOT, **(env_extra or {})})
+    command = [*_torchrun(), "--standalone", "--nproc-per-node", "2", f"--max-restarts={restarts}",
+               "-m", "shardtrain", "train", "--config", _defaults(out), *overrides]
+    return subprocess.Popen(command, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _defaults(folder) -> str:
+    """A config file that sets nothing: the overrides on the defaults, as ``train_config`` builds them."""
+    path = os.path.join(folder, "defaults.yaml")
+    with open(path, "w") as fh:
+        fh.write("{}\n")
+    return path
+
+
+def _finished(proc: subprocess.Popen) -> str:
+    output = proc.communicate(timeout=800)[0]
+    assert proc.returncode == 0, output[-6000:]
+    return output
+
+
+def _weights(model_dir: str) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(os.path.join(model_dir, "model.safetensors"))
+
+
+def _assert_same_weights(a: str, b: str) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys() and wa
+    for name in wa:
+        np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
+
+
+def _summary(out) -> dict:
+    return json.loads((out / "model.run" / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def torchrun_run(uneven, tmp_path_factory):
+    out = tmp_path_factory.mktemp("torchrun-run")
+    output = _finished(_run_torchrun(uneven, out))
+    return out, output
+
+
+@pytest.mark.spark
+def test_torchrun_trains_bit_identically_to_torch_distributor(spark, uneven, torchrun_run, tmp_path):
+    out, output = torchrun_run
+    reference = train(train_config(uneven, f"{tmp_path}/model", *COMMON, "launch.backend=torch",
+                                   f"launch.env.PYTHONPATH={HERE}", ranks=2), spark)
+    _assert_same_weights(f"{out}/model", reference.model_uri)
+    summary = _summary(out)
+    assert summary["world_size"] == 2 and summary["steps_per_epoch"] == reference.steps_per_epoch
+    assert summary["steps_per_rank"] == reference.steps_per_rank == [2 * reference.steps_per_epoch] * 2
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    keys = ("train_loss", "val_loss", "val_accuracy")
+    assert [{k: m[k] for k in keys} for m in summary["metrics"]] == [{k: m[k] for k in keys} for m in reference.metrics]
+    assert "rank 1 of 2:" in output and f"rank 0 publishes {out}/model" in output  # rank 1's own line
+    assert f"model:   {out}/model" in output  # rank 0's summary
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def test_a_rank_killed_after_a_checkpoint_is_restarted_by_torchrun_and_resumes(uneven, torchrun_run, tmp_path):
+    # Rank 0 stops itself once its first checkpoint is committed (the fault point of every commit);
+    # the test then SIGKILLs it by pid. torchrun sees a rank die, stops the other, starts both again.
+    once = tmp_path / "stopped.pid"
+    proc = _run_torchrun(uneven, tmp_path, restarts=1,
+                         env_extra={FAULT_ENV: "commit:after-swap:stop", FAULT_ONCE_ENV: str(once)})
+    try:
+        wait_for(lambda: once.exists() and once.read_text() and _state(int(once.read_text())) == "T",
+                 "rank 0 to stop after its first checkpoint", timeout=600, proc=proc, interval=0.2)
+        pid = int(once.read_text())
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
+        assert environ[b"RANK"] == b"0" and environ[b"TORCHELASTIC_RESTART_COUNT"] == b"0"
+        checkpoints = sorted(os.listdir(tmp_path / "model.run" / "checkpoints"))
+        assert [c for c in checkpoints if c.startswith("step-")]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: _state(pid) in (None, "Z"), "the killed rank to die", timeout=60)
+        output = _finished(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # Exit 0 although a rank was SIGKILLed: torchrun started the ranks again, and they resumed.
+    summary = _summary(tmp_path)
+    assert summary["resumed_from"] and "/model.run/checkpoints/step-" in summary["resumed_from"]
+    assert summary["steps_per_rank"] == [2 * summary["steps_per_epoch"]] * 2
+    out, _ = torchrun_run
+    _assert_same_weights(f"{tmp_path}/model", f"{out}/model")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({}, "launch.backend=torchrun runs each rank as a process a launcher started, but RANK, WORLD_SIZE, "
+         "MASTER_ADDR, MASTER_PORT, LOCAL_RANK is not set"),
+    ({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "LOCAL_RANK": "0"},
+     "launch.backend=torchrun: the launcher started WORLD_SIZE=3 rank(s) but launch.num_proc=2"),
+])
+def test_without_a_launchers_environment_or_with_another_world_size_it_is_exit_2(uneven, tmp_path, monkeypatch,
+                                                                                  env, message):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cfg = train_config(uneven, f"{tmp_path}/model", "launch.backend=torchrun", ranks=2)
+    with pytest.raises(ConfigError) as err:
+        train(cfg)
+    assert str(err.value).startswith(message) and err.value.exit_code == 2
+    assert not os.path.exists(f"{tmp_path}/model") and not os.path.exists(f"{tmp_path}/model.run")
+
+
+def test_the_command_without_torchrun_exits_2_naming_launch_backend(uneven, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = ROOT
+    proc = subprocess.run([sys.executable, "-m", "shardtrain", "train", "--config", _defaults(tmp_path),
+                           *train_overrides(uneven, f"{tmp_path}/model", "launch.backend=torchrun", ranks=2)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "launch.backend=torchrun" in proc.stderr and "torchrun --nproc-per-node" in proc.stderr
+

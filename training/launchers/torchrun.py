@@ -1,0 +1,153 @@
+"""``launch.backend: torchrun``: ``shardtrain train`` run by torchrun, or by anything else that sets
+torch.distributed's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``LOCAL_RANK``): a Kubernetes PyTorchJob, plain SSH, Databricks' serverless GPU API. No Spark:
+each process is one rank, reads the shards from storage itself and runs the one rank loop
+(``training.loop.run_rank``) on a ``TorchGroup`` with the strategy ``train.parallel`` picks, as
+the TorchDistributor backend does, so the same config and seed train to the same weights.
+
+Every process runs the whole ``shardtrain train`` command: each builds the same plan from the
+manifest (equal steps per rank come from it, not from the reader); rank 0 alone is the run's
+driver (``coordinates``: the model path's writer lock, the dataset's reader lease, the output
+checks, the publish and ``summary.json``); the others only train. Restarts are the launcher's
+(torchrun's ``--max-restarts``): a restarted process runs the command again and its ranks resume
+from the newest complete checkpoint (``checkpoint.resume: auto``), as after a relaunch on Spark.
+There is no supervisor: torchrun watches its processes.
+
+At the end every rank puts its record (result or failure, with its own traceback) in the
+rendezvous store at ``MASTER_ADDR:MASTER_PORT`` (torchrun's own store, or rank 0's where no agent
+runs one), and rank 0 reads them all, so its ``TrainResult`` counts every rank's steps.
+
+Imports torch only when a rank starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from dataclasses import dataclass
+
+from common.errors import ConfigError
+from training.launchers.rank_entry import failure_record, run_rank_entry
+
+log = logging.getLogger("shardtrain.train")
+
+ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+_RESULT_KEY = "shardtrain/torchrun/{restart}/result/{rank}"
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    restart: int  # torchrun's TORCHELASTIC_RESTART_COUNT (0 elsewhere)
+
+
+def torchrun_env(launch_cfg) -> TorchrunEnv:
+    """This process's place in the job, from its environment; exit 2 naming ``launch.backend``
+    where the environment is not a torch.distributed launcher's or disagrees with ``launch.num_proc``."""
+    missing = [name for name in ENV_VARS if not os.environ.get(name)]
+    if missing:
+        raise ConfigError(
+            f"launch.backend=torchrun runs each rank as a process a launcher started, but {', '.join(missing)} "
+            "is not set: run `torchrun --nproc-per-node N -m shardtrain train ... launch.backend=torchrun` (or a "
+            "launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and LOCAL_RANK), or set "
+            "launch.backend=torch to start the ranks on Spark")
+    try:
+        values = {name: int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
+    except ValueError:
+        raise ConfigError("launch.backend=torchrun: RANK, WORLD_SIZE, MASTER_PORT and LOCAL_RANK must be integers, got "
+                          + ", ".join(f"{n}={os.environ.get(n)!r}" for n in ENV_VARS)) from None
+    world = values["WORLD_SIZE"]
+    if world != launch_cfg.num_proc:
+        raise ConfigError(
+            f"launch.backend=torchrun: the launcher started WORLD_SIZE={world} rank(s) but launch.num_proc="
+            f"{launch_cfg.num_proc}; the plan (rows per rank, steps per epoch) is made for launch.num_proc, so set "
+            f"launch.num_proc={world} or start {launch_cfg.num_proc} rank(s)")
+    if not 0 <= values["RANK"] < world:
+        raise ConfigError(f"launch.backend=torchrun: RANK={values['RANK']} is outside WORLD_SIZE={world}")
+    return TorchrunEnv(rank=values["RANK"], world_size=world, local_rank=values["LOCAL_RANK"],
+                       master_addr=os.environ["MASTER_ADDR"], master_port=values["MASTER_PORT"],
+                       restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+
+
+def coordinates(launch_cfg) -> bool:
+    """Whether this process is the run's driver as well as a rank: rank 0."""
+    return torchrun_env(launch_cfg).rank == 0
+
+
+def launch_torchrun(plan, launch_cfg) -> list[dict]:
+    """Run this process's rank; rank 0 returns every rank's record (rank 0 first), the others their own."""
+    env = torchrun_env(launch_cfg)
+    os.environ.update({k: str(v) for k, v in launch_cfg.env.items()})
+    started = []
+
+    def start_group(plan_):
+        from training.distributed import TorchGroup
+
+        group = TorchGroup(*_device(launch_cfg, env.local_rank))
+        started.append(group)
+        return group
+
+    # The group stays up until the records are exchanged: where no agent runs the store, rank 0's
+    # group holds it.
+    result = run_rank_entry(plan, env.rank, start_group, _train)
+    try:
+        return _exchange_results(env, result, launch_cfg.start_timeout)
+    finally:
+        for group in started:
+            group.shutdown()
+
+
+def _device(launch_cfg, local_rank: int):
+    """(device, why): GPU ``LOCAL_RANK`` where CUDA is available (``launch.device``: auto or cuda),
+    else the CPU."""
+    import torch
+
+    wanted = launch_cfg.device
+    if wanted != "cpu" and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise ConfigError(f"launch.backend=torchrun: LOCAL_RANK={local_rank} but this machine has {count} GPU(s); "
+                              "start at most one rank per GPU (--nproc-per-node) or set launch.device=cpu")
+        device = torch.device(f"cuda:{local_rank}")
+        torch.cuda.set_device(device)
+        return device, f"torchrun LOCAL_RANK={local_rank}"
+    if wanted == "cuda":
+        raise ConfigError("launch.device=cuda but CUDA is not available in this rank's process (no GPU, or a CPU "
+                          "build of torch); use launch.device=auto or cpu")
+    return torch.device("cpu"), "launch.device=cpu" if wanted == "cpu" else "no CUDA in this process"
+
+
+def _train(plan, group, reporter) -> dict:
+    from training.loop import run_rank
+
+    return run_rank(plan, group, hooks=reporter)
+
+
+def _exchange_results(env: TorchrunEnv, result: dict, timeout: int) -> list[dict]:
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    store.set(_RESULT_KEY.format(restart=env.restart, rank=env.rank), pickle.dumps(result))
+    if env.rank != 0:
+        return [result]
+    results = []
+    for other in range(env.world_size):
+        key = _RESULT_KEY.format(restart=env.restart, rank=other)
+        try:
+            store.wait([key])
+            results.append(pickle.loads(store.get(key)))
+        except Exception as exc:  # noqa: BLE001 - a rank that died without a word
+            text = f"rank {other} sent no result within {timeout}s: {exc}"
+            results.append({"ok": False, "failure": failure_record(other, RuntimeError(text), text).to_dict()})
+    return results
+
+
+__all__ = ["ENV_VARS", "TorchrunEnv", "coordinates", "launch_torchrun", "torchrun_env"]
