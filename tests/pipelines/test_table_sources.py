@@ -22,7 +22,7 @@ from common.sources import source_fingerprint
 from pipelines.shard_job import run_shard_job
 from shard_testdata import config, file_hashes, simple_rows, write_parquet
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600), pytest.mark.stack]
 
 
 @pytest.fixture(scope="module")

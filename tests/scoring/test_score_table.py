@@ -93,6 +93,7 @@ def _leftovers(spark, schema: str) -> list[str]:
     return [r["tableName"] for r in spark.sql(f"SHOW TABLES IN {schema}").collect() if "__shardtrain_" in r["tableName"]]
 
 
+@pytest.mark.stack  # the catalog and table rename of each Spark version
 def test_scores_in_a_table_equal_scores_at_a_path(spark, model, schema, tmp_path):
     source = {"raw": {"path": raw_source(tmp_path / "raw")}}
     at_path = score(score_yaml(tmp_path / "p.yaml", model, {"path": str(tmp_path / "scores")}, source), spark=spark)
@@ -122,6 +123,7 @@ def test_scores_in_a_table_equal_scores_at_a_path(spark, model, schema, tmp_path
     assert _leftovers(spark, schema) == []
 
 
+@pytest.mark.stack  # the catalog and table rename of each Spark version
 def test_a_score_table_keeps_the_modes_and_a_table_source_scores_like_a_path(spark, model, schema, tmp_path):
     raw = raw_source(tmp_path / "raw")
     spark.read.parquet(raw).write.saveAsTable(f"{schema}.raw_rows")

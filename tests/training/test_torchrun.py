@@ -30,7 +30,7 @@ UNEVEN = {"train": [[700, 301], [13], [900, 111, 2], [0], [455]], "val": [[190],
 COMMON = ("launch.start_timeout=120", "train.batch_size=32", "train.lr=0.005", "train.log_every_steps=10",
           "data.shuffle_buffer_rows=200", "model.hidden=[32]", "train.epochs=2", "data.reader=arrow")
 
-pytestmark = [pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.timeout(900), pytest.mark.ranks]
 
 
 @pytest.fixture(scope="module")
