@@ -24,14 +24,14 @@ demo: setup
 
 test: setup
 	@start=$$(date +%s); \
-	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 $(PYTEST_ARGS) && pinned=$$(date +%s) && \
+	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 --durations=40 $(PYTEST_ARGS) && pinned=$$(date +%s) && \
 	$(MAKE) --no-print-directory test-current && end=$$(date +%s) && \
 	echo "make test: $$((end - start)) s wall (pinned profile $$((pinned - start)) s, current profile $$((end - pinned)) s)"
 
 # Tests that need Horovod or the standalone cluster are left to the pinned run; those needing
 # petastorm skip themselves (importorskip) where it is not installed.
 test-current: setup-current
-	$(VENV_CURRENT)/bin/python -m pytest tests -q -p no:cacheprovider --timeout=900 \
+	$(VENV_CURRENT)/bin/python -m pytest tests -q -p no:cacheprovider --timeout=900 --durations=40 \
 		-m "$(STACK_TESTS)" $(PYTEST_ARGS)
 
 # The inner loop: unit tests and local Spark, no rank launches (no `ranks`/`horovod`/`cluster` marks).
