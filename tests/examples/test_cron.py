@@ -36,6 +36,14 @@ def read(path) -> str:
         return f.read()
 
 
+def _as_cron_starts_it() -> None:
+    """The stop signals at their defaults, as cron gives them: a test run started under ``nohup``
+    (or as a background job) would otherwise hand the wrapper and its command an ignored SIGHUP
+    (SIGINT), and the forwarded signal would end nothing."""
+    for stop in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.SIG_DFL)
+
+
 class WrappedRun:
     """A run of the wrapper whose command holds until the test says; the command signals that it
     runs by creating ``started``. Its own session, so a failed test can stop the wrapper (and,
@@ -44,7 +52,8 @@ class WrappedRun:
     def __init__(self, log_dir, command: list[str], started):
         self.log_dir = log_dir
         self.proc = subprocess.Popen([WRAPPER, "--name", "nightly", "--log-dir", str(log_dir), "--", *command],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                     preexec_fn=_as_cron_starts_it)
         wait_for(lambda: os.path.exists(started), "the run's command to start", timeout=60, proc=self.proc)
         assert self.proc.poll() is None, f"the run ended early: {self.proc.communicate()}"
 
