@@ -67,6 +67,15 @@ def test_stall_rule_counts_steps_inside_epochs_and_signs_of_life_outside():
     after[0].last_progress = now - 61
     (why,) = dict(find_stalled(after, world=1, started=now - 100, now=now, timeout=timeout)).values()
     assert "rank 0 published the model 61 s ago and has not finished" in why
+    # A live rank waiting since just before its peer went silent: the verdict waits for the silent
+    # peer (at most half the timeout), which is then named with it, the cause first.
+    waiting = {0: _state(0, 40, VALIDATING, seen=now - 1, progress=now - 61, batches=5),
+               1: _state(1, 40, VALIDATING, seen=now - 45, progress=now - 45, batches=1)}
+    assert find_stalled(waiting, world=2, started=now - 100, now=now, timeout=timeout) == []
+    waiting[1].last_seen = now - 61
+    assert sorted(dict(find_stalled(waiting, world=2, started=now - 100, now=now, timeout=timeout))) == [0, 1]
+    waiting[1].last_seen = now - 29  # a peer that beats: the waiter alone is named, as before
+    assert [r for r, _ in find_stalled(waiting, world=2, started=now - 100, now=now, timeout=timeout)] == [0]
     # Not reported yet, but the launcher may still be waiting for task slots.
     assert find_stalled({}, world=1, started=now - 100, now=now, timeout=timeout, start_timeout=120) == []
     # Never reported while Spark runs the launch's tasks: it cannot reach the driver, it is not stalled

@@ -194,7 +194,22 @@ def find_stalled(ranks: dict[int, RankState], world: int, started: float, now: f
         elif state.phase == AFTER_PUBLISH and now - state.last_progress > timeout:
             reasons.append((rank, f"rank {rank} published the model {now - state.last_progress:.0f} s ago and has not "
                                    "finished (stuck writing the run report or in MLflow tracking)"))
-    return reasons
+    return _after_going_silent(reasons, ranks, now, timeout)
+
+
+def _after_going_silent(reasons: list[tuple[int, str]], ranks: dict[int, RankState], now: float,
+                        timeout: float) -> list[tuple[int, str]]:
+    """A live rank that waits (no step, no validation batch) is usually waiting for a peer that went
+    silent: a peer stopped just after the waiter's last step reaches its own verdict a little later.
+    While such a peer has been silent for over half the timeout, the waiters' verdicts wait for it
+    (at most half a timeout more), so the stall names the silent rank, the cause, not its victims."""
+    named = {rank for rank, _ in reasons}
+    waiting = {rank for rank, why in reasons if "(stuck, or waiting for a rank that is)" in why}
+    if not waiting or waiting != named:
+        return reasons
+    going_silent = [state for rank, state in ranks.items() if rank not in named and not state.done
+                    and state.lost_at is None and now - state.last_seen > timeout / 2]
+    return [] if going_silent else reasons
 
 
 class Supervision:
