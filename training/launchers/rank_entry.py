@@ -55,6 +55,33 @@ def failure_record(rank: int, exc: BaseException, text: str) -> RankFailure:
                        secondary=is_secondary(type(exc).__name__, str(exc)))
 
 
+def exchange_results(master_addr: str, master_port: int, world: int, rank: int, key_prefix: str, result: dict,
+                     timeout: int) -> list[dict] | None:
+    """Every rank's result to rank 0 through torchrun's store (keys ``<key_prefix>/<rank>``); rank 0
+    returns the list, with a failure record for a rank that sent nothing within ``timeout`` s, and
+    the other ranks None."""
+    import datetime
+    import pickle
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(master_addr, master_port, world, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    store.set(f"{key_prefix}/{rank}", pickle.dumps(result))
+    if rank != 0:
+        return None
+    results = []
+    for other in range(world):
+        key = f"{key_prefix}/{other}"
+        try:
+            store.wait([key])
+            results.append(pickle.loads(store.get(key)))
+        except Exception as exc:  # noqa: BLE001 - a rank that died without a word
+            text = f"rank {other} sent no result within {timeout}s: {exc}"
+            results.append({"ok": False, "failure": failure_record(other, RuntimeError(text), text).to_dict()})
+    return results
+
+
 def check_results(results: list[dict]) -> list[dict]:
     """The ranks' results, or one ``RankFailedError`` carrying every failed rank's record."""
     failures = [RankFailure(**r["failure"]) for r in results if not r.get("ok")]
@@ -63,4 +90,4 @@ def check_results(results: list[dict]) -> list[dict]:
     return results
 
 
-__all__ = ["check_results", "failure_record", "run_rank_entry"]
+__all__ = ["check_results", "exchange_results", "failure_record", "run_rank_entry"]

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import sys
 
 from common.errors import LaunchError
 from common.spark import spark_setting
 from training.launchers.capacity import check_capacity
-from training.launchers.rank_entry import failure_record, run_rank_entry
+from training.launchers.rank_entry import exchange_results, run_rank_entry
 
 log = logging.getLogger("shardtrain.train")
 
-_RESULT_KEY = "shardtrain/result/{rank}"
+_RESULT_PREFIX = "shardtrain/result"
 
 
 def launch_torch(plan, spark, launch_cfg) -> list[dict]:
@@ -85,26 +84,8 @@ def _train(plan, group, reporter) -> dict:
 
 def _exchange_results(rank: int, result: dict, timeout: int):
     """Every rank's result to rank 0 through torchrun's store; rank 0 returns the list."""
-    import datetime
-
-    import torch.distributed as dist
-
-    world = int(os.environ["WORLD_SIZE"])
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-    store.set(_RESULT_KEY.format(rank=rank), pickle.dumps(result))
-    if rank != 0:
-        return None
-    results = []
-    for other in range(world):
-        key = _RESULT_KEY.format(rank=other)
-        try:
-            store.wait([key])
-            results.append(pickle.loads(store.get(key)))
-        except Exception as exc:  # noqa: BLE001 - a rank that died without a word
-            text = f"rank {other} sent no result within {timeout}s: {exc}"
-            results.append({"ok": False, "failure": failure_record(other, RuntimeError(text), text).to_dict()})
-    return results
+    return exchange_results(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                            rank, _RESULT_PREFIX, result, timeout)
 
 
 __all__ = ["launch_torch", "torch_rank_entry"]

@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 from dataclasses import dataclass
 
 from common.errors import ConfigError
-from training.launchers.rank_entry import failure_record, run_rank_entry
+from training.launchers.rank_entry import exchange_results, run_rank_entry
 
 log = logging.getLogger("shardtrain.train")
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
-_RESULT_KEY = "shardtrain/torchrun/{restart}/result/{rank}"
+_RESULT_PREFIX = "shardtrain/torchrun/{restart}/result"
 
 
 @dataclass(frozen=True)
@@ -129,25 +128,11 @@ def _train(plan, group, reporter) -> dict:
 
 
 def _exchange_results(env: TorchrunEnv, result: dict, timeout: int) -> list[dict]:
-    import datetime
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-    store.set(_RESULT_KEY.format(restart=env.restart, rank=env.rank), pickle.dumps(result))
-    if env.rank != 0:
-        return [result]
-    results = []
-    for other in range(env.world_size):
-        key = _RESULT_KEY.format(restart=env.restart, rank=other)
-        try:
-            store.wait([key])
-            results.append(pickle.loads(store.get(key)))
-        except Exception as exc:  # noqa: BLE001 - a rank that died without a word
-            text = f"rank {other} sent no result within {timeout}s: {exc}"
-            results.append({"ok": False, "failure": failure_record(other, RuntimeError(text), text).to_dict()})
-    return results
+    """Rank 0: every rank's result (keys per restart, so a relaunch never reads the last one's);
+    the other ranks: their own."""
+    prefix = _RESULT_PREFIX.format(restart=env.restart)
+    gathered = exchange_results(env.master_addr, env.master_port, env.world_size, env.rank, prefix, result, timeout)
+    return [result] if gathered is None else gathered
 
 
 __all__ = ["ENV_VARS", "TorchrunEnv", "coordinates", "launch_torchrun", "torchrun_env"]
