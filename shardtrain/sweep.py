@@ -461,8 +461,10 @@ class _Runner:
         from training.api import train
 
         cfg = self.cfg
-        metric, epochs = cfg.sweep.objective.metric, self.train_cfg.train.epochs
+        metric = cfg.sweep.objective.metric
         params = suggest(trial, cfg.sweep.space)
+        # The trial's own epochs (train.epochs may be a key of the space), not the base config's.
+        epochs = int(params.get("train.epochs", self.train_cfg.train.epochs))
         trial.set_user_attr("run_dir", f"{_trial_dir(cfg, trial.number)}/model.run")
         log.info("trial %d: %s", trial.number, json.dumps(params))
 

@@ -216,6 +216,25 @@ def test_a_trial_with_an_absurd_learning_rate_is_pruned_at_an_epoch_boundary(tmp
     assert result.best.number in (0, 1)
 
 
+def test_a_trial_drawing_more_epochs_than_the_base_config_can_still_be_pruned(tmp_path, dataset):
+    """With train.epochs in the space, the pruner may stop a trial before the trial's own last
+    epoch, not the base config's: a 2-epoch trial of a 1-epoch base config is pruned after epoch 1."""
+    from shardtrain.sweep import sweep
+
+    space = {"train.lr": {"type": "float", "low": 1e-9, "high": 0.1, "log": True},
+             "train.epochs": {"type": "int", "low": 1, "high": 2}}
+    cfg = load(sweep_yaml(dataset, tmp_path, space, trials=3, pruner="median", epochs=1,
+                          enqueue=[{"train.lr": 0.02, "train.epochs": 2}, {"train.lr": 0.01, "train.epochs": 2},
+                                   {"train.lr": 1e-9, "train.epochs": 2}]))
+    sweep(cfg)
+    s = study(cfg)
+    assert [t.state.name for t in s.trials] == ["COMPLETE", "COMPLETE", "PRUNED"], \
+        [(t.state.name, t.intermediate_values) for t in s.trials]
+    assert list(s.trials[2].intermediate_values) == [1]
+    summary = json.load(open(os.path.join(trial_dir(cfg, 2), "model.run", "summary.json")))
+    assert summary["stopped_early"] is True and len(summary["metrics"]) == 1, summary
+
+
 def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, dataset):
     from shardtrain.sweep import sweep
 
