@@ -21,6 +21,7 @@ import contextlib
 import os
 import re
 import sys
+import threading
 import warnings
 from typing import Iterator
 
@@ -149,11 +150,18 @@ def driver_address(spark) -> str:
 
 
 class LaunchJobs:
-    """The Spark jobs a block of driver code starts (a launch's barrier job), to watch and cancel.
+    """The Spark jobs one launch starts (its barrier job), to watch and cancel; no other launch's.
 
-    Connect: a job tag (``addTag`` on this thread, ``interruptTag`` from any) and the execution
-    progress the server streams. Classic (Spark 3.5 has no job tags, and Horovod runs its job on a
-    thread of its own): the jobs the status tracker lists that were not running before."""
+    Created on the thread that runs the launch, and closed there. Parallel sweep trials are launches
+    on threads of one driver, so "every job that was not running before" would also name the other
+    trials' barrier jobs: each launch's jobs carry a job tag of its own instead.
+
+    Connect: ``addTag`` on this thread, ``interruptTag`` from any, and the execution progress the
+    server streams. Classic (``SparkContext.addJobTag``/``cancelJobsWithTag``, pyspark >= 3.5): the
+    tag is a local property of this thread, so it marks the jobs submitted here (TorchDistributor
+    submits its barrier job on the calling thread). A library that submits its job on a thread of
+    its own under its own job group (Horovod-on-Spark) never carries the tag: its launcher names that
+    group with ``adopt_job_group`` and the group's jobs count as this launch's too."""
 
     def __init__(self, spark):
         import secrets
@@ -161,15 +169,18 @@ class LaunchJobs:
         self.spark = spark
         self.connect = spark is not None and is_connect(spark)
         self.tag = f"shardtrain-launch-{secrets.token_hex(6)}"
+        self.groups: list[str] = []  # job groups adopted (adopt_job_group): jobs submitted on other threads
         self._inflight: int | None = None
+        self._outer = getattr(_thread_launch, "jobs", None)
+        _thread_launch.jobs = self
         if spark is None:
-            self._before: set[int] = set()
-        elif self.connect:
+            return
+        if self.connect:
             spark.addTag(self.tag)
             if hasattr(spark, "registerProgressHandler"):  # pyspark >= 4.0 (a 3.5 client: no task state)
                 spark.registerProgressHandler(self._progress)
         else:
-            self._before = set(spark.sparkContext.statusTracker().getActiveJobsIds())
+            spark.sparkContext.addJobTag(self.tag)
 
     def _progress(self, stages, inflight_tasks, operation_id, done) -> None:
         self._inflight = 0 if done else int(inflight_tasks)
@@ -180,14 +191,24 @@ class LaunchJobs:
             return None
         if self.connect:
             return self._inflight
-        tracker = self.spark.sparkContext.statusTracker()
+        sc = self.spark.sparkContext
+        tracker = sc.statusTracker()
         running = 0
-        for job in set(tracker.getActiveJobsIds()) - self._before:
+        for job in self._classic_jobs(sc):
             info = tracker.getJobInfo(job)
             for stage in (info.stageIds if info else ()):
                 stage_info = tracker.getStageInfo(stage)
                 running += stage_info.numActiveTasks if stage_info else 0
         return running
+
+    def _classic_jobs(self, sc) -> list[int]:
+        """This launch's running jobs: those with its tag, and those of the groups it adopted."""
+        active = set(sc.statusTracker().getActiveJobsIds())
+        # pyspark's StatusTracker has no getJobIdsForTag; Spark's own (3.5+) does.
+        mine = set(sc._jsc.sc().statusTracker().getJobIdsForTag(self.tag))
+        for group in self.groups:
+            mine.update(sc.statusTracker().getJobIdsForGroup(group))
+        return sorted(active & mine)
 
     def cancel(self) -> list[str]:
         """Cancel these jobs; returns what was cancelled, for the log."""
@@ -196,16 +217,37 @@ class LaunchJobs:
         if self.connect:
             return [f"operation {op}" for op in self.spark.interruptTag(self.tag)]
         sc = self.spark.sparkContext
-        jobs = sorted(set(sc.statusTracker().getActiveJobsIds()) - self._before)
-        for job in jobs:
-            sc._jsc.sc().cancelJob(int(job))
+        jobs = self._classic_jobs(sc)
+        sc.cancelJobsWithTag(self.tag)
+        for group in self.groups:
+            sc.cancelJobGroup(group)
         return [f"Spark job {job}" for job in jobs]
 
     def close(self) -> None:
+        """On the launch's thread: its later jobs are no longer this launch's."""
+        if _thread_launch.__dict__.get("jobs") is self:
+            _thread_launch.jobs = self._outer
+        if self.spark is None:
+            return
         if self.connect:
             self.spark.removeTag(self.tag)
             if hasattr(self.spark, "removeProgressHandler"):
                 self.spark.removeProgressHandler(self._progress)
+        else:
+            self.spark.sparkContext.removeJobTag(self.tag)
+
+
+# The launch (LaunchJobs) open on each thread, for adopt_job_group.
+_thread_launch = threading.local()
+
+
+def adopt_job_group(group: str) -> None:
+    """The launch open on this thread also owns the jobs of Spark job group ``group``: for a library
+    that submits its job on a thread of its own, under a group it names (Horovod-on-Spark), where
+    this thread's job tag does not reach. No launch open on this thread: nothing to do."""
+    launch = getattr(_thread_launch, "jobs", None)
+    if launch is not None:
+        launch.groups.append(group)
 
 
 def _quiet_driver_logging(conf: dict) -> dict:

@@ -209,7 +209,7 @@ def sweep(cfg: SweepConfig, spark=None) -> SweepResult:
         storage, where = study_storage(cfg)
         study = _study(cfg, storage, study_name)
         tracker = _Tracker.start(cfg, fingerprint, study_name)
-        runner = _Runner(cfg, train_cfg, study, spark, tracker)
+        runner = _Runner(cfg, train_cfg, study, storage, spark, tracker)
         runner.run()
         records = trial_records(study, cfg)
         best = _best(records, cfg.sweep.objective.direction == "maximize")
@@ -402,30 +402,35 @@ class _Runner:
     """Runs the study's remaining trials, ``parallel_trials`` at a time (threads of the driver,
     each one training launch at a time)."""
 
-    def __init__(self, cfg: SweepConfig, train_cfg: TrainConfig, study, spark, tracker: "_Tracker"):
-        self.cfg, self.train_cfg, self.study, self.spark, self.tracker = cfg, train_cfg, study, spark, tracker
+    def __init__(self, cfg: SweepConfig, train_cfg: TrainConfig, study, storage, spark, tracker: "_Tracker"):
+        self.cfg, self.train_cfg, self.study, self.storage = cfg, train_cfg, study, storage
+        self.spark, self.tracker = spark, tracker
         self.lock = threading.Lock()
-        self.pending: list = []  # interrupted trials, run (resumed) first
         self.to_ask = 0  # new trials still to draw
         self.ran: list[int] = []
         self.errors: list[BaseException] = []
 
     def run(self) -> None:
-        import optuna
         from optuna.trial import TrialState
 
         trials = self.study.get_trials(deepcopy=False)
         finished = sum(t.state.is_finished() for t in trials)
-        # RUNNING now means its sweep died (this one holds output.path's lock): run it again, resumed.
-        # Optuna has no public way to take a RUNNING trial over; Trial(study, id) is what ask() builds.
-        self.pending = [optuna.trial.Trial(self.study, t._trial_id) for t in trials if t.state == TrialState.RUNNING]
-        for trial in self.pending:
-            log.info("trial %d was interrupted (its sweep stopped); it resumes from its newest checkpoint",
-                     trial.number)
-        self.to_ask = max(0, self.cfg.sweep.trials - finished - len(self.pending))
+        # RUNNING now means its sweep died (this one holds output.path's lock): it goes back to the study's
+        # queue of waiting trials (the storage's public state update; enqueue_trial's queue), and ask()
+        # hands it out again as itself: same number, so the same trial directory and checkpoints, and
+        # the params it already drew. A retry as a new trial (Optuna's RetryFailedTrialCallback) would
+        # leave a FAIL trial behind and train in a new directory from scratch.
+        study_id = self.storage.get_study_id_from_name(self.study.study_name)
+        for t in trials:
+            if t.state == TrialState.RUNNING:
+                trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+                self.storage.set_trial_state_values(trial_id, TrialState.WAITING)
+                log.info("trial %d was interrupted (its sweep stopped); it resumes from its newest checkpoint",
+                         t.number)
+        self.to_ask = max(0, self.cfg.sweep.trials - finished)
         if finished:
             log.info("study %s: %d trial(s) finished before; %d to run", self.study.study_name, finished,
-                     self.to_ask + len(self.pending))
+                     self.to_ask)
         workers = self.cfg.sweep.parallel_trials
         if workers == 1:
             self._work()  # the main thread: Horovod-on-Spark needs it
@@ -440,8 +445,6 @@ class _Runner:
 
     def _next(self):
         with self.lock:
-            if self.pending:
-                return self.pending.pop(0)
             if self.to_ask <= 0:
                 return None
             self.to_ask -= 1

@@ -27,6 +27,8 @@ GUARDED = {
     "LaunchJobs.__init__": "self.connect",
     "LaunchJobs.running_tasks": "self.connect",
     "LaunchJobs.cancel": "self.connect",
+    "LaunchJobs.close": "self.connect",
+    "LaunchJobs._classic_jobs": None,  # called only from running_tasks' and cancel's classic branches
 }
 
 

@@ -1,7 +1,9 @@
 """Plug-in models for the sweep tests (``model.name: sweep_models:<factory>``), importable by name
 because the tests put tests/training (plugin_models) and this directory on the path."""
 
-from plugin_models import Gated
+import os
+
+from plugin_models import Gated, _wait_at_gate
 
 
 def gated_when(feature_spec, label_spec, gate=0, after=1):
@@ -11,4 +13,19 @@ def gated_when(feature_spec, label_spec, gate=0, after=1):
     model = Gated(feature_spec, label_spec, after)
     if not gate:
         model.gate = None
+    return model
+
+
+def held_or_stopped(feature_spec, label_spec, role="", gates=""):
+    """The same [8] MLP, held on a rank (RANK set: a torchrun process of TorchDistributor) by role:
+    ``hold`` waits at the gate ``<gates>/hold`` while the model is built (start-up, where the rank's
+    heartbeat is progress enough, so its launch is not called stalled), ``stop`` waits at
+    ``<gates>/stop`` in its first training call (inside an epoch: a test SIGSTOPs it there)."""
+    model = Gated(feature_spec, label_spec, after=1)
+    model.gate = None
+    if gates and os.environ.get("RANK") is not None:
+        if role == "hold":
+            _wait_at_gate(os.path.join(gates, "hold"))
+        elif role == "stop":
+            model.gate = os.path.join(gates, "stop")
     return model

@@ -192,6 +192,86 @@ def test_four_trials_two_at_a_time_on_local_2_publish_the_best(tmp_path, dataset
     assert page.count("<img") >= 4 and "train.lr" in page and "model.hidden" in page  # over trials, per parameter
 
 
+@pytest.mark.spark
+@pytest.mark.ranks
+@pytest.mark.stack  # which jobs a launch owns (job tags) is pyspark's: run in both profiles
+def test_a_stalled_trial_is_cancelled_alone_while_the_other_trial_finishes_and_publishes(tmp_path, dataset, spark,
+                                                                                           caplog):
+    """Two 1-rank TorchDistributor trials at once: trial 0's rank is SIGSTOPped inside its epoch, so
+    the stall rule stops that launch and cancels its Spark job, while trial 1's rank is held at
+    start-up (its barrier job running all along); trial 1 then trains, finishes and is published."""
+    import logging
+    import threading
+
+    from shardtrain.sweep import sweep
+
+    caplog.set_level(logging.INFO, logger="shardtrain")
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    stop, hold = str(gates / "stop"), str(gates / "hold")
+    data = sweep_yaml(dataset, tmp_path, {"model.kwargs.role": {"type": "categorical", "choices": ["stop", "hold"]}},
+                      trials=2, parallel=2, epochs=1,
+                      enqueue=[{"model.kwargs.role": "stop"}, {"model.kwargs.role": "hold"}],
+                      launch={"num_proc": 1, "backend": "torch", "start_timeout": 300, "stall_timeout_s": 15,
+                              "max_restarts": 0, "env": {"PYTHONPATH": os.pathsep.join([ROOT, TESTS + "/training",
+                                                                                          HERE])}})
+    data["train"]["model"] = {"name": "sweep_models:held_or_stopped", "kwargs": {"gates": str(gates)}}
+    cfg = load(data)
+    outcome: dict = {}
+    ended = threading.Event()
+
+    def run():
+        try:
+            outcome["result"] = sweep(cfg, spark)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome["error"] = exc
+        finally:
+            ended.set()
+
+    runner = threading.Thread(target=run, name="test-sweep", daemon=True)
+    runner.start()
+    stopped_pid = None
+    try:
+        held_pid = int(wait_for(lambda: os.path.exists(hold + ".waiting") and open(hold + ".waiting").read(),
+                                "trial 1's rank held at start-up", 600, abort=ended))
+        stopped_pid = int(wait_for(lambda: os.path.exists(stop + ".waiting") and open(stop + ".waiting").read(),
+                                   "trial 0's rank in its first step", 600, abort=ended))
+        assert os.getpid() not in (held_pid, stopped_pid)  # both are rank processes, not the driver
+        os.kill(stopped_pid, signal.SIGSTOP)
+        wait_for(lambda: _state(stopped_pid) == "T", "trial 0's rank to be stopped", 30)  # proven stopped
+        wait_for(lambda: [t.state.name for t in study(cfg).trials][:1] == ["FAIL"], "trial 0 to fail", 300,
+                 abort=ended)
+        error = study(cfg).trials[0].user_attrs["error"]
+        assert error.startswith("RankStalledError: rank 0 stalled") and "rank 0 sent nothing" in error, error
+        cancelled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cancelled Spark job")]
+        assert len(cancelled) == 1, cancelled  # the stalled launch's own job, not the other trial's
+        wait_for(lambda: _state(stopped_pid) in (None, "Z"), "the supervisor to remove the stopped rank", 60)
+        assert _state(held_pid) not in (None, "Z")  # trial 1's rank lives on through the other's cancel
+        assert not ended.is_set()
+        open(hold + ".go", "w").close()
+        assert ended.wait(600), "the sweep did not end"
+    finally:
+        open(hold + ".go", "w").close()
+        if stopped_pid is not None and _state(stopped_pid) not in (None, "Z"):
+            os.kill(stopped_pid, signal.SIGKILL)
+            os.kill(stopped_pid, signal.SIGCONT)
+        runner.join(600)
+    assert "error" not in outcome, outcome
+    s = study(cfg)
+    assert [t.state.name for t in s.trials] == ["FAIL", "COMPLETE"]
+    assert outcome["result"].best.number == 1 and read_marker(cfg.output.model_path)["sweep"]["trial"] == 1
+    assert_complete_run(os.path.join(trial_dir(cfg, 1), "model.run"), os.path.join(trial_dir(cfg, 1), "model"), 1)
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter from /proc (T: stopped, Z: exited, unreaped); None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 def test_a_trial_with_an_absurd_learning_rate_is_pruned_at_an_epoch_boundary(tmp_path, dataset):
     from shardtrain.sweep import sweep
 

@@ -185,7 +185,8 @@ def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(sp
     wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
 
 
-def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path):
+def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path, caplog):
+    caplog.set_level("INFO", logger="shardtrain")
     marker = uuid.uuid4().hex
     stall = 20
     saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGSTOP)
@@ -203,6 +204,9 @@ def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path):
         assert "rank 0 " in message  # the other rank's step, whether it was waiting or named too
         assert info.value.exit_code == EXIT_RUNTIME
         assert ended - saboteur.signalled_at < stall + 60
+        # Horovod's job runs on a thread of its own, under its own job group, which the launch adopted.
+        cancelled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cancelled Spark job")]
+        assert len(cancelled) == 1, cancelled
         # The supervisor itself removed the stopped rank and the waiting one: nothing is resumed here.
         wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
         assert gone(saboteur.proc)

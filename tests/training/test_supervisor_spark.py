@@ -6,9 +6,8 @@ Connect the same rule runs on the execution progress the server streams (test_co
 from __future__ import annotations
 
 import logging
-import threading
-
 import pytest
+from pyspark import InheritableThread
 
 from polling import wait_for
 from training.launchers.supervisor import Supervision
@@ -31,7 +30,10 @@ def test_silent_ranks_are_not_stalled_while_spark_runs_their_tasks(spark, tmp_pa
 
     try:
         with Supervision(spark, world=2, stall_timeout_s=5, start_timeout=60) as sup:
-            job = threading.Thread(target=lambda: spark.range(0, 2, numPartitions=2).foreach(task), daemon=True)
+            # A launcher's job carries the launch's job tag, a local property of the thread that opened the
+            # launch: pyspark's InheritableThread hands it to the job's thread (a plain thread's job is
+            # not this launch's; test_sweep.py shows that another launch's job is left alone).
+            job = InheritableThread(target=lambda: spark.range(0, 2, numPartitions=2).foreach(task), daemon=True)
             job.start()
             wait_for(lambda: sup.jobs.running_tasks() == 2, "Spark to run both tasks", timeout=60)
             said = wait_for(lambda: [r.getMessage() for r in caplog.records if "never reached" in r.getMessage()],

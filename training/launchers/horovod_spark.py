@@ -16,6 +16,7 @@ import re
 import signal
 
 from common.errors import LaunchError, first_line
+from common.spark import adopt_job_group
 from training.launchers.capacity import check_capacity
 from training.launchers.rank_entry import run_rank_entry
 
@@ -49,6 +50,7 @@ def launch_horovod(plan, spark, launch_cfg) -> list[dict]:
     check_capacity(spark, launch_cfg.num_proc, launch_cfg.gpus_per_proc)
     import horovod.spark
 
+    adopt_job_group(_next_horovod_job_group())
     env = {"PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in launch_cfg.env.items()}}
     try:
         if launch_cfg.elastic:
@@ -64,6 +66,17 @@ def launch_horovod(plan, spark, launch_cfg) -> list[dict]:
     except Exception as exc:  # noqa: BLE001 - mapped to one typed error with the cause in words
         raise launch_error(exc, launch_cfg.num_proc) from exc
     return list(results)
+
+
+def _next_horovod_job_group() -> str:
+    """The Spark job group the next horovod.spark.run(_elastic) submits its job under, on a thread of
+    its own that this launch's job tag (common.spark.LaunchJobs) does not reach. Horovod numbers its
+    groups with a process-wide counter and offers no way to name one; the counter is exact here
+    because Horovod launches only from the main thread (its signal handlers), one at a time."""
+    from horovod.spark.driver import job_id
+
+    with job_id.LOCK:
+        return f"horovod.spark.run.{job_id.JOB_ID + 1}"
 
 
 def launch_error(exc: BaseException, num_proc: int) -> LaunchError:
