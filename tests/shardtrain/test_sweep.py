@@ -154,21 +154,19 @@ def test_a_journal_on_object_storage_is_refused_asking_for_a_url(tmp_path, datas
 
 @pytest.mark.spark
 @pytest.mark.ranks
-def test_two_trials_at_once_on_local_2_publish_the_best(tmp_path, dataset, spark):
-    """1-rank TorchDistributor trials, two at once on local[2]'s two task slots. Two trials fill both
-    slots at once; a worker drawing its next trial after one ends is the same loop every sequential
-    sweep below runs (three trials through one worker)."""
+def test_four_trials_two_at_a_time_on_local_2_publish_the_best(tmp_path, dataset, spark):
+    """1-rank TorchDistributor trials, two at once on local[2]'s two task slots."""
     from shardtrain.sweep import sweep
     from training import load_model
 
     cfg = load(sweep_yaml(dataset, tmp_path, {"train.lr": LR, "model.hidden": {"type": "categorical",
                                                                                 "choices": [[8], [16, 8]]}},
-                          trials=2, parallel=2, epochs=1, launch={"num_proc": 1, "backend": "torch",
+                          trials=4, parallel=2, epochs=1, launch={"num_proc": 1, "backend": "torch",
                                                                   "start_timeout": 300}))
     result = sweep(cfg, spark)
 
     s = study(cfg)
-    assert [t.state.name for t in s.trials] == ["COMPLETE"] * 2
+    assert [t.state.name for t in s.trials] == ["COMPLETE"] * 4
     # Two at a time: the first two trials ran side by side (each started before the other ended).
     first, second = s.trials[0], s.trials[1]
     assert first.datetime_start < second.datetime_complete and second.datetime_start < first.datetime_complete
