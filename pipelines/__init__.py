@@ -21,7 +21,7 @@ def shard_dataset(config, overrides=None, spark=None, teacher_scorer=None):
     ``teacher_scorer``: runs the config's ``teacher`` (``shardtrain.teacher.teacher_scorer()``)."""
     from common.config import from_dict
     from common.spark import get_or_create_session
-    from common.storage import check_uri
+    from common.storage import check_uri, output_lock, resolve
     from pipelines.shard_config import ShardConfig, load_shard_config
     from pipelines.shard_job import check_output_path, run_shard_job
 
@@ -39,8 +39,11 @@ def shard_dataset(config, overrides=None, spark=None, teacher_scorer=None):
     for uri in config.uris:
         check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
     check_output_path(config)
-    spark = spark or get_or_create_session(config.spark)
-    return run_shard_job(spark, config, teacher_scorer)
+    # The writer lock before Spark: a refused second writer starts no JVM (run_shard_job takes the
+    # same lock again, re-entrant within this process, for callers that bring their own session).
+    with output_lock(resolve(config.output.path).uri):
+        spark = spark or get_or_create_session(config.spark)
+        return run_shard_job(spark, config, teacher_scorer)
 
 
 def generate_dataset(path, rows, spark=None, **options):

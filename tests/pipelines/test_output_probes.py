@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from common.dataset import read_manifest, verify_dataset
-from common.storage import KIND_DATASET, lock_location, read_marker
+from common.storage import KIND_DATASET, lock_location, output_lock, read_marker
 from pipelines.generate import generate_dataset
 from polling import wait_for
 from shardtrain.cli import main
@@ -144,3 +144,23 @@ def test_two_concurrent_shard_jobs_publish_exactly_one_complete_dataset(raw, tmp
     assert accounting["input_rows"] == 1500 == accounting["published_rows"] + accounting["quarantined_rows"]
     assert not os.path.exists(lock_location(out).path)
     assert sorted(os.listdir(tmp_path)) == ["barrier", "ds"]  # no staging, no lock left behind
+
+
+# Runs the command as ``python -m shardtrain`` does, then says whether this process launched a JVM
+# (pyspark never clears SparkContext._gateway once it has launched one, stopped session or not).
+JVM_PROBE = ("import sys\nfrom shardtrain.cli import main\ncode = main(sys.argv[1:])\n"
+             "from pyspark import SparkContext\nprint('jvm launched:', SparkContext._gateway is not None)\n"
+             "sys.exit(code)\n")
+
+
+def test_a_refused_second_writer_starts_no_spark(raw, tmp_path):
+    """The shard command takes the output's writer lock before it starts Spark, so a second writer
+    is refused (exit 1, naming the holder) without paying for a JVM, and writes nothing."""
+    out = str(tmp_path / "ds")
+    with output_lock(out):  # the first writer: this process
+        proc = subprocess.run([sys.executable, "-c", JVM_PROBE, *_shard_args(raw, out, "output.mode=overwrite")],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"{out} is being written by pid {os.getpid()} on host" in proc.stderr
+    assert "jvm launched: False" in proc.stdout, proc.stdout[-2000:]
+    assert not os.path.exists(out)

@@ -188,7 +188,7 @@ def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(sp
 def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path, caplog):
     caplog.set_level("INFO", logger="shardtrain")
     marker = uuid.uuid4().hex
-    stall = 20
+    stall = 10  # waited out in full; a step here takes milliseconds, so 10 s leaves a loaded machine room
     saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGSTOP)
     saboteur.start()
     try:
@@ -219,7 +219,7 @@ def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path, caplog)
 def test_a_rank_stopped_during_validation_ends_the_job_naming_it(spark, dataset, tmp_path):
     marker = uuid.uuid4().hex
     flag = tmp_path / "validating.pid"  # rank 1's pid, written by its first validation forward
-    stall = 20
+    stall = 10  # as above
     stopped: dict = {}
 
     def stop_rank_1_in_validation():

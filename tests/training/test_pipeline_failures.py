@@ -126,7 +126,7 @@ def test_a_killed_stage_is_relaunched_and_resumes_to_the_uninterrupted_weights(s
 
 
 def test_a_stopped_stage_is_named_with_its_stage_index(spark, dataset, tmp_path):
-    stall, pids = 20, tmp_path / "pids"
+    stall, pids = 10, tmp_path / "pids"  # waited out in full; a step takes milliseconds, 10 s leaves room
     saboteur = Saboteur(pids, f"{tmp_path}/model.run", signal.SIGSTOP)
     saboteur.start()
     try:
