@@ -32,7 +32,7 @@ from training.launchers.rank_entry import exchange_results, run_rank_entry
 log = logging.getLogger("shardtrain.train")
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
-_RESULT_PREFIX = "shardtrain/torchrun/{restart}/result"
+_RESULT_PREFIX = "shardtrain/torchrun/{attempt}/result"
 
 
 @dataclass(frozen=True)
@@ -128,9 +128,11 @@ def _train(plan, group, reporter) -> dict:
 
 
 def _exchange_results(env: TorchrunEnv, result: dict, timeout: int) -> list[dict]:
-    """Rank 0: every rank's result (keys per restart, so a relaunch never reads the last one's);
-    the other ranks: their own."""
-    prefix = _RESULT_PREFIX.format(restart=env.restart)
+    """Rank 0: every rank's result (keys per launch and restart, so a relaunch never reads the last
+    one's); the other ranks: their own."""
+    from training.distributed import attempt_key
+
+    prefix = _RESULT_PREFIX.format(attempt=attempt_key())
     gathered = exchange_results(env.master_addr, env.master_port, env.world_size, env.rank, prefix, result, timeout)
     return [result] if gathered is None else gathered
 
