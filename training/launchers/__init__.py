@@ -12,7 +12,8 @@ rank-entry sequence of ``rank_entry`` and reports through ``progress.Reporter``.
 is one module with a ``launch_fn(plan, spark, launch_cfg) -> list[dict]`` and an entry in
 ``SPARK_LAUNCHERS``; a launcher whose processes are started from outside (each one rank) is one
 module with ``launch_fn(plan, launch_cfg) -> list[dict]`` and ``coordinates(launch_cfg) -> bool``
-(whether this process is also the run's driver) and an entry in ``RANK_LAUNCHERS``.
+(whether this process is also the run's driver), optionally ``run_id(launch_cfg) -> str | None``
+(the id all its processes share, restarts included), and an entry in ``RANK_LAUNCHERS``.
 
 Layering inside the package (no module imports one that imports it back): ``failure_policy`` and
 ``progress`` import only ``common``; ``rank_entry`` imports those two; the launchers import
@@ -67,6 +68,15 @@ def coordinates_run(launch_cfg) -> bool:
     return _imported(RANK_LAUNCHERS[launch_cfg.backend], "coordinates")(launch_cfg)
 
 
+def launch_run_id(launch_cfg) -> str | None:
+    """The run id every process of one launch outside Spark shares, restarts included (the
+    launcher's ``run_id(launch_cfg)``, where it has one); None: the run id is the process's own."""
+    if launch_cfg.mode == "in_process" or launch_cfg.backend not in RANK_LAUNCHERS:
+        return None
+    module = __import__(RANK_LAUNCHERS[launch_cfg.backend].partition(":")[0], fromlist=["run_id"])
+    return getattr(module, "run_id", lambda _cfg: None)(launch_cfg)
+
+
 def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
            on_restart: Callable[[int, str], None] | None = None,
            on_epoch: Callable[[dict], bool] | None = None) -> list[dict]:
@@ -106,4 +116,4 @@ def check_backend_runs(backend: str, spark) -> None:
 
 
 __all__ = ["CLASSIC_ONLY", "RANK_LAUNCHERS", "SPARK_LAUNCHERS", "check_backend_runs", "coordinates_run", "launch",
-           "needs_spark", "spark_launcher"]
+           "launch_run_id", "needs_spark", "spark_launcher"]
