@@ -35,7 +35,7 @@ from common.storage import KIND_MODEL, check_disjoint, check_replaceable, output
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
 from training.data import check_manifest_unchanged
-from training.launchers import coordinates_run, launch, launch_run_id, needs_spark
+from training.launchers import backend_for, coordinates_run, launch, launch_run_id, needs_spark
 from training.plan import RankPlan, build_plan
 from training.run_record import record_restart
 
@@ -123,6 +123,9 @@ def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, on_epoch, st
              plan.skipped_rows_per_epoch)
     if needs_spark(cfg.launch):
         spark = spark or _session(cfg)
+        launch_cfg = backend_for(cfg.launch, spark)  # an unset backend on Connect: torch
+        if launch_cfg is not cfg.launch:
+            plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, launch=launch_cfg))
     ranks = launch(plan, spark, on_step=on_step, on_epoch=on_epoch,
                    on_restart=lambda n, why: record_restart(plan.run_dir, n, cfg.launch.max_restarts, why))
     result = _result(plan, ranks, time.perf_counter() - started)

@@ -281,3 +281,50 @@ def test_horovod_is_refused_over_connect_and_doctor_says_connect(connect, spark,
     assert said["parallelism"] == default_parallelism(spark) == spark.sparkContext.defaultParallelism
     here = asdict(check_spark_mode())  # this process: the suite's classic session
     assert here["ok"] and here["detail"].startswith("classic Spark (the active session")
+
+
+def unset_backend_with_horovod_installed(spark, shards: str, model: str, fake_horovod: str) -> dict:
+    """train() with launch.backend unset on ``spark`` where ``horovod.torch`` can be found (no
+    environment here has both Horovod and a Spark Connect server: ``fake_horovod`` is an empty
+    package of that name, put on the path for this call only; it is never imported by a rank)."""
+    import importlib
+
+    from training import load_train_config, train
+
+    sys.path.insert(0, fake_horovod)
+    importlib.invalidate_caches()
+    said = _LogLines("shardtrain")
+    try:
+        overrides = [o for o in _train_overrides(shards, model, "auto") if not o.startswith("launch.backend=")]
+        cfg = load_train_config(None, [*overrides, "train.epochs=1"])
+        chosen = cfg.launch.backend  # what the config resolved, before the session is known
+        result = train(cfg, spark=spark)
+    finally:
+        said.close()
+        sys.path.remove(fake_horovod)
+        for name in [n for n in sys.modules if n == "horovod" or n.startswith("horovod.")]:
+            del sys.modules[name]
+    import json
+
+    with open(os.path.join(result.model_uri, "model.json")) as fh:
+        recorded = json.load(fh)["config"]["launch"]["backend"]
+    return {"configured": chosen, "recorded": recorded, "world_size": result.world_size,
+            "said": [line for line in said.lines if "launch.backend is not set" in line]}
+
+
+def test_an_unset_backend_runs_on_torch_over_connect_where_horovod_is_installed(connect, tmp_path):
+    from tabular_data import write_dataset
+
+    fake = tmp_path / "fake-horovod"
+    (fake / "horovod" / "torch").mkdir(parents=True)
+    (fake / "horovod" / "__init__.py").write_text("")
+    (fake / "horovod" / "torch" / "__init__.py").write_text("")
+    shards = write_dataset(str(tmp_path / "ds"), {"train": [[200], [200]], "val": [[50]]}).uri
+    said = connect.call("test_connect:unset_backend_with_horovod_installed", shards=shards,
+                        model=str(tmp_path / "m"), fake_horovod=str(fake))
+    # The config picked horovod (it is "installed"); the Connect session ran the ranks on torch and
+    # said so once, where an explicit launch.backend=horovod is exit 2 (test above).
+    assert said["configured"] == "horovod", said
+    assert said["recorded"] == "torch" and said["world_size"] == 2
+    assert len(said["said"]) == 1 and "ranks run on torch" in said["said"][0]
+    assert (tmp_path / "m" / "_COMMITTED").is_file()

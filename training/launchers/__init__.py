@@ -102,6 +102,26 @@ def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
     return check_results(results)
 
 
+def backend_for(launch_cfg, spark):
+    """``launch_cfg`` with the backend this session runs: where ``launch.backend`` was left unset
+    (horovod where installed) and the session is Spark Connect, which Horovod-on-Spark cannot run
+    on, torch (unless ``launch.elastic``, which only Horovod offers: then exit 2 as for an explicit
+    choice). Anything else unchanged."""
+    import dataclasses
+
+    from common.spark import is_connect
+
+    if not (getattr(launch_cfg, "backend_auto", False) and launch_cfg.backend in CLASSIC_ONLY
+            and not launch_cfg.elastic and spark is not None and is_connect(spark)):
+        return launch_cfg
+    import logging
+
+    logging.getLogger("shardtrain.train").info(
+        "launch.backend is not set and this is a Spark Connect session: the ranks run on torch (TorchDistributor), "
+        "as %s cannot run here", launch_cfg.backend)
+    return dataclasses.replace(launch_cfg, backend="torch")
+
+
 def check_backend_runs(backend: str, spark) -> None:
     """Refuse (exit 2) a backend the session cannot run, before any rank starts."""
     from common.spark import is_connect
@@ -115,5 +135,5 @@ def check_backend_runs(backend: str, spark) -> None:
                           "or run on a classic Spark session (a dedicated access mode cluster on Databricks)")
 
 
-__all__ = ["CLASSIC_ONLY", "RANK_LAUNCHERS", "SPARK_LAUNCHERS", "check_backend_runs", "coordinates_run", "launch",
+__all__ = ["CLASSIC_ONLY", "RANK_LAUNCHERS", "SPARK_LAUNCHERS", "backend_for", "check_backend_runs", "coordinates_run", "launch",
            "launch_run_id", "needs_spark", "spark_launcher"]
