@@ -237,6 +237,12 @@ def backend_status() -> dict[str, str]:
             "this torch build has no torch.distributed with Gloo"
     except Exception as exc:  # noqa: BLE001 - the reason is the finding
         status["torch"] = f"cannot import torch.distributed / pyspark's TorchDistributor ({exc})"
+    try:  # no Spark: ranks started by torchrun (or Kubernetes, ...); Classic and Connect alike
+        import torch.distributed.run  # noqa: F401 - what `torchrun` runs
+
+        status["torchrun"] = ""
+    except Exception as exc:  # noqa: BLE001 - the reason is the finding
+        status["torchrun"] = f"cannot import torch.distributed.run, what torchrun runs ({exc})"
     return status
 
 

@@ -35,7 +35,7 @@ from common.storage import KIND_MODEL, check_disjoint, check_replaceable, output
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
 from training.data import check_manifest_unchanged
-from training.launchers import coordinates_run, launch, needs_spark
+from training.launchers import backend_for, coordinates_run, launch, launch_run_id, needs_spark
 from training.plan import RankPlan, build_plan
 from training.run_record import record_restart
 
@@ -97,6 +97,12 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None, on_epoch=None) -> Train
     that epoch boundary: its checkpoint is written, the model published (a sweep's pruner)."""
     started = time.perf_counter()
     plan = build_plan(cfg)  # reads and checks the manifest: nothing launched yet, nothing written
+    shared_id = launch_run_id(cfg.launch)  # a launcher outside Spark: one id for all its processes
+    if shared_id is not None:
+        plan = dataclasses.replace(plan, run_id=shared_id)
+        finished = _published_by_this_run(plan, started)
+        if finished is not None:
+            return finished
     if not coordinates_run(cfg.launch):  # a rank other than 0 of a launcher outside Spark: rank 0 drives the run
         return _peer_result(plan, launch(plan)[0], time.perf_counter() - started)
     # Both held to the end. The model path's writer lock, before the run directory or a
@@ -117,6 +123,9 @@ def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, on_epoch, st
              plan.skipped_rows_per_epoch)
     if needs_spark(cfg.launch):
         spark = spark or _session(cfg)
+        launch_cfg = backend_for(cfg.launch, spark)  # an unset backend on Connect: torch
+        if launch_cfg is not cfg.launch:
+            plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, launch=launch_cfg))
     ranks = launch(plan, spark, on_step=on_step, on_epoch=on_epoch,
                    on_restart=lambda n, why: record_restart(plan.run_dir, n, cfg.launch.max_restarts, why))
     result = _result(plan, ranks, time.perf_counter() - started)
@@ -211,6 +220,30 @@ def _write_summary(result: TrainResult) -> None:
                "ranks": [{k: r.get(k) for k in ("rank", "steps", "device", "device_reason", "gpu_addresses",
                                                 "epoch_stats")} for r in result.ranks]}
     resolve(result.run_dir).write_text("summary.json", json.dumps(summary, indent=2, sort_keys=True))
+
+
+def _published_by_this_run(plan: RankPlan, started: float) -> TrainResult | None:
+    """Where the model path holds the model this very run published (a launcher outside Spark
+    restarted its processes after rank 0's publish): the run is finished, whatever output.mode
+    says; every process, rank 0 and the others alike, returns that model's account without
+    training again. None otherwise."""
+    import json
+
+    from training.export import published_by
+
+    if not published_by(plan.model_path, plan.run_id):
+        return None
+    log.warning("model at %s was already published by this run (run id %s) before its processes were restarted; "
+                "not training again", plan.model_path, plan.run_id)
+    meta = json.loads(resolve(plan.model_path).read_text("model.json"))
+    steps = plan.steps_per_epoch * len(meta.get("metrics", []))
+    result = TrainResult(model_uri=plan.model_path, run_dir=plan.run_dir, metrics=meta.get("metrics", []),
+                         steps_per_rank=[steps] * plan.world_size, steps_per_epoch=plan.steps_per_epoch,
+                         skipped_rows_per_epoch=plan.skipped_rows_per_epoch, world_size=plan.world_size,
+                         seconds=time.perf_counter() - started)
+    if coordinates_run(plan.config.launch) and not resolve(plan.run_dir).join("summary.json").exists():
+        _write_summary(result)  # the publish's attempt died before writing it
+    return result
 
 
 def _peer_result(plan: RankPlan, own: dict, seconds: float) -> TrainResult:

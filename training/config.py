@@ -277,6 +277,7 @@ class LaunchConfig:
     def __post_init__(self):
         if self.backend is None:
             self.backend = "horovod" if installed("horovod.torch") else "torch"
+            self.backend_auto = True  # not a field: training.launchers.backend_for may pick torch on Connect
         require(1 <= self.num_proc <= MAX_RANKS, "num_proc", f"must be in [1, {MAX_RANKS}], got {self.num_proc}")
         require(self.gpus_per_proc >= 0, "gpus_per_proc", "must be >= 0")
         require(self.start_timeout >= 1, "start_timeout", "must be >= 1")

@@ -97,6 +97,32 @@ class HorovodGroup:
         self.hvd.shutdown()
 
 
+def attempt_store(timeout: datetime.timedelta):
+    """The store this attempt's group meets in, where torchrun's agent hosts it: its TCPStore
+    under a prefix per launch and restart (``shardtrain/<TORCHELASTIC_RUN_ID>/attempt_<TORCHELASTIC_RESTART_COUNT>``);
+    None elsewhere (``init_process_group``'s own ``env://``).
+
+    torchrun's agent (c10d rendezvous, TCPStore sharing on by default since torch 2.5) keeps the
+    same store, on the same port, across ``--max-restarts`` restarts, and ``env://`` gives the
+    workers no per-attempt prefix: a restarted rank's Gloo rendezvous could read the dead
+    attempt's addresses and fail with "connectFullMesh ... Connection refused" (pytorch issue
+    135712). The restart count is the same on every rank of one agent; on several nodes an agent
+    that restarts for a membership change keeps its count, so there set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per attempt; this returns None)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"shardtrain/{attempt_key()}", base)
+
+
+def attempt_key() -> str:
+    """``<TORCHELASTIC_RUN_ID>/attempt_<TORCHELASTIC_RESTART_COUNT>``: one launch's one attempt."""
+    return (f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/"
+            f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') or '0'}")
+
+
 class TorchGroup:
     """The ranks of one torch.distributed job (torchrun's environment: RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT): Gloo on CPU, NCCL on CUDA."""
@@ -107,7 +133,13 @@ class TorchGroup:
         self.dist = dist
         self.device, self.device_reason = device, device_reason
         self.backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=_collective_timeout()))
+        timeout = datetime.timedelta(seconds=_collective_timeout())
+        store = attempt_store(timeout)
+        if store is None:
+            dist.init_process_group(self.backend, timeout=timeout)
+        else:
+            dist.init_process_group(self.backend, timeout=timeout, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]))
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         # TorchDistributor runs one torchrun per Spark task (LOCAL_WORLD_SIZE=1), but tasks can
         # share a machine: count the ranks per host, as Horovod does, so they share its cores.
@@ -223,4 +255,4 @@ def set_threads(local_size: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
 
 
-__all__ = ["HorovodGroup", "LocalGroup", "Pending", "TorchGroup", "pick_device", "set_threads", "spark_gpu_addresses"]
+__all__ = ["HorovodGroup", "LocalGroup", "Pending", "TorchGroup", "attempt_key", "attempt_store", "pick_device", "set_threads", "spark_gpu_addresses"]

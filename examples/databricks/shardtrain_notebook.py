@@ -73,7 +73,7 @@ if shard_config_path:
 else:
     generated = generate_dataset(raw_uri, rows=rows, array_shape=[8], spark=spark, mode="overwrite")
     shard_cfg = load_shard_config(defaults=generated.shard_config(shards_uri, output={"mode": "overwrite"}))
-print("sources:", {name: source.path for name, source in shard_cfg.sources.items()})
+print("sources:", {name: source.table or source.path for name, source in shard_cfg.sources.items()})
 
 # COMMAND ----------
 
@@ -124,15 +124,11 @@ print(trained.summary())
 
 # COMMAND ----------
 
-from common.spark import to_spark_path
+from common.sources import read_sources
 from training import load_model
 
 model = load_model(trained.model_uri)
-for name, source in shard_cfg.sources.items():
-    reader = spark.read.format(source.format).options(**source.options)
-    if source.schema:
-        reader = reader.schema(source.schema)
-    reader.load(to_spark_path(source.path)).createOrReplaceTempView(name)
+read_sources(spark, shard_cfg.sources)  # each source (a path or a table) as a view named like it, as the shard job reads it
 table = spark.sql(shard_cfg.query) if shard_cfg.query else spark.table(next(iter(shard_cfg.sources)))
 sample = table.limit(8).toPandas()  # a handful of rows to look at; batch scoring belongs in a Spark job
 

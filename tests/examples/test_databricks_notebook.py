@@ -2,7 +2,8 @@
 order, in one namespace, on a SparkSession named ``spark``, with ``dbutils.widgets`` and
 ``display`` as the only other things the notebook gets. Markdown and magic cells are skipped.
 
-The same notebook, unchanged, runs on a classic session (a dedicated cluster) and on a Spark Connect
+The same notebook, unchanged, runs on a classic session (a dedicated cluster; once with a shard
+config whose source is a catalog table, ``sources.raw.table``) and on a Spark Connect
 one (standard access mode and serverless; pyspark 4's local Connect server in a child process,
 tests/connect_process.py), where it trains with the torch backend.
 """
@@ -114,6 +115,10 @@ def test_the_notebook_runs_end_to_end(request, tmp_path, session, backend):
     # What a user types into the widgets: a work folder, fewer rows and one epoch (kept small for
     # the test), the backend; num_proc stays at its default of 2 ranks.
     values = {"workdir": str(tmp_path / "shardtrain"), "rows": "4000", "epochs": "1", "backend": backend}
+    if session == "classic" and backend == "torch":
+        # A shard config whose source is a catalog table (sources.raw.table), as on Unity Catalog:
+        # the notebook's last cell reads it as the shard job does.
+        values["shard_config"] = _table_shard_config(request.getfixturevalue("spark"), tmp_path)
     if session == "connect":
         ran = request.getfixturevalue("connect").call("test_databricks_notebook:run_notebook", values=values)
     else:
@@ -134,6 +139,26 @@ def test_the_notebook_runs_end_to_end(request, tmp_path, session, backend):
     assert list(table.columns) == ["id", "label", "predicted_class", "probability"]
     assert len(table) == 8
     assert table["predicted_class"].isin([0, 1]).all() and table["probability"].between(0.5, 1.0).all()
+
+
+def _table_shard_config(spark, tmp_path) -> str:
+    """Generated rows saved as a table in a database of the test's own (under ``tmp_path``); the
+    path of a shard config that reads them with ``sources.raw.table``."""
+    import uuid
+
+    import yaml
+
+    from pipelines import generate_dataset
+
+    generated = generate_dataset(str(tmp_path / "raw"), rows=4000, array_shape=[8], spark=spark)
+    database = f"shardtrain_notebook_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE DATABASE {database} LOCATION 'file:{tmp_path / 'warehouse'}'")
+    spark.read.parquet(generated.path).write.format("parquet").saveAsTable(f"{database}.raw")
+    config = generated.shard_config("unused", output={"mode": "overwrite"})
+    config["sources"] = {"raw": {"table": f"spark_catalog.{database}.raw"}}
+    path = tmp_path / "shard.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
 
 
 def test_the_default_work_folder_is_the_volume_where_there_is_one(tmp_path):

@@ -9,6 +9,10 @@ tests/connect_process.py says why), against the suite's classic local[2] session
   Connect), with a stall timeout far below the run's length: the launch says so once and finishes.
 - a rank killed (SIGKILL by pid) over Connect is relaunched, resumes from its checkpoint and ends
   with the weights of the uninterrupted run.
+- a rank's training process stopped (SIGSTOP by pid, its state checked) ends the launch as on
+  classic: RankStalledError naming rank 1, exit 1, the barrier job cancelled through its job tag
+  (interruptTag), the stopped process removed.
+- launch.backend left unset where Horovod is installed runs on torch over Connect.
 
 Skipped where Spark Connect cannot run (pyspark 3.5 from pip ships no Connect server).
 """
@@ -81,7 +85,7 @@ def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress
     return {"shards": sharded.uri, "model": trained.model_uri, "scores": f"{root}/scores",
             "predictions": load_model(trained.model_uri).predict(sample), "sample_ids": sample["id"].tolist(),
             "unreachable": [line for line in said.lines if "never reached the driver's progress server" in line],
-            "stalled": [line for line in said.lines if "stalled" in line]}
+            "stalled": [line for line in said.lines if "stalled" in line], "train_seconds": trained.seconds}
 
 
 def train_only(spark, shards: str, model: str, marker: str) -> dict:
@@ -183,19 +187,25 @@ def test_ranks_that_cannot_reach_the_driver_are_not_called_stalled(both):
     assert len(over_connect["unreachable"]) == 1, over_connect["unreachable"]
     assert UNREACHABLE in over_connect["unreachable"][0] and "rank(s) 0, 1" in over_connect["unreachable"][0]
     assert not over_connect["stalled"]
+    # The run went on past the stall window (launch.stall_timeout_s=5) with no rank heard from: the
+    # fallback to Spark's task state held while the ranks were still training, not only at the end.
+    assert over_connect["train_seconds"] > 5, over_connect["train_seconds"]
     assert not on_classic["unreachable"]  # the classic run's ranks did report
 
 
-def _rank_process(root_pid: int, rank: int):
+def _rank_process(root_pid: int, rank: int, training: bool = False):
     """The process running ``rank`` under ``root_pid`` (the Connect process: its Spark server, the
-    Python workers, torchrun and the ranks all descend from it), not torchrun itself."""
+    Python workers, torchrun and the ranks all descend from it), not torchrun itself. ``training``:
+    the rank's training process itself, not pyspark's torch_run_process_wrapper above torchrun
+    (which has the node's RANK too)."""
     import psutil
 
     for proc in psutil.Process(root_pid).children(recursive=True):
         try:
             command = " ".join(proc.cmdline())
             if proc.environ().get("RANK") == str(rank) and proc.name().startswith("python") and \
-                    "torch.distributed.run" not in command and "torchrun" not in command:
+                    "torch.distributed.run" not in command and "torchrun" not in command and \
+                    not (training and "torch_run_process_wrapper" in command):
                 return proc
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -281,3 +291,108 @@ def test_horovod_is_refused_over_connect_and_doctor_says_connect(connect, spark,
     assert said["parallelism"] == default_parallelism(spark) == spark.sparkContext.defaultParallelism
     here = asdict(check_spark_mode())  # this process: the suite's classic session
     assert here["ok"] and here["detail"].startswith("classic Spark (the active session")
+
+
+def unset_backend_with_horovod_installed(spark, shards: str, model: str, fake_horovod: str) -> dict:
+    """train() with launch.backend unset on ``spark`` where ``horovod.torch`` can be found (no
+    environment here has both Horovod and a Spark Connect server: ``fake_horovod`` is an empty
+    package of that name, put on the path for this call only; it is never imported by a rank)."""
+    import importlib
+
+    from training import load_train_config, train
+
+    sys.path.insert(0, fake_horovod)
+    importlib.invalidate_caches()
+    said = _LogLines("shardtrain")
+    try:
+        overrides = [o for o in _train_overrides(shards, model, "auto") if not o.startswith("launch.backend=")]
+        cfg = load_train_config(None, [*overrides, "train.epochs=1"])
+        chosen = cfg.launch.backend  # what the config resolved, before the session is known
+        result = train(cfg, spark=spark)
+    finally:
+        said.close()
+        sys.path.remove(fake_horovod)
+        for name in [n for n in sys.modules if n == "horovod" or n.startswith("horovod.")]:
+            del sys.modules[name]
+    import json
+
+    with open(os.path.join(result.model_uri, "model.json")) as fh:
+        recorded = json.load(fh)["config"]["launch"]["backend"]
+    return {"configured": chosen, "recorded": recorded, "world_size": result.world_size,
+            "said": [line for line in said.lines if "launch.backend is not set" in line]}
+
+
+def test_an_unset_backend_runs_on_torch_over_connect_where_horovod_is_installed(connect, tmp_path):
+    from tabular_data import write_dataset
+
+    fake = tmp_path / "fake-horovod"
+    (fake / "horovod" / "torch").mkdir(parents=True)
+    (fake / "horovod" / "__init__.py").write_text("")
+    (fake / "horovod" / "torch" / "__init__.py").write_text("")
+    shards = write_dataset(str(tmp_path / "ds"), {"train": [[200], [200]], "val": [[50]]}).uri
+    said = connect.call("test_connect:unset_backend_with_horovod_installed", shards=shards,
+                        model=str(tmp_path / "m"), fake_horovod=str(fake))
+    # The config picked horovod (it is "installed"); the Connect session ran the ranks on torch and
+    # said so once, where an explicit launch.backend=horovod is exit 2 (test above).
+    assert said["configured"] == "horovod", said
+    assert said["recorded"] == "torch" and said["world_size"] == 2
+    assert len(said["said"]) == 1 and "ranks run on torch" in said["said"][0]
+    assert (tmp_path / "m" / "_COMMITTED").is_file()
+
+
+def stalled_launch(spark, shards: str, model: str, marker: str) -> dict:
+    """A launch whose rank the test stops: the error it ends with and what the supervisor logged."""
+    from common.errors import ShardtrainError
+    from training import load_train_config, train
+
+    said = _LogLines("shardtrain")
+    try:
+        overrides = [*_train_overrides(shards, model, marker), "launch.stall_timeout_s=10", "launch.max_restarts=0",
+                     "train.epochs=20"]
+        train(load_train_config(None, overrides), spark=spark)
+        error = None
+    except ShardtrainError as exc:
+        error = {"type": type(exc).__name__, "exit_code": exc.exit_code, "message": str(exc)}
+    finally:
+        said.close()
+    return {"error": error, "cancelled": [line for line in said.lines if line.startswith("cancelled ")]}
+
+
+def test_a_stopped_rank_ends_the_launch_over_connect_naming_it(both, connect, tmp_path):
+    _, over_connect = both
+    marker, out = uuid.uuid4().hex, tmp_path / "stalled"
+    stopped, ended = {}, threading.Event()
+
+    def saboteur():
+        try:
+            wait_for(lambda: _committed_checkpoint(f"{out}/model.run"), "the first checkpoint", timeout=240, abort=ended)
+            proc = wait_for(lambda: _rank_process(connect.proc.pid, 1, training=True), "rank 1's process", timeout=60,
+                            abort=ended)
+            proc.send_signal(signal.SIGSTOP)
+            wait_for(lambda: proc.status() == "stopped", "rank 1 to stop", timeout=30, abort=ended)
+            stopped["proc"] = proc  # proof: its state is 'T'
+        except Exception as exc:  # noqa: BLE001 - reported below
+            stopped["error"] = exc
+
+    thread = threading.Thread(target=saboteur, daemon=True)
+    thread.start()
+    try:
+        result = connect.call("test_connect:stalled_launch", shards=over_connect["shards"], model=f"{out}/model",
+                              marker=marker)
+    finally:
+        ended.set()
+        thread.join()
+        proc = stopped.get("proc")
+        if proc is not None and proc.is_running() and proc.status() != "zombie":  # only after a failure
+            proc.send_signal(signal.SIGKILL)
+            proc.send_signal(signal.SIGCONT)
+    assert "error" not in stopped, stopped.get("error")
+    error = result["error"]
+    # As on classic (test_failures): the rank named, exit 1; over Connect the barrier job is
+    # cancelled through its job tag (interruptTag), and the stopped rank is gone.
+    assert error and error["type"] == "RankStalledError" and error["exit_code"] == 1, result
+    assert error["message"].startswith("rank 1 stalled"), error["message"]
+    assert result["cancelled"] and all(line.startswith("cancelled operation ") for line in result["cancelled"]), result
+    wait_for(lambda: not stopped["proc"].is_running() or stopped["proc"].status() == "zombie",
+             "the stopped rank to be removed", timeout=60)
+    assert not os.path.exists(f"{out}/model")

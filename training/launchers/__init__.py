@@ -12,7 +12,8 @@ rank-entry sequence of ``rank_entry`` and reports through ``progress.Reporter``.
 is one module with a ``launch_fn(plan, spark, launch_cfg) -> list[dict]`` and an entry in
 ``SPARK_LAUNCHERS``; a launcher whose processes are started from outside (each one rank) is one
 module with ``launch_fn(plan, launch_cfg) -> list[dict]`` and ``coordinates(launch_cfg) -> bool``
-(whether this process is also the run's driver) and an entry in ``RANK_LAUNCHERS``.
+(whether this process is also the run's driver), optionally ``run_id(launch_cfg) -> str | None``
+(the id all its processes share, restarts included), and an entry in ``RANK_LAUNCHERS``.
 
 Layering inside the package (no module imports one that imports it back): ``failure_policy`` and
 ``progress`` import only ``common``; ``rank_entry`` imports those two; the launchers import
@@ -67,6 +68,15 @@ def coordinates_run(launch_cfg) -> bool:
     return _imported(RANK_LAUNCHERS[launch_cfg.backend], "coordinates")(launch_cfg)
 
 
+def launch_run_id(launch_cfg) -> str | None:
+    """The run id every process of one launch outside Spark shares, restarts included (the
+    launcher's ``run_id(launch_cfg)``, where it has one); None: the run id is the process's own."""
+    if launch_cfg.mode == "in_process" or launch_cfg.backend not in RANK_LAUNCHERS:
+        return None
+    module = __import__(RANK_LAUNCHERS[launch_cfg.backend].partition(":")[0], fromlist=["run_id"])
+    return getattr(module, "run_id", lambda _cfg: None)(launch_cfg)
+
+
 def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
            on_restart: Callable[[int, str], None] | None = None,
            on_epoch: Callable[[dict], bool] | None = None) -> list[dict]:
@@ -92,6 +102,26 @@ def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
     return check_results(results)
 
 
+def backend_for(launch_cfg, spark):
+    """``launch_cfg`` with the backend this session runs: where ``launch.backend`` was left unset
+    (horovod where installed) and the session is Spark Connect, which Horovod-on-Spark cannot run
+    on, torch (unless ``launch.elastic``, which only Horovod offers: then exit 2 as for an explicit
+    choice). Anything else unchanged."""
+    import dataclasses
+
+    from common.spark import is_connect
+
+    if not (getattr(launch_cfg, "backend_auto", False) and launch_cfg.backend in CLASSIC_ONLY
+            and not launch_cfg.elastic and spark is not None and is_connect(spark)):
+        return launch_cfg
+    import logging
+
+    logging.getLogger("shardtrain.train").info(
+        "launch.backend is not set and this is a Spark Connect session: the ranks run on torch (TorchDistributor), "
+        "as %s cannot run here", launch_cfg.backend)
+    return dataclasses.replace(launch_cfg, backend="torch")
+
+
 def check_backend_runs(backend: str, spark) -> None:
     """Refuse (exit 2) a backend the session cannot run, before any rank starts."""
     from common.spark import is_connect
@@ -105,5 +135,5 @@ def check_backend_runs(backend: str, spark) -> None:
                           "or run on a classic Spark session (a dedicated access mode cluster on Databricks)")
 
 
-__all__ = ["CLASSIC_ONLY", "RANK_LAUNCHERS", "SPARK_LAUNCHERS", "check_backend_runs", "coordinates_run", "launch",
-           "needs_spark", "spark_launcher"]
+__all__ = ["CLASSIC_ONLY", "RANK_LAUNCHERS", "SPARK_LAUNCHERS", "backend_for", "check_backend_runs", "coordinates_run", "launch",
+           "launch_run_id", "needs_spark", "spark_launcher"]

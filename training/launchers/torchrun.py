@@ -11,7 +11,10 @@ driver (``coordinates``: the model path's writer lock, the dataset's reader leas
 checks, the publish and ``summary.json``); the others only train. Restarts are the launcher's
 (torchrun's ``--max-restarts``): a restarted process runs the command again and its ranks resume
 from the newest complete checkpoint (``checkpoint.resume: auto``), as after a relaunch on Spark.
-There is no supervisor: torchrun watches its processes.
+There is no supervisor: torchrun watches its processes. The run id (recorded with the published
+model) is the launch's (``TORCHELASTIC_RUN_ID``), the same in every rank and restart: ranks
+restarted after rank 0 published find their own run's model and finish without training again,
+in any ``output.mode`` (``training.api``).
 
 At the end every rank puts its record (result or failure, with its own traceback) in the
 rendezvous store at ``MASTER_ADDR:MASTER_PORT`` (torchrun's own store, or rank 0's where no agent
@@ -32,7 +35,7 @@ from training.launchers.rank_entry import exchange_results, run_rank_entry
 log = logging.getLogger("shardtrain.train")
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
-_RESULT_PREFIX = "shardtrain/torchrun/{restart}/result"
+_RESULT_PREFIX = "shardtrain/torchrun/{attempt}/result"
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,15 @@ def torchrun_env(launch_cfg) -> TorchrunEnv:
 def coordinates(launch_cfg) -> bool:
     """Whether this process is the run's driver as well as a rank: rank 0."""
     return torchrun_env(launch_cfg).rank == 0
+
+
+def run_id(launch_cfg) -> str | None:
+    """The launch's run id, the same in every rank and every restart: torchrun's
+    ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``; a fresh uuid per ``--standalone`` launch). None where
+    the launcher sets none (each start is then a run of its own; set ``TORCHELASTIC_RUN_ID`` to the
+    job's name so that a restarted job recognises what it published)."""
+    value = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    return f"torchrun-{value}" if value and value != "none" else None
 
 
 def launch_torchrun(plan, launch_cfg) -> list[dict]:
@@ -128,11 +140,13 @@ def _train(plan, group, reporter) -> dict:
 
 
 def _exchange_results(env: TorchrunEnv, result: dict, timeout: int) -> list[dict]:
-    """Rank 0: every rank's result (keys per restart, so a relaunch never reads the last one's);
-    the other ranks: their own."""
-    prefix = _RESULT_PREFIX.format(restart=env.restart)
+    """Rank 0: every rank's result (keys per launch and restart, so a relaunch never reads the last
+    one's); the other ranks: their own."""
+    from training.distributed import attempt_key
+
+    prefix = _RESULT_PREFIX.format(attempt=attempt_key())
     gathered = exchange_results(env.master_addr, env.master_port, env.world_size, env.rank, prefix, result, timeout)
     return [result] if gathered is None else gathered
 
 
-__all__ = ["ENV_VARS", "TorchrunEnv", "coordinates", "launch_torchrun", "torchrun_env"]
+__all__ = ["ENV_VARS", "TorchrunEnv", "coordinates", "launch_torchrun", "run_id", "torchrun_env"]
