@@ -1,5 +1,7 @@
 """Fixtures shared by every test: one local SparkSession per test session, a standalone
 cluster on loopback when a test asks for one, and a guard that tests leave no env vars behind.
+Also the suite's runner plumbing: the seconds per test file at the end of every run, and how
+pytest-xdist's workers (``-n N --dist loadgroup``) share the tests out (see ``pytest_xdist_make_scheduler``).
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
+from collections import defaultdict
 
 import pytest
 
@@ -20,15 +24,16 @@ from spark_cluster import start_cluster  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def spark():
-    """A real local[2] SparkSession, shared: start-up costs 5-10 s."""
+def spark(tmp_path_factory):
+    """A real local[2] SparkSession, shared: start-up costs 5-10 s. Its warehouse is this test
+    session's own (not ./spark-warehouse), so xdist workers never share a table directory."""
     from common.config import SparkConfig
     from common.spark import get_or_create_session
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     conf = {"spark.sql.shuffle.partitions": 4, "spark.default.parallelism": 4, "spark.ui.enabled": False,
-            "spark.driver.memory": "2g"}
+            "spark.driver.memory": "2g", "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("spark-warehouse"))}
     session = get_or_create_session(SparkConfig(master="local[2]", app_name="shardtrain-tests", conf=conf),
                                     log_level="ERROR")
     yield session
@@ -113,13 +118,31 @@ def _no_env_leak():
     assert not leaked, f"test leaked environment variables: {leaked}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
     """Tests that start worker JVMs (a standalone cluster, or Spark's local-cluster master) must be
-    marked ``cluster``, so ``-m "not cluster"`` (make test-fast) really leaves them out."""
+    marked ``cluster``, so ``-m "not cluster"`` (make test-fast) really leaves them out.
+
+    xdist groups (``-n N --dist loadgroup``), whole files at a time:
+    - ``spark-connect``: every file that starts a ``ConnectProcess`` (tests/connect_process.py):
+      pyspark's local Connect server always binds port 15002, so two at once cannot start;
+    - ``spark-cluster``: every file that uses the session's ``standalone_cluster``: one worker
+      starts the one cluster (a master, two worker JVMs and their executors) and runs those files,
+      instead of each worker holding a cluster of its own to the end of its session."""
     unmarked = [item.nodeid for item in items if _starts_cluster(item) and item.get_closest_marker("cluster") is None]
     if unmarked:
         raise pytest.UsageError("these tests start a Spark cluster but are not marked @pytest.mark.cluster: "
                                 + ", ".join(unmarked))
+    groups = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if getattr(module, "ConnectProcess", None) is not None:
+            groups[item.path] = "spark-connect"
+        elif "standalone_cluster" in getattr(item, "fixturenames", ()):
+            groups.setdefault(item.path, "spark-cluster")
+    for item in items:
+        if item.path in groups and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(groups[item.path]))
 
 
 def _starts_cluster(item) -> bool:
@@ -133,3 +156,52 @@ def _starts_cluster(item) -> bool:
     except (OSError, TypeError):
         return False
     return "local-cluster[" in source or "spark://" in source
+
+
+# --- the suite on parallel workers (pytest-xdist) ---------------------------------------------------
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``, with one change: a test without an ``xdist_group`` mark goes with its
+    file (xdist's own loadgroup sends each such test anywhere). Files share module-scoped
+    datasets and rank launches that a split would run twice; a group holds what must never run
+    in two workers at once (``spark-connect``: pyspark's local Connect server always binds
+    port 15002; ``spark-cluster``: the one standalone cluster, above)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileOrGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return nodeid.split("::", 1)[0] if scope == nodeid else scope
+
+    return FileOrGroupScheduling(config, log)
+
+
+# --- time by file, printed at the end of every run ----------------------------------------------------
+
+_SECONDS_BY_FILE: dict[str, float] = defaultdict(float)
+_RUN_STARTED = time.monotonic()
+TIME_BY_FILE_SHOWN = 40
+
+
+def pytest_runtest_logreport(report):
+    """Setup, call and teardown of every test, summed per file. Under xdist the workers' reports
+    reach the controller through this same hook, so the sum there covers every worker."""
+    _SECONDS_BY_FILE[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workerinput") or not _SECONDS_BY_FILE:  # an xdist worker: the controller prints
+        return
+    ranked = sorted(_SECONDS_BY_FILE.items(), key=lambda kv: kv[1], reverse=True)
+    total = sum(_SECONDS_BY_FILE.values())
+    shown = ranked[:TIME_BY_FILE_SHOWN]
+    title = f"time by test file (setup+call+teardown), top {len(shown)} of {len(ranked)} files"
+    terminalreporter.write_sep("=", title)
+    for path, seconds in shown:
+        terminalreporter.write_line(f"{seconds:9.1f} s  {100 * seconds / total if total else 0:5.1f}%  {path}")
+    workers = getattr(config.option, "numprocesses", None) or 0
+    terminalreporter.write_line(f"{total:9.1f} s  in all test files, {time.monotonic() - _RUN_STARTED:.1f} s wall"
+                                + (f" on {workers} xdist workers" if workers else ""))
