@@ -1,7 +1,7 @@
 """Fixtures shared by every test: one local SparkSession per test session, a standalone
 cluster on loopback when a test asks for one, and a guard that tests leave no env vars behind.
 Also the suite's runner plumbing: the seconds per test file at the end of every run, and how
-pytest-xdist's workers (``-n N --dist loadgroup``) share the tests out (see ``pytest_xdist_make_scheduler``).
+pytest-xdist's workers (``-n N --dist loadfile``) share the tests out (see ``pytest_xdist_make_scheduler``).
 """
 
 from __future__ import annotations
@@ -118,31 +118,13 @@ def _no_env_leak():
     assert not leaked, f"test leaked environment variables: {leaked}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
     """Tests that start worker JVMs (a standalone cluster, or Spark's local-cluster master) must be
-    marked ``cluster``, so ``-m "not cluster"`` (make test-fast) really leaves them out.
-
-    xdist groups (``-n N --dist loadgroup``), whole files at a time:
-    - ``spark-connect``: every file that starts a ``ConnectProcess`` (tests/connect_process.py):
-      pyspark's local Connect server always binds port 15002, so two at once cannot start;
-    - ``spark-cluster``: every file that uses the session's ``standalone_cluster``: one worker
-      starts the one cluster (a master, two worker JVMs and their executors) and runs those files,
-      instead of each worker holding a cluster of its own to the end of its session."""
+    marked ``cluster``, so ``-m "not cluster"`` (make test-fast) really leaves them out."""
     unmarked = [item.nodeid for item in items if _starts_cluster(item) and item.get_closest_marker("cluster") is None]
     if unmarked:
         raise pytest.UsageError("these tests start a Spark cluster but are not marked @pytest.mark.cluster: "
                                 + ", ".join(unmarked))
-    groups = {}
-    for item in items:
-        module = getattr(item, "module", None)
-        if getattr(module, "ConnectProcess", None) is not None:
-            groups[item.path] = "spark-connect"
-        elif "standalone_cluster" in getattr(item, "fixturenames", ()):
-            groups.setdefault(item.path, "spark-cluster")
-    for item in items:
-        if item.path in groups and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(groups[item.path]))
 
 
 def _starts_cluster(item) -> bool:
@@ -160,21 +142,38 @@ def _starts_cluster(item) -> bool:
 
 # --- the suite on parallel workers (pytest-xdist) ---------------------------------------------------
 
+# Test files that must never run in two workers at once, found by what their source names: pyspark's
+# local Spark Connect server always binds port 15002, so two cannot start; and the standalone cluster
+# (a master, two worker JVMs and their executors) is started once, by the one worker that runs its
+# files, instead of by every worker that meets one of them, each holding it to the end of its session.
+WORKER_GROUPS = {"spark-connect": "ConnectProcess(", "spark-cluster": "standalone_cluster"}
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup``, with one change: a test without an ``xdist_group`` mark goes with its
-    file (xdist's own loadgroup sends each such test anywhere). Files share module-scoped
-    datasets and rank launches that a split would run twice; a group holds what must never run
-    in two workers at once (``spark-connect``: pyspark's local Connect server always binds
-    port 15002; ``spark-cluster``: the one standalone cluster, above)."""
-    if config.getvalue("dist") != "loadgroup":
+    """``-n N --dist loadfile``: xdist sends each file to one worker (its module-scoped datasets and
+    rank launches are not run twice), and here the files of one ``WORKER_GROUPS`` group go as one
+    unit. The group is read from each file's source on the controller, which collects nothing
+    itself; xdist's own ``xdist_group`` marks are not used: with pytest 9 (the current profile)
+    xdist 3.8.0 cannot add the group to the node id, and the grouping is silently lost."""
+    if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadFileScheduling
 
-    class FileOrGroupScheduling(LoadGroupScheduling):
+    groups: dict[str, str] = {}
+
+    def group_of(path: str) -> str:
+        if path not in groups:
+            try:
+                source = (config.rootpath / path).read_text(errors="replace")
+            except OSError:
+                source = ""
+            groups[path] = next((name for name, text in WORKER_GROUPS.items() if text in source), path)
+        return groups[path]
+
+    class FileOrGroupScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return nodeid.split("::", 1)[0] if scope == nodeid else scope
+            return group_of(nodeid.split("::", 1)[0])
 
     return FileOrGroupScheduling(config, log)
 
