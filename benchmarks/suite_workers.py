@@ -62,6 +62,9 @@ def run_once(workers: int, pytest_args: list[str]) -> dict:
     done.set()
     sampler.join()
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?|skipped)", out.splitlines()[-1])}
+    if proc.returncode != 0:  # which tests failed, and how: a parallel run must be as clean as the serial one
+        counts["failures"] = [line for line in out.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+        sys.stderr.write(out[-20000:])
     return {"workers": workers, "wall_s": round(wall, 1), "rc": proc.returncode, **counts,
             "peak_rss_gib": round(peak[0] / 2**30, 2), "load_before": round(load_before, 1),
             "load_after": round(os.getloadavg()[0], 1), "last_line": out.splitlines()[-1][-200:]}
