@@ -10,6 +10,10 @@ VENV_CURRENT ?= .venv-current
 # pyarrow, numpy or pandas versions: the shard job, the torch launcher, the arrow reader, scoring,
 # load_model, doctor). Everything else is the same code on the same torch/fsspec/mlflow, and runs once.
 STACK_TESTS ?= stack and not cluster and not horovod
+# pytest-xdist workers for test, test-current and test-fast; 0 runs the tests serially in one process.
+# A file's tests stay on one worker, and files that share a fixed resource stay together (tests/conftest.py).
+PYTEST_WORKERS ?= 0
+XDIST = -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: setup setup-current demo test test-current test-fast doctor bench wheel clean
 
@@ -24,20 +28,20 @@ demo: setup
 
 test: setup
 	@start=$$(date +%s); \
-	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 --durations=40 $(PYTEST_ARGS) && pinned=$$(date +%s) && \
+	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 --durations=40 $(XDIST) $(PYTEST_ARGS) && pinned=$$(date +%s) && \
 	$(MAKE) --no-print-directory test-current && end=$$(date +%s) && \
 	echo "make test: $$((end - start)) s wall (pinned profile $$((pinned - start)) s, current profile $$((end - pinned)) s)"
 
 # Tests that need Horovod or the standalone cluster are left to the pinned run; those needing
 # petastorm skip themselves (importorskip) where it is not installed.
 test-current: setup-current
-	$(VENV_CURRENT)/bin/python -m pytest tests -q -p no:cacheprovider --timeout=900 --durations=40 \
+	$(VENV_CURRENT)/bin/python -m pytest tests -q -p no:cacheprovider --timeout=900 --durations=40 $(XDIST) \
 		-m "$(STACK_TESTS)" $(PYTEST_ARGS)
 
 # The inner loop: unit tests and local Spark, no rank launches (no `ranks`/`horovod`/`cluster` marks).
 test-fast: setup
 	@start=$$(date +%s); \
-	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 -m "not cluster and not horovod and not ranks" $(PYTEST_ARGS) && \
+	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 $(XDIST) -m "not cluster and not horovod and not ranks" $(PYTEST_ARGS) && \
 	echo "make test-fast: $$(( $$(date +%s) - start )) s wall"
 
 doctor: setup
