@@ -14,6 +14,9 @@ array, 0.01% bad rows), train a model in-process on a 20k-row sample sharded by 
     pandas, then ``load_model(uri).predict`` on all rows in one process (its whole-frame FeatureSpec.transform, one forward pass per --batch-size rows),
     with torch's default intra-op threads and with 1 (what Spark gives each task); the ratio uses
     the faster;
+  - ``pandas_predict_and_write``: the same with 1 torch thread, also writing what the job writes
+    (``id``, ``probabilities``, ``prediction`` to one Parquet file; the bad rows to another): what a
+    user would otherwise run end to end (ratio ``score_job_warm_vs_pandas_write``);
   - ``map_in_arrow``: scoring.predict.predict_frame over the clean rows into Spark's ``noop`` sink
     (the model loaded once per Python worker; what the job runs);
   - ``predict_batch_udf``: the same model and preprocessing through
@@ -85,31 +88,56 @@ def time_score_job(spark, model: str, raw: str, out: str, batch_size: int) -> tu
     return seconds, result["r"].scored_rows
 
 
-def time_pandas(model_uri: str, raw: str, batch_size: int, torch_threads: int) -> tuple[float, int]:
-    import pandas as pd
+def time_pandas(model_uri: str, raw: str, batch_size: int, torch_threads: int,
+                out: str | None = None) -> tuple[float, int]:
+    """One process: read, drop bad rows, predict; with ``out``, also write what the job writes (the
+    kept ``id`` column, ``probabilities`` and ``prediction`` to one Parquet file, the bad rows to another)."""
     import torch
 
     torch.set_num_threads(torch_threads)
 
     def run():
-        frame = clean_pandas_rows(raw)
+        table = read_raw(raw)
+        keep = clean_mask(table)
+        frame = table.filter(keep).to_pandas()
         model = load_model(model_uri)
         arrays = model.features.transform(frame)
-        for start in range(0, len(frame), batch_size):
-            model.predict_arrays({k: v[start:start + batch_size] for k, v in arrays.items()})
+        outputs = [model.predict_arrays({k: v[start:start + batch_size] for k, v in arrays.items()})
+                   for start in range(0, len(frame), batch_size)]
+        if out is not None:
+            write_pandas_scores(out, frame["id"].to_numpy(), np.concatenate(outputs), table.filter(~keep))
         run.rows = len(frame)
 
     return timed(run), run.rows
 
 
-def clean_pandas_rows(raw: str):
-    """The raw Parquet as pandas, less the rows the job quarantines (a null or non-8-float image, an
-    image element that is null or not finite, a non-finite x0): the checks run over Arrow columns
-    (pyarrow.compute), then the clean rows convert to pandas, as pandas.read_parquet would."""
-    import pyarrow.compute as pc
+def write_pandas_scores(out: str, ids, probabilities, bad_rows) -> None:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(raw)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    width = probabilities.shape[1]
+    scores = pa.table({
+        "id": pa.array(ids),
+        "probabilities": pa.FixedSizeListArray.from_arrays(pa.array(probabilities.reshape(-1)), width).cast(
+            pa.list_(pa.float32())),
+        "prediction": pa.array(probabilities.argmax(axis=1).astype(np.int64)),
+    })
+    pq.write_table(scores, f"{out}/scores.parquet")  # snappy, as Spark writes
+    pq.write_table(bad_rows, f"{out}/quarantine.parquet")
+
+
+def read_raw(raw: str):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(raw)
+
+
+def clean_mask(table):
+    """The rows the job keeps (it quarantines a null or non-8-float image, an image element that is
+    null or not finite, a non-finite x0): checked over Arrow columns (pyarrow.compute)."""
+    import pyarrow.compute as pc
+
     image = table.column("image").combine_chunks()
     shaped = pc.fill_null(pc.equal(pc.list_value_length(image), 8), False)
     elements_ok = pc.and_kleene(pc.is_valid(image.flatten()), pc.is_finite(image.flatten()))
@@ -117,8 +145,7 @@ def clean_pandas_rows(raw: str):
                                weights=~elements_ok.to_numpy(zero_copy_only=False)) > 0
     x0 = table.column("x0")
     x0_ok = pc.fill_null(pc.is_finite(x0), True).to_numpy(zero_copy_only=False)  # null is imputed
-    keep = shaped.to_numpy(zero_copy_only=False) & ~bad_elements & x0_ok
-    return table.filter(keep).to_pandas()
+    return shaped.to_numpy(zero_copy_only=False) & ~bad_elements & x0_ok
 
 
 def torch_default_threads() -> int:
@@ -205,6 +232,11 @@ def main() -> None:
             print(json.dumps({"what": "pandas_load_model_predict", **common, "torch_threads": threads,
                               "scored_rows": pandas_rows, "seconds": round(seconds, 2),
                               "rows_per_s": round(data.rows / seconds)}), flush=True)
+        # What a user would otherwise run end to end: the same process, also writing the scores and
+        # the bad rows to Parquet (one file each), as the job does. One torch thread, as Spark's tasks.
+        write_s, _ = time_pandas(model, data.path, args.batch_size, 1, out=str(work / "pandas-scores"))
+        print(json.dumps({"what": "pandas_predict_and_write", **common, "torch_threads": 1,
+                          "seconds": round(write_s, 2), "rows_per_s": round(data.rows / write_s)}), flush=True)
         # Interleaved, best of --repeats: the machine is shared, so the order must not favour either.
         arrow_s = udf_s = float("inf")
         for _ in range(args.repeats):
@@ -216,6 +248,7 @@ def main() -> None:
                           "rows_per_s": round(data.rows / udf_s)}), flush=True)
         print(json.dumps({"what": "ratios", **common, "score_job_vs_pandas": round(pandas_s / job_s, 2),
                           "score_job_warm_vs_pandas": round(pandas_s / warm_s, 2),
+                          "score_job_warm_vs_pandas_write": round(write_s / warm_s, 2),
                           "map_in_arrow_vs_predict_batch_udf": round(udf_s / arrow_s, 2)}), flush=True)
     finally:
         spark.stop()
