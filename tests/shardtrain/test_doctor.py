@@ -35,6 +35,22 @@ def test_doctor_passes_here_including_a_real_two_rank_allreduce():
     assert "allreduce sum = [3.0, 3.0]" in launch["detail"]
 
 
+@pytest.mark.horovod
+@pytest.mark.timeout(300)
+def test_on_spark_connect_the_default_backend_is_torch_where_horovod_is_installed():
+    # Horovod is installed here, so an unset launch.backend resolves to horovod; on a Connect
+    # session the launch runs torch instead (training.launchers.backend_for), and doctor says so
+    # rather than failing the backends line. SPARK_REMOTE makes the session kind Connect; the
+    # backends line connects to nothing.
+    proc = _doctor("--no-launch", env={**os.environ, "SPARK_REMOTE": "sc://127.0.0.1:1"})
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["spark"]["detail"].startswith("Spark Connect (SPARK_REMOTE=sc://127.0.0.1:1)")
+    backends = checks["backends"]
+    assert backends["ok"], backends
+    assert "horovod: no (needs classic Spark" in backends["detail"]
+    assert backends["detail"].endswith("default launch.backend=torch")
+
+
 @pytest.fixture(scope="module")
 def pyarrow15_dir(tmp_path_factory):
     """A real pyarrow 15, installed beside (not into) the venv from the wheel that .ci/bootstrap
