@@ -130,6 +130,20 @@ def _state(pid: int) -> str | None:
         return None
 
 
+def _stopped_pid(proc, once, what: str) -> int:
+    """The pid the fault point wrote to ``once``, once that process is stopped (state 'T')."""
+    wait_for(lambda: once.exists() and once.read_text() and _state(int(once.read_text())) == "T",
+             what, timeout=600, proc=proc, interval=0.2)
+    return int(once.read_text())
+
+
+def _kill_and_finish(proc, pid: int) -> str:
+    """SIGKILL ``pid``, wait until it is dead, then torchrun's output once it has finished."""
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: _state(pid) in (None, "Z"), "the killed rank to die", timeout=60)
+    return _finished(proc)
+
+
 # stack: it had passed on the pinned profile and failed on the current one (the cause, torchrun's
 # store kept across restarts, is in training.distributed.attempt_store); run on both.
 @pytest.mark.stack
@@ -140,17 +154,13 @@ def test_a_rank_killed_after_a_checkpoint_is_restarted_by_torchrun_and_resumes(u
     proc = _run_torchrun(uneven, tmp_path, restarts=1,
                          env_extra={FAULT_ENV: "commit:after-swap:stop", FAULT_ONCE_ENV: str(once)})
     try:
-        wait_for(lambda: once.exists() and once.read_text() and _state(int(once.read_text())) == "T",
-                 "rank 0 to stop after its first checkpoint", timeout=600, proc=proc, interval=0.2)
-        pid = int(once.read_text())
+        pid = _stopped_pid(proc, once, "rank 0 to stop after its first checkpoint")
         with open(f"/proc/{pid}/environ", "rb") as fh:
             environ = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
         assert environ[b"RANK"] == b"0" and environ[b"TORCHELASTIC_RESTART_COUNT"] == b"0"
         checkpoints = sorted(os.listdir(tmp_path / "model.run" / "checkpoints"))
         assert [c for c in checkpoints if c.startswith("step-")]
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: _state(pid) in (None, "Z"), "the killed rank to die", timeout=60)
-        output = _finished(proc)
+        output = _kill_and_finish(proc, pid)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -171,15 +181,11 @@ def test_a_restart_after_rank_0_published_finishes_without_training_again(uneven
     proc = _run_torchrun(uneven, tmp_path, "output.mode=error", restarts=1,
                          env_extra={FAULT_ENV: "rank0:after-run:stop", FAULT_ONCE_ENV: str(once)})
     try:
-        wait_for(lambda: once.exists() and once.read_text() and _state(int(once.read_text())) == "T",
-                 "rank 0 to stop after its publish", timeout=600, proc=proc, interval=0.2)
-        pid = int(once.read_text())
+        pid = _stopped_pid(proc, once, "rank 0 to stop after its publish")
         published = {name: (tmp_path / "model" / name).read_bytes() for name in os.listdir(tmp_path / "model")}
         assert "model.safetensors" in published
         marker = json.loads(published["_COMMITTED"])
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: _state(pid) in (None, "Z"), "the killed rank to die", timeout=60)
-        output = _finished(proc)
+        output = _kill_and_finish(proc, pid)
     finally:
         if proc.poll() is None:
             proc.kill()

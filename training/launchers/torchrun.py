@@ -45,7 +45,6 @@ class TorchrunEnv:
     local_rank: int
     master_addr: str
     master_port: int
-    restart: int  # torchrun's TORCHELASTIC_RESTART_COUNT (0 elsewhere)
 
 
 def torchrun_env(launch_cfg) -> TorchrunEnv:
@@ -72,8 +71,7 @@ def torchrun_env(launch_cfg) -> TorchrunEnv:
     if not 0 <= values["RANK"] < world:
         raise ConfigError(f"launch.backend=torchrun: RANK={values['RANK']} is outside WORLD_SIZE={world}")
     return TorchrunEnv(rank=values["RANK"], world_size=world, local_rank=values["LOCAL_RANK"],
-                       master_addr=os.environ["MASTER_ADDR"], master_port=values["MASTER_PORT"],
-                       restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+                       master_addr=os.environ["MASTER_ADDR"], master_port=values["MASTER_PORT"])
 
 
 def coordinates(launch_cfg) -> bool:
