@@ -1,7 +1,8 @@
 """Fixtures shared by every test: one local SparkSession per test session, a standalone
 cluster on loopback when a test asks for one, and a guard that tests leave no env vars behind.
 Also the suite's runner plumbing: the seconds per test file at the end of every run, and how
-pytest-xdist's workers (``-n N --dist loadfile``) share the tests out (see ``pytest_xdist_make_scheduler``).
+pytest-xdist's workers (``-n N --dist loadfile``) share the tests out (see ``pytest_xdist_make_scheduler``),
+and cheaper driver JVM start-ups for every process the tests start (tests/jvm_start.py).
 """
 
 from __future__ import annotations
@@ -19,8 +20,14 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/spark_cluster.py, tests/polling.py
 
+import jvm_start  # noqa: E402
 from polling import wait_for  # noqa: E402
 from spark_cluster import start_cluster  # noqa: E402
+
+
+def pytest_configure(config):
+    # Before any test or fixture starts a JVM, and inherited by every process the tests start.
+    config._shardtrain_jvm_start = jvm_start.configure()
 
 
 @pytest.fixture(scope="session")
@@ -204,3 +211,5 @@ def pytest_terminal_summary(terminalreporter, config):
     workers = getattr(config.option, "numprocesses", None) or 0
     terminalreporter.write_line(f"{total:9.1f} s  in all test files, {time.monotonic() - _RUN_STARTED:.1f} s wall"
                                 + (f" on {workers} xdist workers" if workers else ""))
+    if getattr(config, "_shardtrain_jvm_start", None):
+        terminalreporter.write_line(config._shardtrain_jvm_start)
