@@ -6,18 +6,20 @@ restarts) finish with the same model as an uninterrupted run, never publishing t
 Rank processes are found by a marker in their environment (``launch.env``), so a test only ever
 signals the processes its own launch started."""
 
+import logging
 import os
 import signal
 import threading
 import time
 import uuid
+from types import SimpleNamespace
 
 import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.errors import EXIT_RUNTIME, LaunchError, OutputExistsError, RankStalledError
+from common.errors import EXIT_RUNTIME, OutputExistsError, RankStalledError
 from polling import wait_for
 from run_report_checks import assert_run_report
 from tabular_data import write_dataset
@@ -26,11 +28,17 @@ from training import load_model, load_train_config, train
 from training.export import published_by
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Long enough (about 400 steps per rank) that a kill lands mid-epoch, well after the first checkpoint.
-LAYOUT = {"train": [[4000, 3000], [3000], [3000, 2000]], "val": [[300]]}
+# 93 steps per rank and epoch at batch 32: a kill lands mid-run, after the first checkpoint (step 20),
+# with more than 160 steps to spare (the saboteur has found rank 1's process before that checkpoint).
+LAYOUT = {"train": [[1600, 1200], [1200], [1200, 800]], "val": [[300]]}
 MARKER = "SHARDTRAIN_TEST_RANKS"
 
-pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.timeout(600)]
+
+
+def on_horovod(test):
+    """Every test here but the DiLoCo resume on two bare Gloo ranks runs Horovod ranks on Spark."""
+    return pytest.mark.spark(pytest.mark.horovod(test))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +102,9 @@ def gone(proc: psutil.Process) -> bool:
 
 
 class Saboteur(threading.Thread):
-    """Once a checkpoint is committed, sends ``sig`` to rank 1's process (the first launch's only)."""
+    """Once a checkpoint is committed, sends ``sig`` to rank 1's process (the first launch's only).
+    The process is found first, while the ranks start: the signal then follows the checkpoint by
+    one poll, not by a scan of every process on the machine."""
 
     def __init__(self, marker: str, run_dir: str, sig: int):
         super().__init__(daemon=True)
@@ -110,10 +120,11 @@ class Saboteur(threading.Thread):
 
     def run(self):
         try:
+            proc = wait_for(lambda: rank_process(self.marker, 1), "rank 1's process", timeout=240,
+                            abort=self.job_ended)
             wait_for(lambda: committed_checkpoint(self.run_dir), "the first checkpoint", timeout=240,
                      abort=self.job_ended)
-            self.proc = wait_for(lambda: rank_process(self.marker, 1), "rank 1's process", timeout=240,
-                                 abort=self.job_ended)
+            self.proc = proc
             self.proc.send_signal(self.sig)
             self.signalled_at = time.monotonic()
             if self.sig == signal.SIGSTOP:  # proof it is stopped: state 'T' in /proc/<pid>/stat
@@ -123,36 +134,61 @@ class Saboteur(threading.Thread):
             self.error = exc
 
 
-def test_a_killed_rank_is_named_with_its_cause(spark, dataset, tmp_path):
-    marker = uuid.uuid4().hex
-    saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGKILL)
-    saboteur.start()
-    with pytest.raises(LaunchError) as info:
-        train(_cfg(dataset, tmp_path, marker, "launch.max_restarts=0"), spark)
-    saboteur.finish()
-    assert saboteur.error is None and gone(saboteur.proc)  # the kill really happened, to rank 1
-    message = str(info.value)
-    assert message.startswith("training failed on rank 1: its process exited with status"), message
-    assert "killed by SIGKILL" in message and "rank 1 died at step" in message
-    assert "task slot" not in message  # not a capacity problem
-    assert info.value.exit_code == EXIT_RUNTIME
-    wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
-
-
-# Every-step averaging; and DiLoCo, whose checkpoints carry each replica's own optimizer state and
-# the outer optimizer's, with and without its average in flight during the next round.
-# DiLoCo resumes mid-epoch from a sync step (every 10, checkpoints every 20); with overlap, from an
-# epoch end. local SGD shares all of its per-rank state with DiLoCo (training.strategies.periodic).
+# Every-step averaging, resumed mid-epoch; and DiLoCo with its average in flight during the next
+# round (overlap), whose checkpoints carry each replica's own optimizer state and the outer
+# optimizer's, resumed from an epoch end. Each kill also shows how a killed rank is named (the launch
+# error the restart is logged with is the one raised with launch.max_restarts=0:
+# test_supervisor.py's test_relaunches_up_to_max_restarts). DiLoCo without overlap resumes mid-epoch
+# from a sync step: the loop's mid-epoch resume is every_step's, the rank state through checkpoints
+# is diloco_overlap's, and DiLoCo's own state restored at a mid-epoch sync step is
+# test_diloco_resumed_at_a_mid_epoch_sync_step_equals_the_uninterrupted_replicas below. local SGD
+# shares all of its per-rank state with DiLoCo (training.strategies.periodic).
 SYNC = {"every_step": [],
-        "diloco": ["train.sync.mode=diloco", "train.sync.every=10"],
         "diloco_overlap": ["train.sync.mode=diloco", "train.sync.every=10", "train.sync.overlap=true",
                            "checkpoint.every_steps=null"]}
 
 
+class _Messages(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def published_then_killed(spark, dataset, tmp_path_factory):
+    """The every_step run trained to its end without a hitch, whose rank 0 then SIGKILLs itself just
+    after publishing (once; its pid in ``flag``): its model is the uninterrupted run that
+    kill-and-resume compares with, and its relaunch must finish without publishing again. One
+    launch serves both (the published model is written before the kill)."""
+    out = tmp_path_factory.mktemp("published-then-killed")
+    marker, flag = uuid.uuid4().hex, out / "killed-after-publish.pid"
+    cfg = _cfg(dataset, out, marker, "output.mode=error", "launch.env.SHARDTRAIN_FAULT=rank0:after-run",
+               f"launch.env.SHARDTRAIN_FAULT_ONCE={flag}")
+    logger, handler = logging.getLogger("shardtrain"), _Messages()
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        result = train(cfg, spark)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return SimpleNamespace(cfg=cfg, result=result, model=out / "model", flag=flag, marker=marker,
+                           messages=handler.messages)
+
+
+@on_horovod
 @pytest.mark.parametrize("sync", list(SYNC))
-def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(spark, dataset, tmp_path, caplog, sync):
+def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(spark, dataset, tmp_path, caplog, sync,
+                                                                              published_then_killed):
     caplog.set_level("INFO", logger="shardtrain")
-    reference = train(_cfg(dataset, tmp_path / "reference", uuid.uuid4().hex, *SYNC[sync]), spark)
+    if sync == "every_step":  # the same training (output.mode and the fault after the publish aside)
+        reference = published_then_killed.result
+    else:
+        reference = train(_cfg(dataset, tmp_path / "reference", uuid.uuid4().hex, *SYNC[sync]), spark)
 
     marker = uuid.uuid4().hex
     out = tmp_path / "restarted"
@@ -169,7 +205,10 @@ def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(sp
     restarts = [r.getMessage() for r in caplog.records if "restarting the ranks" in r.getMessage()]
     assert len(restarts) == 1
     failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ranks failed:")]
-    assert "rank 1" in failed[0] and "killed by SIGKILL" in failed[0]
+    assert len(failed) == 1, failed
+    assert failed[0].startswith("ranks failed: training failed on rank 1: its process exited with status"), failed
+    assert "killed by SIGKILL" in failed[0] and "rank 1 died at step" in failed[0]
+    assert "task slot" not in failed[0]  # not a capacity problem
     assert any(f"step {resumed}" in r.getMessage() and "resumed from" in r.getMessage() for r in caplog.records)
 
     ours = load_file(os.path.join(result.model_uri, "model.safetensors"))
@@ -185,6 +224,91 @@ def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(sp
     wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
 
 
+def _diloco_run_and_resume(group, resume_at: int, steps: int, spe: int) -> dict:
+    """On one of two real Gloo ranks (tests/training/torch_ranks.py): DiLoCo (every 3 steps, momentum
+    inside and Nesterov outside) for ``steps`` on this rank's own rows, uninterrupted; then, in fresh
+    objects built from another seed, resumed from what a checkpoint holds at ``resume_at`` (a
+    mid-epoch sync step), restored in TrainState.resume's order, and trained to the end again; and
+    once more without this rank's own state, to show that state is what the resume needed."""
+    import io
+    from types import SimpleNamespace
+
+    from common.dataset import LabelSpec
+    from plugin_models import Wrap
+    from training.config import LaunchConfig, SyncConfig, TrainConfig, TrainLoopConfig
+    from training.loop import Objective
+    from training.precision import Precision
+    from training.strategies import strategy_class, technique
+    from training.strategies.periodic import flatten
+
+    config = TrainConfig(train=TrainLoopConfig(batch_size=16, sync=SyncConfig(mode="diloco", every=3)),
+                         launch=LaunchConfig(backend="torch", num_proc=2))
+    objective = Objective(LabelSpec(name="label", task="classification", num_classes=2))
+    plan = SimpleNamespace(steps_per_epoch=spe)
+    rows = torch.Generator().manual_seed(100 + group.rank)  # each replica its own rows
+    batches = []
+    for _ in range(steps):
+        x = torch.randn(16, 4, generator=rows)
+        batches.append({"numeric": x, "label": (x[:, 0] + (group.rank - 0.5) * x[:, 1] > 0).long()})
+
+    def build(seed):
+        strategy = strategy_class(technique(config.train), "torch", "spark")(group, Precision("fp32", "cpu"), config)
+        torch.manual_seed(seed)
+        model = Wrap(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))
+        step_model = strategy.wrap(model)
+        optimizer = strategy.optimizer(torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9), model, 1)
+        return strategy, model, step_model, optimizer
+
+    def train_steps(strategy, model, step_model, optimizer, first):
+        weights, saved = [], None
+        for step in range(first, steps + 1):
+            strategy.train_step(step_model, [batches[step - 1]], optimizer, objective, None)
+            strategy.after_step(step, model, optimizer)
+            weights.append(flatten(model))
+            if step == resume_at:  # as TrainState.checkpoint: rank 0's model and optimizer, each rank's own state
+                shared = group.allgather_object({"model": strategy.model_state_dict(model),
+                                                 "optimizer": strategy.optimizer_state_dict(model, optimizer)})[0]
+                buffer = io.BytesIO()  # through bytes, as a checkpoint file holds it
+                torch.save({**shared, "rank": strategy.rank_state(model, optimizer)}, buffer)
+                saved = buffer.getvalue()
+        return weights, saved
+
+    strategy, model, step_model, optimizer = build(seed=0)
+    strategy.broadcast_initial_state(model, optimizer)
+    strategy.begin(plan, 0, model)
+    uninterrupted, saved = train_steps(strategy, model, step_model, optimizer, 1)
+
+    def resumed(with_rank_state: bool):
+        checkpoint = torch.load(io.BytesIO(saved), weights_only=False)
+        strategy, model, step_model, optimizer = build(seed=1)
+        strategy.load_state_dicts(model, optimizer, checkpoint["model"], checkpoint["optimizer"])
+        strategy.load_rank_state(checkpoint["rank"] if with_rank_state else {}, model, optimizer)
+        strategy.broadcast_initial_state(model, optimizer)
+        strategy.begin(plan, resume_at, model)
+        return train_steps(strategy, model, step_model, optimizer, resume_at + 1)[0]
+
+    return {"uninterrupted": uninterrupted[resume_at:], "resumed": resumed(True),
+            "without_rank_state": resumed(False), "rank_state": sorted(strategy.rank_state(model, optimizer))}
+
+
+def test_diloco_resumed_at_a_mid_epoch_sync_step_equals_the_uninterrupted_replicas():
+    """DiLoCo without overlap, resumed mid-epoch from a sync step (the property its kill-and-resume
+    run carried, now carried here and by the two kill-and-resume runs above): each replica's
+    inner optimizer state and the outer optimizer's come back from the checkpoint, and every later
+    step's weights equal the uninterrupted run's on both ranks, bit for bit."""
+    from torch_ranks import run_ranks
+
+    resume_at, steps, spe = 9, 15, 6  # 9: a sync step (every 3) inside the second epoch of 6 steps
+    for rank, result in enumerate(run_ranks(2, _diloco_run_and_resume, resume_at, steps, spe)):
+        assert result["rank_state"] == ["optimizer", "outer", "scaler"], result["rank_state"]
+        assert len(result["resumed"]) == len(result["uninterrupted"]) == steps - resume_at
+        for step, (ours, theirs) in enumerate(zip(result["resumed"], result["uninterrupted"]), resume_at + 1):
+            assert torch.equal(ours, theirs), (rank, step)
+        # Without the rank's own state (inner momentum, the outer optimizer's) the resume goes astray.
+        assert not torch.equal(result["without_rank_state"][-1], result["uninterrupted"][-1]), rank
+
+
+@on_horovod
 def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path, caplog):
     caplog.set_level("INFO", logger="shardtrain")
     marker = uuid.uuid4().hex
@@ -216,6 +340,7 @@ def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path, caplog)
             proc.send_signal(signal.SIGCONT)
 
 
+@on_horovod
 def test_a_rank_stopped_during_validation_ends_the_job_naming_it(spark, dataset, tmp_path):
     marker = uuid.uuid4().hex
     flag = tmp_path / "validating.pid"  # rank 1's pid, written by its first validation forward
@@ -254,35 +379,30 @@ def test_a_rank_stopped_during_validation_ends_the_job_naming_it(spark, dataset,
             proc.send_signal(signal.SIGCONT)
 
 
-def test_ranks_failing_after_the_publish_finish_the_run_without_publishing_again(spark, dataset, tmp_path, caplog):
-    caplog.set_level("INFO", logger="shardtrain")
-    marker = uuid.uuid4().hex
-    flag = tmp_path / "killed-after-publish.pid"  # rank 0 writes its pid there, then SIGKILLs itself (once)
-    cfg = _cfg(dataset, tmp_path, marker, "output.mode=error", "train.epochs=1",
-               "launch.env.SHARDTRAIN_FAULT=rank0:after-run", f"launch.env.SHARDTRAIN_FAULT_ONCE={flag}")
-    result = train(cfg, spark)
-
-    killed = int(flag.read_text())
+@on_horovod
+def test_ranks_failing_after_the_publish_finish_the_run_without_publishing_again(spark, published_then_killed):
+    run = published_then_killed
+    result, model = run.result, run.model
+    killed = int(run.flag.read_text())
     assert not psutil.pid_exists(killed) or gone(psutil.Process(killed))
-    messages = [r.getMessage() for r in caplog.records]
-    failed = [m for m in messages if m.startswith("ranks failed:")]
+    failed = [m for m in run.messages if m.startswith("ranks failed:")]
     assert len(failed) == 1 and "rank 0" in failed[0] and "killed by SIGKILL" in failed[0], failed
     assert result.ranks[0]["published"] is False
-    assert any("finished after 1 restart" in m and "already published by this run" in m for m in messages)
-    model = tmp_path / "model"
+    assert any("finished after 1 restart" in m and "already published by this run" in m for m in run.messages)
     # The relaunch published nothing (the marker is older than the kill) and retrained nothing (it
     # resumed at the last step).
-    assert (model / "_COMMITTED").stat().st_mtime_ns <= flag.stat().st_mtime_ns
-    assert result.ranks[0]["resumed_step"] == result.steps_per_epoch
-    assert result.steps_per_rank == [result.steps_per_epoch] * 2
+    assert (model / "_COMMITTED").stat().st_mtime_ns <= run.flag.stat().st_mtime_ns
+    assert result.ranks[0]["resumed_step"] == 2 * result.steps_per_epoch
+    assert result.steps_per_rank == [2 * result.steps_per_epoch] * 2
     assert load_model(result.model_uri).metrics == result.metrics
     # Another run's model at that path is still refused, before it starts and at the publish.
     with pytest.raises(OutputExistsError, match="already exists"):
-        train(cfg, spark)
+        train(run.cfg, spark)
     assert not published_by(str(model), "another run")
-    wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
+    wait_for(lambda: not marked_processes(run.marker), "no rank process left", timeout=60)
 
 
+@on_horovod
 def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_new_world_size(dataset, tmp_path):
     """launch.elastic: 2 ranks, rank 1 killed (SIGKILL by pid) mid-epoch; rank 0 goes on at world
     size 1 without a relaunch, repeating the interrupted epoch in the steps of a 1-rank plan. Its own

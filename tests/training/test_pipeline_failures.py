@@ -26,8 +26,9 @@ from train_configs import train_overrides
 from training import load_train_config, train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# About 230 steps per epoch: a kill lands mid-run, well after the first checkpoint.
-LAYOUT = {"train": [[2000, 1700], [2000]], "val": [[200]]}
+# 83 steps per epoch: a kill lands mid-run, after the first checkpoint (step 20), with more than 140
+# steps to spare (the saboteur knows stage 1's pid, recorded as it built the model, before that checkpoint).
+LAYOUT = {"train": [[700, 600], [700]], "val": [[200]]}
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.ranks, pytest.mark.stack]
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from common.errors import LaunchError, RankFailedError, RankFailure
+from common.errors import EXIT_RUNTIME, LaunchError, RankFailedError, RankFailure
 from polling import wait_for
 from training.config import LaunchConfig
 from training.launchers.failure_policy import is_transient
@@ -96,6 +96,7 @@ def test_a_dead_process_is_named_by_rank_and_signal_and_capacity_advice_is_for_t
     error = launch_error(died, 2)
     assert str(error).startswith("training failed on rank 1: its process exited with status 137: killed by SIGKILL")
     assert "task slot" not in str(error) and error.rank_lost
+    assert error.exit_code == EXIT_RUNTIME  # what the job exits with once no restart is left
     timeout = Exception("Timed out waiting for Spark tasks to start. Please check that you have enough resources")
     error = launch_error(timeout, 2)
     assert "task slot" in str(error) and not error.rank_lost

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(300), pytest.mark.stack]
 
 
 def test_silent_ranks_are_not_stalled_while_spark_runs_their_tasks(spark, tmp_path, caplog):
-    # The rule applies once the stall and start timeouts have passed (25 s): by then Spark runs the
+    # The rule applies once the stall and start timeouts have passed (12 s): by then Spark runs the
     # job's two tasks on the warm session (a second or two; had it not, the supervisor would call the
     # ranks stalled and the test fails). The test waits out both timeouts, so they are no longer
     # than that margin needs.
@@ -31,7 +31,7 @@ def test_silent_ranks_are_not_stalled_while_spark_runs_their_tasks(spark, tmp_pa
             time.sleep(0.1)
 
     try:
-        with Supervision(spark, world=2, stall_timeout_s=5, start_timeout=20) as sup:
+        with Supervision(spark, world=2, stall_timeout_s=4, start_timeout=8) as sup:
             # A launcher's job carries the launch's job tag, a local property of the thread that opened the
             # launch: pyspark's InheritableThread hands it to the job's thread (a plain thread's job is
             # not this launch's; test_sweep.py shows that another launch's job is left alone).
