@@ -19,7 +19,7 @@ import pytest
 
 import pipeline_ranks
 from common.errors import EXIT_USAGE, ConfigError
-from torch_ranks import run_ranks
+from torch_ranks import run_calls, values
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.ranks]
 
@@ -49,15 +49,11 @@ def _config(ds, out, *extra, layout="ddp"):
 
 
 def _train(cfg) -> dict:
-    """Rank 0's result of a run through the rank loop on ``launch.num_proc`` real ranks."""
+    """Rank 0's result of a run in this process (``launch.mode=in_process``)."""
     from training import train
-    from training.plan import build_plan
 
-    if cfg.launch.mode == "in_process":
-        return train(cfg).ranks[0]
-    results = run_ranks(cfg.launch.num_proc, pipeline_ranks.train_rank, build_plan(cfg))
-    assert len({r["steps"] for r in results}) == 1  # equal steps on every rank
-    return results[0]
+    assert cfg.launch.mode == "in_process"
+    return train(cfg).ranks[0]
 
 
 def _weights(out) -> dict:
@@ -77,16 +73,38 @@ def _assert_close_states(got: dict, expected: dict, tol: float):
         np.testing.assert_allclose(got[name].numpy(), value.numpy(), rtol=0, atol=tol, err_msg=name)
 
 
+# SGD for the staged run: multi-rank strategies start with one zero-gradient step (which would count
+# as a step of Adam's bias correction), and it leaves SGD's momentum as if untouched.
+# One epoch: the runs' float rounding differs (micro-batches, sends), and SGD with momentum
+# amplifies it step by step (1e-7 of the loss in epoch 1, 4e-5 by the end of epoch 2 at lr 0.05).
+STAGED_SGD = ("train.optimizer=sgd", "train.lr=0.02", "train.epochs=1")
+
+
 @pytest.fixture(scope="module")
-def ddp_run(dataset, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp")
-    return out, _train(_config(dataset, out, "train.epochs=3"))
+def two_rank_runs(dataset, tmp_path_factory):
+    """The three 2-rank runs the tests read, in ONE launch of 2 ranks through the rank loop, one
+    after another: DDP and FSDP for 3 epochs, and 2 pipeline stages for one epoch of SGD. Each:
+    (its output, its ranks' outcomes)."""
+    from training.plan import build_plan
+
+    runs = {"ddp": ("train.epochs=3",), "fsdp": ("train.epochs=3",), "stages": STAGED_SGD}
+    outs = {layout: tmp_path_factory.mktemp(layout) for layout in runs}
+    plans = [build_plan(_config(dataset, outs[layout], *extra, layout=layout)) for layout, extra in runs.items()]
+    outcomes = run_calls(2, [(pipeline_ranks.train_rank, (plan,)) for plan in plans])
+    return {layout: (outs[layout], outcome) for layout, outcome in zip(runs, outcomes)}
 
 
-def test_ddp_on_two_ranks_learns_and_publishes_a_model_load_model_rebuilds(dataset, ddp_run):
+def _rank_0(outcomes) -> dict:
+    results = values(outcomes)
+    assert len({r["steps"] for r in results}) == 1  # equal steps on every rank
+    return results[0]
+
+
+def test_ddp_on_two_ranks_learns_and_publishes_a_model_load_model_rebuilds(dataset, two_rank_runs):
     from training import load_model
 
-    out, result = ddp_run
+    out, outcomes = two_rank_runs["ddp"]
+    result = _rank_0(outcomes)
     metrics = result["metrics"]
     assert [m["epoch"] for m in metrics] == [1, 2, 3]
     assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
@@ -102,27 +120,23 @@ def test_ddp_on_two_ranks_learns_and_publishes_a_model_load_model_rebuilds(datas
         np.testing.assert_allclose(loaded.predict(rows), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_fsdp_with_one_unit_per_block_trains_to_ddps_weights(dataset, ddp_run, tmp_path):
-    out, result = ddp_run
-    sharded = _train(_config(dataset, tmp_path, "train.epochs=3", layout="fsdp"))
-    assert sharded["steps"] == result["steps"]
-    _assert_close_states(_weights(tmp_path), _weights(out), tol=1e-5)
+def test_fsdp_with_one_unit_per_block_trains_to_ddps_weights(two_rank_runs):
+    out, outcomes = two_rank_runs["ddp"]
+    sharded_out, sharded_outcomes = two_rank_runs["fsdp"]
+    assert _rank_0(sharded_outcomes)["steps"] == _rank_0(outcomes)["steps"]
+    _assert_close_states(_weights(sharded_out), _weights(out), tol=1e-5)
 
 
-def test_two_stages_of_whole_blocks_equal_one_process(dataset, tmp_path):
+def test_two_stages_of_whole_blocks_equal_one_process(dataset, two_rank_runs, tmp_path):
     from training import load_model
 
-    # SGD: multi-rank strategies start with one zero-gradient step (which would count as a step
-    # of Adam's bias correction), and it leaves SGD's momentum as if untouched.
-    # One epoch: the runs' float rounding differs (micro-batches, sends), and SGD with momentum
-    # amplifies it step by step (1e-7 of the loss in epoch 1, 4e-5 by the end of epoch 2 at lr 0.05).
-    sgd = ("train.optimizer=sgd", "train.lr=0.02", "train.epochs=1")
-    alone = _train(_config(dataset, tmp_path / "one", *sgd, layout="one process"))
-    staged = _train(_config(dataset, tmp_path / "stages", *sgd, layout="stages"))
+    staged_out, outcomes = two_rank_runs["stages"]
+    staged = _rank_0(outcomes)
+    alone = _train(_config(dataset, tmp_path / "one", *STAGED_SGD, layout="one process"))
     assert staged["steps"] == alone["steps"]
-    np.testing.assert_allclose(_step_losses(tmp_path / "stages"), _step_losses(tmp_path / "one"), rtol=1e-5)
-    _assert_close_states(_weights(tmp_path / "stages"), _weights(tmp_path / "one"), tol=1e-5)
-    loaded = load_model(str(tmp_path / "stages" / "model"))
+    np.testing.assert_allclose(_step_losses(staged_out), _step_losses(tmp_path / "one"), rtol=1e-5)
+    _assert_close_states(_weights(staged_out), _weights(tmp_path / "one"), tol=1e-5)
+    loaded = load_model(str(staged_out / "model"))
     rows = dataset.raw["val"].iloc[staged["reference"]["rows"]]
     np.testing.assert_allclose(loaded.predict(rows), np.array(staged["reference"]["predictions"]), rtol=1e-5,
                                atol=1e-6)

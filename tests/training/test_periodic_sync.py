@@ -14,7 +14,7 @@ import torch
 
 from common.dataset import LabelSpec
 from common.errors import EXIT_USAGE, ConfigError
-from torch_ranks import run_ranks
+from torch_ranks import run_calls, values
 from plugin_models import Wrap
 from training.config import LaunchConfig, SyncConfig, TrainConfig, TrainLoopConfig
 from training.loop import Objective
@@ -56,8 +56,32 @@ def _replica_run(group, strategy_name: str, sync: dict, steps_per_epoch: int, se
     return {"weights": weights, "figures": figures}
 
 
-def test_local_sgd_replicas_train_apart_and_agree_at_each_sync_with_one_collective():
-    a, b = run_ranks(2, _replica_run, "periodic", {"mode": "local_sgd", "every": 4}, STEPS)
+# Every run of _replica_run the tests below read, by name: (strategy, sync, steps_per_epoch). All run
+# in ONE launch of 2 ranks, one after another (replica_runs); "again" runs are separate runs with
+# the same seed, so comparing them still shows a run's weights depend on no timing.
+REPLICA_RUNS = {
+    "local_sgd every 4": ("periodic", {"mode": "local_sgd", "every": 4}, STEPS),
+    "local_sgd every 1": ("periodic", {"mode": "local_sgd", "every": 1}, STEPS),
+    "ddp": ("ddp", {}, STEPS),
+    "warmup": ("periodic", {"mode": "local_sgd", "every": 4, "warmup_steps": 5}, STEPS),
+    "diloco": ("periodic", {"mode": "diloco", "every": 3, "overlap": False}, 6),
+    "diloco again": ("periodic", {"mode": "diloco", "every": 3, "overlap": False}, 6),
+    "diloco overlap": ("periodic", {"mode": "diloco", "every": 3, "overlap": True}, 6),
+    "diloco overlap again": ("periodic", {"mode": "diloco", "every": 3, "overlap": True}, 6),
+    "no sync by step 4": ("periodic", {"mode": "local_sgd", "every": 1000}, 1000),
+}
+
+
+@pytest.fixture(scope="module")
+def replica_runs():
+    """Each named run's two ranks' results (a run that failed fails only the tests that read it)."""
+    names = list(REPLICA_RUNS)
+    outcomes = run_calls(2, [(_replica_run, REPLICA_RUNS[name]) for name in names])
+    return dict(zip(names, outcomes))
+
+
+def test_local_sgd_replicas_train_apart_and_agree_at_each_sync_with_one_collective(replica_runs):
+    a, b = values(replica_runs["local_sgd every 4"])
     for step in range(1, STEPS + 1):
         same = torch.equal(a["weights"][step - 1], b["weights"][step - 1])
         assert same == (step % 4 == 0), step  # apart between syncs (not every-step DDP), equal after each
@@ -66,17 +90,17 @@ def test_local_sgd_replicas_train_apart_and_agree_at_each_sync_with_one_collecti
     assert a["figures"]["sync_bytes_per_sample"] == pytest.approx(4 * (4 * 8 + 8 + 8 * 2 + 2) * 3 / (STEPS * BATCH))
 
 
-def test_local_sgd_every_step_with_plain_sgd_is_data_parallel():
+def test_local_sgd_every_step_with_plain_sgd_is_data_parallel(replica_runs):
     """every=1: averaging the weights after each plain SGD step is averaging the gradients (to float rounding)."""
-    ours = run_ranks(2, _replica_run, "periodic", {"mode": "local_sgd", "every": 1}, STEPS)[0]
-    ddp = run_ranks(2, _replica_run, "ddp", {}, STEPS)[0]
+    ours = values(replica_runs["local_sgd every 1"])[0]
+    ddp = values(replica_runs["ddp"])[0]
     for step, (mine, theirs) in enumerate(zip(ours["weights"], ddp["weights"]), start=1):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6, msg=f"step {step}")
     assert ours["figures"]["sync_collectives"] == STEPS
 
 
-def test_warmup_steps_average_gradients_then_rounds_begin():
-    a, b = run_ranks(2, _replica_run, "periodic", {"mode": "local_sgd", "every": 4, "warmup_steps": 5}, STEPS)
+def test_warmup_steps_average_gradients_then_rounds_begin(replica_runs):
+    a, b = values(replica_runs["warmup"])
     for step in range(1, STEPS + 1):
         same = torch.equal(a["weights"][step - 1], b["weights"][step - 1])
         assert same == (step <= 5 or step % 4 == 0), step
@@ -84,10 +108,10 @@ def test_warmup_steps_average_gradients_then_rounds_begin():
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_diloco_agrees_at_epoch_ends_and_its_overlap_is_deterministic(overlap):
-    sync = {"mode": "diloco", "every": 3, "overlap": overlap}
-    first = run_ranks(2, _replica_run, "periodic", sync, 6)
-    again = run_ranks(2, _replica_run, "periodic", sync, 6)
+def test_diloco_agrees_at_epoch_ends_and_its_overlap_is_deterministic(replica_runs, overlap):
+    name = "diloco overlap" if overlap else "diloco"
+    first = values(replica_runs[name])
+    again = values(replica_runs[f"{name} again"])
     for rank in range(2):
         for mine, theirs in zip(first[rank]["weights"], again[rank]["weights"]):
             assert torch.equal(mine, theirs)  # same seed, same weights, bit for bit: no timing in it
@@ -99,10 +123,10 @@ def test_diloco_agrees_at_epoch_ends_and_its_overlap_is_deterministic(overlap):
     assert a["figures"]["sync_rounds"] == STEPS // 3
 
 
-def test_the_synced_weights_are_the_mean_of_the_replicas():
+def test_the_synced_weights_are_the_mean_of_the_replicas(replica_runs):
     """local SGD's consensus is the plain average of what the replicas had just before the sync."""
-    a, b = run_ranks(2, _replica_run, "periodic", {"mode": "local_sgd", "every": 4}, STEPS)
-    c, d = run_ranks(2, _replica_run, "periodic", {"mode": "local_sgd", "every": 1000}, 1000)  # no sync by step 4
+    a, b = values(replica_runs["local_sgd every 4"])
+    c, d = values(replica_runs["no sync by step 4"])
     torch.testing.assert_close(a["weights"][3], (c["weights"][3] + d["weights"][3]) / 2, rtol=0, atol=1e-7)
 
 

@@ -10,6 +10,10 @@ ranks (Gloo, CPU, spawned processes on 127.0.0.1), held to one process on the sa
   to the uninterrupted run's weights; the exported model is the same;
 - the config refusals (exit 2, naming the key);
 - one real run through ``training.train`` on TorchDistributor (local[2]).
+
+Spawning ranks and importing torch is most of a small case's seconds, so the 2-rank strategy
+cases run one after another in one launch (``two_stage_ranks``), the staged rank-loop runs in
+another (``staged_runs``); each test reads and checks its own case.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import torch
 
 import pipeline_ranks
 from common.errors import EXIT_USAGE, ConfigError
-from torch_ranks import run_ranks
+from resume_from import copy_checkpoint
+from torch_ranks import run_calls, run_ranks, values
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.stack, pytest.mark.ranks]
 
@@ -36,16 +41,46 @@ def _assert_close_states(got: dict, expected: dict, tol: float = 2e-6):
         np.testing.assert_allclose(got[name].numpy(), value.numpy(), rtol=0, atol=tol, err_msg=name)
 
 
-@pytest.mark.parametrize("pipeline,accum,kind", [
-    ({"stages": 2, "schedule": "gpipe", "microbatches": 4}, 1, "mlp"),
-    ({"stages": 2, "schedule": "1f1b", "microbatches": 4}, 2, "mlp"),
-    ({"stages": 2, "schedule": "interleaved_1f1b", "microbatches": 4, "stages_per_rank": 2}, 1, "mlp"),
-    ({"stages": 2, "schedule": "1f1b", "microbatches": 4}, 1, "ft_transformer"),
-    ({"stages": 2, "schedule": "interleaved_1f1b", "microbatches": 4, "stages_per_rank": 2}, 1, "ft_transformer"),
-], ids=["gpipe", "1f1b-grad_accum2", "interleaved_1f1b", "ft_transformer-1f1b", "ft_transformer-interleaved"])
-def test_two_stages_equal_one_process(pipeline, accum, kind):
+MLP_SPLIT = [["body.0"], ["body.2", "body.4", "body.6", "body.8"]]
+ONE_F_ONE_B = {"stages": 2, "schedule": "1f1b", "microbatches": 4}
+# test_two_stages_equal_one_process's cases: (pipeline, accum, kind), 4 steps with clipping.
+EQUAL_ONE_PROCESS = {
+    "gpipe": ({"stages": 2, "schedule": "gpipe", "microbatches": 4}, 1, "mlp"),
+    "1f1b-grad_accum2": (ONE_F_ONE_B, 2, "mlp"),
+    "interleaved_1f1b": ({"stages": 2, "schedule": "interleaved_1f1b", "microbatches": 4, "stages_per_rank": 2},
+                         1, "mlp"),
+    "ft_transformer-1f1b": (ONE_F_ONE_B, 1, "ft_transformer"),
+    "ft_transformer-interleaved": ({"stages": 2, "schedule": "interleaved_1f1b", "microbatches": 4,
+                                    "stages_per_rank": 2}, 1, "ft_transformer"),
+}
+# Every 2-rank strategy test's call, by name: (function, its arguments after the group); for
+# steps_on_stages (pipeline, steps, accum, rows, clip_norm, precision, poison_step, kind). They all
+# run in one launch (two_stage_ranks).
+TWO_STAGE_CALLS = {
+    **{name: (pipeline_ranks.steps_on_stages, (pipeline, 4, accum, ROWS, 0.5, "fp32", None, kind))
+       for name, (pipeline, accum, kind) in EQUAL_ONE_PROCESS.items()},
+    "split-named": (pipeline_ranks.steps_on_stages, ({"stages": 2, "microbatches": 4, "split": MLP_SPLIT}, 2, 1, ROWS)),
+    "split-auto": (pipeline_ranks.steps_on_stages, ({"stages": 2, "microbatches": 4, "split": "auto"}, 2, 1, ROWS)),
+    "fp16-overflow": (pipeline_ranks.steps_on_stages, (ONE_F_ONE_B, 3, 1, ROWS, None, "fp16", 1)),
+    "bf16": (pipeline_ranks.steps_on_stages, (ONE_F_ONE_B, 4, 1, ROWS, None, "bf16")),
+    "bubble": (pipeline_ranks.bubble_with_a_slow_first_stage, (0.05, 3)),
+}
+
+
+@pytest.fixture(scope="module")
+def two_stage_ranks():
+    """Every 2-rank strategy test's ranks, started once: each test reads its own call's results
+    (a call that failed fails only the test that reads it)."""
+    names = list(TWO_STAGE_CALLS)
+    outcomes = run_calls(2, [TWO_STAGE_CALLS[name] for name in names])
+    return dict(zip(names, outcomes))
+
+
+@pytest.mark.parametrize("name", list(EQUAL_ONE_PROCESS))
+def test_two_stages_equal_one_process(two_stage_ranks, name):
+    pipeline, accum, kind = EQUAL_ONE_PROCESS[name]
     steps = 4
-    ranks = run_ranks(2, pipeline_ranks.steps_on_stages, pipeline, steps, accum, ROWS, 0.5, "fp32", None, kind)
+    ranks = values(two_stage_ranks[name])
     alone = pipeline_ranks.steps_in_one_process(steps, accum, ROWS, clip_norm=0.5, kind=kind)
     # Every stage returns the loss the last stage computed: what logs and the non-finite check read.
     for rank in ranks:
@@ -60,13 +95,12 @@ def test_two_stages_equal_one_process(pipeline, accum, kind):
             np.testing.assert_allclose(mine["state"][i][key].numpy(), state[key].numpy(), atol=1e-6)
 
 
-@pytest.mark.parametrize("split", [[["body.0"], ["body.2", "body.4", "body.6", "body.8"]], "auto"],
-                         ids=["named", "auto"])
-def test_where_the_stages_are_cut_follows_split_and_changes_no_result(split):
+@pytest.mark.parametrize("split", ["named", "auto"])
+def test_where_the_stages_are_cut_follows_split_and_changes_no_result(two_stage_ranks, split):
     """An explicit split puts exactly the named blocks on each stage; auto (a timing pass on
     rank 0) cuts every block into one stage or the other, the same on every rank. Either way the
     stages compute what one process does."""
-    ranks = run_ranks(2, pipeline_ranks.steps_on_stages, {"stages": 2, "microbatches": 4, "split": split}, 2, 1, ROWS)
+    ranks = values(two_stage_ranks[f"split-{split}"])
     (first,), (second,) = ranks[0]["bounds"], ranks[1]["bounds"]
     assert first[0] == 0 and first[1] == second[0] and second[1] == 5 and first[1] < second[1]
     if split != "auto":
@@ -103,10 +137,8 @@ def test_two_stages_times_two_replicas_equal_one_process():
         assert ranks[0]["losses"][step] == ranks[1]["losses"][step]
 
 
-def test_fp16_an_overflow_on_stage_0_skips_the_step_on_every_stage():
-    steps = 3
-    ranks = run_ranks(2, pipeline_ranks.steps_on_stages, {"stages": 2, "schedule": "1f1b", "microbatches": 4},
-                      steps, 1, ROWS, None, "fp16", 1)
+def test_fp16_an_overflow_on_stage_0_skips_the_step_on_every_stage(two_stage_ranks):
+    ranks = values(two_stage_ranks["fp16-overflow"])
     # One zero-gradient step initialises the optimizer, then 3 steps of which step 1 is skipped
     # on both stages (stage 1's own gradients were finite): Adam counted 3 steps everywhere.
     assert [r["optimizer_steps"] for r in ranks] == [[3.0], [3.0]]
@@ -114,10 +146,10 @@ def test_fp16_an_overflow_on_stage_0_skips_the_step_on_every_stage():
     assert ranks[0]["scale"] == ranks[1]["scale"] == 32768.0
 
 
-def test_the_bubble_fraction_is_measured_per_stage_and_names_the_stage_that_waits():
+def test_the_bubble_fraction_is_measured_per_stage_and_names_the_stage_that_waits(two_stage_ranks):
     """Stage 0 sleeps in every forward: stage 1 idles waiting for its activations, which the
     measured bubble (point-to-point waits over step time) shows; every rank gets every stage's."""
-    ranks = run_ranks(2, pipeline_ranks.bubble_with_a_slow_first_stage, 0.05, 3)
+    ranks = values(two_stage_ranks["bubble"])
     # The sleeps happened: 4 micro-batches x 3 steps, and one more while the schedule infers shapes.
     assert ranks[0]["slept"] >= 3 * 4 * 0.05
     assert ranks[1]["slept"] == 0
@@ -127,10 +159,9 @@ def test_the_bubble_fraction_is_measured_per_stage_and_names_the_stage_that_wait
     assert bubble[1] > bubble[0]
 
 
-def test_bf16_on_two_stages_stays_close_to_one_process_in_bf16():
+def test_bf16_on_two_stages_stays_close_to_one_process_in_bf16(two_stage_ranks):
     steps = 4
-    ranks = run_ranks(2, pipeline_ranks.steps_on_stages, {"stages": 2, "schedule": "1f1b", "microbatches": 4},
-                      steps, 1, ROWS, None, "bf16")
+    ranks = values(two_stage_ranks["bf16"])
     alone = pipeline_ranks.steps_in_one_process(steps, 1, ROWS, precision="bf16")
     fp32 = pipeline_ranks.steps_in_one_process(steps, 1, ROWS)
 
@@ -218,7 +249,11 @@ def _train_ranks(cfg) -> dict:
     """A run's ranks through the rank loop; rank 0's result (steps, metrics, model)."""
     from training.plan import build_plan
 
-    results = run_ranks(cfg.launch.num_proc, pipeline_ranks.train_rank, build_plan(cfg))
+    return _rank_0(run_calls(cfg.launch.num_proc, [(pipeline_ranks.train_rank, (build_plan(cfg),))])[0])
+
+
+def _rank_0(outcomes) -> dict:
+    results = values(outcomes)
     assert len({r["steps"] for r in results}) == 1  # equal steps on every rank
     return results[0]
 
@@ -242,44 +277,65 @@ def one_process(dataset, tmp_path_factory):
     return out, train(_run_config(dataset, out, layout="one process"))
 
 
-def test_a_run_on_two_stages_equals_one_process_and_publishes_the_same_model(dataset, one_process, tmp_path):
+@pytest.fixture(scope="module")
+def staged_runs(dataset, one_process, tmp_path_factory):
+    """The rank loop on 2 stages, both runs in one launch: the whole 2-epoch run, and epoch 2
+    resumed on stages from the one-process run's epoch-1 checkpoint. Each: (its output, its
+    ranks' outcomes)."""
+    from training.plan import build_plan
+
+    alone_out, alone = one_process
+    whole, resumed = tmp_path_factory.mktemp("staged"), tmp_path_factory.mktemp("staged-resumed")
+    copy_checkpoint(alone.run_dir, alone.steps_per_epoch, resumed / "ck")
+    plans = [build_plan(_run_config(dataset, whole)),
+             build_plan(_run_config(dataset, resumed, f"checkpoint.path={resumed}/ck"))]
+    outcomes = run_calls(2, [(pipeline_ranks.train_rank, (plan,)) for plan in plans])
+    return {"whole": (whole, outcomes[0]), "resumed": (resumed, outcomes[1])}
+
+
+def test_a_run_on_two_stages_equals_one_process_and_publishes_the_same_model(dataset, one_process, staged_runs):
     from training import load_model
 
     alone_out, alone = one_process
-    staged = _train_ranks(_run_config(dataset, tmp_path))
+    out, outcomes = staged_runs["whole"]
+    staged = _rank_0(outcomes)
     assert staged["steps"] == 2 * alone.steps_per_epoch and staged["steps_per_epoch"] == alone.steps_per_epoch
-    np.testing.assert_allclose(_step_losses(tmp_path), _step_losses(alone_out), rtol=1e-5)
-    _assert_close_states(_weights(tmp_path), _weights(alone_out), tol=1e-5)
+    np.testing.assert_allclose(_step_losses(out), _step_losses(alone_out), rtol=1e-5)
+    _assert_close_states(_weights(out), _weights(alone_out), tol=1e-5)
     for key in ("train_loss", "val_loss", "val_accuracy"):
         assert staged["metrics"][-1][key] == pytest.approx(alone.final[key], rel=1e-5)
     # metrics.jsonl records each epoch's measured bubble, one fraction per stage.
-    with open(tmp_path / "model.run" / "metrics.jsonl") as fh:
+    with open(out / "model.run" / "metrics.jsonl") as fh:
         bubbles = [json.loads(line)["pipeline_bubble_fraction"] for line in fh if line.strip()]
     assert len(bubbles) == 2 and all(len(b) == 2 and all(0 <= f < 1 for f in b) for b in bubbles)
-    assert "bubble per stage" in (tmp_path / "model.run" / "report.html").read_text()  # the report's epoch table
+    assert "bubble per stage" in (out / "model.run" / "report.html").read_text()  # the report's epoch table
     # The published model is the plain model: load_model reads it and predicts as rank 0 did.
-    model = load_model(str(tmp_path / "model"))
+    model = load_model(str(out / "model"))
     probs = model.predict(dataset.raw["val"].iloc[staged["reference"]["rows"]])
     np.testing.assert_allclose(probs, np.array(staged["reference"]["predictions"]), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("first,second", [("stages", "one process"), ("one process", "stages"), ("stages", "ddp")])
-def test_a_checkpoint_resumes_across_layouts(dataset, one_process, tmp_path, first, second):
-    """Epoch 1 written in one layout, epoch 2 resumed in the other: the uninterrupted run's weights."""
+def test_a_checkpoint_resumes_across_layouts(dataset, one_process, staged_runs, tmp_path, first, second):
+    """The checkpoint one layout's uninterrupted run wrote at the end of epoch 1 (what a run of
+    that one epoch writes; see resume_from.py), resumed for epoch 2 in the other: the
+    uninterrupted run's weights."""
     from training import train
 
     alone_out, alone = one_process
-    ck = f"checkpoint.path={tmp_path}/ck"
-
-    def run(layout, out, epochs):
-        cfg = _run_config(dataset, out, ck, f"train.epochs={epochs}", layout=layout)
-        return train(cfg).ranks[0] if layout == "one process" else _train_ranks(cfg)
-
-    half = run(first, tmp_path / "first", 1)
-    assert half["steps"] == alone.steps_per_epoch
-    resumed = run(second, tmp_path / "second", 2)
+    if second == "stages":  # from the one-process run's checkpoint, in staged_runs' launch
+        out, outcomes = staged_runs["resumed"]
+        resumed = _rank_0(outcomes)
+    else:
+        whole, outcomes = staged_runs["whole"]
+        _rank_0(outcomes)  # the staged run that wrote the checkpoint did finish
+        copy_checkpoint(whole / "model.run", alone.steps_per_epoch, tmp_path / "ck")
+        out = tmp_path / "second"
+        cfg = _run_config(dataset, out, f"checkpoint.path={tmp_path}/ck", layout=second)
+        resumed = train(cfg).ranks[0] if second == "one process" else _train_ranks(cfg)
     assert resumed["resumed_step"] == alone.steps_per_epoch
-    _assert_close_states(_weights(tmp_path / "second"), _weights(alone_out), tol=1e-5)
+    assert resumed["resumed_from"].endswith(f"step-{alone.steps_per_epoch:09d}")
+    _assert_close_states(_weights(out), _weights(alone_out), tol=1e-5)
 
 
 @pytest.mark.spark

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from common.errors import EXIT_RUNTIME, RankFailedError
+from resume_from import copy_checkpoint
 from tabular_data import write_dataset
 from train_configs import train_config
 from training import load_model, train
@@ -136,15 +137,17 @@ def test_horovod_and_torch_train_identically(horovod_run, torch_run):
 @pytest.mark.horovod
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("first,second", [("horovod", "torch"), ("torch", "horovod")])
-def test_a_checkpoint_resumes_on_the_other_backend(spark, uneven, tmp_path, horovod_run, first, second):
-    # One backend writes the epoch-1 checkpoint, the other resumes it: the weights of a run
-    # never interrupted (both backends' uninterrupted runs are identical, test above).
-    ck = f"checkpoint.path={tmp_path}/ck"
-    half = train(_cfg(uneven, tmp_path / "first", "train.epochs=1", ck, backend=first), spark)
-    assert half.steps_per_rank == [half.steps_per_epoch] * 2
-    resumed = train(_cfg(uneven, tmp_path / "second", "train.epochs=2", ck, backend=second), spark)
+def test_a_checkpoint_resumes_on_the_other_backend(spark, uneven, tmp_path, horovod_run, torch_run, first, second):
+    # One backend wrote the epoch-1 checkpoint (in its uninterrupted run above: what a run of that
+    # one epoch writes, see resume_from.py), the other resumes it: the weights of a run never
+    # interrupted (both backends' uninterrupted runs are identical, test above).
+    written = {"horovod": horovod_run, "torch": torch_run}[first]
+    assert written.steps_per_rank == [2 * written.steps_per_epoch] * 2
+    copy_checkpoint(written.run_dir, written.steps_per_epoch, tmp_path / "ck")
+    resumed = train(_cfg(uneven, tmp_path / "second", "train.epochs=2", f"checkpoint.path={tmp_path}/ck",
+                         backend=second), spark)
     assert resumed.resumed_from and resumed.resumed_from.startswith(f"{tmp_path}/ck")
-    assert all(r["resumed_step"] == half.steps_per_epoch for r in resumed.ranks)
+    assert all(r["resumed_step"] == written.steps_per_epoch for r in resumed.ranks)
     _assert_identical(resumed, horovod_run)
 
 

@@ -75,3 +75,30 @@ def _rank_main(rank: int, world: int, port: int, out: str, fn, args) -> None:
             group.shutdown()
     with open(os.path.join(out, f"rank-{rank}.pkl"), "wb") as fh:
         pickle.dump(result, fh)
+
+
+def run_calls(world: int, calls: list, timeout: float = 300) -> list[list]:
+    """Several rank functions in ONE launch of ``world`` ranks, one after another on the same group:
+    ``calls`` is a list of ``(fn, args)``. Spawning the ranks and importing torch is most of a
+    small call's seconds, so the tests that each read one small call share the launch. Returns,
+    per call, every rank's ``(True, value)`` or ``(False, traceback)`` in rank order: a call that
+    raises is reported to the test that reads it (see ``values``), not to all of them."""
+    per_rank = run_ranks(world, _each_call, list(calls), timeout=timeout)
+    return [[per_rank[rank][i] for rank in range(world)] for i in range(len(calls))]
+
+
+def values(outcomes: list) -> list:
+    """Each rank's return value of one call of ``run_calls``; fails with every failed rank's traceback."""
+    failed = [f"rank {rank}:\n{value}" for rank, (ok, value) in enumerate(outcomes) if not ok]
+    assert not failed, "\n".join(failed)
+    return [value for _, value in outcomes]
+
+
+def _each_call(group, calls: list) -> list:
+    outcomes = []
+    for fn, args in calls:
+        try:
+            outcomes.append((True, fn(group, *args)))
+        except Exception:  # noqa: BLE001 - reported to the test that reads this call
+            outcomes.append((False, traceback.format_exc()))
+    return outcomes
