@@ -25,7 +25,7 @@ import pipeline_ranks
 from common.errors import EXIT_USAGE, ConfigError
 from torch_ranks import run_ranks
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.stack, pytest.mark.ranks]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ranks]
 
 ROWS = 8  # per replica and accumulated batch: 4 micro-batches of 2
 
@@ -282,6 +282,7 @@ def test_a_checkpoint_resumes_across_layouts(dataset, one_process, tmp_path, fir
     _assert_close_states(_weights(tmp_path / "second"), _weights(alone_out), tol=1e-5)
 
 
+@pytest.mark.stack  # the stages as pyspark's TorchDistributor launches them: the current profile runs this one
 @pytest.mark.spark
 def test_two_stages_train_through_torch_distributor_and_publish_a_model(spark, dataset, tmp_path):
     """The real launch: ``training.train`` on TorchDistributor barrier tasks of local[2], one

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # About 230 steps per epoch: a kill lands mid-run, well after the first checkpoint.
 LAYOUT = {"train": [[2000, 1700], [2000]], "val": [[200]]}
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.ranks, pytest.mark.stack]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.ranks]
 
 
 @pytest.fixture(scope="module")
