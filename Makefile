@@ -6,9 +6,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The current-stack profile: pyspark 4.x, pyarrow 26, numpy 2, no Horovod or petastorm.
 VENV_CURRENT ?= .venv-current
-# What runs there too: the tests marked `stack` (code whose behaviour depends on the pyspark,
-# pyarrow, numpy or pandas versions: the shard job, the torch launcher, the arrow reader, scoring,
-# load_model, doctor). Everything else is the same code on the same torch/fsspec/mlflow, and runs once.
+# What runs there too: the tests marked `stack`, each one whose outcome can differ between the profiles
+# (pyspark 3.5/4.x APIs: TorchDistributor, job tags, Spark's task state, Connect, SQL and DataFrame
+# behaviour, Arrow hand-over to Python UDFs; pyarrow's Parquet bytes, compute and errors; numpy 1/2;
+# pandas 2/3): the shard job, the arrow reader, scoring's Spark path, load_model's predict, doctor.
+# A test whose property is torch's or our own Python (same versions on both) is not marked, even when
+# it passes through one of those paths; per path one or two cheap tests carry it on the current profile.
 STACK_TESTS ?= stack and not cluster and not horovod
 # pytest-xdist workers for test, test-current and test-fast; 0 runs the tests serially in one process.
 # A file's tests stay on one worker, and files that share a fixed resource stay together (tests/conftest.py).

@@ -10,7 +10,7 @@ import pytest
 from common.errors import DatasetError
 from common.dataset import NULL_INDEX, UNSEEN_INDEX, FeatureSpec
 
-pytestmark = pytest.mark.stack
+# Marked stack, test by test: transform on pandas frames and Arrow columns; not the manifest's JSON.
 
 SPEC = FeatureSpec({
     "numeric": [{"name": "x", "mean": 2.0, "std": 4.0, "fill": 2.0}],
@@ -21,6 +21,7 @@ SPEC = FeatureSpec({
 })
 
 
+@pytest.mark.stack  # pandas' types
 def test_transform_matches_the_stored_encodings():
     frame = pd.DataFrame({
         "x": [6.0, None, np.nan],
@@ -41,6 +42,7 @@ def test_transform_matches_the_stored_encodings():
     assert out["img"][2].tolist() == [[4, 3], [2, 1]]
 
 
+@pytest.mark.stack  # pyarrow compute
 def test_arrow_strings_are_looked_up_at_once_with_the_same_codes():
     # The shard job encodes Spark's string casts as Arrow arrays (one vectorized lookup); a model
     # serving pandas rows looks them up one by one. Both must give every value the same code:
@@ -56,6 +58,7 @@ def test_arrow_strings_are_looked_up_at_once_with_the_same_codes():
     assert spec.encode_categorical("c", chunked).tolist() == looked_up.tolist()
 
 
+@pytest.mark.stack  # pandas' frames
 def test_missing_feature_column_is_named():
     with pytest.raises(DatasetError, match=r"missing feature column\(s\) \['img'\]"):
         SPEC.transform(pd.DataFrame({"x": [1.0], "n": [3], "flag": [True], "city": ["oslo"]}))

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from common.errors import ConfigError
 from common.spark import QUIET_LOG4J, _connect_url, _quiet_driver_logging
 
-pytestmark = pytest.mark.stack
+# Not stack: the driver's settings are built by our own code, the same on both profiles.
 
 KEY = "spark.driver.extraJavaOptions"
 

@@ -18,7 +18,8 @@ from common.errors import ConfigError, DatasetError, InputDataError
 from pipelines.shard_job import run_shard_job
 from shard_testdata import config, quarantine, read_split, simple_rows, write_parquet
 
-pytestmark = [pytest.mark.spark, pytest.mark.stack]
+# Marked stack, test by test: what runs on Spark; not the manifest's own checks, plain Python.
+pytestmark = pytest.mark.spark
 
 
 def _csv(path: Path, header: bytes, lines: list[bytes]) -> str:
@@ -27,6 +28,7 @@ def _csv(path: Path, header: bytes, lines: list[bytes]) -> str:
     return str(path)
 
 
+@pytest.mark.stack
 def test_an_all_null_numeric_feature_is_an_error_naming_it_unless_imputed(spark, tmp_path):
     rows = simple_rows(40)
     rows["empty"] = [None] * 40
@@ -45,6 +47,7 @@ def test_an_all_null_numeric_feature_is_an_error_naming_it_unless_imputed(spark,
     assert set(read_split(result.uri, "train").column("empty").to_pylist()) == {3.5}
 
 
+@pytest.mark.stack
 def test_undecodable_bytes_quarantine_the_row_as_bad_encoding(spark, tmp_path):
     lines = [f"{i},{i % 7}.0,k{i % 3},{i % 2}".encode() for i in range(30)]
     lines[5] = b"5,5.0,caf\xe9,1"  # Latin-1 e-acute: not valid UTF-8
@@ -60,6 +63,7 @@ def test_undecodable_bytes_quarantine_the_row_as_bad_encoding(spark, tmp_path):
     assert sorted(vocab) == ["k0", "k1", "k2"] and not any("\ufffd" in v for v in vocab)
 
 
+@pytest.mark.stack
 def test_a_category_longer_than_max_category_bytes_is_quarantined(spark, tmp_path):
     rows = simple_rows(30)
     rows["c"][3] = "v" * 2000
@@ -74,6 +78,7 @@ def test_a_category_longer_than_max_category_bytes_is_quarantined(spark, tmp_pat
     assert result.manifest.data["quarantine"]["rows"] == 0
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("schema", [None, "id BIGINT, x DOUBLE, c STRING, y INT"])
 def test_duplicate_csv_header_names_are_an_error_even_with_a_schema(spark, tmp_path, schema):
     lines = [f"{i},{i % 7}.0,k{i % 3},{i % 2}".encode() for i in range(30)]
@@ -88,6 +93,7 @@ def test_duplicate_csv_header_names_are_an_error_even_with_a_schema(spark, tmp_p
     assert err.value.exit_code == 2 and not out.exists()
 
 
+@pytest.mark.stack
 def test_a_split_with_no_rows_says_so(spark, tmp_path):
     rows = simple_rows(40)
     rows["id"] = [7] * 40  # one split key: every row lands in the same split
@@ -106,6 +112,7 @@ def test_a_raw_parquet_directory_is_not_a_shardtrain_dataset(tmp_path):
     assert "incomplete" not in str(err.value) and err.value.exit_code == 2
 
 
+@pytest.mark.stack
 def test_a_source_file_that_cannot_be_read_is_one_line_naming_it(spark, tmp_path):
     """Listing the source hits a file it cannot stat (a symbolic link to itself: ELOOP, which even
     root gets; an unreadable directory would do for other users): one line naming that path, exit 1."""
@@ -131,6 +138,7 @@ def _strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
+@pytest.mark.stack
 def test_values_float32_cannot_hold_are_quarantined_and_the_statistics_stay_finite(spark, tmp_path):
     """1e300 (and -1e300), inf and NaN in a numeric feature, beside valid rows up to float32's
     largest value: the bad rows are quarantined as non_finite:<col>, the train statistics are
@@ -165,6 +173,7 @@ def test_the_manifest_writer_refuses_a_non_finite_number(tmp_path):
     assert err.value.exit_code == 2 and not (tmp_path / "_manifest.json").exists()
 
 
+@pytest.mark.stack
 def test_a_query_that_writes_is_refused_before_anything_runs_and_the_directory_survives(spark, tmp_path, capsys):
     """``spark.sql`` runs any statement: an INSERT OVERWRITE DIRECTORY given as the query deleted
     that directory's files. Now the config refuses it, naming the key, before Spark is asked."""

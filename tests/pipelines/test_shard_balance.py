@@ -13,7 +13,8 @@ from pipelines.preprocess import row_columns
 from pipelines.shard_config import ShardConfig, load_shard_config
 from shard_testdata import config, simple_rows, write_parquet
 
-pytestmark = pytest.mark.stack
+# Marked stack, test by test: what runs on Spark, and numpy's sorts; not the driver's placement
+# arithmetic and config checks, plain Python on both profiles.
 
 
 @pytest.mark.parametrize("rows,shards", [(1, 1), (7, 7), (10, 3), (100, 8), (1001, 4), (99_999, 16)])
@@ -74,6 +75,7 @@ SPLITS = [{"train": 0.8, "val": 0.1, "test": 0.1}, {"train": 0.5, "test": 0.5}, 
 KEYS = 200_000
 
 
+@pytest.mark.stack  # Spark's partitioning
 @pytest.mark.spark
 def test_driver_partition_keys_land_in_their_own_spark_partition(spark):
     """The placement's partition keys are computed with a copy of Spark's Murmur3 on the driver:
@@ -91,6 +93,7 @@ def test_driver_partition_keys_land_in_their_own_spark_partition(spark):
         assert sorted((r["p"], r["q"]) for r in landed) == [(p, p) for p in range(n)]
 
 
+@pytest.mark.stack  # the split SQL on each Spark
 @pytest.mark.spark
 @pytest.mark.parametrize("fractions", SPLITS, ids=["80-10-10", "50-50", "all-train", "holdout-first"])
 def test_split_sql_sends_a_key_to_the_first_split_whose_bound_exceeds_its_draw(spark, fractions):
@@ -111,6 +114,7 @@ def test_split_sql_sends_a_key_to_the_first_split_whose_bound_exceeds_its_draw(s
         lower = upper
 
 
+@pytest.mark.stack  # the split SQL on each Spark
 @pytest.mark.spark
 def test_the_job_splits_by_key_alone_and_the_seed_reshuffles(spark, tmp_path):
     """row_columns (the job's per-row SQL) puts rows sharing a key in one split whatever their
@@ -175,6 +179,7 @@ def test_example_config_loads_with_overrides():
     assert cfg.features.arrays == {"image": [8]}
 
 
+@pytest.mark.stack  # numpy's sorts
 def test_rank_order_is_the_two_key_order_with_and_without_ties():
     # The shard writer sorts by the shuffle key alone and falls back to both keys on ties; either
     # way the order must be (shuffle unsigned, tiebreak signed), as a lexsort gives it.

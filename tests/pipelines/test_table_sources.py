@@ -22,7 +22,8 @@ from common.sources import source_fingerprint
 from pipelines.shard_job import run_shard_job
 from shard_testdata import config, file_hashes, simple_rows, write_parquet
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(600), pytest.mark.stack]
+# Marked stack, test by test: what runs on Spark; not the config checks and the Delta log read, plain Python.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,7 @@ def _table_config(table: str, output_path: str, **sections):
     return config("unused", output_path, sources={"raw": {"table": table}}, **sections)
 
 
+@pytest.mark.stack
 def test_a_table_gives_the_same_shards_as_the_same_rows_from_a_path(spark, schema, tmp_path):
     path = write_parquet(tmp_path / "raw", simple_rows(300))
     table = f"{schema}.same_rows"
@@ -54,6 +56,7 @@ def test_a_table_gives_the_same_shards_as_the_same_rows_from_a_path(spark, schem
     assert source["location"].endswith("/same_rows") and source["files"]
 
 
+@pytest.mark.stack
 def test_the_fingerprint_follows_the_table_so_skip_if_exists_skips_only_an_unchanged_one(spark, schema, tmp_path):
     table = f"{schema}.growing"
     spark.read.parquet(write_parquet(tmp_path / "raw", simple_rows(200))).write.saveAsTable(table)
@@ -76,6 +79,7 @@ def test_the_fingerprint_follows_the_table_so_skip_if_exists_skips_only_an_uncha
     assert run_shard_job(spark, cfg).manifest.data["accounting"]["input_rows"] == 202
 
 
+@pytest.mark.stack
 def test_the_output_may_not_sit_inside_a_tables_location(spark, schema, tmp_path):
     table = f"{schema}.located"
     spark.read.parquet(write_parquet(tmp_path / "raw", simple_rows(50))).write.saveAsTable(table)
@@ -100,6 +104,7 @@ def test_source_config_mistakes_name_the_key(source, message):
     assert message in str(err.value) and err.value.exit_code == 2
 
 
+@pytest.mark.stack
 def test_a_missing_table_names_its_key(spark, schema, tmp_path):
     with pytest.raises(InputDataError, match=f"sources.raw.table: table {schema}.nowhere does not exist"):
         run_shard_job(spark, _table_config(f"{schema}.nowhere", str(tmp_path / "out")))
@@ -127,6 +132,7 @@ def write_delta_table(root, rows: dict) -> str:
     return str(root)
 
 
+@pytest.mark.stack
 def test_format_delta_without_a_delta_reader_is_exit_2_with_the_install_hint(spark, tmp_path):
     delta = write_delta_table(tmp_path / "delta", simple_rows(40))
     cfg = config(delta, str(tmp_path / "out"), fmt="delta")

@@ -26,7 +26,8 @@ from tabular_data import raw_frame, write_dataset
 from train_configs import train_config
 from training import load_model, train
 
-pytestmark = pytest.mark.stack
+# Marked stack, test by test: what runs the score job (each pyspark) or predict (each pandas/numpy);
+# not the checks of config and SQL text, which are the same code on both profiles.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARDTRAIN = os.path.join(os.path.dirname(sys.executable), "shardtrain")
@@ -65,6 +66,7 @@ def write_parquet(frame: pd.DataFrame, path) -> str:
     return str(path)
 
 
+@pytest.mark.stack
 def test_scores_equal_load_model_predict(spark, models, tmp_path):
     frame = raw_rows(300, seed=7)
     df = spark.read.parquet(write_parquet(frame, tmp_path / "raw"))
@@ -87,6 +89,7 @@ def test_scores_equal_load_model_predict(spark, models, tmp_path):
                                rtol=0, atol=1e-6)
 
 
+@pytest.mark.stack
 def test_regression_scores_equal_load_model_predict(spark, models, tmp_path):
     frame = raw_rows(200, seed=8, task="regression")
     df = spark.read.parquet(write_parquet(frame, tmp_path / "raw"))
@@ -97,6 +100,7 @@ def test_regression_scores_equal_load_model_predict(spark, models, tmp_path):
     assert np.std(expected) > 0.1
 
 
+@pytest.mark.stack
 def test_temperature_divides_the_logits(models):
     """softmax(logits / T): every log-odds is the T = 1 log-odds divided by T; T = 1 is predict itself."""
     model = load_model(models["classification"])
@@ -111,6 +115,7 @@ def test_temperature_divides_the_logits(models):
         model.predict(frame, temperature=0)
 
 
+@pytest.mark.stack
 def test_values_the_model_cannot_take_are_quarantined_with_the_column(spark, models):
     """A string that is not a number, inf, an array of another length, with a NaN or null element,
     or no array: one reason each, naming the column, null predictions; the good rows still agree."""
@@ -138,6 +143,7 @@ def test_values_the_model_cannot_take_are_quarantined_with_the_column(spark, mod
     np.testing.assert_allclose(np.stack(got.loc[[0, 7], "probabilities"].to_numpy()), expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.stack
 def test_missing_feature_or_uncastable_type_fails_before_any_work(spark, models):
     df = spark.createDataFrame([(1, 0.5, "paris")], "id BIGINT, x1 DOUBLE, city STRING")
     with pytest.raises(InputDataError, match=r"lacks the model's feature column 'x2' \(a number\)"):
@@ -178,6 +184,7 @@ def cli(*args) -> int:
     return main(list(args))  # in-process: the active (test) Spark session is the job's
 
 
+@pytest.mark.stack
 def test_score_job_publishes_scores_and_quarantine_and_keeps_the_modes(spark, models, tmp_path, capsys):
     source, frame, reasons = bad_source(tmp_path)
     out = tmp_path / "scores"
@@ -230,6 +237,7 @@ def test_score_job_publishes_scores_and_quarantine_and_keeps_the_modes(spark, mo
     assert not os.path.exists(f"{source}/scores")
 
 
+@pytest.mark.stack
 def test_score_job_refuses_a_missing_or_uncastable_feature_in_one_line(spark, models, tmp_path, capsys):
     """The job checks every feature against the input's schema before it builds any SQL from them:
     a missing numeric or array feature, a timestamp where a number is wanted: exit 2, one line
@@ -260,6 +268,7 @@ def test_score_job_refuses_a_missing_or_uncastable_feature_in_one_line(spark, mo
         assert "Traceback" not in err and not out.exists()
 
 
+@pytest.mark.stack
 def test_score_job_quarantines_values_float32_cannot_hold(spark, models, tmp_path, capsys):
     """1e300 was scored as probabilities [nan, nan], prediction 0, and counted as scored. Now a
     numeric value that is NaN, infinite or beyond float32 is quarantined as non_finite:<col>,
@@ -347,6 +356,7 @@ def previous_job_writes(spark, config: str, out) -> None:
     _quarantine_rows(cfg, checked, table.columns, []).write.parquet(str(out / "_quarantine"))
 
 
+@pytest.mark.stack
 def test_score_job_writes_the_same_bytes_as_before(spark, models, tmp_path, capsys):
     """Every output file equal, byte for byte, to what the job wrote before it counted reasons in
     the scoring pass and skipped the quarantine's pass over the input when there are no bad rows:
@@ -406,6 +416,7 @@ def test_reason_values_are_every_reason_the_sql_gives():
     sql = reason_sql(fields, spec, encoded=True)
     assert all(f"THEN {quote_string(value)}" in sql for value in reason_values(fields, spec, encoded=True))
 
+@pytest.mark.stack
 def test_score_job_refuses_a_model_json_that_disagrees_with_the_network(spark, models, tmp_path, capsys):
     """model.json edited consistently (its digest re-recorded in the marker): num_classes 1 was
     published as 1-element probabilities with exit 0, num_classes 3 and task regression gave
@@ -433,6 +444,7 @@ def test_score_job_refuses_a_model_json_that_disagrees_with_the_network(spark, m
         assert "Traceback" not in err and not out.exists()
 
 
+@pytest.mark.stack
 def test_score_job_on_a_dataset_split_uses_its_stored_encodings(spark, models, tmp_path, capsys):
     ds = models["classification-dataset"]
     out = tmp_path / "val-scores"
@@ -466,6 +478,7 @@ def test_config_errors_exit_2_before_spark_starts(tmp_path):
         assert "Traceback" not in proc.stderr and "SparkContext" not in proc.stderr
 
 
+@pytest.mark.stack
 def test_a_model_replaced_after_the_driver_checked_it_is_refused(spark, models, tmp_path):
     """Workers compare the weights digest with the driver's: they never mix two models' predictions."""
     from common.errors import SparkJobError
@@ -482,6 +495,7 @@ def test_a_model_replaced_after_the_driver_checked_it_is_refused(spark, models, 
             scored.collect()
 
 
+@pytest.mark.stack
 def test_a_model_replaced_after_the_job_recorded_it_is_refused(spark, models, tmp_path):
     """The driver compares the model it loads with the fingerprint the job recorded first (the
     scores' marker, a dataset's teacher record): a model replaced at the URI in between is

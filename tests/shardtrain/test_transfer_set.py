@@ -25,8 +25,9 @@ from common.errors import EXIT_USAGE, ConfigError, DatasetError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # distill_transforms, named by a shard config
 
-# Both Parquet readers and the shard job on each stack's pyarrow/pyspark: the current profile runs it too.
-pytestmark = [pytest.mark.spark, pytest.mark.stack]
+# The tests of the shard job and of both Parquet readers are marked stack (each stack's pyarrow/pyspark):
+# the current profile runs them too.
+pytestmark = pytest.mark.spark
 
 ROWS = 1500
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -82,6 +83,7 @@ UNLABELLED = len([i for i in range(ROWS) if i % 3 == 0])
 INVALID = len([i for i in range(ROWS) if i % 3 and i % 97 == 1])
 
 
+@pytest.mark.stack  # the shard job's splits and Parquet on each stack
 def test_every_unlabelled_row_is_in_train_and_only_there(loop):
     """All 500 rows without a label, whatever split their key hashes to, are train rows of the
     transfer dataset, stored with label -1 and the teacher's soft targets; val and test are the
@@ -109,6 +111,7 @@ def test_every_unlabelled_row_is_in_train_and_only_there(loop):
             np.testing.assert_allclose(*decoded, rtol=0, atol=1e-4)
 
 
+@pytest.mark.stack  # the shard job's counts on each stack
 def test_accounting_adds_up_and_shards_stay_balanced(loop):
     plain, transfer = loop["plain"], loop["transfer"]
     acc = transfer.data["accounting"]
@@ -126,6 +129,7 @@ def test_accounting_adds_up_and_shards_stay_balanced(loop):
     assert f"transfer {UNLABELLED:,} of the published train rows have no label" in text
 
 
+@pytest.mark.stack  # each stack's pyarrow under the readers
 @pytest.mark.parametrize("reader", ["petastorm", "arrow"])
 def test_both_readers_carry_the_missing_label_marker(loop, reader):
     """Every train row through a rank loader, each reader: the batch's label is the stored one,

@@ -152,6 +152,21 @@ def test_a_broken_shard_names_itself_and_stops_the_thread(uneven, tmp_path):
         _batches(broken, "arrow", 0, 1, 0)
 
 
+def test_a_file_that_is_not_parquet_names_itself(uneven, tmp_path):
+    """No footer at all (what test_integrity's garbage shard is, with data.verify=never), as each
+    stack's pyarrow reports it: one error naming the file and what to do."""
+    import shutil
+
+    ds, _ = uneven
+    copy = tmp_path / "ds"
+    shutil.copytree(ds.uri, copy)
+    victim = copy / "train" / "part-00002.parquet"
+    victim.write_bytes(b"not parquet" * 100)
+    assert victim.read_bytes()[:11] == b"not parquet"
+    with pytest.raises(DatasetError, match=r"part-00002.parquet: not a readable Parquet file.*re-run the shard job"):
+        _batches(read_manifest(str(copy)), "arrow", 0, 1, 0, verify=False)
+
+
 def test_leaving_an_epoch_early_ends_both_reader_threads(uneven):
     import threading
 

@@ -7,18 +7,27 @@ tests/connect_process.py says why), against the suite's classic local[2] session
   The Connect run's ranks cannot reach the driver's progress server (``SHARDTRAIN_PROGRESS_HOST``
   names a host that does not resolve, as a cluster cannot reach a laptop running Databricks
   Connect), with a stall timeout far below the run's length: the launch says so once and finishes.
-- a rank killed (SIGKILL by pid) over Connect is relaunched, resumes from its checkpoint and ends
-  with the weights of the uninterrupted run.
+- a rank killed (SIGKILL by pid) over Connect, and on classic, is relaunched, resumes from its
+  checkpoint and ends with the weights of the uninterrupted run (rank 0 stops itself just after
+  committing its first checkpoint, ``common.faults``; the test checks its pid is a rank of the
+  launch, that it is stopped, then kills it).
 - a rank's training process stopped (SIGSTOP by pid, its state checked) ends the launch as on
   classic: RankStalledError naming rank 1, exit 1, the barrier job cancelled through its job tag
   (interruptTag), the stopped process removed.
-- launch.backend left unset where Horovod is installed runs on torch over Connect.
+- launch.backend left unset where Horovod is installed runs on torch over Connect: the shared
+  Connect run above is that run (a stand-in ``horovod.torch`` on the path while it trains).
+
+One Connect process for the module (its server start is the largest fixed cost); one shard ->
+train -> score run on each session, shared by every test that reads it; rows as few as keep a
+kill after a committed checkpoint mid-run.
 
 Skipped where Spark Connect cannot run (pyspark 3.5 from pip ships no Connect server).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -32,6 +41,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from common.faults import FAULT_ENV, FAULT_ONCE_ENV
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from connect_process import ConnectProcess, connect_available  # noqa: E402
@@ -41,23 +52,25 @@ WHY_NOT = connect_available()
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.stack, pytest.mark.ranks,
               pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")]
 MARKER = "SHARDTRAIN_TEST_RANKS"
-ROWS = 6000
+ROWS = 2000
 UNREACHABLE = "shardtrain-unreachable.invalid"
 
 
 # --- the steps, run on either session (module-level: the Connect process imports this file) ----------
 
 def _train_overrides(shards: str, model: str, marker: str) -> list[str]:
-    # Long enough (about 90 steps per rank and epoch) that a kill lands after a committed checkpoint.
+    # About 25 steps per rank and epoch: a checkpoint at step 20 is committed mid-run, 30 steps before the end.
     return [f"data.path={shards}", f"output.model_path={model}", "launch.num_proc=2", "launch.backend=torch",
             "data.reader=arrow", "launch.start_timeout=120", "launch.stall_timeout_s=5", f"launch.env.PYTHONPATH={HERE}",
             f"launch.env.{MARKER}={marker}", "train.batch_size=32", "train.epochs=2", "model.hidden=[16]",
             "checkpoint.every_steps=20", "checkpoint.keep=3", "data.shuffle_buffer_rows=200"]
 
 
-def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress_host: str | None = None) -> dict:
+def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress_host: str | None = None,
+                      fake_horovod: str | None = None) -> dict:
     """shard -> train -> score -> load_model on ``spark``; what the test compares, and what the
-    launch logged about the progress server."""
+    launch logged about the progress server. ``fake_horovod``: train with launch.backend unset,
+    where ``horovod.torch`` can be found (see ``_horovod_on_the_path``)."""
     import yaml
 
     from pipelines import shard_dataset
@@ -71,8 +84,13 @@ def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress
     try:
         sharded = shard_dataset(load_shard_config(defaults=shard_defaults,
                                                   overrides=[f"output.path={root}/shards"]), spark=spark)
-        trained = train(load_train_config(None, _train_overrides(sharded.uri, f"{root}/model", uuid.uuid4().hex)),
-                        spark=spark)
+        overrides = _train_overrides(sharded.uri, f"{root}/model", uuid.uuid4().hex)
+        with _horovod_on_the_path(fake_horovod):
+            if fake_horovod:
+                overrides = [o for o in overrides if not o.startswith("launch.backend=")]
+            cfg = load_train_config(None, overrides)
+            configured = cfg.launch.backend  # what the config resolved, before the session is known
+            trained = train(cfg, spark=spark)
     finally:
         os.environ.pop("SHARDTRAIN_PROGRESS_HOST", None)
         said.close()
@@ -82,18 +100,42 @@ def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress
                         "output": {"path": f"{root}/scores", "keep_columns": ["id"]}, "batch_size": 64}, fh)
     score(config, spark=spark)
     sample = pd.read_parquet(raw).sort_values("id").head(50)
+    with open(os.path.join(trained.model_uri, "model.json")) as fh:
+        recorded = json.load(fh)["config"]["launch"]["backend"]
     return {"shards": sharded.uri, "model": trained.model_uri, "scores": f"{root}/scores",
             "predictions": load_model(trained.model_uri).predict(sample), "sample_ids": sample["id"].tolist(),
             "unreachable": [line for line in said.lines if "never reached the driver's progress server" in line],
-            "stalled": [line for line in said.lines if "stalled" in line], "train_seconds": trained.seconds}
+            "stalled": [line for line in said.lines if "stalled" in line], "train_seconds": trained.seconds,
+            "configured_backend": configured, "recorded_backend": recorded, "world_size": trained.world_size,
+            "unset_backend": [line for line in said.lines if "launch.backend is not set" in line]}
 
 
-def train_only(spark, shards: str, model: str, marker: str) -> dict:
+@contextlib.contextmanager
+def _horovod_on_the_path(fake_horovod: str | None):
+    """``horovod.torch`` importable while the block runs, where ``fake_horovod`` is given: no
+    environment here has both Horovod and a Spark Connect server, so it is an empty package of
+    that name, put on the path for this block only; it is never imported by a rank."""
+    if not fake_horovod:
+        yield
+        return
+    import importlib
+
+    sys.path.insert(0, fake_horovod)
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path.remove(fake_horovod)
+        for name in [n for n in sys.modules if n == "horovod" or n.startswith("horovod.")]:
+            del sys.modules[name]
+
+
+def train_only(spark, shards: str, model: str, marker: str, extra: tuple[str, ...] = ()) -> dict:
     from training import load_train_config, train
 
     said = _LogLines("shardtrain")
     try:
-        result = train(load_train_config(None, _train_overrides(shards, model, marker)), spark=spark)
+        result = train(load_train_config(None, [*_train_overrides(shards, model, marker), *extra]), spark=spark)
     finally:
         said.close()
     return {"model": result.model_uri, "resumed_from": result.resumed_from, "restarts":
@@ -141,8 +183,14 @@ def raw(spark, tmp_path_factory):
 def both(spark, connect, raw, tmp_path_factory):
     path, defaults = raw
     classic_root, connect_root = tmp_path_factory.mktemp("classic"), tmp_path_factory.mktemp("connect")
+    fake = tmp_path_factory.mktemp("fake-horovod")
+    (fake / "horovod" / "torch").mkdir(parents=True)
+    (fake / "horovod" / "__init__.py").write_text("")
+    (fake / "horovod" / "torch" / "__init__.py").write_text("")
+    # The Connect run leaves launch.backend unset where horovod.torch can be found; the classic run
+    # sets launch.backend=torch. Both train on torch, from the same seed: the same weights.
     over_connect = connect.call("test_connect:shard_train_score", root=str(connect_root), shard_defaults=defaults,
-                                raw=path, progress_host=UNREACHABLE)
+                                raw=path, progress_host=UNREACHABLE, fake_horovod=str(fake))
     on_classic = shard_train_score(spark, str(classic_root), defaults, path)
     return on_classic, over_connect
 
@@ -218,16 +266,40 @@ def _committed_checkpoint(run_dir: str) -> bool:
                                        if d.startswith("step-"))
 
 
-def test_a_killed_rank_is_restarted_over_connect(both, connect, tmp_path):
-    _, over_connect = both
-    marker, out = uuid.uuid4().hex, tmp_path / "restarted"
+def _descends_from(pid: int, root_pid: int) -> bool:
+    import psutil
+
+    return any(proc.pid == pid for proc in psutil.Process(root_pid).children(recursive=True))
+
+
+@pytest.mark.parametrize("session", ["classic", "connect"])
+def test_a_killed_rank_is_restarted_and_resumes(both, connect, spark, tmp_path, session):
+    """Rank 0 stops itself just after committing its first checkpoint (``common.faults``, once:
+    the relaunched rank passes unharmed); the test proves the pid is a rank of this launch (under
+    the Connect process, or under this one on classic) and stopped, SIGKILLs it and proves it dead,
+    while the launch goes on. Classic too: the error pyspark 4's TorchDistributor raises for a
+    killed barrier task is what the relaunch reads (on pyspark 3.5, test_pipeline_failures.py)."""
+    import psutil
+
+    reference = both[1] if session == "connect" else both[0]
+    root_pid = connect.proc.pid if session == "connect" else os.getpid()
+    marker, out, once = uuid.uuid4().hex, tmp_path / "restarted", tmp_path / "stopped.pid"
+    fault = (f"launch.env.{FAULT_ENV}=commit:after-swap:stop", f"launch.env.{FAULT_ONCE_ENV}={once}",
+             "launch.stall_timeout_s=120")  # the stop lasts until the kill: it is not what this test is about
     killed, ended = {}, threading.Event()
 
     def saboteur():
         try:
-            wait_for(lambda: _committed_checkpoint(f"{out}/model.run"), "the first checkpoint", timeout=240, abort=ended)
-            proc = wait_for(lambda: _rank_process(connect.proc.pid, 1), "rank 1's process", timeout=60, abort=ended)
+            pid = int(wait_for(lambda: once.exists() and once.read_text(), "rank 0 to stop after its first checkpoint",
+                               timeout=240, abort=ended))
+            proc = psutil.Process(pid)
+            wait_for(lambda: proc.status() == psutil.STATUS_STOPPED, "rank 0 to be stopped", timeout=30, abort=ended)
+            killed["rank"] = proc.environ().get("RANK")
+            killed["ours"] = _descends_from(pid, root_pid)  # a rank of this launch, not any process
+            killed["committed"] = _committed_checkpoint(f"{out}/model.run")
             proc.send_signal(signal.SIGKILL)
+            wait_for(lambda: not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, "rank 0 to die",
+                     timeout=60, abort=ended)
             killed["proc"] = proc
         except Exception as exc:  # noqa: BLE001 - reported below
             killed["error"] = exc
@@ -235,19 +307,22 @@ def test_a_killed_rank_is_restarted_over_connect(both, connect, tmp_path):
     thread = threading.Thread(target=saboteur, daemon=True)
     thread.start()
     try:
-        result = connect.call("test_connect:train_only", shards=over_connect["shards"], model=f"{out}/model",
-                              marker=marker)
+        kwargs = {"shards": reference["shards"], "model": f"{out}/model", "marker": marker, "extra": fault}
+        result = connect.call("test_connect:train_only", **kwargs) if session == "connect" else \
+            train_only(spark, **kwargs)
     finally:
         ended.set()
         thread.join()
     assert "error" not in killed, killed.get("error")
-    assert not killed["proc"].is_running() or killed["proc"].status() == "zombie"  # the kill happened
+    # The kill happened, to this launch's rank 0, after its first checkpoint was committed.
+    assert killed["rank"] == "0" and killed["ours"] and killed["committed"], killed
+    assert not killed["proc"].is_running() or killed["proc"].status() == "zombie"
     # One relaunch, for the barrier stage the kill failed (TorchDistributor's error; its first line is
     # what the log shows), resumed from a checkpoint rather than from scratch.
     assert len(result["restarts"]) == 1 and "TorchDistributor failed running 2 rank(s)" in result["failed"][0], result
-    assert result["resumed_from"] is not None
+    assert result["resumed_from"] is not None and "/model.run/checkpoints/step-" in result["resumed_from"]
     ours = load_file(os.path.join(result["model"], "model.safetensors"))
-    theirs = load_file(os.path.join(over_connect["model"], "model.safetensors"))
+    theirs = load_file(os.path.join(reference["model"], "model.safetensors"))
     for name in theirs:
         assert torch.equal(ours[name], theirs[name]), name
 
@@ -293,51 +368,14 @@ def test_horovod_is_refused_over_connect_and_doctor_says_connect(connect, spark,
     assert here["ok"] and here["detail"].startswith("classic Spark (the active session")
 
 
-def unset_backend_with_horovod_installed(spark, shards: str, model: str, fake_horovod: str) -> dict:
-    """train() with launch.backend unset on ``spark`` where ``horovod.torch`` can be found (no
-    environment here has both Horovod and a Spark Connect server: ``fake_horovod`` is an empty
-    package of that name, put on the path for this call only; it is never imported by a rank)."""
-    import importlib
-
-    from training import load_train_config, train
-
-    sys.path.insert(0, fake_horovod)
-    importlib.invalidate_caches()
-    said = _LogLines("shardtrain")
-    try:
-        overrides = [o for o in _train_overrides(shards, model, "auto") if not o.startswith("launch.backend=")]
-        cfg = load_train_config(None, [*overrides, "train.epochs=1"])
-        chosen = cfg.launch.backend  # what the config resolved, before the session is known
-        result = train(cfg, spark=spark)
-    finally:
-        said.close()
-        sys.path.remove(fake_horovod)
-        for name in [n for n in sys.modules if n == "horovod" or n.startswith("horovod.")]:
-            del sys.modules[name]
-    import json
-
-    with open(os.path.join(result.model_uri, "model.json")) as fh:
-        recorded = json.load(fh)["config"]["launch"]["backend"]
-    return {"configured": chosen, "recorded": recorded, "world_size": result.world_size,
-            "said": [line for line in said.lines if "launch.backend is not set" in line]}
-
-
-def test_an_unset_backend_runs_on_torch_over_connect_where_horovod_is_installed(connect, tmp_path):
-    from tabular_data import write_dataset
-
-    fake = tmp_path / "fake-horovod"
-    (fake / "horovod" / "torch").mkdir(parents=True)
-    (fake / "horovod" / "__init__.py").write_text("")
-    (fake / "horovod" / "torch" / "__init__.py").write_text("")
-    shards = write_dataset(str(tmp_path / "ds"), {"train": [[200], [200]], "val": [[50]]}).uri
-    said = connect.call("test_connect:unset_backend_with_horovod_installed", shards=shards,
-                        model=str(tmp_path / "m"), fake_horovod=str(fake))
+def test_an_unset_backend_runs_on_torch_over_connect_where_horovod_is_installed(both):
+    _, over_connect = both
     # The config picked horovod (it is "installed"); the Connect session ran the ranks on torch and
     # said so once, where an explicit launch.backend=horovod is exit 2 (test above).
-    assert said["configured"] == "horovod", said
-    assert said["recorded"] == "torch" and said["world_size"] == 2
-    assert len(said["said"]) == 1 and "ranks run on torch" in said["said"][0]
-    assert (tmp_path / "m" / "_COMMITTED").is_file()
+    assert over_connect["configured_backend"] == "horovod", over_connect
+    assert over_connect["recorded_backend"] == "torch" and over_connect["world_size"] == 2
+    assert len(over_connect["unset_backend"]) == 1 and "ranks run on torch" in over_connect["unset_backend"][0]
+    assert os.path.isfile(os.path.join(over_connect["model"], "_COMMITTED"))
 
 
 def stalled_launch(spark, shards: str, model: str, marker: str) -> dict:

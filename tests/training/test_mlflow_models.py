@@ -31,8 +31,6 @@ pytest.importorskip("mlflow")
 import mlflow.pyfunc  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-pytestmark = pytest.mark.stack
-
 SHAPE = (4,)
 EXPERIMENT = "shardtrain-models"
 FEATURES = ["x1", "x2", "city", "image"]
@@ -86,6 +84,7 @@ def raw_rows(n: int, seed: int) -> pd.DataFrame:
     return frame
 
 
+@pytest.mark.stack  # mlflow's pyfunc on each stack's pandas and numpy
 def test_the_registered_pyfunc_by_alias_predicts_what_load_model_does(mlflow_env, tmp_path):
     reg = mlflow_env
     (version,) = reg.client.search_model_versions("name='demo_model'")
@@ -116,6 +115,7 @@ def test_the_registered_pyfunc_by_alias_predicts_what_load_model_does(mlflow_env
     assert example["columns"] == FEATURES and len(example["data"]) == 5
 
 
+@pytest.mark.stack  # spark_udf (pandas UDF) and the score job on each pyspark
 def test_spark_udf_by_alias_equals_shardtrain_score_by_alias(spark, mlflow_env, tmp_path, capsys):
     from pyspark.sql import types as T
 

@@ -30,7 +30,7 @@ from common.errors import EXIT_USAGE, ConfigError
 from resume_from import copy_checkpoint
 from torch_ranks import run_calls, run_ranks, values
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.stack, pytest.mark.ranks]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ranks]
 
 ROWS = 8  # per replica and accumulated batch: 4 micro-batches of 2
 
@@ -338,6 +338,7 @@ def test_a_checkpoint_resumes_across_layouts(dataset, one_process, staged_runs, 
     _assert_close_states(_weights(out), _weights(alone_out), tol=1e-5)
 
 
+@pytest.mark.stack  # the stages as pyspark's TorchDistributor launches them: the current profile runs this one
 @pytest.mark.spark
 def test_two_stages_train_through_torch_distributor_and_publish_a_model(spark, dataset, tmp_path):
     """The real launch: ``training.train`` on TorchDistributor barrier tasks of local[2], one

@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # steps to spare (the saboteur knows stage 1's pid, recorded as it built the model, before that checkpoint).
 LAYOUT = {"train": [[700, 600], [700]], "val": [[200]]}
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.ranks, pytest.mark.stack]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.ranks]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ from train_configs import train_config
 from training import load_model, load_train_config, train
 from common.errors import NonFiniteLossError
 
-pytestmark = pytest.mark.stack
+# Marked stack, test by test: predict on pandas rows and pyarrow's errors; the loop itself is torch's,
+# the same on both profiles (the arrow reader's own order and resume: tests/training/test_arrow_reader.py).
 
 LAYOUT = {"train": [[400, 150], [300], [190]], "val": [[120], [80]]}
 
@@ -71,6 +72,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(dataset, tmp_path):
     assert [m["train_loss"] for m in straight.metrics] == pytest.approx([m["train_loss"] for m in resumed.metrics])
 
 
+@pytest.mark.stack  # load_model's predict on each stack's pandas rows
 def test_model_round_trip_and_run_files(dataset, tmp_path):
     result = train(_cfg(dataset.uri, tmp_path, "train.precision=bf16"))
     assert result.final["val_accuracy"] > result.final["baseline_accuracy"]
@@ -115,6 +117,7 @@ def test_a_checkpoint_path_holding_another_output_is_refused(dataset, tmp_path):
         train(_cfg(dataset.uri, tmp_path / "third", f"checkpoint.path={foreign}"))
 
 
+@pytest.mark.stack  # what each pyarrow raises for a file gone mid-read
 @pytest.mark.parametrize("reader", ["petastorm", "arrow"])
 def test_a_shard_removed_mid_run_is_one_line_naming_it(tmp_path, reader):
     if reader == "petastorm":
