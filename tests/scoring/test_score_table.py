@@ -94,9 +94,10 @@ def _leftovers(spark, schema: str) -> list[str]:
 
 
 @pytest.mark.stack  # the catalog and table rename of each Spark version
-def test_scores_in_a_table_equal_scores_at_a_path(spark, model, schema, tmp_path):
+def test_scores_in_a_table_equal_scores_at_a_path(spark, model, schema, tmp_path, monkeypatch):
     source = {"raw": {"path": raw_source(tmp_path / "raw")}}
-    at_path = score(score_yaml(tmp_path / "p.yaml", model, {"path": str(tmp_path / "scores")}, source), spark=spark)
+    path_config = score_yaml(tmp_path / "p.yaml", model, {"path": str(tmp_path / "scores")}, source)
+    at_path = score(path_config, spark=spark)
     table = f"{schema}.scores"
     acc = tmp_path / "accounting"
     in_table = score(score_yaml(tmp_path / "t.yaml", model, {"path": str(acc), "table": table}, source), spark=spark)
@@ -121,6 +122,19 @@ def test_scores_in_a_table_equal_scores_at_a_path(spark, model, schema, tmp_path
     assert props[KIND_PROPERTY] == "shardtrain.scores" and props[FINGERPRINT_PROPERTY] == \
         read_marker(str(acc))["input_fingerprint"]
     assert _leftovers(spark, schema) == []
+
+    # Given no session, a job that its output's mode settles (these scores are there: skipped; or
+    # refused) starts no Spark: `shardtrain score ... output.mode=skip_if_exists` costs no JVM.
+    from common import spark as spark_module
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("the score job asked for a SparkSession before its output's mode settled it")
+
+    monkeypatch.setattr(spark_module, "get_or_create_session", no_spark)
+    again = score(path_config, ["output.mode=skip_if_exists"])
+    assert again.skipped and (again.scored_rows, again.quarantined_rows) == (237, 3)
+    with pytest.raises(OutputExistsError, match="set output.mode"):
+        score(path_config)
 
 
 @pytest.mark.stack  # the catalog and table rename of each Spark version
