@@ -8,7 +8,8 @@ file, notebooks). Nothing is written until every check that can fail has passed:
 1. mode check (``common.output_mode``): ``error`` refuses an existing output,
    ``skip_if_exists`` returns when the output holds scores of the same input fingerprint
    (config, input files, model), ``overwrite`` replaces only a scores output (marker kind
-   ``shardtrain.scores``);
+   ``shardtrain.scores``); up to here no Spark is needed unless a source or the output is a
+   table, so a job given no session starts Spark only after this step;
 2. the input table: the shard job's sources and query (``common.sources``; CSV/JSON records
    that do not parse are quarantined as ``malformed_record``), or the dataset split's stored
    encodings, after checking the model was fitted on the same encodings (equal feature spec)
@@ -88,12 +89,30 @@ class ScoreResult:
 
 
 def run_score_job(spark, cfg: ScoreConfig) -> ScoreResult:
-    """Run the job under the output's writer lock (a second writer fails, naming this one)."""
+    """Run the job under the output's writer lock (a second writer fails, naming this one).
+
+    ``spark``: the session, or None for ``cfg.spark``'s, started only once the job needs Spark (a
+    table source or output, or rows to score): a job that finds its scores already there, or is
+    refused by its output's mode or lock, starts no JVM."""
     check_output_path(cfg)
     out = resolve(cfg.output.path)
     with output_lock(out.uri):
         clean_stale_staging(out.uri)  # left by killed jobs; we hold the lock, so no live job owns it
-        return _run_locked(spark, cfg, out)
+        return _run_locked(_SessionWhenNeeded(spark, cfg), cfg, out)
+
+
+class _SessionWhenNeeded:
+    """The job's session: the caller's, or ``cfg.spark``'s, made on the first call."""
+
+    def __init__(self, spark, cfg: ScoreConfig):
+        self._spark, self._cfg = spark, cfg
+
+    def __call__(self):
+        if self._spark is None:
+            from common.spark import get_or_create_session
+
+            self._spark = get_or_create_session(self._cfg.spark)
+        return self._spark
 
 
 def check_output_path(cfg: ScoreConfig) -> None:
@@ -102,7 +121,7 @@ def check_output_path(cfg: ScoreConfig) -> None:
     check_disjoint(cfg.output.path, "output.path", cfg.inputs)
 
 
-def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
+def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResult:
     from common.spark import spark_errors
     from training import load_model
 
@@ -116,7 +135,8 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
         loaded = load_model(model_uri, program=cfg.program, registry_uri=registry_uri)
         model_marker = {"model_json_sha256": loaded.fingerprint}
         log.info("%s is version %s of %s in %s", cfg.model, registered.version, registered.name, registry_uri)
-    input_record = _input_record(cfg, spark)
+    tables = any(src.table is not None for src in cfg.sources.values())
+    input_record = _input_record(cfg, session() if tables else None)  # a table's fingerprint is its catalog's
     if "sources" in input_record:
         check_table_inputs(cfg.output.path, "output.path", input_record["sources"])
     input_fp = input_fingerprint(cfg, input_record, model_marker)
@@ -127,12 +147,13 @@ def _run_locked(spark, cfg: ScoreConfig, out) -> ScoreResult:
                  "is scored again and the scores replaced", out.uri, cfg.model, registered.version)
         mode = "overwrite"
     if cfg.output.table is not None:
-        mode = _check_table(spark, cfg, out, input_fp, mode)
+        mode = _check_table(session(), cfg, out, input_fp, mode)
     existing = _check_existing(out, cfg, input_fp, mode)
     if existing is not None:
         log.info("%s already holds these scores (input fingerprint %s); skipping", out.uri, input_fp[:12])
         return existing
 
+    spark = session()
     spec = (loaded or load_model(model_uri, program=cfg.program)).features
     encoded = cfg.dataset is not None
     table, malformed = _dataset_table(spark, cfg, spec) if encoded else _sources_table(spark, cfg)
@@ -425,7 +446,6 @@ def _describe_input(cfg: ScoreConfig) -> str:
 
 def score(config, overrides=None, spark=None) -> ScoreResult:
     """Run the score job. ``config``: a ScoreConfig or a YAML path (plus ``key=value`` overrides)."""
-    from common.spark import get_or_create_session
     from common.storage import check_uri
     from scoring.config import load_score_config
 
@@ -433,7 +453,7 @@ def score(config, overrides=None, spark=None) -> ScoreResult:
     for uri in [cfg.output.path, *cfg.inputs.values()]:
         check_uri(uri)  # a bad URI or missing credentials fails before Spark starts
     check_output_path(cfg)
-    return run_score_job(spark or get_or_create_session(cfg.spark), cfg)
+    return run_score_job(spark, cfg)  # Spark starts once the job needs it
 
 
 def handle_score(args) -> int:

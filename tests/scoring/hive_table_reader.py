@@ -1,11 +1,24 @@
 """A Hive metastore of a test's own (embedded Derby under a temporary directory: tables that
-outlive the process that wrote them), and, run as a script, a reader of it: open the metastore in
-``argv[1]`` and print, as one JSON line, every table of schema ``argv[2]`` with its rows (id,
-probabilities) sorted by id. A process of its own, because embedded
-Derby lets one JVM at a time open the metastore."""
+outlive the process that wrote them), and two readers of it, each in a process of its own because
+embedded Derby admits one JVM at a time:
 
+- ``read_metastore(root, schema)``: the metastore's own tables (TBLS, DBS, SDS, SERDE_PARAMS) read
+  over JDBC by HiveMetastoreTables.java (a JVM of about a second, no Spark) give each table's
+  folder, and pyarrow reads the Parquet files there;
+- run as a script (``argv[1]`` the root, ``argv[2]`` the schema), Spark with the metastore as its
+  catalog reads every table, as a user would.
+
+Both return every table of the schema with its rows (id, probabilities) sorted by id:
+{name: [[id, [p, ...]], ...]}; the script prints it as one JSON line after ``READ ``."""
+
+import glob
 import json
+import os
+import shutil
+import subprocess
 import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def hive_conf(root: str) -> dict:
@@ -14,6 +27,38 @@ def hive_conf(root: str) -> dict:
             "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={root}/metastore_db;create=true",
             "spark.driver.extraJavaOptions": f"-Dderby.system.home={root}", "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "2"}
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    assert java and os.access(java, os.X_OK), "no java: set JAVA_HOME or put java on PATH (Spark needs it too)"
+    return java
+
+
+def metastore_locations(root: str, schema: str = "default") -> dict[str, str]:
+    """{table: folder of its data} for every table of ``schema``, from the metastore's own tables."""
+    import pyspark
+
+    jars = sorted(glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "derby*.jar")))
+    assert jars, f"pyspark {pyspark.__version__} ships no derby jar"
+    out = subprocess.run([_java(), f"-Dderby.system.home={root}", "-cp", os.pathsep.join(jars),
+                          os.path.join(HERE, "HiveMetastoreTables.java"), f"{root}/metastore_db", schema],
+                         cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def read_metastore(root: str, schema: str = "default") -> dict:
+    """Every table of ``schema`` with its rows, read from the Parquet files at its location."""
+    import pyarrow.parquet as pq
+
+    found = {}
+    for name, location in metastore_locations(root, schema).items():
+        rows = pq.read_table(location.replace("file:", "", 1), columns=["id", "probabilities"]).sort_by("id")
+        found[name] = [[i, [float(p) for p in probs]] for i, probs in
+                       zip(rows.column("id").to_pylist(), rows.column("probabilities").to_pylist())]
+    return found
 
 
 def main(root: str, schema: str) -> None:

@@ -11,7 +11,10 @@ Killed mid-publish (a real Hive metastore on embedded Derby, so tables outlive t
 score command in a process of its own, stopped at the fault point, then SIGKILLed by pid, its
 driver JVM too): killed after the staging table was written, the old table is there, unchanged;
 killed between the swap's two renames, no table has the name (the old one is aside, whole); the
-next run puts the old table back before anything else, then publishes, leaving no staging table."""
+next run puts the old table back before anything else, then publishes, leaving no staging table.
+Each state is read from the metastore's own tables (hive_table_reader.read_metastore: JDBC in a
+JVM of its own, no Spark) and the Parquet at each table's location; the last also by Spark with
+the metastore as its catalog, which sees the same tables and rows."""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from common.errors import ConfigError, OutputExistsError
 from common.faults import FAULT_ENV, FAULT_ONCE_ENV
 from common.storage import read_marker
 from common.tables import FINGERPRINT_PROPERTY, KIND_PROPERTY, table_properties
-from hive_table_reader import hive_conf
+from hive_table_reader import hive_conf, read_metastore
 from polling import wait_for
 from scoring.job import score
 from tabular_data import raw_frame, write_dataset
@@ -94,9 +97,10 @@ def _leftovers(spark, schema: str) -> list[str]:
 
 
 @pytest.mark.stack  # the catalog and table rename of each Spark version
-def test_scores_in_a_table_equal_scores_at_a_path(spark, model, schema, tmp_path):
+def test_scores_in_a_table_equal_scores_at_a_path(spark, model, schema, tmp_path, monkeypatch):
     source = {"raw": {"path": raw_source(tmp_path / "raw")}}
-    at_path = score(score_yaml(tmp_path / "p.yaml", model, {"path": str(tmp_path / "scores")}, source), spark=spark)
+    path_config = score_yaml(tmp_path / "p.yaml", model, {"path": str(tmp_path / "scores")}, source)
+    at_path = score(path_config, spark=spark)
     table = f"{schema}.scores"
     acc = tmp_path / "accounting"
     in_table = score(score_yaml(tmp_path / "t.yaml", model, {"path": str(acc), "table": table}, source), spark=spark)
@@ -121,6 +125,19 @@ def test_scores_in_a_table_equal_scores_at_a_path(spark, model, schema, tmp_path
     assert props[KIND_PROPERTY] == "shardtrain.scores" and props[FINGERPRINT_PROPERTY] == \
         read_marker(str(acc))["input_fingerprint"]
     assert _leftovers(spark, schema) == []
+
+    # Given no session, a job that its output's mode settles (these scores are there: skipped; or
+    # refused) starts no Spark: `shardtrain score ... output.mode=skip_if_exists` costs no JVM.
+    from common import spark as spark_module
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("the score job asked for a SparkSession before its output's mode settled it")
+
+    monkeypatch.setattr(spark_module, "get_or_create_session", no_spark)
+    again = score(path_config, ["output.mode=skip_if_exists"])
+    assert again.skipped and (again.scored_rows, again.quarantined_rows) == (237, 3)
+    with pytest.raises(OutputExistsError, match="set output.mode"):
+        score(path_config)
 
 
 @pytest.mark.stack  # the catalog and table rename of each Spark version
@@ -217,8 +234,8 @@ def _kill_at(config: str, tmp_path, fault: str, *overrides) -> None:
             proc.communicate()
 
 
-def _read(root, schema: str = "default") -> dict:
-    """Every table of ``schema`` in the metastore under ``root``, with its rows: {name: rows}."""
+def _read_with_spark(root, schema: str = "default") -> dict:
+    """What ``read_metastore`` returns, read by Spark with the metastore as its catalog (a process of its own)."""
     out = subprocess.run([sys.executable, os.path.join(HERE, "hive_table_reader.py"), str(root), schema],
                          env={**os.environ, "PYTHONPATH": ROOT}, cwd=root, capture_output=True, text=True, timeout=600)
     lines = [line for line in out.stdout.splitlines() if line.startswith("READ ")]
@@ -226,7 +243,7 @@ def _read(root, schema: str = "default") -> dict:
     return json.loads(lines[-1][len("READ "):])
 
 
-@pytest.mark.timeout(1800)  # eight Spark start-ups with a Hive metastore, on a shared machine
+@pytest.mark.timeout(1800)  # five Spark start-ups with a Hive metastore, on a shared machine
 def test_a_score_job_killed_mid_publish_leaves_the_old_table_or_none(model, tmp_path):
     metastore = tmp_path / "hive"
     metastore.mkdir()
@@ -236,19 +253,19 @@ def test_a_score_job_killed_mid_publish_leaves_the_old_table_or_none(model, tmp_
     first = _score_cli(config, tmp_path)
     output = first.communicate(timeout=900)[0]
     assert first.returncode == 0, output[-3000:]
-    old = _read(metastore)
+    old = read_metastore(str(metastore))
     assert list(old) == ["scores"] and len(old["scores"]) == 237
 
     # Killed with the new scores complete in a staging table: the old table is there, as it was.
     _kill_at(config, tmp_path, "table:before-swap", "output.mode=overwrite", "temperature=3.0")
-    found = _read(metastore)
+    found = read_metastore(str(metastore))
     assert found["scores"] == old["scores"]
     staging = [t for t in found if t.startswith("scores__shardtrain_staging_")]
     assert len(staging) == 1 and len(found[staging[0]]) == 237  # the killed job's, never under the name
 
     # Killed between the renames: no table has the name (never a half one); the old one is aside, whole.
     _kill_at(config, tmp_path, "table:after-aside", "output.mode=overwrite", "temperature=3.0")
-    found = _read(metastore)
+    found = read_metastore(str(metastore))
     assert "scores" not in found
     aside = [t for t in found if t.startswith("scores__shardtrain_replaced_")]
     assert len(aside) == 1 and found[aside[0]] == old["scores"]
@@ -258,6 +275,8 @@ def test_a_score_job_killed_mid_publish_leaves_the_old_table_or_none(model, tmp_
     output = last.communicate(timeout=900)[0]
     assert last.returncode == 0, output[-3000:]
     assert f"restored default.scores from default.{aside[0]}" in output
-    new = _read(metastore)
+    new = read_metastore(str(metastore))
     assert list(new) == ["scores"] and [r[0] for r in new["scores"]] == [r[0] for r in old["scores"]]
     assert new["scores"] != old["scores"]  # temperature 3: other probabilities
+    # Spark, with the metastore as its catalog, reads the same tables and rows as a user's job would.
+    assert _read_with_spark(metastore) == new

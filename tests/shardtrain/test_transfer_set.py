@@ -12,7 +12,6 @@ label term is exactly zero) is tested against its formula in tests/training/test
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -22,6 +21,7 @@ import pytest
 
 from common.dataset import read_manifest
 from common.errors import EXIT_USAGE, ConfigError, DatasetError
+from shardtrain.cli import main as shardtrain
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # distill_transforms, named by a shard config
 
@@ -30,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # distill_transf
 pytestmark = pytest.mark.spark
 
 ROWS = 1500
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _shard_section(raw, out):
@@ -176,9 +175,10 @@ def test_training_a_transfer_set_without_distill_is_refused(loop, tmp_path):
     assert not os.path.exists(tmp_path / "model")
 
 
-def test_transfer_without_a_teacher_is_refused(loop, tmp_path):
+def test_transfer_without_a_teacher_is_refused(loop, tmp_path, capsys):
     """In a config (exit 2, naming label.unlabeled and what to set), and from the command line
-    before anything is read or written."""
+    (``main(argv)`` in this process: test_cli runs the console script's exit status) before
+    anything is read or written."""
     from common.config import to_dict
     from pipelines.shard_config import load_shard_config
 
@@ -193,11 +193,10 @@ def test_transfer_without_a_teacher_is_refused(loop, tmp_path):
     from pipelines.shard_config import ShardConfig
 
     config.write_text(dump_yaml(from_dict(ShardConfig, data)))
-    done = subprocess.run([sys.executable, "-m", "shardtrain", "shard", "--config", str(config),
-                           "label.unlabeled=transfer"], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.path.dirname(__file__)})
-    assert done.returncode == EXIT_USAGE, done.stderr
-    assert "label.unlabeled is transfer, but no teacher is set" in done.stderr
+    code = shardtrain(["shard", "--config", str(config), "label.unlabeled=transfer"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE, err
+    assert "label.unlabeled is transfer, but no teacher is set" in err
     assert not os.path.exists(tmp_path / "out")
     # shardtrain distill: the teacher's dataset has no teacher; soft_targets.unlabeled is the key
     with pytest.raises(ConfigError, match=r"label.unlabeled is transfer, but no teacher is set.*"
@@ -209,20 +208,20 @@ def test_transfer_without_a_teacher_is_refused(loop, tmp_path):
         from_dict(DistillRunConfig, bad)
 
 
-def test_the_shard_command_says_the_transfer_rows_and_rewrites_the_same_bytes(loop, tmp_path):
-    """`shardtrain shard` on the student's shard config (another output path): its summary line
-    names the transfer rows, and the dataset is the fixture's, byte for byte."""
+def test_the_shard_command_says_the_transfer_rows_and_rewrites_the_same_bytes(loop, tmp_path, capsys):
+    """`shardtrain shard` on the student's shard config (another output path; the command in this
+    process, on the shared session): its summary line names the transfer rows, and the dataset is
+    the fixture's, byte for byte."""
     from common.config import dump_yaml
 
     cfg = loop["cfg"].student_shard()
     cfg.output.path = str(tmp_path / "again")
     config = tmp_path / "shard.yaml"
     config.write_text(dump_yaml(cfg))
-    done = subprocess.run([sys.executable, "-m", "shardtrain", "shard", "--config", str(config)], capture_output=True,
-                          text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.path.dirname(__file__)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"quarantined {INVALID:,}; transfer {UNLABELLED:,} (train rows without a label)" in done.stdout
+    code = shardtrain(["shard", "--config", str(config)])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    assert f"quarantined {INVALID:,}; transfer {UNLABELLED:,} (train rows without a label)" in out.out
     again, transfer = read_manifest(str(tmp_path / "again")), loop["transfer"]
     for split in transfer.split_names:
         assert [f.sha256 for f in again.files(split)] == [f.sha256 for f in transfer.files(split)], split
