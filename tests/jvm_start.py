@@ -17,7 +17,15 @@ command line and which child processes inherit. They change how fast a JVM start
 computes, and only here: the product and benchmarks/ never set them. The archive is built once per
 venv (it is only valid for the class path it was made from, so it lives in the venv that holds
 pyspark's jars) under a lock, so xdist workers build it once between them. Where it cannot be built
-(no JDK 13+), the suite runs as before. ``SHARDTRAIN_TEST_JVM_ARCHIVE=0``, or a ``SPARK_SUBMIT_OPTS``
+(no JDK 13+), the suite runs as before.
+
+The JVM accepts an archive at another class path only where each jar is the same file (JDK 17 compares
+the paths, then device and inode: a copy with the same size and mtime is refused, a hardlink is not).
+.ci/bootstrap's venvs hardlink pyspark's jars from uv's cache, so every venv made from that cache, in any
+clone, has the same jar files: for those, the archive is built once per machine under
+``$SHARDTRAIN_CACHE/jvm-archives``, dumped with ``SPARK_HOME`` on a hardlinked copy of pyspark kept beside
+it (so the paths it recorded outlive the venv it was made from), and keyed by the jars' inodes: a venv
+whose jars are other files gets another archive. ``SHARDTRAIN_TEST_JVM_ARCHIVE=0``, or a ``SPARK_SUBMIT_OPTS``
 of your own, leaves the JVMs alone.
 """
 
@@ -47,14 +55,43 @@ spark.stop()
 
 
 def _archive_path() -> str:
+    """Where the archive for this venv's pyspark and java lives: in the shared cache where the jars are
+    hardlinks (other venvs may have the same files), else in the venv."""
     import pyspark
 
     java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) if os.environ.get("JAVA_HOME") \
         else shutil.which("java")
-    key = "|".join([os.path.realpath(java or "java"), os.path.dirname(os.path.realpath(pyspark.__file__)),
-                    pyspark.__version__])
+    spark_home = os.path.dirname(os.path.realpath(pyspark.__file__))
+    jars = os.path.join(spark_home, "jars")
+    stats = sorted((name, os.stat(os.path.join(jars, name))) for name in os.listdir(jars) if name.endswith(".jar"))
+    cache = os.environ.get("SHARDTRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "shardtrain")
+    shared = os.path.join(cache, "jvm-archives")
+    if stats and all(st.st_nlink > 1 for _, st in stats):
+        os.makedirs(shared, exist_ok=True)
+        if os.stat(shared).st_dev == stats[0][1].st_dev:  # hardlinks cannot cross file systems
+            key = "|".join([os.path.realpath(java or "java"), pyspark.__version__]
+                           + [f"{name}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}" for name, st in stats])
+            return os.path.join(shared, f"spark-driver-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa")
+    key = "|".join([os.path.realpath(java or "java"), spark_home, pyspark.__version__])
     return os.path.join(sys.prefix, "share", "shardtrain-tests",
                         f"spark-driver-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa")
+
+
+def _linked_spark_home(path: str) -> str:
+    """A copy of pyspark's package beside the shared archive at ``path``, every file a hardlink to this
+    venv's: the class path the archive records, kept for as long as the archive is."""
+    import pyspark
+
+    home = f"{path[:-len('.jsa')]}.spark-home"
+    if os.path.isdir(home):
+        return home
+    source = os.path.dirname(os.path.realpath(pyspark.__file__))
+    partial = f"{home}.{os.getpid()}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial, copy_function=os.link, symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    os.replace(partial, home)
+    return home
 
 
 def _build(path: str) -> str | None:
@@ -64,6 +101,11 @@ def _build(path: str) -> str | None:
     scratch = f"{path}.{os.getpid()}.parquet"
     env = {**os.environ, "SPARK_SUBMIT_OPTS": f"-XX:ArchiveClassesAtExit={partial} -XX:TieredStopAtLevel=1",
            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    if not path.startswith(os.path.join(sys.prefix, "")):
+        try:
+            env["SPARK_HOME"] = _linked_spark_home(path)
+        except OSError as exc:  # e.g. the cache on another file system than the venv: no hardlinks
+            return f"cannot link pyspark beside {path}: {exc}"
     try:
         proc = subprocess.run([sys.executable, "-c", _WORKLOAD, scratch], env=env, capture_output=True, text=True,
                               timeout=600)
