@@ -264,6 +264,7 @@ def test_every_block_runs_or_says_why_not():
 
 @pytest.mark.spark
 @pytest.mark.horovod
+@pytest.mark.ranks  # the train step's Horovod ranks, the pipeline step's TorchDistributor ranks
 @pytest.mark.parametrize("step", STEPS, ids=[step.id for step in STEPS])
 def test_readme_step(step, fresh_copy):
     if fresh_copy["failed"]:
