@@ -1,22 +1,27 @@
 """The README's command blocks run as shown, in order, in a fresh folder, and print only
 shardtrain's own lines: the README cannot drift from the code.
 
-Every fenced ``bash``/``sh`` and ``python`` block of README.md is run, unless an HTML comment on
-the line just above it says otherwise:
+Every fenced ``bash``/``sh`` and ``python`` block of README.md is run, unless HTML comments on
+the lines just above it say otherwise:
 
     <!-- readme-test: skip: REASON -->         not run (a real cluster, the test suite itself)
     <!-- readme-test: instead: SHELL LINE -->  this line is run in the block's place
     <!-- readme-test: local: URI_PREFIX -->    (python) URI_PREFIX is replaced by a local folder
+    <!-- readme-test: replace: OLD ==> NEW --> the text OLD of the block is run as NEW: the same
+                                               commands or calls on a cheaper config (one per comment;
+                                               they may stand above or below another marker)
 
 Shell blocks run line by line (``bash -c``) in one working folder holding a copy of conf/ and a
-link to this .venv, so each command sees what the ones above it left. Python blocks run as a
-notebook cell would: in one fresh interpreter, with ``spark`` already defined.
+link to this .venv, so each command sees what the ones above it left. Python blocks run as the
+cells of one notebook: in one interpreter (started at the first, with ``spark`` already defined,
+kept for the later ones, their globals shared), so they share one driver JVM as a notebook does.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import select
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,7 +33,8 @@ from common import __version__
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
 SHELL = ("bash", "sh", "shell")
-MARKER = re.compile(r"^<!--\s*readme-test:\s*(skip|instead|local):\s*(.*?)\s*-->\s*$")
+MARKER = re.compile(r"^<!--\s*readme-test:\s*(skip|instead|local|replace):\s*(.*?)\s*-->\s*$")
+REPLACE = " ==> "
 FENCE = re.compile(r"^```(\S*)\s*$")
 
 # What a quiet command never prints: Spark's start-up banner, Hadoop's native-library warning,
@@ -52,7 +58,16 @@ class Block:
     line: int       # 1-based line of the opening fence in README.md
     language: str
     text: str
-    marker: tuple[str, str] | None  # (kind, argument) from the comment above, if any
+    marker: tuple[str, str] | None  # (kind, argument) from the comments above, if any (not replace)
+    replacements: tuple[tuple[str, str], ...] = ()  # (OLD, NEW) from replace comments above
+
+    def code(self) -> str:
+        """The block's text as it is run: each replacement applied (OLD must be in the block)."""
+        text = self.text
+        for old, new in self.replacements:
+            assert old in text, f"README.md line {self.line}: 'readme-test: replace:' text not in the block: {old!r}"
+            text = text.replace(old, new)
+        return text
 
 
 def readme_blocks(path: str = README) -> list[Block]:
@@ -69,9 +84,14 @@ def readme_blocks(path: str = README) -> list[Block]:
             body.append(lines[i])
             i += 1
         i += 1
-        marker = MARKER.match(lines[start - 1]) if start > 0 else None
-        blocks.append(Block(start + 1, fence.group(1).lower(), "\n".join(body),
-                            (marker.group(1), marker.group(2)) if marker else None))
+        markers, above = [], start - 1
+        while above >= 0 and MARKER.match(lines[above]):
+            markers.append(MARKER.match(lines[above]).groups())
+            above -= 1
+        marker = next(((kind, arg) for kind, arg in markers if kind != "replace"), None)
+        replacements = tuple(tuple(arg.split(REPLACE, 1)) if REPLACE in arg else (arg, "")
+                             for kind, arg in reversed(markers) if kind == "replace")
+        blocks.append(Block(start + 1, fence.group(1).lower(), "\n".join(body), marker, replacements))
     return blocks
 
 
@@ -107,11 +127,74 @@ def run_shell(command: str, cwd: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=900)
 
 
-def run_python(code: str, cwd: str) -> subprocess.CompletedProcess:
-    # A notebook has a session before its first cell runs; the factory builds it as the CLI does.
-    prelude = "from common.spark import get_or_create_session\nspark = get_or_create_session()\n"
-    return subprocess.run([sys.executable, "-c", prelude + code], cwd=cwd, capture_output=True, text=True,
-                          timeout=900)
+# A notebook has a session before its first cell runs; the factory builds it as the CLI does.
+SESSION = "from common.spark import get_or_create_session\nspark = get_or_create_session()\n"
+# The kernel: runs each cell (a file named on stdin) in one namespace, its output to its own stdout
+# and stderr, then writes the cell's status (0, or 1 after printing the traceback) to fd argv[1].
+KERNEL = """
+import os, sys, traceback
+cell = {"__name__": "__main__"}
+exec(compile(sys.argv[2], "<prelude>", "exec"), cell)
+done = os.fdopen(int(sys.argv[1]), "w")
+for path in sys.stdin:
+    status = 0
+    try:
+        exec(compile(open(path.strip()).read(), path.strip(), "exec"), cell)
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    done.write(f"{status}\\n")
+    done.flush()
+if cell.get("spark") is not None:
+    cell["spark"].stop()
+"""
+
+
+class Notebook:
+    """The README's python blocks as cells of one notebook, in one interpreter started at the first."""
+
+    def __init__(self, cwd: str, prelude: str = SESSION):
+        self.cwd, self.prelude, self.kernel, self.cells = cwd, prelude, None, 0
+        self.output = os.path.join(cwd, ".notebook-output")
+
+    def run(self, code: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        if self.kernel is None:
+            self.done, done_w = os.pipe()
+            with open(self.output, "wb") as out:
+                self.kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(done_w), self.prelude], cwd=self.cwd,
+                                               stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                               pass_fds=(done_w,), text=True)
+            os.close(done_w)
+            self.offset = 0
+        self.cells += 1
+        cell = os.path.join(self.cwd, f".notebook-cell-{self.cells}.py")
+        with open(cell, "w", encoding="utf-8") as fh:
+            fh.write(code)
+        self.kernel.stdin.write(cell + "\n")
+        self.kernel.stdin.flush()
+        ready, _, _ = select.select([self.done], [], [], timeout)
+        status = os.read(self.done, 64).decode().strip() if ready else ""
+        returncode = int(status) if status else self.kernel.wait(timeout=60) if ready else -1  # "": it died
+        with open(self.output, encoding="utf-8", errors="replace") as out:
+            out.seek(self.offset)
+            text = out.read()
+            self.offset = out.tell()
+        if not ready:
+            text += f"\n(the cell ran past {timeout} s)"
+        return subprocess.CompletedProcess(["notebook cell"], returncode, text, "")
+
+    def close(self) -> None:
+        if self.kernel is None:
+            return
+        self.kernel.stdin.close()
+        try:
+            self.kernel.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.kernel.kill()
+            self.kernel.wait()
+        os.close(self.done)
 
 
 def check_ran(what: str, proc: subprocess.CompletedProcess) -> None:
@@ -139,9 +222,9 @@ def readme_steps(blocks: list[Block]) -> list[Step]:
         if block.language not in (*SHELL, "python") or kind == "skip":
             continue
         if block.language == "python":
-            steps.append(Step(block, block.text))
+            steps.append(Step(block, block.code()))
         else:
-            steps += [Step(block, line) for line in command_lines(argument if kind == "instead" else block.text)]
+            steps += [Step(block, line) for line in command_lines(argument if kind == "instead" else block.code())]
     return steps
 
 
@@ -156,7 +239,9 @@ def fresh_copy(tmp_path_factory):
     work.mkdir()
     subprocess.run(["cp", "-r", os.path.join(ROOT, "conf"), str(work / "conf")], check=True)
     os.symlink(os.path.dirname(os.path.dirname(sys.executable)), work / ".venv")
-    return {"path": work, "failed": None}
+    notebook = Notebook(str(work))
+    yield {"path": work, "failed": None, "notebook": notebook}
+    notebook.close()
 
 
 def test_every_block_runs_or_says_why_not():
@@ -168,6 +253,8 @@ def test_every_block_runs_or_says_why_not():
             kind, argument = block.marker
             assert argument, f"README.md line {block.line}: 'readme-test: {kind}:' needs a reason or a command"
             assert kind != "local" or block.language == "python", f"README.md line {block.line}: local is for python"
+        for old, new in block.replacements:
+            assert old and new, f"README.md line {block.line}: replace is 'OLD{REPLACE}NEW'"
     commands = [step.command for step in STEPS]
     for expected in ("shardtrain demo", "shardtrain shard --config conf/shard.yaml",
                      "shardtrain train --config conf/train.yaml", "shardtrain doctor"):
@@ -177,6 +264,7 @@ def test_every_block_runs_or_says_why_not():
 
 @pytest.mark.spark
 @pytest.mark.horovod
+@pytest.mark.ranks  # the train step's Horovod ranks, the pipeline step's TorchDistributor ranks
 @pytest.mark.parametrize("step", STEPS, ids=[step.id for step in STEPS])
 def test_readme_step(step, fresh_copy):
     if fresh_copy["failed"]:
@@ -191,7 +279,7 @@ def test_readme_step(step, fresh_copy):
             local = work / "local-uri"
             local.mkdir(exist_ok=True)
             code = code.replace(argument, str(local))
-        check_ran(where, run_python(code, str(work)))
+        check_ran(where, fresh_copy["notebook"].run(code))
     else:
         proc = run_shell(step.command, str(work))
         check_ran(f"{where}: {step.command}", proc)
@@ -217,3 +305,22 @@ def test_an_unmarked_block_runs_and_a_failing_or_noisy_one_fails(tmp_path):
     for step in steps[1:]:
         with pytest.raises(AssertionError):
             check_ran(step.command, run_shell(step.command, str(tmp_path)))
+
+
+def test_notebook_cells_share_one_interpreter_and_a_failing_cell_fails(tmp_path):
+    """The python blocks' notebook: a later cell sees an earlier one's globals in the same process,
+    each cell's output is its own, and a cell that raises fails with its traceback."""
+    notebook = Notebook(str(tmp_path), prelude="import os\nspark = None\n")
+    try:
+        first = notebook.run("x = os.getpid()\nprint('first', x)")
+        check_ran("first", first)
+        second = notebook.run("print('second', x == os.getpid())")
+        check_ran("second", second)
+        assert first.stdout.split() == ["first", str(notebook.kernel.pid)] and second.stdout.split() == ["second", "True"]
+        failing = notebook.run("raise ValueError('no such column: z')")
+        assert failing.returncode == 1 and "ValueError: no such column: z" in failing.stdout
+        with pytest.raises(AssertionError):
+            check_ran("failing", failing)
+    finally:
+        notebook.close()
+    assert notebook.kernel.returncode == 0
