@@ -23,7 +23,8 @@ from torch_uneven import UNEVEN, torch_config
 from training import load_model, train
 from training.data import rank_row_range
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(600), pytest.mark.ranks]
+# `spark` on the tests that launch on the suite's session; the rank-loop launches need none.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ranks]
 
 
 def _cfg(ds, out, *extra, backend="torch"):
@@ -58,6 +59,7 @@ def _assert_equal_steps(result, epochs):
             assert lo <= s["min_row"] and s["max_row"] < hi
 
 
+@pytest.mark.spark
 @pytest.mark.stack  # TorchDistributor and the arrow reader are pyspark's and pyarrow's
 def test_two_torch_ranks_train_with_equal_steps(uneven_torch_run, uneven_dataset):
     _assert_equal_steps(uneven_torch_run, 2)
@@ -115,6 +117,7 @@ def test_gradient_accumulation_equals_the_larger_batch(sgd_epochs):
         np.testing.assert_allclose(wa[name], wb[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.spark
 @pytest.mark.stack  # the rank's traceback comes out of pyspark's barrier-task error
 def test_a_failing_torch_rank_reports_its_own_traceback(spark, uneven_dataset, tmp_path):
     cfg = _cfg(uneven_dataset, tmp_path, "model.name=plugin_models:failing", "model.kwargs.fail_rank=1",
@@ -133,6 +136,7 @@ def horovod_run(spark, uneven_dataset, tmp_path_factory):
     return train(_cfg(uneven_dataset, tmp_path_factory.mktemp("hvd-run"), "train.epochs=2", backend="horovod"), spark)
 
 
+@pytest.mark.spark
 @pytest.mark.horovod
 def test_horovod_and_torch_train_identically(horovod_run, uneven_torch_run):
     # Same seed, same data: the same weights, losses and validation accuracy on both backends.
@@ -140,6 +144,7 @@ def test_horovod_and_torch_train_identically(horovod_run, uneven_torch_run):
     assert horovod_run.final["val_accuracy"] == uneven_torch_run.final["val_accuracy"]
 
 
+@pytest.mark.spark
 @pytest.mark.horovod
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("first,second", [("horovod", "torch"), ("torch", "horovod")])
