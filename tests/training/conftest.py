@@ -1,4 +1,5 @@
-"""Training tests: helpers beside this file (tabular_data.py, plugin_models.py) are importable by name."""
+"""Training tests: helpers beside this file (tabular_data.py, plugin_models.py) are importable by name;
+the uneven dataset and its plain torch run that two files share (torch_uneven.py)."""
 
 import os
 import sys
@@ -22,3 +23,21 @@ def _torch_settled():
     layer(torch.ones(1, 1)).sum().backward()
     optimizer.step()
     yield
+
+
+@pytest.fixture(scope="session")
+def uneven_dataset(tmp_path_factory):
+    """torch_uneven.UNEVEN, written once for test_torch_backend.py and test_torchrun.py."""
+    from tabular_data import write_dataset
+    from torch_uneven import UNEVEN
+
+    return write_dataset(str(tmp_path_factory.mktemp("uneven") / "ds"), UNEVEN)
+
+
+@pytest.fixture(scope="session")
+def uneven_torch_run(spark, uneven_dataset, tmp_path_factory):
+    """The 2-epoch TorchDistributor run of ``uneven_dataset`` both files compare with: launched once."""
+    from torch_uneven import TORCH_RUN, torch_config
+    from training import train
+
+    return train(torch_config(uneven_dataset, tmp_path_factory.mktemp("uneven-torch-run"), *TORCH_RUN), spark)

@@ -10,7 +10,8 @@ tests/connect_process.py says why), against the suite's classic local[2] session
 - a rank killed (SIGKILL by pid) over Connect, and on classic, is relaunched, resumes from its
   checkpoint and ends with the weights of the uninterrupted run (rank 0 stops itself just after
   committing its first checkpoint, ``common.faults``; the test checks its pid is a rank of the
-  launch, that it is stopped, then kills it).
+  launch, that it is stopped, then kills it). On classic, that is the classic run above: it is
+  held to the uninterrupted Connect run's weights, bit for bit.
 - a rank's training process stopped (SIGSTOP by pid, its state checked) ends the launch as on
   classic: RankStalledError naming rank 1, exit 1, the barrier job cancelled through its job tag
   (interruptTag), the stopped process removed.
@@ -18,8 +19,9 @@ tests/connect_process.py says why), against the suite's classic local[2] session
   Connect run above is that run (a stand-in ``horovod.torch`` on the path while it trains).
 
 One Connect process for the module (its server start is the largest fixed cost); one shard ->
-train -> score run on each session, shared by every test that reads it; rows as few as keep a
-kill after a committed checkpoint mid-run.
+train -> score run on each session, shared by every test that reads it (the classic one killed and
+relaunched, instead of a classic kill run of its own); rows as few as keep a kill after a committed
+checkpoint mid-run.
 
 Skipped where Spark Connect cannot run (pyspark 3.5 from pip ships no Connect server).
 """
@@ -67,10 +69,11 @@ def _train_overrides(shards: str, model: str, marker: str) -> list[str]:
 
 
 def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress_host: str | None = None,
-                      fake_horovod: str | None = None) -> dict:
+                      fake_horovod: str | None = None, extra: tuple[str, ...] = ()) -> dict:
     """shard -> train -> score -> load_model on ``spark``; what the test compares, and what the
-    launch logged about the progress server. ``fake_horovod``: train with launch.backend unset,
-    where ``horovod.torch`` can be found (see ``_horovod_on_the_path``)."""
+    launch logged about the progress server and relaunches. ``fake_horovod``: train with
+    launch.backend unset, where ``horovod.torch`` can be found (see ``_horovod_on_the_path``).
+    ``extra``: train overrides after the usual ones."""
     import yaml
 
     from pipelines import shard_dataset
@@ -84,7 +87,7 @@ def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress
     try:
         sharded = shard_dataset(load_shard_config(defaults=shard_defaults,
                                                   overrides=[f"output.path={root}/shards"]), spark=spark)
-        overrides = _train_overrides(sharded.uri, f"{root}/model", uuid.uuid4().hex)
+        overrides = [*_train_overrides(sharded.uri, f"{root}/model", uuid.uuid4().hex), *extra]
         with _horovod_on_the_path(fake_horovod):
             if fake_horovod:
                 overrides = [o for o in overrides if not o.startswith("launch.backend=")]
@@ -107,7 +110,8 @@ def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress
             "unreachable": [line for line in said.lines if "never reached the driver's progress server" in line],
             "stalled": [line for line in said.lines if "stalled" in line], "train_seconds": trained.seconds,
             "configured_backend": configured, "recorded_backend": recorded, "world_size": trained.world_size,
-            "unset_backend": [line for line in said.lines if "launch.backend is not set" in line]}
+            "unset_backend": [line for line in said.lines if "launch.backend is not set" in line],
+            **_relaunches(said, trained)}
 
 
 @contextlib.contextmanager
@@ -138,8 +142,13 @@ def train_only(spark, shards: str, model: str, marker: str, extra: tuple[str, ..
         result = train(load_train_config(None, [*_train_overrides(shards, model, marker), *extra]), spark=spark)
     finally:
         said.close()
-    return {"model": result.model_uri, "resumed_from": result.resumed_from, "restarts":
-            [line for line in said.lines if "restarting the ranks" in line],
+    return {"model": result.model_uri, **_relaunches(said, result)}
+
+
+def _relaunches(said: "_LogLines", result) -> dict:
+    """What a launch logged about relaunching its ranks, and the checkpoint it resumed from."""
+    return {"resumed_from": result.resumed_from,
+            "restarts": [line for line in said.lines if "restarting the ranks" in line],
             "failed": [line for line in said.lines if line.startswith("ranks failed:")]}
 
 
@@ -181,6 +190,10 @@ def raw(spark, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def both(spark, connect, raw, tmp_path_factory):
+    """The Connect run (uninterrupted) and the classic run, whose rank 0 is killed after its first
+    checkpoint and relaunched: the classic half of test_a_killed_rank_is_restarted_and_resumes,
+    which holds it to the Connect run's weights, as the tests comparing the two sessions do (a
+    resumed run ends with the uninterrupted run's weights, bit for bit)."""
     path, defaults = raw
     classic_root, connect_root = tmp_path_factory.mktemp("classic"), tmp_path_factory.mktemp("connect")
     fake = tmp_path_factory.mktemp("fake-horovod")
@@ -191,8 +204,10 @@ def both(spark, connect, raw, tmp_path_factory):
     # sets launch.backend=torch. Both train on torch, from the same seed: the same weights.
     over_connect = connect.call("test_connect:shard_train_score", root=str(connect_root), shard_defaults=defaults,
                                 raw=path, progress_host=UNREACHABLE, fake_horovod=str(fake))
-    on_classic = shard_train_score(spark, str(classic_root), defaults, path)
-    return on_classic, over_connect
+    once = classic_root / "stopped.pid"
+    with _rank_0_killed(once, os.getpid(), f"{classic_root}/model.run") as killed:
+        on_classic = shard_train_score(spark, str(classic_root), defaults, path, extra=_kill_after_checkpoint(once))
+    return {**on_classic, "killed": killed}, over_connect
 
 
 def _files(root: str) -> dict[str, bytes]:
@@ -216,6 +231,9 @@ def test_shards_are_the_same_files_over_connect(both):
 
 def test_weights_scores_and_load_model_are_the_same_over_connect(both):
     on_classic, over_connect = both
+    # The Connect run trained uninterrupted; the classic one was killed and resumed (see ``both``):
+    # equal weights hold both to the same uninterrupted arithmetic.
+    assert not over_connect["restarts"] and over_connect["resumed_from"] is None, over_connect
     ours, theirs = (load_file(os.path.join(run["model"], "model.safetensors")) for run in (over_connect, on_classic))
     assert ours.keys() == theirs.keys() and ours
     for name in ours:
@@ -272,20 +290,22 @@ def _descends_from(pid: int, root_pid: int) -> bool:
     return any(proc.pid == pid for proc in psutil.Process(root_pid).children(recursive=True))
 
 
-@pytest.mark.parametrize("session", ["classic", "connect"])
-def test_a_killed_rank_is_restarted_and_resumes(both, connect, spark, tmp_path, session):
-    """Rank 0 stops itself just after committing its first checkpoint (``common.faults``, once:
-    the relaunched rank passes unharmed); the test proves the pid is a rank of this launch (under
-    the Connect process, or under this one on classic) and stopped, SIGKILLs it and proves it dead,
-    while the launch goes on. Classic too: the error pyspark 4's TorchDistributor raises for a
-    killed barrier task is what the relaunch reads (on pyspark 3.5, test_pipeline_failures.py)."""
+def _kill_after_checkpoint(once) -> tuple[str, ...]:
+    """Train overrides: rank 0 stops itself just after committing its first checkpoint, once (the
+    relaunched rank passes unharmed). A long stall timeout: the stop lasts until the kill, and the
+    stall rule is not what these runs test."""
+    return (f"launch.env.{FAULT_ENV}=commit:after-swap:stop", f"launch.env.{FAULT_ONCE_ENV}={once}",
+            "launch.stall_timeout_s=120")
+
+
+@contextlib.contextmanager
+def _rank_0_killed(once, root_pid: int, run_dir: str):
+    """While the block runs a launch with ``_kill_after_checkpoint(once)``: once rank 0 has stopped
+    itself, prove its pid is a rank of this launch (it descends from ``root_pid``: the Connect
+    process, or this one on classic) and stopped after a committed checkpoint, SIGKILL it and prove
+    it dead. Yields what was seen (``error`` where something did not happen)."""
     import psutil
 
-    reference = both[1] if session == "connect" else both[0]
-    root_pid = connect.proc.pid if session == "connect" else os.getpid()
-    marker, out, once = uuid.uuid4().hex, tmp_path / "restarted", tmp_path / "stopped.pid"
-    fault = (f"launch.env.{FAULT_ENV}=commit:after-swap:stop", f"launch.env.{FAULT_ONCE_ENV}={once}",
-             "launch.stall_timeout_s=120")  # the stop lasts until the kill: it is not what this test is about
     killed, ended = {}, threading.Event()
 
     def saboteur():
@@ -296,23 +316,40 @@ def test_a_killed_rank_is_restarted_and_resumes(both, connect, spark, tmp_path, 
             wait_for(lambda: proc.status() == psutil.STATUS_STOPPED, "rank 0 to be stopped", timeout=30, abort=ended)
             killed["rank"] = proc.environ().get("RANK")
             killed["ours"] = _descends_from(pid, root_pid)  # a rank of this launch, not any process
-            killed["committed"] = _committed_checkpoint(f"{out}/model.run")
+            killed["committed"] = _committed_checkpoint(run_dir)
             proc.send_signal(signal.SIGKILL)
             wait_for(lambda: not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, "rank 0 to die",
                      timeout=60, abort=ended)
             killed["proc"] = proc
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:  # noqa: BLE001 - reported by the test
             killed["error"] = exc
 
     thread = threading.Thread(target=saboteur, daemon=True)
     thread.start()
     try:
-        kwargs = {"shards": reference["shards"], "model": f"{out}/model", "marker": marker, "extra": fault}
-        result = connect.call("test_connect:train_only", **kwargs) if session == "connect" else \
-            train_only(spark, **kwargs)
+        yield killed
     finally:
         ended.set()
         thread.join()
+
+
+@pytest.mark.parametrize("session", ["classic", "connect"])
+def test_a_killed_rank_is_restarted_and_resumes(both, connect, tmp_path, session):
+    """Rank 0 stops itself just after committing its first checkpoint (``common.faults``, once:
+    the relaunched rank passes unharmed); the test proves the pid is a rank of this launch (under
+    the Connect process, or under this one on classic) and stopped, SIGKILLs it and proves it dead,
+    while the launch goes on. Classic too: the error pyspark 4's TorchDistributor raises for a
+    killed barrier task is what the relaunch reads (on pyspark 3.5, test_pipeline_failures.py).
+    On classic the killed run is the module's classic run (``both``); over Connect a run of its own
+    on the Connect run's shards. Both are held to the uninterrupted Connect run's weights."""
+    on_classic, over_connect = both
+    if session == "classic":
+        killed, result = on_classic["killed"], on_classic
+    else:
+        once, out = tmp_path / "stopped.pid", tmp_path / "restarted"
+        with _rank_0_killed(once, connect.proc.pid, f"{out}/model.run") as killed:
+            result = connect.call("test_connect:train_only", shards=over_connect["shards"], model=f"{out}/model",
+                                  marker=uuid.uuid4().hex, extra=_kill_after_checkpoint(once))
     assert "error" not in killed, killed.get("error")
     # The kill happened, to this launch's rank 0, after its first checkpoint was committed.
     assert killed["rank"] == "0" and killed["ours"] and killed["committed"], killed
@@ -322,7 +359,8 @@ def test_a_killed_rank_is_restarted_and_resumes(both, connect, spark, tmp_path, 
     assert len(result["restarts"]) == 1 and "TorchDistributor failed running 2 rank(s)" in result["failed"][0], result
     assert result["resumed_from"] is not None and "/model.run/checkpoints/step-" in result["resumed_from"]
     ours = load_file(os.path.join(result["model"], "model.safetensors"))
-    theirs = load_file(os.path.join(reference["model"], "model.safetensors"))
+    theirs = load_file(os.path.join(over_connect["model"], "model.safetensors"))
+    assert ours.keys() == theirs.keys() and ours
     for name in theirs:
         assert torch.equal(ours[name], theirs[name]), name
 

@@ -5,7 +5,11 @@ The two backends do the same arithmetic (DDP averages by dividing by the world s
 sum, Horovod after: both exact for 2 ranks; the torch group gives a fresh optimizer its state the
 way Horovod's broadcast does), so with fp32 on CPU and the same seed they train to bit-identical
 weights, and a checkpoint written by one resumes on the other to the weights of an uninterrupted
-run. The Horovod half skips where Horovod is not installed (the current-stack profile)."""
+run. The Horovod half skips where Horovod is not installed (the current-stack profile).
+
+Launches: the plain 2-epoch torch run is the session's (``uneven_torch_run``, tests/training/conftest.py:
+test_torchrun.py compares with it too); gradient accumulation and FSDP are compared with DDP in one
+launch of the rank loop without Spark (``sgd_epochs``), and a Horovod checkpoint resumes there too."""
 
 import os
 
@@ -14,26 +18,17 @@ import pytest
 
 from common.errors import EXIT_RUNTIME, RankFailedError
 from resume_from import copy_checkpoint
-from tabular_data import write_dataset
-from train_configs import train_config
+from torch_ranks import run_calls, values
+from torch_uneven import UNEVEN, torch_config
 from training import load_model, train
 from training.data import rank_row_range
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-UNEVEN = {"train": [[700, 301], [13], [900, 111, 2], [0], [455]], "val": [[190], [77]]}
-
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(600), pytest.mark.ranks]
-
-
-@pytest.fixture(scope="module")
-def uneven(tmp_path_factory):
-    return write_dataset(str(tmp_path_factory.mktemp("torch") / "ds"), UNEVEN)
+# `spark` on the tests that launch on the suite's session; the rank-loop launches need none.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ranks]
 
 
 def _cfg(ds, out, *extra, backend="torch"):
-    return train_config(ds, f"{out}/model", "launch.start_timeout=120", f"launch.env.PYTHONPATH={HERE}",
-                        "train.batch_size=32", "train.lr=0.005", "train.log_every_steps=10",
-                        "data.shuffle_buffer_rows=200", "model.hidden=[32]", f"launch.backend={backend}", *extra, ranks=2)
+    return torch_config(ds, out, f"launch.backend={backend}", *extra)
 
 
 def _weights(result):
@@ -64,54 +59,68 @@ def _assert_equal_steps(result, epochs):
             assert lo <= s["min_row"] and s["max_row"] < hi
 
 
-@pytest.fixture(scope="module")
-def torch_run(spark, uneven, tmp_path_factory):
-    out = tmp_path_factory.mktemp("torch-run")
-    return train(_cfg(uneven, out, "train.epochs=2", "data.reader=arrow"), spark)
-
-
+@pytest.mark.spark
 @pytest.mark.stack  # TorchDistributor and the arrow reader are pyspark's and pyarrow's
-def test_two_torch_ranks_train_with_equal_steps(torch_run, uneven):
-    _assert_equal_steps(torch_run, 2)
-    losses = [m["train_loss"] for m in torch_run.metrics]
+def test_two_torch_ranks_train_with_equal_steps(uneven_torch_run, uneven_dataset):
+    _assert_equal_steps(uneven_torch_run, 2)
+    losses = [m["train_loss"] for m in uneven_torch_run.metrics]
     assert losses[-1] < losses[0]
-    assert torch_run.final["val_accuracy"] > torch_run.final["baseline_accuracy"]
-    assert all(r["device"] == "cpu" for r in torch_run.ranks)
+    assert uneven_torch_run.final["val_accuracy"] > uneven_torch_run.final["baseline_accuracy"]
+    assert all(r["device"] == "cpu" for r in uneven_torch_run.ranks)
     # DDP waits for the allreduce inside backward; the wait after its last bucket started is
     # still measured (timing the no-op synchronize summed to 0.0 here).
-    assert all(0 < m["allreduce_wait_seconds"] < m["seconds"] for m in torch_run.metrics)
+    assert all(0 < m["allreduce_wait_seconds"] < m["seconds"] for m in uneven_torch_run.metrics)
     # The published model predicts on raw rows what rank 0 predicted at the end.
-    model = load_model(torch_run.model_uri)
-    probs = model.predict(uneven.raw["val"].iloc[torch_run.reference["rows"]])
-    np.testing.assert_allclose(probs, np.array(torch_run.reference["predictions"]), rtol=1e-5, atol=1e-6)
+    model = load_model(uneven_torch_run.model_uri)
+    probs = model.predict(uneven_dataset.raw["val"].iloc[uneven_torch_run.reference["rows"]])
+    np.testing.assert_allclose(probs, np.array(uneven_torch_run.reference["predictions"]), rtol=1e-5, atol=1e-6)
 
 
 # One epoch of plain SGD over a shuffle buffer larger than a rank's rows (so the rows' order is one
-# permutation of them, whatever the batch size): the DDP run that gradient accumulation and FSDP are
-# both compared with, launched once for the two tests.
+# permutation of them, whatever the batch size): a DDP run, the same with gradient accumulation, and
+# FSDP, which the two tests below compare. What they compare is the strategies' arithmetic in the rank
+# loop, not the launch (TorchDistributor's is test_two_torch_ranks_train_with_equal_steps'), so the
+# three runs go through the rank loop one after another in ONE launch of 2 Gloo ranks (torch_ranks).
 ONE_SGD_EPOCH = ("data.shuffle_buffer_rows=4096", "train.epochs=1", "train.optimizer=sgd", "data.reader=arrow")
+SGD_RUNS = {"ddp": (), "accum": ("train.batch_size=16", "train.grad_accum=2"), "fsdp": ("train.parallel=fsdp",)}
 
 
 @pytest.fixture(scope="module")
-def ddp_sgd_epoch(spark, uneven, tmp_path_factory):
-    return train(_cfg(uneven, tmp_path_factory.mktemp("ddp-sgd"), *ONE_SGD_EPOCH), spark)
+def sgd_epochs(uneven_dataset, tmp_path_factory) -> dict:
+    """Per run of SGD_RUNS: its plan and its ranks' outcomes (read with ``_rank_loop_result``)."""
+    from pipeline_ranks import train_rank
+    from training.plan import build_plan
+
+    plans = {name: build_plan(_cfg(uneven_dataset, tmp_path_factory.mktemp(f"sgd-{name}"), *ONE_SGD_EPOCH, *extra))
+             for name, extra in SGD_RUNS.items()}
+    outcomes = run_calls(2, [(train_rank, (plan,)) for plan in plans.values()])
+    return {name: (plan, outcome) for (name, plan), outcome in zip(plans.items(), outcomes)}
 
 
-def test_gradient_accumulation_equals_the_larger_batch(spark, uneven, tmp_path, ddp_sgd_epoch):
-    # 2 micro-batches of 16 with no_sync on the first == one batch of 32 (ddp_sgd_epoch) on the same
+def _rank_loop_result(run):
+    """A run of the rank loop as ``train()`` reports it (training.api's own assembly of the ranks'
+    records); fails with every failed rank's traceback."""
+    from training.api import _result
+
+    plan, outcome = run
+    return _result(plan, values(outcome), 0.0)
+
+
+def test_gradient_accumulation_equals_the_larger_batch(sgd_epochs):
+    # 2 micro-batches of 16 with no_sync on the first == one batch of 32 (the DDP run) on the same
     # rows: the shuffle buffer makes one permutation of a rank's rows, cut into 16s or 32s.
     # Only the order of float sums differs (hence a tolerance, not equality).
-    accum = train(_cfg(uneven, tmp_path / "a", "train.batch_size=16", "train.grad_accum=2", *ONE_SGD_EPOCH), spark)
-    whole = ddp_sgd_epoch
+    accum, whole = _rank_loop_result(sgd_epochs["accum"]), _rank_loop_result(sgd_epochs["ddp"])
     assert accum.steps_per_rank == whole.steps_per_rank
     wa, wb = _weights(accum), _weights(whole)
     for name in wa:
         np.testing.assert_allclose(wa[name], wb[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.spark
 @pytest.mark.stack  # the rank's traceback comes out of pyspark's barrier-task error
-def test_a_failing_torch_rank_reports_its_own_traceback(spark, uneven, tmp_path):
-    cfg = _cfg(uneven, tmp_path, "model.name=plugin_models:failing", "model.kwargs.fail_rank=1",
+def test_a_failing_torch_rank_reports_its_own_traceback(spark, uneven_dataset, tmp_path):
+    cfg = _cfg(uneven_dataset, tmp_path, "model.name=plugin_models:failing", "model.kwargs.fail_rank=1",
                "model.kwargs.fail_after=3", "train.epochs=1")
     with pytest.raises(RankFailedError) as info:
         train(cfg, spark)
@@ -122,30 +131,43 @@ def test_a_failing_torch_rank_reports_its_own_traceback(spark, uneven, tmp_path)
 
 
 @pytest.fixture(scope="module")
-def horovod_run(spark, uneven, tmp_path_factory):
+def horovod_run(spark, uneven_dataset, tmp_path_factory):
     pytest.importorskip("horovod.torch")
-    return train(_cfg(uneven, tmp_path_factory.mktemp("hvd-run"), "train.epochs=2", backend="horovod"), spark)
+    return train(_cfg(uneven_dataset, tmp_path_factory.mktemp("hvd-run"), "train.epochs=2", backend="horovod"), spark)
 
 
+@pytest.mark.spark
 @pytest.mark.horovod
-def test_horovod_and_torch_train_identically(horovod_run, torch_run):
+def test_horovod_and_torch_train_identically(horovod_run, uneven_torch_run):
     # Same seed, same data: the same weights, losses and validation accuracy on both backends.
-    _assert_identical(horovod_run, torch_run)
-    assert horovod_run.final["val_accuracy"] == torch_run.final["val_accuracy"]
+    _assert_identical(horovod_run, uneven_torch_run)
+    assert horovod_run.final["val_accuracy"] == uneven_torch_run.final["val_accuracy"]
 
 
+@pytest.mark.spark
 @pytest.mark.horovod
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("first,second", [("horovod", "torch"), ("torch", "horovod")])
-def test_a_checkpoint_resumes_on_the_other_backend(spark, uneven, tmp_path, horovod_run, torch_run, first, second):
+def test_a_checkpoint_resumes_on_the_other_backend(spark, uneven_dataset, tmp_path, horovod_run, uneven_torch_run,
+                                                  first, second):
     # One backend wrote the epoch-1 checkpoint (in its uninterrupted run above: what a run of that
     # one epoch writes, see resume_from.py), the other resumes it: the weights of a run never
-    # interrupted (both backends' uninterrupted runs are identical, test above).
-    written = {"horovod": horovod_run, "torch": torch_run}[first]
+    # interrupted (both backends' uninterrupted runs are identical, test above). Horovod's ranks are
+    # launched on Spark; torch's go through the rank loop on a torch group without Spark, as in
+    # sgd_epochs (what resumes is the loop's and the strategy's; TorchDistributor's launch is
+    # tested above).
+    written = {"horovod": horovod_run, "torch": uneven_torch_run}[first]
     assert written.steps_per_rank == [2 * written.steps_per_epoch] * 2
     copy_checkpoint(written.run_dir, written.steps_per_epoch, tmp_path / "ck")
-    resumed = train(_cfg(uneven, tmp_path / "second", "train.epochs=2", f"checkpoint.path={tmp_path}/ck",
-                         backend=second), spark)
+    cfg = _cfg(uneven_dataset, tmp_path / "second", "train.epochs=2", f"checkpoint.path={tmp_path}/ck", backend=second)
+    if second == "torch":
+        from pipeline_ranks import train_rank
+        from training.plan import build_plan
+
+        plan = build_plan(cfg)
+        resumed = _rank_loop_result((plan, run_calls(2, [(train_rank, (plan,))])[0]))
+    else:
+        resumed = train(cfg, spark)
     assert resumed.resumed_from and resumed.resumed_from.startswith(f"{tmp_path}/ck")
     assert all(r["resumed_step"] == written.steps_per_epoch for r in resumed.ranks)
     _assert_identical(resumed, horovod_run)
@@ -160,11 +182,10 @@ def _last_checkpoint(result):
     return torch.load(newest, map_location="cpu", weights_only=False)
 
 
-def test_fsdp_trains_like_ddp_and_saves_the_same_formats(spark, uneven, tmp_path, ddp_sgd_epoch):
+def test_fsdp_trains_like_ddp_and_saves_the_same_formats(sgd_epochs):
     # SGD: a fresh optimizer's zero-gradient first step (see TorchGroup.broadcast_model) leaves
     # its state as if untouched, so only sharded vs whole-tensor float sums differ.
-    ddp = ddp_sgd_epoch
-    fsdp = train(_cfg(uneven, tmp_path / "fsdp", "train.parallel=fsdp", *ONE_SGD_EPOCH), spark)
+    ddp, fsdp = _rank_loop_result(sgd_epochs["ddp"]), _rank_loop_result(sgd_epochs["fsdp"])
     _assert_equal_steps(fsdp, 1)
     assert abs(fsdp.final["train_loss"] - ddp.final["train_loss"]) < 1e-4
     # The wait after the step's last gradient reduce-scatter started is measured, as DDP's is.

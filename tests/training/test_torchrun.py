@@ -22,22 +22,16 @@ import pytest
 from common.errors import ConfigError
 from common.faults import FAULT_ENV, FAULT_ONCE_ENV
 from polling import wait_for
-from tabular_data import write_dataset
+from torch_uneven import SETTINGS, TORCH_RUN
 from train_configs import train_config, train_overrides
 from training import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HERE = os.path.dirname(os.path.abspath(__file__))
-UNEVEN = {"train": [[700, 301], [13], [900, 111, 2], [0], [455]], "val": [[190], [77]]}
-COMMON = ("launch.start_timeout=120", "train.batch_size=32", "train.lr=0.005", "train.log_every_steps=10",
-          "data.shuffle_buffer_rows=200", "model.hidden=[32]", "train.epochs=2", "data.reader=arrow")
+# The config of the session's TorchDistributor run (``uneven_torch_run``), less its backend and the
+# PYTHONPATH its Spark ranks are given (torchrun's ranks get theirs from the environment).
+COMMON = tuple(o for o in (*SETTINGS, *TORCH_RUN) if not o.startswith(("launch.backend=", "launch.env.")))
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.ranks]
-
-
-@pytest.fixture(scope="module")
-def uneven(tmp_path_factory):
-    return write_dataset(str(tmp_path_factory.mktemp("torchrun") / "ds"), UNEVEN)
 
 
 def _torchrun() -> list[str]:
@@ -100,17 +94,16 @@ def _summary(out) -> dict:
 
 
 @pytest.fixture(scope="module")
-def torchrun_run(uneven, tmp_path_factory):
+def torchrun_run(uneven_dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("torchrun-run")
-    output = _finished(_run_torchrun(uneven, out))
+    output = _finished(_run_torchrun(uneven_dataset, out))
     return out, output
 
 
 @pytest.mark.spark
-def test_torchrun_trains_bit_identically_to_torch_distributor(spark, uneven, torchrun_run, tmp_path):
+def test_torchrun_trains_bit_identically_to_torch_distributor(uneven_torch_run, torchrun_run):
     out, output = torchrun_run
-    reference = train(train_config(uneven, f"{tmp_path}/model", *COMMON, "launch.backend=torch",
-                                   f"launch.env.PYTHONPATH={HERE}", ranks=2), spark)
+    reference = uneven_torch_run  # the same config on launch.backend=torch (tests/training/conftest.py)
     _assert_same_weights(f"{out}/model", reference.model_uri)
     summary = _summary(out)
     assert summary["world_size"] == 2 and summary["steps_per_epoch"] == reference.steps_per_epoch
@@ -146,11 +139,12 @@ def _kill_and_finish(proc, pid: int) -> str:
 
 # Not stack: no Spark, and torch is the same on both profiles. It once failed on the current profile
 # only, by load, not by version: torchrun's store kept across restarts (training.distributed.attempt_store).
-def test_a_rank_killed_after_a_checkpoint_is_restarted_by_torchrun_and_resumes(uneven, torchrun_run, tmp_path):
+def test_a_rank_killed_after_a_checkpoint_is_restarted_by_torchrun_and_resumes(uneven_dataset, torchrun_run,
+                                                                               tmp_path):
     # Rank 0 stops itself once its first checkpoint is committed (the fault point of every commit);
     # the test then SIGKILLs it by pid. torchrun sees a rank die, stops the other, starts both again.
     once = tmp_path / "stopped.pid"
-    proc = _run_torchrun(uneven, tmp_path, restarts=1,
+    proc = _run_torchrun(uneven_dataset, tmp_path, restarts=1,
                          env_extra={FAULT_ENV: "commit:after-swap:stop", FAULT_ONCE_ENV: str(once)})
     try:
         pid = _stopped_pid(proc, once, "rank 0 to stop after its first checkpoint")
@@ -172,12 +166,12 @@ def test_a_rank_killed_after_a_checkpoint_is_restarted_by_torchrun_and_resumes(u
     _assert_same_weights(f"{tmp_path}/model", f"{out}/model")
 
 
-def test_a_restart_after_rank_0_published_finishes_without_training_again(uneven, torchrun_run, tmp_path):
+def test_a_restart_after_rank_0_published_finishes_without_training_again(uneven_dataset, torchrun_run, tmp_path):
     # Rank 0 stops itself once its run returned (the model published); the test SIGKILLs it by pid.
     # torchrun restarts both ranks (same TORCHELASTIC_RUN_ID): under output.mode=error they find the
     # model this launch published and exit 0 without training, leaving the published model as it was.
     once = tmp_path / "stopped.pid"
-    proc = _run_torchrun(uneven, tmp_path, "output.mode=error", restarts=1,
+    proc = _run_torchrun(uneven_dataset, tmp_path, "output.mode=error", restarts=1,
                          env_extra={FAULT_ENV: "rank0:after-run:stop", FAULT_ONCE_ENV: str(once)})
     try:
         pid = _stopped_pid(proc, once, "rank 0 to stop after its publish")
@@ -208,24 +202,24 @@ def test_a_restart_after_rank_0_published_finishes_without_training_again(uneven
     ({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "LOCAL_RANK": "0"},
      "launch.backend=torchrun: the launcher started WORLD_SIZE=3 rank(s) but launch.num_proc=2"),
 ])
-def test_without_a_launchers_environment_or_with_another_world_size_it_is_exit_2(uneven, tmp_path, monkeypatch,
-                                                                                  env, message):
+def test_without_a_launchers_environment_or_with_another_world_size_it_is_exit_2(uneven_dataset, tmp_path,
+                                                                                  monkeypatch, env, message):
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    cfg = train_config(uneven, f"{tmp_path}/model", "launch.backend=torchrun", ranks=2)
+    cfg = train_config(uneven_dataset, f"{tmp_path}/model", "launch.backend=torchrun", ranks=2)
     with pytest.raises(ConfigError) as err:
         train(cfg)
     assert str(err.value).startswith(message) and err.value.exit_code == 2
     assert not os.path.exists(f"{tmp_path}/model") and not os.path.exists(f"{tmp_path}/model.run")
 
 
-def test_the_command_without_torchrun_exits_2_naming_launch_backend(uneven, tmp_path):
+def test_the_command_without_torchrun_exits_2_naming_launch_backend(uneven_dataset, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = ROOT
     proc = subprocess.run([sys.executable, "-m", "shardtrain", "train", "--config", _defaults(tmp_path),
-                           *train_overrides(uneven, f"{tmp_path}/model", "launch.backend=torchrun", ranks=2)],
+                           *train_overrides(uneven_dataset, f"{tmp_path}/model", "launch.backend=torchrun", ranks=2)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "launch.backend=torchrun" in proc.stderr and "torchrun --nproc-per-node" in proc.stderr
