@@ -243,6 +243,7 @@ def _read_with_spark(root, schema: str = "default") -> dict:
     return json.loads(lines[-1][len("READ "):])
 
 
+@pytest.mark.process
 @pytest.mark.timeout(1800)  # five Spark start-ups with a Hive metastore, on a shared machine
 def test_a_score_job_killed_mid_publish_leaves_the_old_table_or_none(model, tmp_path):
     metastore = tmp_path / "hive"
