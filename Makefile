@@ -41,10 +41,11 @@ test-current: setup-current
 	$(VENV_CURRENT)/bin/python -m pytest tests -q -p no:cacheprovider --timeout=900 --durations=40 $(XDIST) \
 		-m "$(STACK_TESTS)" $(PYTEST_ARGS)
 
-# The inner loop: unit tests and local Spark, no rank launches (no `ranks`/`horovod`/`cluster` marks).
+# The inner loop: unit tests and local Spark in the test's own process: no rank launches, no worker
+# JVMs, no tests whose point is a process boundary (no `ranks`/`horovod`/`cluster`/`process` marks).
 test-fast: setup
 	@start=$$(date +%s); \
-	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 $(XDIST) -m "not cluster and not horovod and not ranks" $(PYTEST_ARGS) && \
+	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 $(XDIST) -m "not cluster and not horovod and not ranks and not process" $(PYTEST_ARGS) && \
 	echo "make test-fast: $$(( $$(date +%s) - start )) s wall"
 
 doctor: setup

@@ -131,6 +131,7 @@ def _kill(proc: subprocess.Popen) -> None:
     assert proc.wait(timeout=30) == -signal.SIGKILL  # the holder is dead
 
 
+@pytest.mark.process
 def test_second_writer_is_refused_naming_the_holder_and_a_dead_holder_is_taken_over(tmp_path):
     uri = str(tmp_path / "ds")
     holder = _start_holder(uri)
@@ -152,6 +153,7 @@ def test_second_writer_is_refused_naming_the_holder_and_a_dead_holder_is_taken_o
     assert not os.path.exists(lock)  # released
 
 
+@pytest.mark.process
 def test_staging_left_by_a_killed_writer_is_removed_by_the_next_run_but_not_while_a_writer_lives(tmp_path):
     uri = str(tmp_path / "ds")
     stale = tmp_path / f".ds{storage.STAGING_TAG}20260101-dead"
@@ -239,11 +241,13 @@ GLOB_NAMES = [("scores[0-9]", "scores2"), ("run[12]/scores", "run1/scores"), ("s
               ("my scores ü[ab]", "my scores üa")]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name, neighbour", GLOB_NAMES)
 def test_a_glob_named_output_never_touches_a_live_neighbours_staging(tmp_path, name, neighbour):
     _check_a_glob_named_output_spares_a_live_neighbour(str(tmp_path), name, neighbour)
 
 
+@pytest.mark.process
 @pytest.mark.s3
 @pytest.mark.parametrize("name, neighbour", GLOB_NAMES[:2])
 def test_a_glob_named_output_never_touches_a_live_neighbours_staging_on_s3(s3_bucket, name, neighbour):
@@ -360,11 +364,13 @@ def _check_killed_overwrite(base: str, step: str) -> None:
     _check_new_output(target)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("step", ["before-aside", "after-aside", "after-swap"])
 def test_an_overwrite_killed_at_any_step_leaves_an_output_committed_and_a_retry_succeeds(tmp_path, step):
     _check_killed_overwrite(str(tmp_path), step)
 
 
+@pytest.mark.process
 @pytest.mark.s3
 @pytest.mark.parametrize("step", ["before-aside", "after-aside", "after-swap"])
 def test_an_overwrite_killed_at_any_step_on_s3_leaves_an_output_committed(s3_bucket, step):
@@ -389,6 +395,7 @@ def _deny_rename(path) -> callable:
     return lambda: os.chmod(parent, 0o755)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("rename", ["old output aside", "new output in"])
 def test_a_rename_the_file_system_refuses_leaves_the_old_output_and_a_retry_succeeds(tmp_path, rename):
     target = str(tmp_path / "out" / "scores")
@@ -425,6 +432,7 @@ def test_a_rename_the_file_system_refuses_leaves_the_old_output_and_a_retry_succ
     _check_new_output(target)
 
 
+@pytest.mark.process
 def test_a_model_moved_aside_by_an_interrupted_overwrite_counts_as_existing_and_is_never_lost(tmp_path):
     """An overwrite of a model killed between its two renames leaves nothing at the path and the
     old model aside. A train with output.mode=error is refused before it trains (not at its
@@ -457,6 +465,7 @@ def test_a_model_moved_aside_by_an_interrupted_overwrite_counts_as_existing_and_
     assert _digests(require_committed(model)) == old
 
 
+@pytest.mark.process
 def test_overwrite_through_a_symlink_replaces_its_target_and_the_link_stays_a_link(tmp_path):
     real, alias = tmp_path / "real_scores", tmp_path / "alias"
     _publish(str(real), KIND_SCORES, OLD_FILES)

@@ -102,6 +102,7 @@ def test_train_over_a_regular_file_or_a_user_directory_is_refused(dataset, tmp_p
     assert (mine / "weights.bin").read_bytes() == b"x"
 
 
+@pytest.mark.process
 def test_two_concurrent_shard_jobs_publish_exactly_one_complete_dataset(raw, tmp_path, capsys):
     out = str(tmp_path / "ds")
     barrier = tmp_path / "barrier"
@@ -153,6 +154,7 @@ JVM_PROBE = ("import sys\nfrom shardtrain.cli import main\ncode = main(sys.argv[
              "sys.exit(code)\n")
 
 
+@pytest.mark.process
 def test_a_refused_second_writer_starts_no_spark(raw, tmp_path):
     """The shard command takes the output's writer lock before it starts Spark, so a second writer
     is refused (exit 1, naming the holder) without paying for a JVM, and writes nothing."""

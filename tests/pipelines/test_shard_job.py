@@ -475,6 +475,7 @@ _write_file(tables(), resolve(sys.argv[1]), "train/part-00000.parquet", schema, 
 """
 
 
+@pytest.mark.process
 def test_temporaries_of_a_killed_writer_are_not_published(tmp_path):
     # A write attempt killed mid-file (here: SIGKILL to a real writer process) leaves
     # `<file>.tmp-<id>` and no file; the job removes such leftovers from the staging directory

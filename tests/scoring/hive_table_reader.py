@@ -6,7 +6,10 @@ embedded Derby admits one JVM at a time:
   over JDBC by HiveMetastoreTables.java (a JVM of about a second, no Spark) give each table's
   folder, and pyarrow reads the Parquet files there;
 - run as a script (``argv[1]`` the root, ``argv[2]`` the schema), Spark with the metastore as its
-  catalog reads every table, as a user would.
+  catalog reads every table, as a user would; with ``--score`` and a score command's arguments
+  after them, that command (``shardtrain.cli.main``) runs first in the script's process, and the
+  read is on a new session of its application (a catalog of its own: the tables come from the
+  metastore), which saves a Spark start-up.
 
 Both return every table of the schema with its rows (id, probabilities) sorted by id:
 {name: [[id, [p, ...]], ...]}; the script prints it as one JSON line after ``READ ``."""
@@ -61,11 +64,21 @@ def read_metastore(root: str, schema: str = "default") -> dict:
     return found
 
 
-def main(root: str, schema: str) -> None:
+def main(root: str, schema: str, score_argv: list[str] | None = None) -> None:
     from common.config import SparkConfig
     from common.spark import get_or_create_session
 
+    if score_argv is not None:
+        from shardtrain.cli import main as shardtrain
+
+        code = shardtrain(["score", *score_argv])  # its session is built from its config's spark section
+        print(f"SCORED {code}", flush=True)
+        if code != 0:
+            sys.exit(code)
+    # The score command's session when it ran here (the same metastore), else a new one.
     spark = get_or_create_session(SparkConfig(master="local[1]", app_name="table-reader", conf=hive_conf(root)))
+    if score_argv is not None:
+        spark = spark.newSession()  # no table the command's session has looked up is cached here
     found = {}
     for row in spark.sql(f"SHOW TABLES IN {schema}").collect():
         # A test's few hundred scores: collecting them is the point here.
@@ -76,4 +89,4 @@ def main(root: str, schema: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[4:] if sys.argv[3:4] == ["--score"] else None)

@@ -464,6 +464,7 @@ def test_score_job_on_a_dataset_split_uses_its_stored_encodings(spark, models, t
     assert not os.path.exists(tmp_path / "o")
 
 
+@pytest.mark.process
 def test_config_errors_exit_2_before_spark_starts(tmp_path):
     """The real command in its own process: one line naming the key, exit 2, no JVM started."""
     config = score_config(tmp_path / "score.yaml", "m", "raw", str(tmp_path / "out"))

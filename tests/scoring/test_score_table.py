@@ -234,16 +234,23 @@ def _kill_at(config: str, tmp_path, fault: str, *overrides) -> None:
             proc.communicate()
 
 
-def _read_with_spark(root, schema: str = "default") -> dict:
-    """What ``read_metastore`` returns, read by Spark with the metastore as its catalog (a process of its own)."""
-    out = subprocess.run([sys.executable, os.path.join(HERE, "hive_table_reader.py"), str(root), schema],
-                         env={**os.environ, "PYTHONPATH": ROOT}, cwd=root, capture_output=True, text=True, timeout=600)
+def _score_then_read_with_spark(root, config: str, *overrides: str, schema: str = "default") -> tuple[str, dict]:
+    """`shardtrain score` (main(argv)) in a process of its own, then, in that process, what
+    ``read_metastore`` returns, read by Spark with the metastore as its catalog on a new session
+    (one Spark start-up for both); returns the process's output and what Spark read."""
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_ONCE_ENV)}
+    out = subprocess.run([sys.executable, os.path.join(HERE, "hive_table_reader.py"), str(root), schema,
+                          "--score", "--config", config, *overrides],
+                         env={**env, "PYTHONPATH": ROOT}, cwd=root, capture_output=True, text=True, timeout=900)
+    output = out.stdout + out.stderr
+    assert out.returncode == 0 and "SCORED 0" in out.stdout, output[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("READ ")]
-    assert out.returncode == 0 and lines, out.stdout[-3000:] + out.stderr[-3000:]
-    return json.loads(lines[-1][len("READ "):])
+    assert lines, output[-3000:]
+    return output, json.loads(lines[-1][len("READ "):])
 
 
-@pytest.mark.timeout(1800)  # five Spark start-ups with a Hive metastore, on a shared machine
+@pytest.mark.process
+@pytest.mark.timeout(1800)  # four Spark start-ups with a Hive metastore, on a shared machine
 def test_a_score_job_killed_mid_publish_leaves_the_old_table_or_none(model, tmp_path):
     metastore = tmp_path / "hive"
     metastore.mkdir()
@@ -271,12 +278,10 @@ def test_a_score_job_killed_mid_publish_leaves_the_old_table_or_none(model, tmp_
     assert len(aside) == 1 and found[aside[0]] == old["scores"]
 
     # The next run puts the old table back first, then publishes the new scores; nothing is left beside.
-    last = _score_cli(config, tmp_path, "output.mode=overwrite", "temperature=3.0")
-    output = last.communicate(timeout=900)[0]
-    assert last.returncode == 0, output[-3000:]
+    output, read_by_spark = _score_then_read_with_spark(metastore, config, "output.mode=overwrite", "temperature=3.0")
     assert f"restored default.scores from default.{aside[0]}" in output
     new = read_metastore(str(metastore))
     assert list(new) == ["scores"] and [r[0] for r in new["scores"]] == [r[0] for r in old["scores"]]
     assert new["scores"] != old["scores"]  # temperature 3: other probabilities
     # Spark, with the metastore as its catalog, reads the same tables and rows as a user's job would.
-    assert _read_with_spark(metastore) == new
+    assert read_by_spark == new

@@ -95,6 +95,7 @@ def test_train_refuses_a_missing_dataset_before_launching(tmp_path, capsys):
     assert f"{tmp_path}/none: no such dataset" in _error_line(lines)
 
 
+@pytest.mark.process
 def test_exit_status_of_the_real_process():
     """The console script itself: argparse's usage error and a config error both exit 2 with one
     line on stderr (the tests above call the same main() in this process), --version exits 0."""
@@ -131,6 +132,7 @@ def _run(argv, env=None):
     return proc.returncode, proc.stdout, proc.stderr
 
 
+@pytest.mark.process
 @pytest.mark.spark
 def test_a_spark_job_prints_only_its_own_lines(tiny_raw, tmp_path):
     from common.config import config_fingerprint
@@ -149,6 +151,7 @@ def test_a_spark_job_prints_only_its_own_lines(tiny_raw, tmp_path):
     assert re.search(r"INFO shardtrain.shard: write balanced shards: 2,000 rows in [\d.]+s \([\d,]+ rows/s\)", err), err
 
 
+@pytest.mark.process
 @pytest.mark.spark
 def test_verbose_gives_spark_its_logging_back(tmp_path):
     # -v is the command line's, before any command: the smallest Spark command shows it (the quiet
@@ -160,6 +163,7 @@ def test_verbose_gives_spark_its_logging_back(tmp_path):
     assert re.search(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO SparkContext: ", err, re.M), err[-3000:]
 
 
+@pytest.mark.process
 @pytest.mark.spark
 def test_spark_submit_job_file_is_quiet_after_its_first_line(tiny_raw, tmp_path):
     """Under spark-submit the JVM is running before our Python starts: common.spark reconfigures

@@ -339,6 +339,7 @@ def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, dataset):
     assert not os.path.exists(only_bad.output.model_path)
 
 
+@pytest.mark.process
 def test_a_sweep_killed_in_its_third_trial_resumes_it_and_reruns_nothing_finished(tmp_path, dataset):
     """The sweep process (in-process trials: the trial trains in it) is SIGKILLed while its third
     trial waits at a gate in epoch 2 (epoch 1's checkpoint written); the same command again

@@ -53,6 +53,7 @@ def fingerprint(ds: str) -> str:
     return json.load(open(os.path.join(ds, MANIFEST_NAME)))["fingerprint"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("reader, rewrite_args", [("arrow", []), ("petastorm", []), ("petastorm", ["--fewer"])])
 def test_a_dataset_rewritten_by_another_process_mid_run_fails_the_run_and_nothing_is_published(
         tmp_path, reader, rewrite_args):
@@ -131,6 +132,7 @@ def leases(ds: str) -> list[dict]:
     return [json.load(open(os.path.join(where, n))) for n in sorted(os.listdir(where))] if os.path.isdir(where) else []
 
 
+@pytest.mark.process
 def test_a_shard_overwrite_refuses_a_dataset_a_training_reads_unless_told_and_then_the_training_fails(
         spark, raw_input, tmp_path, capsys, caplog):
     import socket
@@ -163,6 +165,7 @@ def test_a_shard_overwrite_refuses_a_dataset_a_training_reads_unless_told_and_th
     assert leases(ds) == []  # the failed run released its lease
 
 
+@pytest.mark.process
 def test_the_lease_of_a_killed_training_is_ignored_and_removed(spark, raw_input, tmp_path, caplog):
     import signal
 
@@ -211,6 +214,7 @@ def run_dir_files(run_dir: str) -> dict[str, tuple[int, int]]:
     return data_files(run_dir) if os.path.isdir(run_dir) else {}
 
 
+@pytest.mark.process
 def test_a_second_training_on_a_model_path_in_use_exits_1_naming_the_first_which_publishes_normally(tmp_path):
     """Before: the lock was taken only at publish, so both runs trained into one run directory and
     the later publish replaced the earlier. Now the first run holds the model path from its start."""

@@ -259,6 +259,7 @@ def test_a_rank_bug_is_not_relaunched():
     assert len(calls) == 1
 
 
+@pytest.mark.process
 def test_a_live_rank_process_exits_when_the_driver_aborts_the_launch():
     """A real Reporter in its own process: it keeps reporting, another rank goes silent, and the
     driver's abort makes the live one exit with status 1 instead of waiting for the silent one."""
@@ -292,6 +293,7 @@ def test_a_live_rank_process_exits_when_the_driver_aborts_the_launch():
         assert sup.stall.startswith("rank 1 stalled") and "rank 0 before its first step" in sup.stall
 
 
+@pytest.mark.process
 def test_a_rank_stuck_after_publishing_is_stopped_while_one_between_epochs_is_not():
     """A real Reporter in its own process, alive (beating) all along: between epochs it may take
     longer than the timeout (a checkpoint write); once it reports the publish, what is left (report,
