@@ -38,6 +38,7 @@ def test_the_session_driver_jvm_maps_the_archive_and_runs_c1_only(spark):
         assert "-XX:TieredStopAtLevel=1" in fh.read().split("\0")
 
 
+@pytest.mark.process
 def test_a_child_process_driver_jvm_inherits_it():
     _archive()
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=600,

@@ -7,7 +7,11 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from common.faults import FAULT_ENV, FAULT_ONCE_ENV
+
+pytestmark = pytest.mark.process  # the point is a real process killed at the named point
 
 REACH = "from common.faults import fault_point\nfault_point('rank0', 'after-run')\nprint('passed')\n"
 

@@ -14,6 +14,8 @@ import pytest
 from common.errors import OutputLockedError
 from common.storage import lock_location, output_lock, publish, writing_under
 
+pytestmark = pytest.mark.process  # a holder process and a second writer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOLDER = ("import json, sys\nfrom common.storage import output_lock\n"
           "with output_lock(sys.argv[1]) as record:\n    print(json.dumps(record), flush=True)\n    sys.stdin.read()\n")

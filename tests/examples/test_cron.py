@@ -18,6 +18,8 @@ from common import __version__
 from examples_env import EXAMPLES, SHARDTRAIN
 from polling import wait_for
 
+pytestmark = pytest.mark.process  # the wrapper's exit statuses, signals and lock, in real processes
+
 WRAPPER = os.path.join(EXAMPLES, "cron", "shardtrain-cron.sh")
 SKIPPED = 75
 
@@ -118,6 +120,7 @@ child.wait()
 # A command that handles TERM by cleaning up, which takes until the test releases it (a FIFO).
 COMMAND_THAT_CLEANS_UP = """
 import signal, sys
+
 started, stopping, release = sys.argv[1:]
 def stop(signum, frame):
     open(stopping, "w").close()

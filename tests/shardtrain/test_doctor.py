@@ -64,6 +64,7 @@ def pyarrow15_dir(tmp_path_factory):
     return target
 
 
+@pytest.mark.process  # a fresh interpreter with pyarrow 15 first on its path, and its exit status
 @pytest.mark.timeout(600)
 def test_doctor_fails_with_the_fix_when_pyarrow_15_shadows_the_pin(pyarrow15_dir):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pyarrow15_dir), os.getcwd()])}

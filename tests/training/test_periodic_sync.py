@@ -80,6 +80,7 @@ def replica_runs():
     return dict(zip(names, outcomes))
 
 
+@pytest.mark.ranks
 def test_local_sgd_replicas_train_apart_and_agree_at_each_sync_with_one_collective(replica_runs):
     a, b = values(replica_runs["local_sgd every 4"])
     for step in range(1, STEPS + 1):
@@ -90,6 +91,7 @@ def test_local_sgd_replicas_train_apart_and_agree_at_each_sync_with_one_collecti
     assert a["figures"]["sync_bytes_per_sample"] == pytest.approx(4 * (4 * 8 + 8 + 8 * 2 + 2) * 3 / (STEPS * BATCH))
 
 
+@pytest.mark.ranks
 def test_local_sgd_every_step_with_plain_sgd_is_data_parallel(replica_runs):
     """every=1: averaging the weights after each plain SGD step is averaging the gradients (to float rounding)."""
     ours = values(replica_runs["local_sgd every 1"])[0]
@@ -99,6 +101,7 @@ def test_local_sgd_every_step_with_plain_sgd_is_data_parallel(replica_runs):
     assert ours["figures"]["sync_collectives"] == STEPS
 
 
+@pytest.mark.ranks
 def test_warmup_steps_average_gradients_then_rounds_begin(replica_runs):
     a, b = values(replica_runs["warmup"])
     for step in range(1, STEPS + 1):
@@ -107,6 +110,7 @@ def test_warmup_steps_average_gradients_then_rounds_begin(replica_runs):
     assert a["figures"]["sync_collectives"] == 5 + 2  # 5 warm-up gradient averages, then steps 8 and 12
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("overlap", [False, True])
 def test_diloco_agrees_at_epoch_ends_and_its_overlap_is_deterministic(replica_runs, overlap):
     name = "diloco overlap" if overlap else "diloco"
@@ -123,6 +127,7 @@ def test_diloco_agrees_at_epoch_ends_and_its_overlap_is_deterministic(replica_ru
     assert a["figures"]["sync_rounds"] == STEPS // 3
 
 
+@pytest.mark.ranks
 def test_the_synced_weights_are_the_mean_of_the_replicas(replica_runs):
     """local SGD's consensus is the plain average of what the replicas had just before the sync."""
     a, b = values(replica_runs["local_sgd every 4"])
