@@ -14,6 +14,7 @@ import torch
 from common.errors import EXIT_RUNTIME
 from run_report_checks import assert_run_report
 from tabular_data import write_dataset
+from torch_ranks import run_loop
 from train_configs import train_config, train_overrides
 from training import load_model, train
 from training.data import rank_row_range
@@ -89,10 +90,12 @@ def test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_uninterrupted_run(spar
     log-step checks. Rank 1's loss goes NaN at step 45 (TRIPWIRE_NAN_* through launch.env, no part of
     the run's identity): both ranks stop, naming step 45 and rank 1, and no checkpoint at or after
     step 45 exists. The rerun resumes mid-epoch 2 from step 40 (each rank its own partial epoch
-    loss) and ends with weights bit-identical to a run never interrupted."""
+    loss) and ends with weights bit-identical to a run never interrupted: that run on two bare Gloo
+    ranks (torch_ranks.run_loop, no Spark job), as the backends' arithmetic is the same bit for bit
+    (test_torch_backend's test_horovod_and_torch_train_identically)."""
     same = ("model.name=plugin_models:tripwire", "train.precision=fp32", "train.epochs=2",
             "train.log_every_steps=1000", "checkpoint.every_steps=10")
-    straight = train(_cfg(uneven, tmp_path / "a", *same), spark)
+    straight = run_loop(_cfg(uneven, tmp_path / "a", *same, "launch.backend=torch"))
     assert straight.steps_per_epoch == 38
 
     with pytest.raises(RankFailedError) as info:
@@ -167,8 +170,8 @@ def test_demo_shards_then_trains_in_one_application(spark, tmp_path):
     """shardtrain.demo (= `shardtrain run --config conf/run.yaml` on generated data), scaled down."""
     from shardtrain.demo import run_demo
 
-    result = run_demo(str(tmp_path), ["train.train.epochs=2", "train.train.batch_size=128",
-                                      "shard.output.rows_per_row_group=2000"], rows=20_000, spark=spark)
+    result = run_demo(str(tmp_path), ["train.train.epochs=2", "train.train.batch_size=64",
+                                      "shard.output.rows_per_row_group=1000"], rows=6_000, spark=spark)
     assert result.dataset_uri == str(tmp_path / "shards")
     train_result = result.train
     assert train_result.steps_per_rank == [2 * train_result.steps_per_epoch] * 2
