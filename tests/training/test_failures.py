@@ -141,10 +141,10 @@ class Saboteur(threading.Thread):
 # a killed rank is named (the launch error the restart is logged with is the one raised with
 # launch.max_restarts=0: test_supervisor.py's test_relaunches_up_to_max_restarts). What the other
 # sync modes add is carried by cheaper runs: every-step averaging resumed mid-epoch on Horovod
-# ranks, bit for bit, by test_horovod_spark.py's test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_
-# uninterrupted_run (a relaunch resumes through the same TrainState.resume as that rerun); DiLoCo
-# without overlap resumed at a mid-epoch sync step by
-# test_diloco_resumed_at_a_mid_epoch_sync_step_equals_the_uninterrupted_replicas below. local SGD
+# ranks, bit for bit, by test_horovod_spark.py's
+# test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_uninterrupted_run (a relaunch resumes
+# through the same TrainState.resume as that rerun); DiLoCo without overlap resumed at a mid-epoch
+# sync step by test_diloco_resumed_at_a_mid_epoch_sync_step_equals_the_uninterrupted_replicas below. local SGD
 # shares all of its per-rank state with DiLoCo (training.strategies.periodic).
 DILOCO_OVERLAP = ["train.sync.mode=diloco", "train.sync.every=10", "train.sync.overlap=true",
                   "checkpoint.every_steps=null"]
@@ -311,7 +311,7 @@ def test_diloco_resumed_at_a_mid_epoch_sync_step_equals_the_uninterrupted_replic
 def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path, caplog):
     caplog.set_level("INFO", logger="shardtrain")
     marker = uuid.uuid4().hex
-    stall = 5  # waited out in full; a step here takes milliseconds and a rank reports every 0.25 s, so 5 s leaves a loaded machine room
+    stall = 5  # waited out in full; a rank reports every 0.25 s at this timeout, so 5 s leaves a loaded machine room
     saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGSTOP)
     saboteur.start()
     try:
