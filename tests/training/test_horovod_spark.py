@@ -134,18 +134,23 @@ def test_three_ranks_on_spark_assigned_gpus_via_the_job_file(uneven, tmp_path):
     script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
     script.chmod(0o755)
     master = "local-cluster[1,3,1024]"
+    # The suite's quicker JVM start-ups (tests/jvm_start.py) for the executor JVM the worker starts
+    # too, as the standalone cluster's executors have them (tests/spark_cluster.py).
+    c1_only = "-XX:TieredStopAtLevel=1"
+    executor_jvm = (["--conf", f"spark.executor.extraJavaOptions={c1_only}"]
+                    if c1_only in os.environ.get("SPARK_SUBMIT_OPTS", "") else [])
     proc = _spark_submit([
-        "--master", master, "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=1g",
+        "--master", master, "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=1g", *executor_jvm,
         "--conf", "spark.worker.resource.gpu.amount=3", "--conf", f"spark.worker.resource.gpu.discoveryScript={script}",
         "--conf", "spark.executor.resource.gpu.amount=3", "--conf", "spark.task.resource.gpu.amount=1",
         "shardtrain/job.py", "train", "--config", "conf/train.yaml", f"spark.master={master}",
         *train_overrides(uneven, f"{tmp_path}/model", "launch.gpus_per_proc=1", "launch.start_timeout=90",
-                         "train.batch_size=16", "train.epochs=2", "train.precision=bf16", ranks=3)])
+                         "train.batch_size=32", "train.epochs=2", "train.precision=bf16", ranks=3)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "validation accuracy" in proc.stdout
     summary = json.load(open(tmp_path / "model.run/summary.json"))
     ranks = summary["ranks"]
-    assert_equal_steps_no_repeats(ranks, sum(map(sum, UNEVEN["train"])), 3, 16, 2)
+    assert_equal_steps_no_repeats(ranks, sum(map(sum, UNEVEN["train"])), 3, 32, 2)
     addresses = [r["gpu_addresses"] for r in ranks]
     assert all(len(a) == 1 for a in addresses) and sorted(a[0] for a in addresses) == ["0", "1", "2"]
     for r in ranks:  # no CUDA here: the rank names the address it was given and uses the CPU
