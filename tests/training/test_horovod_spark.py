@@ -14,6 +14,7 @@ import torch
 from common.errors import EXIT_RUNTIME
 from run_report_checks import assert_run_report
 from tabular_data import write_dataset
+from torch_ranks import run_loop
 from train_configs import train_config, train_overrides
 from training import load_model, train
 from training.data import rank_row_range
@@ -89,10 +90,12 @@ def test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_uninterrupted_run(spar
     log-step checks. Rank 1's loss goes NaN at step 45 (TRIPWIRE_NAN_* through launch.env, no part of
     the run's identity): both ranks stop, naming step 45 and rank 1, and no checkpoint at or after
     step 45 exists. The rerun resumes mid-epoch 2 from step 40 (each rank its own partial epoch
-    loss) and ends with weights bit-identical to a run never interrupted."""
+    loss) and ends with weights bit-identical to a run never interrupted: that run on two bare Gloo
+    ranks (torch_ranks.run_loop, no Spark job), as the backends' arithmetic is the same bit for bit
+    (test_torch_backend's test_horovod_and_torch_train_identically)."""
     same = ("model.name=plugin_models:tripwire", "train.precision=fp32", "train.epochs=2",
             "train.log_every_steps=1000", "checkpoint.every_steps=10")
-    straight = train(_cfg(uneven, tmp_path / "a", *same), spark)
+    straight = run_loop(_cfg(uneven, tmp_path / "a", *same, "launch.backend=torch"))
     assert straight.steps_per_epoch == 38
 
     with pytest.raises(RankFailedError) as info:
@@ -131,18 +134,23 @@ def test_three_ranks_on_spark_assigned_gpus_via_the_job_file(uneven, tmp_path):
     script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
     script.chmod(0o755)
     master = "local-cluster[1,3,1024]"
+    # The suite's quicker JVM start-ups (tests/jvm_start.py) for the executor JVM the worker starts
+    # too, as the standalone cluster's executors have them (tests/spark_cluster.py).
+    c1_only = "-XX:TieredStopAtLevel=1"
+    executor_jvm = (["--conf", f"spark.executor.extraJavaOptions={c1_only}"]
+                    if c1_only in os.environ.get("SPARK_SUBMIT_OPTS", "") else [])
     proc = _spark_submit([
-        "--master", master, "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=1g",
+        "--master", master, "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=1g", *executor_jvm,
         "--conf", "spark.worker.resource.gpu.amount=3", "--conf", f"spark.worker.resource.gpu.discoveryScript={script}",
         "--conf", "spark.executor.resource.gpu.amount=3", "--conf", "spark.task.resource.gpu.amount=1",
         "shardtrain/job.py", "train", "--config", "conf/train.yaml", f"spark.master={master}",
         *train_overrides(uneven, f"{tmp_path}/model", "launch.gpus_per_proc=1", "launch.start_timeout=90",
-                         "train.batch_size=16", "train.epochs=2", "train.precision=bf16", ranks=3)])
+                         "train.batch_size=32", "train.epochs=2", "train.precision=bf16", ranks=3)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "validation accuracy" in proc.stdout
     summary = json.load(open(tmp_path / "model.run/summary.json"))
     ranks = summary["ranks"]
-    assert_equal_steps_no_repeats(ranks, sum(map(sum, UNEVEN["train"])), 3, 16, 2)
+    assert_equal_steps_no_repeats(ranks, sum(map(sum, UNEVEN["train"])), 3, 32, 2)
     addresses = [r["gpu_addresses"] for r in ranks]
     assert all(len(a) == 1 for a in addresses) and sorted(a[0] for a in addresses) == ["0", "1", "2"]
     for r in ranks:  # no CUDA here: the rank names the address it was given and uses the CPU
@@ -167,8 +175,8 @@ def test_demo_shards_then_trains_in_one_application(spark, tmp_path):
     """shardtrain.demo (= `shardtrain run --config conf/run.yaml` on generated data), scaled down."""
     from shardtrain.demo import run_demo
 
-    result = run_demo(str(tmp_path), ["train.train.epochs=2", "train.train.batch_size=128",
-                                      "shard.output.rows_per_row_group=2000"], rows=20_000, spark=spark)
+    result = run_demo(str(tmp_path), ["train.train.epochs=2", "train.train.batch_size=64",
+                                      "shard.output.rows_per_row_group=1000"], rows=6_000, spark=spark)
     assert result.dataset_uri == str(tmp_path / "shards")
     train_result = result.train
     assert train_result.steps_per_rank == [2 * train_result.steps_per_epoch] * 2

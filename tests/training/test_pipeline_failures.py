@@ -12,7 +12,6 @@ checks the outcome."""
 import os
 import signal
 import threading
-import time
 
 import psutil
 import pytest
@@ -22,13 +21,14 @@ from safetensors.torch import load_file
 from common.errors import EXIT_RUNTIME, RankStalledError
 from polling import wait_for
 from tabular_data import write_dataset
+from torch_ranks import run_loop
 from train_configs import train_overrides
 from training import load_train_config, train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# 83 steps per epoch: a kill lands mid-run, after the first checkpoint (step 20), with more than 140
+# 50 steps per epoch: a kill lands mid-run, after the first checkpoint (step 20), with more than 70
 # steps to spare (the saboteur knows stage 1's pid, recorded as it built the model, before that checkpoint).
-LAYOUT = {"train": [[700, 600], [700]], "val": [[200]]}
+LAYOUT = {"train": [[400, 400], [400]], "val": [[200]]}
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.ranks]
 
@@ -102,7 +102,8 @@ class Saboteur(threading.Thread):
 
 def test_a_killed_stage_is_relaunched_and_resumes_to_the_uninterrupted_weights(spark, dataset, tmp_path, caplog):
     caplog.set_level("INFO", logger="shardtrain")
-    reference = train(_cfg(dataset, tmp_path / "reference", tmp_path / "reference-pids"), spark)
+    # The uninterrupted run on two bare Gloo ranks (no Spark job): the same rank loop and arithmetic.
+    reference = run_loop(_cfg(dataset, tmp_path / "reference", tmp_path / "reference-pids"))
 
     out, pids = tmp_path / "restarted", tmp_path / "restarted-pids"
     saboteur = Saboteur(pids, f"{out}/model.run", signal.SIGKILL)
@@ -127,7 +128,7 @@ def test_a_killed_stage_is_relaunched_and_resumes_to_the_uninterrupted_weights(s
 
 
 def test_a_stopped_stage_is_named_with_its_stage_index(spark, dataset, tmp_path):
-    stall, pids = 10, tmp_path / "pids"  # waited out in full; a step takes milliseconds, 10 s leaves room
+    stall, pids = 5, tmp_path / "pids"  # waited out in full; a step takes milliseconds, 5 s leaves room
     saboteur = Saboteur(pids, f"{tmp_path}/model.run", signal.SIGSTOP)
     saboteur.start()
     try:

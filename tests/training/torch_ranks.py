@@ -102,3 +102,26 @@ def _each_call(group, calls: list) -> list:
         except Exception:  # noqa: BLE001 - reported to the test that reads this call
             outcomes.append((False, traceback.format_exc()))
     return outcomes
+
+
+def run_loop(cfg):
+    """A whole run of ``cfg`` (``launch.backend=torch``) through the rank loop
+    (``training.loop.run_rank``) on ``launch.num_proc`` bare Gloo ranks: no Spark job, no launcher,
+    rank 0 checkpoints and publishes to ``output.model_path`` as a launched rank 0 would. An
+    uninterrupted reference for a failure test, at the cost of two spawned processes: the launcher
+    adds nothing to the arithmetic (test_torchrun's test_torchrun_trains_bit_identically_to_torch_distributor,
+    test_torch_backend's test_horovod_and_torch_train_identically). Returns rank 0's view as
+    ``train()``'s result names it: steps_per_rank, steps_per_epoch, metrics, model_uri."""
+    from types import SimpleNamespace
+
+    from training.plan import build_plan
+
+    results = values(run_calls(cfg.launch.num_proc, [(_run_rank, (build_plan(cfg),))])[0])
+    return SimpleNamespace(steps_per_rank=[r["steps"] for r in results], steps_per_epoch=results[0]["steps_per_epoch"],
+                           metrics=results[0]["metrics"], model_uri=cfg.output.model_path)
+
+
+def _run_rank(group, plan) -> dict:
+    from training.loop import run_rank
+
+    return run_rank(plan, group)
