@@ -289,6 +289,7 @@ def _diloco_run_and_resume(group, resume_at: int, steps: int, spe: int) -> dict:
             "without_rank_state": resumed(False), "rank_state": sorted(strategy.rank_state(model, optimizer))}
 
 
+@pytest.mark.ranks  # two Gloo ranks (torch_ranks.run_ranks)
 def test_diloco_resumed_at_a_mid_epoch_sync_step_equals_the_uninterrupted_replicas():
     """DiLoCo without overlap, resumed mid-epoch from a sync step (the property its kill-and-resume
     run carried, now carried here, by the DiLoCo kill-and-resume run above and by
