@@ -26,7 +26,7 @@ DAG_FILE = os.path.join(EXAMPLES, "airflow", "shardtrain_dag.py")
 DATE = "2026-01-02"
 ROWS = 1000
 
-pytestmark = [pytest.mark.spark, pytest.mark.horovod]
+pytestmark = [pytest.mark.spark, pytest.mark.process]  # a scheduler runs the commands; no ranks launched
 
 
 @pytest.fixture(scope="module")
