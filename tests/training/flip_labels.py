@@ -1,7 +1,8 @@
-"""Rewrite a tabular_data dataset in place as another writer would, from its own process: every
-shard file replaced (labels flipped, same row counts and row groups; ``--fewer``: each file's last
-row dropped too), then a new manifest with the new checksums and fingerprint.
-``python flip_labels.py DATASET [--fewer]``; prints the new fingerprint."""
+"""Rewrite a tabular_data dataset in place as another writer would: every shard file replaced
+(labels flipped, same row counts and row groups; ``fewer``: each file's last row dropped too), then
+a new manifest with the new checksums and fingerprint. ``flip(DATASET, fewer)`` from a process
+other than the reader's (the test's own, beside a training in its subprocess), or
+``python flip_labels.py DATASET [--fewer]``; returns / prints the new fingerprint."""
 
 import json
 import os

@@ -147,7 +147,15 @@ def test_a_moved_alias_is_scored_again_and_a_pinned_version_is_not(spark, mlflow
     from shardtrain.cli import main
 
     reg = mlflow_env
-    first = reg.train(tmp_path / "m1", "moving_model", "tracking.mlflow.alias=prod").model_uri
+    # Version 1: the module's trained model (demo_model version 1), registered under this name as
+    # MLflow registers any logged model; training registering and moving an alias is version 2 below.
+    logged = reg.client.get_model_version("demo_model", "1")
+    reg.client.create_registered_model("moving_model")
+    version = reg.client.create_model_version("moving_model", source=logged.source, run_id=logged.run_id,
+                                              model_id=getattr(logged, "model_id", None)).version
+    reg.client.set_registered_model_alias("moving_model", "prod", str(version))
+    assert str(version) == "1"
+    first = reg.model
     source = str(tmp_path / "raw")
     os.makedirs(source)
     frame = raw_rows(60, seed=9)

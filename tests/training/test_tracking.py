@@ -93,7 +93,8 @@ def test_without_mlflow_installed_tracking_warns_once_and_training_exits_0_with_
     code = "import sys; sys.modules['mlflow'] = None; from shardtrain.cli import main; sys.exit(main(sys.argv[1:]))"
     (tmp_path / "train.yaml").write_text("train:\n  log_every_steps: 5\n")
     proc = subprocess.run([sys.executable, "-c", code, "train", "--config", "train.yaml", *overrides],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # one torch thread: a tiny model
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if "MLflow tracking skipped" in line]
     assert len(warnings) == 1, proc.stderr[-3000:]
