@@ -91,10 +91,11 @@ class StandaloneCluster:
 def start_cluster(num_workers: int = 2, cores: int = 1, memory: str = "2g", timeout: float = 90) -> StandaloneCluster:
     env = spark_env()
     if "-XX:TieredStopAtLevel=1" in env.get("SPARK_SUBMIT_OPTS", ""):
-        # The suite's quicker JVM start-ups (tests/jvm_start.py) for the master, the workers and the
-        # executors they launch (which inherit a worker's environment). Not for drivers: the java
-        # launcher announces JDK_JAVA_OPTIONS on stderr, which these daemons send to their logs.
-        env["JDK_JAVA_OPTIONS"] = "-XX:TieredStopAtLevel=1"
+        # The suite's quicker JVM start-ups (tests/jvm_start.py: its class-data archive of the same
+        # jars, and C1) for the master, the workers and the executors they launch (which inherit a
+        # worker's environment). Not for drivers: the java launcher announces JDK_JAVA_OPTIONS on
+        # stderr, which these daemons send to their logs.
+        env["JDK_JAVA_OPTIONS"] = env["SPARK_SUBMIT_OPTS"]
     spark_class = os.path.join(env["SPARK_HOME"], "bin", "spark-class")
     port, web_port = free_port(), free_port()
     work_dir = Path(tempfile.mkdtemp(prefix="shardtrain-cluster-"))

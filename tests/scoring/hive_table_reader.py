@@ -9,7 +9,10 @@ embedded Derby admits one JVM at a time:
   catalog reads every table, as a user would; with ``--score`` and a score command's arguments
   after them, that command (``shardtrain.cli.main``) runs first in the script's process, and the
   read is on a new session of its application (a catalog of its own: the tables come from the
-  metastore), which saves a Spark start-up.
+  metastore), which saves a Spark start-up; with ``--then-stop-at WHERE:STEP PID_FILE`` and a second
+  score command's arguments after those, that command runs next on the same application with
+  ``SHARDTRAIN_FAULT=WHERE:STEP:stop`` (common/faults.py): it stops itself there, for the test to
+  kill, which saves another.
 
 Both return every table of the schema with its rows (id, probabilities) sorted by id:
 {name: [[id, [p, ...]], ...]}; the script prints it as one JSON line after ``READ ``."""
@@ -20,6 +23,8 @@ import os
 import shutil
 import subprocess
 import sys
+
+from common.faults import FAULT_ENV, FAULT_ONCE_ENV
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -64,7 +69,7 @@ def read_metastore(root: str, schema: str = "default") -> dict:
     return found
 
 
-def main(root: str, schema: str, score_argv: list[str] | None = None) -> None:
+def main(root: str, schema: str, score_argv: list[str] | None = None, then_stop_at: list[str] | None = None) -> None:
     from common.config import SparkConfig
     from common.spark import get_or_create_session
 
@@ -84,9 +89,20 @@ def main(root: str, schema: str, score_argv: list[str] | None = None) -> None:
         # A test's few hundred scores: collecting them is the point here.
         rows = spark.table(f"{schema}.{row['tableName']}").select("id", "probabilities").orderBy("id").collect()
         found[row["tableName"]] = [[r["id"], [float(p) for p in r["probabilities"]]] for r in rows]
+    print("READ " + json.dumps(found), flush=True)  # flushed: a test may kill this process next
+    if then_stop_at is not None:
+        fault, pid_file, *argv = then_stop_at
+        os.environ[FAULT_ENV], os.environ[FAULT_ONCE_ENV] = f"{fault}:stop", pid_file
+        code = shardtrain(["score", *argv])  # stops itself at the fault point: the test kills it there
+        print(f"SCORED {code}, never stopped at {fault}", flush=True)
+        sys.exit(3)
     spark.stop()
-    print("READ " + json.dumps(found))
+
+
+def _split(argv: list[str], flag: str) -> tuple[list[str], list[str] | None]:
+    return (argv[:argv.index(flag)], argv[argv.index(flag) + 1:]) if flag in argv else (argv, None)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[4:] if sys.argv[3:4] == ["--score"] else None)
+    score_argv, then_stop_at = _split(sys.argv[4:], "--then-stop-at")
+    main(sys.argv[1], sys.argv[2], score_argv if sys.argv[3:4] == ["--score"] else None, then_stop_at)

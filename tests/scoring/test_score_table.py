@@ -13,8 +13,9 @@ driver JVM too): killed after the staging table was written, the old table is th
 killed between the swap's two renames, no table has the name (the old one is aside, whole); the
 next run puts the old table back before anything else, then publishes, leaving no staging table.
 Each state is read from the metastore's own tables (hive_table_reader.read_metastore: JDBC in a
-JVM of its own, no Spark) and the Parquet at each table's location; the last also by Spark with
-the metastore as its catalog, which sees the same tables and rows."""
+JVM of its own, no Spark) and the Parquet at each table's location; the first and the last also by
+Spark with the metastore as its catalog, which sees the same tables and rows. The first publish,
+Spark's read of it and the first killed overwrite share one process (one Spark start-up)."""
 
 from __future__ import annotations
 
@@ -211,14 +212,12 @@ def _score_cli(config: str, tmp_path, *overrides, fault: str | None = None) -> s
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _kill_at(config: str, tmp_path, fault: str, *overrides) -> None:
-    """Run the score command until it stops itself at ``fault``, then SIGKILL it (and its driver
-    JVM) by pid, and prove both died."""
-    proc = _score_cli(config, tmp_path, *overrides, fault=fault)
-    pid_file = tmp_path / f"{fault.replace(':', '-')}.pid"
+def _kill_at(proc: subprocess.Popen, fault: str, pid_file, log=None) -> None:
+    """Wait until ``proc`` (a score command) stops itself at ``fault``, then SIGKILL it (and its
+    driver JVM) by pid, and prove both died."""
     try:
         wait_for(lambda: pid_file.exists() and _state(proc.pid) == "T", f"the score job to stop at {fault}",
-                 timeout=900, proc=proc, interval=0.2)
+                 timeout=900, proc=proc, log=log, interval=0.2)
         assert int(pid_file.read_text()) == proc.pid
         jvms = _children(proc.pid)
         assert jvms, "the stopped score job has no driver JVM child"
@@ -234,14 +233,18 @@ def _kill_at(config: str, tmp_path, fault: str, *overrides) -> None:
             proc.communicate()
 
 
+def _reader_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_ONCE_ENV)}
+    return {**env, "PYTHONPATH": ROOT}
+
+
 def _score_then_read_with_spark(root, config: str, *overrides: str, schema: str = "default") -> tuple[str, dict]:
     """`shardtrain score` (main(argv)) in a process of its own, then, in that process, what
     ``read_metastore`` returns, read by Spark with the metastore as its catalog on a new session
     (one Spark start-up for both); returns the process's output and what Spark read."""
-    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_ONCE_ENV)}
     out = subprocess.run([sys.executable, os.path.join(HERE, "hive_table_reader.py"), str(root), schema,
                           "--score", "--config", config, *overrides],
-                         env={**env, "PYTHONPATH": ROOT}, cwd=root, capture_output=True, text=True, timeout=900)
+                         env=_reader_env(), cwd=root, capture_output=True, text=True, timeout=900)
     output = out.stdout + out.stderr
     assert out.returncode == 0 and "SCORED 0" in out.stdout, output[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("READ ")]
@@ -249,29 +252,45 @@ def _score_then_read_with_spark(root, config: str, *overrides: str, schema: str 
     return output, json.loads(lines[-1][len("READ "):])
 
 
+def _publish_read_then_kill_at(root, config: str, fault: str, pid_file, log, *overrides: str) -> dict:
+    """`shardtrain score` (main(argv)) in a process of its own, Spark's read of the metastore it
+    published to, then in that process (the same Spark application: one start-up for the three) a
+    second score command with ``overrides`` that stops itself at ``fault``: killed there by pid
+    (``_kill_at``). Returns what Spark read after the first command."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "hive_table_reader.py"), str(root), "default",
+                                 "--score", "--config", config, "--then-stop-at", fault, str(pid_file),
+                                 "--config", config, *overrides],
+                                env=_reader_env(), cwd=root, stdout=out, stderr=subprocess.STDOUT)
+    _kill_at(proc, fault, pid_file, log=log)
+    output = log.read_text()
+    lines = [line for line in output.splitlines() if line.startswith("READ ")]
+    assert "SCORED 0" in output and len(lines) == 1, output[-3000:]
+    return json.loads(lines[0][len("READ "):])
+
+
 @pytest.mark.process
-@pytest.mark.timeout(1800)  # four Spark start-ups with a Hive metastore, on a shared machine
+@pytest.mark.timeout(1800)  # three Spark start-ups with a Hive metastore, on a shared machine
 def test_a_score_job_killed_mid_publish_leaves_the_old_table_or_none(model, tmp_path):
     metastore = tmp_path / "hive"
     metastore.mkdir()
     config = score_yaml(tmp_path / "score.yaml", model, {"path": str(tmp_path / "acc"), "table": "default.scores"},
                         {"raw": {"path": raw_source(tmp_path / "raw")}},
                         spark={"master": "local[1]", "conf": hive_conf(str(metastore))})
-    first = _score_cli(config, tmp_path)
-    output = first.communicate(timeout=900)[0]
-    assert first.returncode == 0, output[-3000:]
-    old = read_metastore(str(metastore))
+    # The first publish (the old table, as Spark reads it), then an overwrite killed with the new
+    # scores complete in a staging table: the old table is there, as it was.
+    old = _publish_read_then_kill_at(metastore, config, "table:before-swap", tmp_path / "table-before-swap.pid",
+                                     tmp_path / "first.log", "output.mode=overwrite", "temperature=3.0")
     assert list(old) == ["scores"] and len(old["scores"]) == 237
-
-    # Killed with the new scores complete in a staging table: the old table is there, as it was.
-    _kill_at(config, tmp_path, "table:before-swap", "output.mode=overwrite", "temperature=3.0")
     found = read_metastore(str(metastore))
     assert found["scores"] == old["scores"]
     staging = [t for t in found if t.startswith("scores__shardtrain_staging_")]
     assert len(staging) == 1 and len(found[staging[0]]) == 237  # the killed job's, never under the name
 
     # Killed between the renames: no table has the name (never a half one); the old one is aside, whole.
-    _kill_at(config, tmp_path, "table:after-aside", "output.mode=overwrite", "temperature=3.0")
+    pid_file = tmp_path / "table-after-aside.pid"
+    _kill_at(_score_cli(config, tmp_path, "output.mode=overwrite", "temperature=3.0", fault="table:after-aside"),
+             "table:after-aside", pid_file)
     found = read_metastore(str(metastore))
     assert "scores" not in found
     aside = [t for t in found if t.startswith("scores__shardtrain_replaced_")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,39 +36,40 @@ def test_doctor_passes_here_including_a_real_two_rank_allreduce():
     assert "allreduce sum = [3.0, 3.0]" in launch["detail"]
 
 
-@pytest.mark.horovod
-@pytest.mark.timeout(300)
-def test_on_spark_connect_the_default_backend_is_torch_where_horovod_is_installed():
-    # Horovod is installed here, so an unset launch.backend resolves to horovod; on a Connect
-    # session the launch runs torch instead (training.launchers.backend_for), and doctor says so
-    # rather than failing the backends line. SPARK_REMOTE makes the session kind Connect; the
-    # backends line connects to nothing.
-    proc = _doctor("--no-launch", env={**os.environ, "SPARK_REMOTE": "sc://127.0.0.1:1"})
-    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
-    assert checks["spark"]["detail"].startswith("Spark Connect (SPARK_REMOTE=sc://127.0.0.1:1)")
-    backends = checks["backends"]
-    assert backends["ok"], backends
-    assert "horovod: no (needs classic Spark" in backends["detail"]
-    assert backends["detail"].endswith("default launch.backend=torch")
-
-
 @pytest.fixture(scope="module")
-def pyarrow15_dir(tmp_path_factory):
+def pyarrow15_dir():
     """A real pyarrow 15, installed beside (not into) the venv from the wheel that .ci/bootstrap
-    fetched into the cache: tests never touch the network."""
+    fetched into the cache: tests never touch the network. Installed once per wheel, beside it in
+    the cache (pip --target into a directory of this process's own, then renamed into place, so
+    xdist workers and later runs use it as it is, and a run cut short leaves no half install)."""
     wheels = sorted(TEST_WHEELS.glob(f"pyarrow-{PYARROW_15}-*.whl"))
     if not wheels:
         pytest.fail(f"no pyarrow {PYARROW_15} wheel in {TEST_WHEELS}; run `make setup` (.ci/bootstrap fetches it)")
-    target = tmp_path_factory.mktemp("pyarrow-15")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
-                    "--no-deps", "--target", str(target), str(wheels[0])], check=True, timeout=600)
+    target = TEST_WHEELS / f"{wheels[0].name[:-len('.whl')]}.installed"
+    if not (target / "pyarrow" / "__init__.py").is_file():
+        partial = TEST_WHEELS / f"{target.name}.{os.getpid()}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
+                        "--no-deps", "--target", str(partial), str(wheels[0])], check=True, timeout=600)
+        try:
+            os.replace(partial, target)
+        except OSError:  # another process put its own there first: use that one
+            shutil.rmtree(partial, ignore_errors=True)
+    assert (target / "pyarrow" / "__init__.py").is_file(), f"pyarrow {PYARROW_15} is not installed in {target}"
     return target
 
 
 @pytest.mark.process  # a fresh interpreter with pyarrow 15 first on its path, and its exit status
+@pytest.mark.horovod  # the Connect half: Horovod installed, yet not the default there
 @pytest.mark.timeout(600)
 def test_doctor_fails_with_the_fix_when_pyarrow_15_shadows_the_pin(pyarrow15_dir):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pyarrow15_dir), os.getcwd()])}
+    # One doctor process for two findings that do not touch each other: pyarrow 15 breaks only the
+    # petastorm line, and on Spark Connect the backends line names torch. Horovod is installed here,
+    # so an unset launch.backend resolves to horovod; on a Connect session the launch runs torch
+    # instead (training.launchers.backend_for), and doctor says so rather than failing the backends
+    # line. SPARK_REMOTE makes the session kind Connect; the backends line connects to nothing.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pyarrow15_dir), os.getcwd()]),
+           "SPARK_REMOTE": "sc://127.0.0.1:1"}
     proc = _doctor("--no-launch", env=env)
     assert proc.returncode == 1
     checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
@@ -76,3 +78,9 @@ def test_doctor_fails_with_the_fix_when_pyarrow_15_shadows_the_pin(pyarrow15_dir
     assert "pyarrow 15.0.2 is installed; petastorm needs pyarrow < 15" in bad["detail"]
     assert "pyarrow==14.0.2" in bad["fix"]
     assert checks["python"]["ok"] and checks["java"]["ok"]  # one broken package fails only its own line
+
+    assert checks["spark"]["detail"].startswith("Spark Connect (SPARK_REMOTE=sc://127.0.0.1:1)")
+    backends = checks["backends"]
+    assert backends["ok"], backends
+    assert "horovod: no (needs classic Spark" in backends["detail"]
+    assert backends["detail"].endswith("default launch.backend=torch")
