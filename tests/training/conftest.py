@@ -1,5 +1,6 @@
 """Training tests: helpers beside this file (tabular_data.py, plugin_models.py) are importable by name;
-the uneven dataset and its plain torch run that two files share (torch_uneven.py)."""
+the uneven dataset and its plain torch run that two files share (torch_uneven.py); two Gloo ranks
+that several files' 2-rank calls share (two_ranks)."""
 
 import os
 import sys
@@ -41,3 +42,15 @@ def uneven_torch_run(spark, uneven_dataset, tmp_path_factory):
     from training import train
 
     return train(torch_config(uneven_dataset, tmp_path_factory.mktemp("uneven-torch-run"), *TORCH_RUN), spark)
+
+
+@pytest.fixture(scope="session")
+def two_ranks():
+    """Two real Gloo ranks (torch_ranks.RankPool) that the 2-rank strategy and rank-loop runs of
+    test_pipeline, test_ft_transformer, test_periodic_sync and test_pipeline_failures share:
+    spawned at the first call, ended at the end of the session."""
+    from torch_ranks import RankPool
+
+    pool = RankPool(2)
+    yield pool
+    pool.close()

@@ -19,7 +19,7 @@ import pytest
 
 import pipeline_ranks
 from common.errors import EXIT_USAGE, ConfigError
-from torch_ranks import run_calls, values
+from torch_ranks import values
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.ranks]
 
@@ -81,16 +81,16 @@ STAGED_SGD = ("train.optimizer=sgd", "train.lr=0.02", "train.epochs=1")
 
 
 @pytest.fixture(scope="module")
-def two_rank_runs(dataset, tmp_path_factory):
-    """The three 2-rank runs the tests read, in ONE launch of 2 ranks through the rank loop, one
-    after another: DDP and FSDP for 3 epochs, and 2 pipeline stages for one epoch of SGD. Each:
-    (its output, its ranks' outcomes)."""
+def two_rank_runs(two_ranks, dataset, tmp_path_factory):
+    """The three 2-rank runs the tests read, through the rank loop on the session's two ranks
+    (``two_ranks``), one after another: DDP and FSDP for 3 epochs, and 2 pipeline stages for one
+    epoch of SGD. Each: (its output, its ranks' outcomes)."""
     from training.plan import build_plan
 
     runs = {"ddp": ("train.epochs=3",), "fsdp": ("train.epochs=3",), "stages": STAGED_SGD}
     outs = {layout: tmp_path_factory.mktemp(layout) for layout in runs}
     plans = [build_plan(_config(dataset, outs[layout], *extra, layout=layout)) for layout, extra in runs.items()]
-    outcomes = run_calls(2, [(pipeline_ranks.train_rank, (plan,)) for plan in plans])
+    outcomes = two_ranks.run_calls([(pipeline_ranks.train_rank, (plan,)) for plan in plans])
     return {layout: (outs[layout], outcome) for layout, outcome in zip(runs, outcomes)}
 
 

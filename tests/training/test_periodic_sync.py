@@ -1,12 +1,11 @@
 """Periodic synchronisation (train.sync: local SGD, DiLoCo, DiLoCo with its average overlapping the
-next round) on real Gloo ranks, then through real launches: the replicas really train apart between
-syncs and agree at every sync, a sync costs one collective, every=1 with plain SGD is every-step
-data parallel, the overlap is deterministic, each refused combination names its key, and a rank
-killed mid-run resumes to the weights of an uninterrupted run."""
+next round) on real Gloo ranks, in the strategy and through the whole rank loop: the replicas really
+train apart between syncs and agree at every sync, a sync costs one collective, every=1 with plain
+SGD is every-step data parallel, the overlap is deterministic, each epoch records its rounds and
+the report shows them, and each refused combination names its key. A rank killed mid-run resuming
+to an uninterrupted run's weights: test_failures.py's DiLoCo Gloo-rank resume test."""
 
 import os
-import signal
-import uuid
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 
 from common.dataset import LabelSpec
 from common.errors import EXIT_USAGE, ConfigError
-from torch_ranks import run_calls, values
+from torch_ranks import values
 from plugin_models import Wrap
 from training.config import LaunchConfig, SyncConfig, TrainConfig, TrainLoopConfig
 from training.loop import Objective
@@ -57,7 +56,7 @@ def _replica_run(group, strategy_name: str, sync: dict, steps_per_epoch: int, se
 
 
 # Every run of _replica_run the tests below read, by name: (strategy, sync, steps_per_epoch). All run
-# in ONE launch of 2 ranks, one after another (replica_runs); "again" runs are separate runs with
+# on the same 2 ranks, one after another (replica_runs); "again" runs are separate runs with
 # the same seed, so comparing them still shows a run's weights depend on no timing.
 REPLICA_RUNS = {
     "local_sgd every 4": ("periodic", {"mode": "local_sgd", "every": 4}, STEPS),
@@ -73,10 +72,11 @@ REPLICA_RUNS = {
 
 
 @pytest.fixture(scope="module")
-def replica_runs():
-    """Each named run's two ranks' results (a run that failed fails only the tests that read it)."""
+def replica_runs(two_ranks):
+    """Each named run's two ranks' results (a run that failed fails only the tests that read it),
+    on the session's two ranks."""
     names = list(REPLICA_RUNS)
-    outcomes = run_calls(2, [(_replica_run, REPLICA_RUNS[name]) for name in names])
+    outcomes = two_ranks.run_calls([(_replica_run, REPLICA_RUNS[name]) for name in names])
     return dict(zip(names, outcomes))
 
 
@@ -156,22 +156,23 @@ def test_refused_combinations_name_the_key(overrides, key):
     assert key in str(info.value) and info.value.exit_code == EXIT_USAGE
 
 
-@pytest.mark.spark
 @pytest.mark.ranks
-@pytest.mark.timeout(600)
-def test_local_sgd_through_torch_distributor_records_its_rounds_and_publishes_the_consensus(spark, tmp_path):
-    """A real launch (TorchDistributor, 2 Gloo ranks on local[2]): each epoch's record counts its
-    rounds (multiples of every, plus the epoch's last step) and the replicas' drift; the published
-    model is what both ranks ended with."""
+def test_local_sgd_through_the_rank_loop_records_its_rounds_and_publishes_the_consensus(two_ranks, tmp_path):
+    """A whole 2-epoch run through the rank loop (``training.loop.run_rank``, what a launcher's ranks
+    run; the launcher adds nothing to it: test_torchrun's
+    test_torchrun_trains_bit_identically_to_torch_distributor) on the session's two ranks: each
+    epoch's record counts its rounds (multiples of every, plus the epoch's last step) and the
+    replicas' drift; the published model is what both ranks ended with; the report shows the rounds."""
     from tabular_data import write_dataset
+    from torch_ranks import run_loop
     from train_configs import train_config
-    from training import load_model, train
+    from training import load_model
 
     ds = write_dataset(str(tmp_path / "ds"), {"train": [[600], [420]], "val": [[100]]})
-    cfg = train_config(ds, tmp_path / "model", "launch.backend=torch", "launch.start_timeout=120",
-                       "train.batch_size=16", "train.epochs=2", "train.log_every_steps=10", "model.hidden=[16]",
-                       "train.sync.mode=local_sgd", "train.sync.every=5", "data.reader=arrow", ranks=2)
-    result = train(cfg, spark)
+    cfg = train_config(ds, tmp_path / "model", "launch.backend=torch", "train.batch_size=16", "train.epochs=2",
+                       "train.log_every_steps=10", "model.hidden=[16]", "train.sync.mode=local_sgd",
+                       "train.sync.every=5", "data.reader=arrow", ranks=2)
+    result = run_loop(cfg, two_ranks)
     per_epoch = result.steps_per_epoch
     assert result.steps_per_rank == [2 * per_epoch] * 2
     for epoch, record in enumerate(result.metrics):
@@ -180,6 +181,6 @@ def test_local_sgd_through_torch_distributor_records_its_rounds_and_publishes_th
         assert record["sync_collectives"] == record["sync_rounds"] and record["sync_drift"] > 0
     model = load_model(result.model_uri)
     assert model.predict(ds.raw["val"]).shape[0] == len(ds.raw["val"])
-    with open(os.path.join(result.run_dir, "report.html"), encoding="utf-8") as fh:
+    with open(os.path.join(f"{result.model_uri}.run", "report.html"), encoding="utf-8") as fh:
         report = fh.read()
     assert "sync rounds" in report and "drift at sync" in report  # the report shows what metrics.jsonl holds

@@ -8,12 +8,15 @@ ranks (Gloo, CPU, spawned processes on 127.0.0.1), held to one process on the sa
 - the rank loop: a run on 2 stages equals a one-process run; a checkpoint written on stages
   resumes in one process and under DDP, and one written in one process resumes on stages, each
   to the uninterrupted run's weights; the exported model is the same;
-- the config refusals (exit 2, naming the key);
-- one real run through ``training.train`` on TorchDistributor (local[2]).
+- the config refusals (exit 2, naming the key).
+
+Stages launched by ``training.train`` on TorchDistributor (local[2]): test_pipeline_failures.py,
+whose stopped-stage test checks its relaunched run end to end.
 
 Spawning ranks and importing torch is most of a small case's seconds, so the 2-rank strategy
-cases run one after another in one launch (``two_stage_ranks``), the staged rank-loop runs in
-another (``staged_runs``); each test reads and checks its own case.
+cases run one after another on the session's two ranks (``two_ranks``, shared with other files:
+``two_stage_ranks``), then the staged rank-loop runs (``staged_runs``); each test reads and checks
+its own case.
 """
 
 from __future__ import annotations
@@ -68,11 +71,11 @@ TWO_STAGE_CALLS = {
 
 
 @pytest.fixture(scope="module")
-def two_stage_ranks():
-    """Every 2-rank strategy test's ranks, started once: each test reads its own call's results
-    (a call that failed fails only the test that reads it)."""
+def two_stage_ranks(two_ranks):
+    """Every 2-rank strategy test's calls, on the session's two ranks: each test reads its own
+    call's results (a call that failed fails only the test that reads it)."""
     names = list(TWO_STAGE_CALLS)
-    outcomes = run_calls(2, [TWO_STAGE_CALLS[name] for name in names])
+    outcomes = two_ranks.run_calls([TWO_STAGE_CALLS[name] for name in names])
     return dict(zip(names, outcomes))
 
 
@@ -278,8 +281,8 @@ def one_process(dataset, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def staged_runs(dataset, one_process, tmp_path_factory):
-    """The rank loop on 2 stages, both runs in one launch: the whole 2-epoch run, and epoch 2
+def staged_runs(two_ranks, dataset, one_process, tmp_path_factory):
+    """The rank loop on 2 stages, both runs on the session's two ranks: the whole 2-epoch run, and epoch 2
     resumed on stages from the one-process run's epoch-1 checkpoint. Each: (its output, its
     ranks' outcomes)."""
     from training.plan import build_plan
@@ -289,7 +292,7 @@ def staged_runs(dataset, one_process, tmp_path_factory):
     copy_checkpoint(alone.run_dir, alone.steps_per_epoch, resumed / "ck")
     plans = [build_plan(_run_config(dataset, whole)),
              build_plan(_run_config(dataset, resumed, f"checkpoint.path={resumed}/ck"))]
-    outcomes = run_calls(2, [(pipeline_ranks.train_rank, (plan,)) for plan in plans])
+    outcomes = two_ranks.run_calls([(pipeline_ranks.train_rank, (plan,)) for plan in plans])
     return {"whole": (whole, outcomes[0]), "resumed": (resumed, outcomes[1])}
 
 
@@ -336,24 +339,3 @@ def test_a_checkpoint_resumes_across_layouts(dataset, one_process, staged_runs, 
     assert resumed["resumed_step"] == alone.steps_per_epoch
     assert resumed["resumed_from"].endswith(f"step-{alone.steps_per_epoch:09d}")
     _assert_close_states(_weights(out), _weights(alone_out), tol=1e-5)
-
-
-@pytest.mark.stack  # the stages as pyspark's TorchDistributor launches them: the current profile runs this one
-@pytest.mark.spark
-def test_two_stages_train_through_torch_distributor_and_publish_a_model(spark, dataset, tmp_path):
-    """The real launch: ``training.train`` on TorchDistributor barrier tasks of local[2], one
-    torchrun rank per stage."""
-    from training import load_model, train
-
-    cfg = _run_config(dataset, tmp_path, "train.epochs=3", "train.log_every_steps=5",
-                      f"launch.env.PYTHONPATH={os.path.dirname(os.path.abspath(__file__))}")
-    result = train(cfg, spark)
-    assert result.steps_per_rank == [3 * result.steps_per_epoch] * 2
-    # Both stages read the same rows (one replica): the whole split in equal steps.
-    assert result.steps_per_epoch == sum(map(sum, LAYOUT["train"])) // 16
-    losses = [m["train_loss"] for m in result.metrics]
-    assert losses[-1] < losses[0]
-    assert result.final["val_accuracy"] > result.final["baseline_accuracy"]
-    model = load_model(result.model_uri)
-    probs = model.predict(dataset.raw["val"].iloc[result.reference["rows"]])
-    np.testing.assert_allclose(probs, np.array(result.reference["predictions"]), rtol=1e-5, atol=1e-6)

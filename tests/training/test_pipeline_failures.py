@@ -1,11 +1,14 @@
-"""A pipeline stage's rank that dies or stops, on real torch.distributed ranks under real Spark
-(TorchDistributor on local[2], 2 stages): the rank process is killed (SIGKILL) or stopped
-(SIGSTOP) by pid mid-run. Killed: ``launch.max_restarts`` relaunches the ranks, which resume from
-the newest checkpoint and publish the same weights as an uninterrupted run. Stopped: its
-neighbour blocks in a point-to-point receive, and the supervisor ends the launch naming the
-stopped rank with its stage.
+"""A pipeline stage's rank that stops, on real torch.distributed ranks under real Spark
+(TorchDistributor on local[2], 2 stages): the rank process is stopped (SIGSTOP) by pid mid-run.
+Its neighbour blocks in a point-to-point receive; the supervisor ends the launch naming the
+stopped rank with its stage and kills it; ``launch.max_restarts`` relaunches the ranks, which
+resume from the newest checkpoint and publish the same weights as an uninterrupted run. That
+relaunched run is also this suite's run of stages through ``training.train`` on TorchDistributor,
+checked end to end. A rank killed (SIGKILL) by someone else, on TorchDistributor: test_connect.py's
+test_a_killed_rank_is_restarted_and_resumes[classic] (the barrier stage fails whatever the other
+ranks wait in).
 
-Each rank records its pid as it builds the model (``pipeline_ranks.pid_recording_mlp``), so a
+The rank records its pid as it builds the model (``pipeline_ranks.pid_recording_mlp``), so the
 test signals only processes its own launch started, and proves the signal landed before it
 checks the outcome."""
 
@@ -18,7 +21,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.errors import EXIT_RUNTIME, RankStalledError
 from polling import wait_for
 from tabular_data import write_dataset
 from torch_ranks import run_loop
@@ -26,7 +28,7 @@ from train_configs import train_overrides
 from training import load_train_config, train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# 50 steps per epoch: a kill lands mid-run, after the first checkpoint (step 20), with more than 70
+# 50 steps per epoch: the stop lands mid-run, after the first checkpoint (step 20), with more than 70
 # steps to spare (the saboteur knows stage 1's pid, recorded as it built the model, before that checkpoint).
 LAYOUT = {"train": [[400, 400], [400]], "val": [[200]]}
 
@@ -100,23 +102,49 @@ class Saboteur(threading.Thread):
             self.error = exc
 
 
-def test_a_killed_stage_is_relaunched_and_resumes_to_the_uninterrupted_weights(spark, dataset, tmp_path, caplog):
+def test_a_stopped_stage_is_named_by_its_stage_then_relaunched_to_the_uninterrupted_weights(spark, two_ranks, dataset,
+                                                                                            tmp_path, caplog):
+    """Stage 1's process is stopped (SIGSTOP) mid-run: stage 0 blocks in a receive from it, the
+    supervisor names the stopped rank with its stage and kills it (a stopped process cannot read
+    "abort"), and launch.max_restarts relaunches the ranks, which resume from the newest checkpoint
+    to the weights and metrics of an uninterrupted run."""
     caplog.set_level("INFO", logger="shardtrain")
-    # The uninterrupted run on two bare Gloo ranks (no Spark job): the same rank loop and arithmetic.
-    reference = run_loop(_cfg(dataset, tmp_path / "reference", tmp_path / "reference-pids"))
+    # The uninterrupted run on the session's two bare Gloo ranks (no Spark job): the same rank loop
+    # and arithmetic.
+    reference = run_loop(_cfg(dataset, tmp_path / "reference", tmp_path / "reference-pids"), two_ranks)
 
-    out, pids = tmp_path / "restarted", tmp_path / "restarted-pids"
-    saboteur = Saboteur(pids, f"{out}/model.run", signal.SIGKILL)
+    stall, out, pids = 5, tmp_path / "restarted", tmp_path / "restarted-pids"  # a step takes milliseconds
+    saboteur = Saboteur(pids, f"{out}/model.run", signal.SIGSTOP)
     saboteur.start()
-    result = train(_cfg(dataset, out, pids, "launch.max_restarts=1"), spark)
-    saboteur.finish()
-    assert saboteur.error is None and saboteur.proved  # stage 1's process really died
-    assert len(_pids(pids, 1)) == 2 and saboteur.pid in _pids(pids, 1)  # and a second launch started it again
+    try:
+        result = train(_cfg(dataset, out, pids, f"launch.stall_timeout_s={stall}", "launch.max_restarts=1"), spark)
+        saboteur.finish()
+        assert saboteur.error is None and saboteur.proved  # stage 1's process really was stopped
+        wait_for(lambda: _gone(saboteur.pid), "the stopped rank to be removed", timeout=60)
+        assert len(_pids(pids, 1)) == 2 and saboteur.pid in _pids(pids, 1)  # and a second launch started it again
+    finally:
+        for pid in _pids(pids, 0) + _pids(pids, 1):  # only after a failure above: leave no strays behind
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGCONT)
+    # Why the ranks were relaunched, in the RankStalledError's words: the stopped rank and its stage.
+    # (With no restart left that error is raised: test_supervisor.py's test_relaunches_up_to_max_restarts;
+    # its exit status 1: test_failures.py's stopped-rank tests.)
+    (why,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ranks failed: ")]
+    assert why.startswith("ranks failed: rank 1 (pipeline stage 1 of train.pipeline.stages=2, replica 0) stalled"), why
+    assert "rank 1 sent nothing" in why
+    assert "rank 0 " in why  # stage 0 is alive (its heartbeat goes on) but blocked in a receive from stage 1
+    assert any("restarting the ranks" in r.getMessage() for r in caplog.records)
 
     resumed = result.ranks[0]["resumed_step"]
     assert 0 < resumed < 2 * result.steps_per_epoch  # resumed from a checkpoint taken mid-run
     assert result.steps_per_rank == reference.steps_per_rank
-    assert any("restarting the ranks" in r.getMessage() for r in caplog.records)
+    # The stages through training.train on TorchDistributor, end to end: both read the whole split
+    # (one replica) in equal steps, and the run learned.
+    assert result.steps_per_epoch == sum(map(sum, LAYOUT["train"])) // 24
+    assert result.steps_per_rank == [2 * result.steps_per_epoch] * 2
+    assert result.metrics[-1]["train_loss"] < result.metrics[0]["train_loss"]
+    assert result.final["val_accuracy"] > result.final["baseline_accuracy"]
     ours = load_file(os.path.join(result.model_uri, "model.safetensors"))
     theirs = load_file(os.path.join(reference.model_uri, "model.safetensors"))
     assert ours.keys() == theirs.keys()
@@ -125,27 +153,3 @@ def test_a_killed_stage_is_relaunched_and_resumes_to_the_uninterrupted_weights(s
     for ours_epoch, theirs_epoch in zip(result.metrics, reference.metrics, strict=True):
         for key in ("train_loss", "val_loss", "val_accuracy"):
             assert ours_epoch[key] == theirs_epoch[key], (key, ours_epoch, theirs_epoch)
-
-
-def test_a_stopped_stage_is_named_with_its_stage_index(spark, dataset, tmp_path):
-    stall, pids = 5, tmp_path / "pids"  # waited out in full; a step takes milliseconds, 5 s leaves room
-    saboteur = Saboteur(pids, f"{tmp_path}/model.run", signal.SIGSTOP)
-    saboteur.start()
-    try:
-        with pytest.raises(RankStalledError) as info:
-            train(_cfg(dataset, tmp_path, pids, f"launch.stall_timeout_s={stall}", "launch.max_restarts=0",
-                       "train.epochs=20"), spark)
-        saboteur.finish()
-        assert saboteur.error is None and saboteur.proved  # stage 1's process really was stopped
-        message = str(info.value)
-        assert message.startswith("rank 1 (pipeline stage 1 of train.pipeline.stages=2, replica 0) stalled"), message
-        assert "rank 1 sent nothing" in message
-        # Stage 0 is alive (its heartbeat goes on) but blocked in a receive from stage 1.
-        assert "rank 0 " in message
-        assert info.value.exit_code == EXIT_RUNTIME
-        wait_for(lambda: _gone(saboteur.pid), "the stopped rank to be removed", timeout=60)
-    finally:
-        for pid in _pids(pids, 0) + _pids(pids, 1):  # only after a failure above: leave no strays behind
-            if not _gone(pid):
-                os.kill(pid, signal.SIGKILL)
-                os.kill(pid, signal.SIGCONT)

@@ -5,6 +5,10 @@ MASTER_PORT), each builds the project's own ``TorchGroup`` (Gloo, CPU) and calls
 
 A rank that raises fails the call with every failed rank's traceback; ranks still running at the
 deadline are killed by their pids and named.
+
+``RankPool(world)`` keeps ``world`` such ranks for the whole test session (the ``two_ranks``
+fixture, tests/training/conftest.py): test files whose calls need 2 ranks but not a launch of their
+own run them on the same spawned processes instead of each paying for spawning them and importing torch.
 """
 
 from __future__ import annotations
@@ -20,9 +24,7 @@ import torch.multiprocessing as mp
 
 
 def run_ranks(world: int, fn, *args, timeout: float = 180) -> list:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     context = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as out:
         processes = [context.Process(target=_rank_main, args=(rank, world, port, out, fn, args)) for rank in range(world)]
@@ -54,7 +56,15 @@ def run_ranks(world: int, fn, *args, timeout: float = 180) -> list:
     return results
 
 
-def _rank_main(rank: int, world: int, port: int, out: str, fn, args) -> None:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_group(rank: int, world: int, port: int):
+    """This spawned process as rank ``rank`` of ``world``: torchrun's environment, one torch thread,
+    the project's own ``TorchGroup`` (Gloo, CPU)."""
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
                        # a rank that failed is noticed by the others in a minute, not Gloo's default 10
@@ -64,9 +74,13 @@ def _rank_main(rank: int, world: int, port: int, out: str, fn, args) -> None:
     from training.distributed import TorchGroup
 
     torch.set_num_threads(1)
+    return TorchGroup(torch.device("cpu"), "test rank")
+
+
+def _rank_main(rank: int, world: int, port: int, out: str, fn, args) -> None:
     group = None
     try:
-        group = TorchGroup(torch.device("cpu"), "test rank")
+        group = _rank_group(rank, world, port)
         result = (True, fn(group, *args))
     except BaseException:  # noqa: BLE001 - the test reports it with the rank's traceback
         result = (False, traceback.format_exc())
@@ -87,6 +101,89 @@ def run_calls(world: int, calls: list, timeout: float = 300) -> list[list]:
     return [[per_rank[rank][i] for rank in range(world)] for i in range(len(calls))]
 
 
+class RankPool:
+    """``world`` ranks spawned at the first ``run_calls`` and kept: each ``run_calls(calls)`` runs
+    ``calls`` one after another on the same group, as the module-level ``run_calls`` does in a
+    launch of its own, and returns the same outcomes. Calls from different test files share the
+    processes, so a call must not rely on a fresh process (every rank function here seeds its own
+    model and data). A batch in which a call failed on any rank, or that ran past its timeout, ends
+    the ranks (its group may be broken: a peer can be left inside a collective); the next batch
+    spawns fresh ones."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self._processes: list = []
+        self._conns: list = []
+
+    def run_calls(self, calls: list, timeout: float = 300) -> list[list]:
+        if not self._processes:
+            self._start()
+        payload = pickle.dumps(list(calls))
+        for conn in self._conns:
+            conn.send_bytes(payload)
+        deadline = time.monotonic() + timeout
+        per_rank, failures = [], []
+        for rank, conn in enumerate(self._conns):
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                failures.append(f"rank {rank}: still running after {timeout}s, killed")
+                continue
+            try:
+                per_rank.append(pickle.loads(conn.recv_bytes()))
+            except EOFError:
+                self._processes[rank].join(5)
+                failures.append(f"rank {rank}: no result (exit code {self._processes[rank].exitcode})")
+        if failures:
+            self.close(wait=0)
+            raise AssertionError("\n".join(failures))
+        outcomes = [[per_rank[rank][i] for rank in range(self.world)] for i in range(len(calls))]
+        if not all(ok for outcome in outcomes for ok, _ in outcome):
+            self.close()
+        return outcomes
+
+    def _start(self) -> None:
+        port = _free_port()
+        context = mp.get_context("spawn")
+        pipes = [context.Pipe() for _ in range(self.world)]
+        self._processes = [context.Process(target=_pool_rank_main, args=(rank, self.world, port, child))
+                           for rank, (_, child) in enumerate(pipes)]
+        for process in self._processes:
+            process.start()
+        for _, child in pipes:
+            child.close()  # the rank's end: an EOF here then means the rank process is gone
+        self._conns = [parent for parent, _ in pipes]
+
+    def close(self, wait: float = 30) -> None:
+        """Ask the ranks to leave their group and exit; kill any still there after ``wait`` s."""
+        for conn in self._conns:
+            try:
+                conn.send_bytes(pickle.dumps(None))
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        for process in self._processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for conn in self._conns:
+            conn.close()
+        self._processes, self._conns = [], []
+
+
+def _pool_rank_main(rank: int, world: int, port: int, conn) -> None:
+    group = None
+    try:
+        group = _rank_group(rank, world, port)
+        while True:  # a test process that died closes its end: EOFError, and this rank exits too
+            calls = pickle.loads(conn.recv_bytes())
+            if calls is None:
+                break
+            conn.send_bytes(pickle.dumps(_each_call(group, calls)))
+    finally:
+        if group is not None:
+            group.shutdown()
+
+
 def values(outcomes: list) -> list:
     """Each rank's return value of one call of ``run_calls``; fails with every failed rank's traceback."""
     failed = [f"rank {rank}:\n{value}" for rank, (ok, value) in enumerate(outcomes) if not ok]
@@ -104,19 +201,23 @@ def _each_call(group, calls: list) -> list:
     return outcomes
 
 
-def run_loop(cfg):
+def run_loop(cfg, pool: RankPool | None = None):
     """A whole run of ``cfg`` (``launch.backend=torch``) through the rank loop
     (``training.loop.run_rank``) on ``launch.num_proc`` bare Gloo ranks: no Spark job, no launcher,
     rank 0 checkpoints and publishes to ``output.model_path`` as a launched rank 0 would. An
     uninterrupted reference for a failure test, at the cost of two spawned processes: the launcher
     adds nothing to the arithmetic (test_torchrun's test_torchrun_trains_bit_identically_to_torch_distributor,
-    test_torch_backend's test_horovod_and_torch_train_identically). Returns rank 0's view as
+    test_torch_backend's test_horovod_and_torch_train_identically). ``pool``: run it on those ranks
+    (a ``RankPool`` of ``launch.num_proc``) instead of spawning two. Returns rank 0's view as
     ``train()``'s result names it: steps_per_rank, steps_per_epoch, metrics, model_uri."""
     from types import SimpleNamespace
 
     from training.plan import build_plan
 
-    results = values(run_calls(cfg.launch.num_proc, [(_run_rank, (build_plan(cfg),))])[0])
+    calls = [(_run_rank, (build_plan(cfg),))]
+    if pool is not None:
+        assert pool.world == cfg.launch.num_proc, (pool.world, cfg.launch.num_proc)
+    results = values((pool.run_calls(calls) if pool is not None else run_calls(cfg.launch.num_proc, calls))[0])
     return SimpleNamespace(steps_per_rank=[r["steps"] for r in results], steps_per_epoch=results[0]["steps_per_epoch"],
                            metrics=results[0]["metrics"], model_uri=cfg.output.model_path)
 
