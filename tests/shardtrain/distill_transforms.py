@@ -1,4 +1,4 @@
-"""Transforms tests/shardtrain/test_distill_loop.py names as ``transform: module:function``."""
+"""Transforms tests/shardtrain/test_distill_loop.py and test_transfer_set.py name as ``transform: module:function``."""
 
 
 def tiny_partitions(df):
@@ -12,3 +12,9 @@ def unlabel_every_third(df):
     every 97th row gets a class that does not exist (still quarantined as invalid_label)."""
     return df.selectExpr(*[c for c in df.columns if c != "label"],
                          "CASE WHEN id % 3 = 0 THEN NULL WHEN id % 97 = 1 THEN 7 ELSE label END AS label")
+
+
+def unlabel_every_third_in_tiny_partitions(df):
+    """unlabel_every_third's rows, in tiny_partitions: a rerun of the transfer set's shard job over
+    the same rows laid out in other input partitions."""
+    return tiny_partitions(unlabel_every_third(df))

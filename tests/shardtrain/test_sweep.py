@@ -2,7 +2,7 @@
 
 Real parts: published Parquet datasets, real training runs (in-process, and TorchDistributor
 ranks on local[2] for trials running two at a time), a real Optuna journal file, a real sweep
-process killed with SIGKILL mid-trial and run again.
+process killed with SIGKILL mid-trial, then the same command run again (in this process).
 """
 
 from __future__ import annotations
@@ -154,65 +154,30 @@ def test_a_journal_on_object_storage_is_refused_asking_for_a_url(tmp_path, datas
 
 @pytest.mark.spark
 @pytest.mark.ranks
-def test_four_trials_two_at_a_time_on_local_2_publish_the_best(tmp_path, dataset, spark):
-    """1-rank TorchDistributor trials, two at once on local[2]'s two task slots."""
-    from shardtrain.sweep import sweep
-    from training import load_model
-
-    cfg = load(sweep_yaml(dataset, tmp_path, {"train.lr": LR, "model.hidden": {"type": "categorical",
-                                                                                "choices": [[8], [16, 8]]}},
-                          trials=4, parallel=2, epochs=1, launch={"num_proc": 1, "backend": "torch",
-                                                                  "start_timeout": 300}))
-    result = sweep(cfg, spark)
-
-    s = study(cfg)
-    assert [t.state.name for t in s.trials] == ["COMPLETE"] * 4
-    # Two at a time: the first two trials ran side by side (each started before the other ended).
-    first, second = s.trials[0], s.trials[1]
-    assert first.datetime_start < second.datetime_complete and second.datetime_start < first.datetime_complete
-    for t in s.trials:
-        assert_complete_run(os.path.join(trial_dir(cfg, t.number), "model.run"),
-                            os.path.join(trial_dir(cfg, t.number), "model"), epochs=1)
-        assert t.value == json.loads(open(os.path.join(trial_dir(cfg, t.number), "model.run", "summary.json")).read()
-                                     )["metrics"][-1]["val_accuracy"]
-    # The published model is the best trial's: its metric is the study's best value.
-    best = cfg.output.model_path
-    meta = json.load(open(os.path.join(best, "model.json")))
-    assert meta["metrics"][-1]["val_accuracy"] == s.best_value == result.best.value
-    marker = read_marker(best)
-    assert marker["sweep"] == {"study_name": s.study_name, "fingerprint": result.fingerprint,
-                               "trial": s.best_trial.number}
-    record = json.load(open(os.path.join(best, "sweep.json")))
-    assert record["trial"] == s.best_trial.number and record["objective"]["value"] == s.best_value
-    assert record["params"]["train.lr"] == s.best_trial.params["train.lr"]
-    assert meta["config"]["train"]["lr"] == s.best_trial.params["train.lr"]
-    model = load_model(best)  # the marker, model.json and weights check out as any model's
-    assert model.meta["run_id"] == read_marker(os.path.join(trial_dir(cfg, s.best_trial.number), "model"))["run_id"]
-    page = open(os.path.join(cfg.output.path, "sweep.html")).read()
-    assert page.count("<img") >= 4 and "train.lr" in page and "model.hidden" in page  # over trials, per parameter
-
-
-@pytest.mark.spark
-@pytest.mark.ranks
+@pytest.mark.process  # a rank's pid is SIGSTOPped
 @pytest.mark.stack  # which jobs a launch owns (job tags) is pyspark's: run in both profiles
-def test_a_stalled_trial_is_cancelled_alone_while_the_other_trial_finishes_and_publishes(tmp_path, dataset, spark,
-                                                                                           caplog):
-    """Two 1-rank TorchDistributor trials at once: trial 0's rank is SIGSTOPped inside its epoch, so
-    the stall rule stops that launch and cancels its Spark job, while trial 1's rank is held at
-    start-up (its barrier job running all along); trial 1 then trains, finishes and is published."""
+def test_trials_two_at_a_time_on_local_2_a_stalled_one_cancelled_alone_and_the_best_published(tmp_path, dataset,
+                                                                                               spark, caplog):
+    """Three 1-rank TorchDistributor trials, two at once on local[2]'s two task slots: trial 0's
+    rank is SIGSTOPped inside its epoch, so the stall rule stops that launch and cancels its Spark
+    job, while trial 1's rank is held at start-up (its barrier job running all along); trial 2 takes
+    the slot trial 0 left; trials 1 and 2 train and finish, and the better one is published."""
     import logging
     import threading
 
     from shardtrain.sweep import sweep
+    from training import load_model
 
     caplog.set_level(logging.INFO, logger="shardtrain")
     gates = tmp_path / "gates"
     gates.mkdir()
     stop, hold = str(gates / "stop"), str(gates / "hold")
-    data = sweep_yaml(dataset, tmp_path, {"model.kwargs.role": {"type": "categorical", "choices": ["stop", "hold"]}},
-                      trials=2, parallel=2, epochs=1,
-                      enqueue=[{"model.kwargs.role": "stop"}, {"model.kwargs.role": "hold"}],
-                      launch={"num_proc": 1, "backend": "torch", "start_timeout": 300, "stall_timeout_s": 15,
+    space = {"model.kwargs.role": {"type": "categorical", "choices": ["stop", "hold", "plain"]}, "train.lr": LR}
+    data = sweep_yaml(dataset, tmp_path, space, trials=3, parallel=2, epochs=1,
+                      enqueue=[{"model.kwargs.role": "stop", "train.lr": 0.01},
+                               {"model.kwargs.role": "hold", "train.lr": 0.003},
+                               {"model.kwargs.role": "plain", "train.lr": 0.03}],
+                      launch={"num_proc": 1, "backend": "torch", "start_timeout": 300, "stall_timeout_s": 10,
                               "max_restarts": 0, "env": {"PYTHONPATH": os.pathsep.join([ROOT, TESTS + "/training",
                                                                                           HERE])}})
     data["train"]["model"] = {"name": "sweep_models:held_or_stopped", "kwargs": {"gates": str(gates)}}
@@ -257,10 +222,36 @@ def test_a_stalled_trial_is_cancelled_alone_while_the_other_trial_finishes_and_p
             os.kill(stopped_pid, signal.SIGCONT)
         runner.join(600)
     assert "error" not in outcome, outcome
+    result = outcome["result"]
     s = study(cfg)
-    assert [t.state.name for t in s.trials] == ["FAIL", "COMPLETE"]
-    assert outcome["result"].best.number == 1 and read_marker(cfg.output.model_path)["sweep"]["trial"] == 1
-    assert_complete_run(os.path.join(trial_dir(cfg, 1), "model.run"), os.path.join(trial_dir(cfg, 1), "model"), 1)
+    assert [t.state.name for t in s.trials] == ["FAIL", "COMPLETE", "COMPLETE"]
+    assert [t.params["model.kwargs.role"] for t in s.trials] == ["stop", "hold", "plain"]
+    # Two at a time: trials 0 and 1 ran side by side (each started before the other ended), and
+    # trial 2 ran in the slot trial 0 left, beside trial 1.
+    first, second, third = s.trials
+    assert first.datetime_start < second.datetime_complete and second.datetime_start < first.datetime_complete
+    assert third.datetime_start >= first.datetime_complete and third.datetime_start < second.datetime_complete
+    for t in s.trials[1:]:
+        assert_complete_run(os.path.join(trial_dir(cfg, t.number), "model.run"),
+                            os.path.join(trial_dir(cfg, t.number), "model"), epochs=1)
+        assert t.value == json.loads(open(os.path.join(trial_dir(cfg, t.number), "model.run", "summary.json")).read()
+                                     )["metrics"][-1]["val_accuracy"]
+    # The published model is the best trial's: its metric is the study's best value.
+    assert result.best.number == s.best_trial.number and s.best_trial.number in (1, 2)
+    best = cfg.output.model_path
+    meta = json.load(open(os.path.join(best, "model.json")))
+    assert meta["metrics"][-1]["val_accuracy"] == s.best_value == result.best.value
+    marker = read_marker(best)
+    assert marker["sweep"] == {"study_name": s.study_name, "fingerprint": result.fingerprint,
+                               "trial": s.best_trial.number}
+    record = json.load(open(os.path.join(best, "sweep.json")))
+    assert record["trial"] == s.best_trial.number and record["objective"]["value"] == s.best_value
+    assert record["params"]["train.lr"] == s.best_trial.params["train.lr"]
+    assert meta["config"]["train"]["lr"] == s.best_trial.params["train.lr"]
+    model = load_model(best, program=True)  # a plug-in model: the marker, model.json and program check out
+    assert model.meta["run_id"] == read_marker(os.path.join(trial_dir(cfg, s.best_trial.number), "model"))["run_id"]
+    page = open(os.path.join(cfg.output.path, "sweep.html")).read()
+    assert page.count("<img") >= 4 and "train.lr" in page and "model.kwargs.role" in page  # over trials, per parameter
 
 
 def _state(pid: int) -> str | None:
@@ -318,21 +309,28 @@ def test_a_trial_drawing_more_epochs_than_the_base_config_can_still_be_pruned(tm
 def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, dataset):
     from shardtrain.sweep import sweep
 
-    space = {"model.name": {"type": "categorical", "choices": ["mlp", "plugin_models:poisoned"]}}
+    # model.hidden: a categorical of lists (Optuna's choices are scalars: stored as JSON text, decoded)
+    space = {"model.name": {"type": "categorical", "choices": ["mlp", "plugin_models:poisoned"]},
+             "model.hidden": {"type": "categorical", "choices": [[8], [16, 8]]}}
     cfg = load(sweep_yaml(dataset, tmp_path, space, trials=3, epochs=1,
-                          enqueue=[{"model.name": "mlp"}, {"model.name": "plugin_models:poisoned"},
-                                   {"model.name": "mlp"}]))
+                          enqueue=[{"model.name": "mlp", "model.hidden": [16, 8]},
+                                   {"model.name": "plugin_models:poisoned", "model.hidden": [8]},
+                                   {"model.name": "mlp", "model.hidden": [8]}]))
     result = sweep(cfg)
     s = study(cfg)
     assert [t.state.name for t in s.trials] == ["COMPLETE", "FAIL", "COMPLETE"]
     error = s.trials[1].user_attrs["error"]
     assert "NonFiniteLossError" in error and "non-finite" in error, error
     assert result.best.number in (0, 2)
-    assert "NonFiniteLossError" in open(os.path.join(cfg.output.path, "sweep.html")).read()
+    assert [t.params["model.hidden"] for t in result.trials] == [[16, 8], [8], [8]]
+    trained = json.load(open(os.path.join(trial_dir(cfg, 0), "model", "model.json")))
+    assert trained["config"]["model"]["hidden"] == [16, 8]  # the trial trained the list it drew
+    page = open(os.path.join(cfg.output.path, "sweep.html")).read()
+    assert "NonFiniteLossError" in page and "model.hidden" in page
 
     # No trial succeeds: exit 1, every trial's error named, and no model published.
     only_bad = load(sweep_yaml(dataset, tmp_path / "bad", space, trials=1, epochs=1,
-                               enqueue=[{"model.name": "plugin_models:poisoned"}]))
+                               enqueue=[{"model.name": "plugin_models:poisoned", "model.hidden": [8]}]))
     with pytest.raises(TrainingError, match="no trial of the sweep finished.*trial 0: NonFiniteLossError") as err:
         sweep(only_bad)
     assert err.value.exit_code == EXIT_RUNTIME
@@ -340,10 +338,16 @@ def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, dataset):
 
 
 @pytest.mark.process
-def test_a_sweep_killed_in_its_third_trial_resumes_it_and_reruns_nothing_finished(tmp_path, dataset):
+def test_a_sweep_killed_in_its_third_trial_resumes_it_and_reruns_nothing_finished(tmp_path, dataset, capsys, caplog,
+                                                                                  monkeypatch):
     """The sweep process (in-process trials: the trial trains in it) is SIGKILLed while its third
     trial waits at a gate in epoch 2 (epoch 1's checkpoint written); the same command again
-    finishes the study: trials 0 and 1 untouched, trial 2 resumed from its checkpoint, trial 3 run."""
+    finishes the study: trials 0 and 1 untouched, trial 2 resumed from its checkpoint, trial 3 run.
+    The kill is the process boundary: the command runs again through ``main(argv)`` in this process."""
+    import logging
+
+    from shardtrain.cli import main
+
     space = {"model.kwargs.gate": {"type": "categorical", "choices": [0, 1]}}
     data = sweep_yaml(dataset, tmp_path, space, trials=4, epochs=2,
                       enqueue=[{"model.kwargs.gate": 0}, {"model.kwargs.gate": 0}, {"model.kwargs.gate": 1}])
@@ -374,11 +378,15 @@ def test_a_sweep_killed_in_its_third_trial_resumes_it_and_reruns_nothing_finishe
                   os.stat(os.path.join(trial_dir(cfg, n), "model.run", "metrics.jsonl")).st_mtime_ns) for n in (0, 1)}
     assert not os.path.exists(os.path.join(trial_dir(cfg, 2), "model"))
 
-    del env["SHARDTRAIN_TEST_GATE"]  # the same command; the gate was the test's, not the sweep's
-    again = subprocess.run(command, env=env, capture_output=True, text=True, cwd=str(tmp_path), timeout=900)
-    assert again.returncode == 0, again.stdout + again.stderr[-5000:]
-    assert "trial 2 was interrupted" in again.stderr and "2 run by this command" in again.stdout, again.stdout
-    assert "trial 0:" not in again.stderr and "trial 1:" not in again.stderr, again.stderr  # not run again
+    # The same command (without the gate, which was the test's, not the sweep's), in this process.
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO, logger="shardtrain")
+    capsys.readouterr()
+    assert main(command[3:]) == 0
+    out, logged = capsys.readouterr().out, [r.getMessage() for r in caplog.records]
+    assert "2 run by this command" in out, out
+    assert any(m.startswith("trial 2 was interrupted") for m in logged), logged
+    assert not [m for m in logged if m.startswith(("trial 0:", "trial 1:"))], logged  # not run again
     s = study(cfg)
     assert [t.state.name for t in s.trials] == ["COMPLETE"] * 4
     assert {n: (read_marker(os.path.join(trial_dir(cfg, n), "model"))["run_id"],
@@ -393,9 +401,11 @@ def test_a_sweep_killed_in_its_third_trial_resumes_it_and_reruns_nothing_finishe
     assert read_marker(cfg.output.model_path)["sweep"]["trial"] == s.best_trial.number
 
     # Once more: everything is finished, nothing runs, the best model is already there.
-    third = subprocess.run(command, env=env, capture_output=True, text=True, cwd=str(tmp_path), timeout=900)
-    assert third.returncode == 0 and "0 run by this command" in third.stdout, third.stdout + third.stderr[-3000:]
-    assert "already published" in third.stderr
+    caplog.clear()
+    assert main(command[3:]) == 0
+    out = capsys.readouterr().out
+    assert "0 run by this command" in out, out
+    assert any("already published" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_with_mlflow_the_sweep_is_a_parent_run_with_one_child_run_per_trial(tmp_path, dataset, monkeypatch):
