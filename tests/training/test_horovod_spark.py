@@ -169,16 +169,3 @@ def test_two_ranks_on_the_standalone_cluster(standalone_cluster, uneven, tmp_pat
     summary = json.load(open(tmp_path / "model.run/summary.json"))
     assert_equal_steps_no_repeats(summary["ranks"], sum(map(sum, UNEVEN["train"])), 2, 32, 2)
     assert summary["metrics"][-1]["val_accuracy"] > summary["metrics"][-1]["baseline_accuracy"]
-
-
-def test_demo_shards_then_trains_in_one_application(spark, tmp_path):
-    """shardtrain.demo (= `shardtrain run --config conf/run.yaml` on generated data), scaled down."""
-    from shardtrain.demo import run_demo
-
-    result = run_demo(str(tmp_path), ["train.train.epochs=2", "train.train.batch_size=64",
-                                      "shard.output.rows_per_row_group=1000"], rows=6_000, spark=spark)
-    assert result.dataset_uri == str(tmp_path / "shards")
-    train_result = result.train
-    assert train_result.steps_per_rank == [2 * train_result.steps_per_epoch] * 2
-    assert train_result.final["val_accuracy"] > train_result.final["baseline_accuracy"]
-    assert load_model(train_result.model_uri).meta["config"]["train"]["precision"] == "bf16"

@@ -6,7 +6,10 @@ relaunched by torchrun (``--max-restarts 1``), resumes from that checkpoint and 
 uninterrupted run's weights; one SIGKILLed just after rank 0 published is restarted too, and the
 restarted ranks (the same launch: the same run id) find their model and finish without training,
 under ``output.mode=error``. Without torchrun's environment, or with a world size other than
-``launch.num_proc``, the command is exit 2 naming ``launch.backend``."""
+``launch.num_proc``, the command is exit 2 naming ``launch.backend``.
+
+Launches: two torchruns (the two kill tests' module fixtures), both read by the bit-identity test;
+the TorchDistributor run is the session's (``uneven_torch_run``, tests/training/conftest.py)."""
 
 from __future__ import annotations
 
@@ -93,28 +96,6 @@ def _summary(out) -> dict:
     return json.loads((out / "model.run" / "summary.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def torchrun_run(uneven_dataset, tmp_path_factory):
-    out = tmp_path_factory.mktemp("torchrun-run")
-    output = _finished(_run_torchrun(uneven_dataset, out))
-    return out, output
-
-
-@pytest.mark.spark
-def test_torchrun_trains_bit_identically_to_torch_distributor(uneven_torch_run, torchrun_run):
-    out, output = torchrun_run
-    reference = uneven_torch_run  # the same config on launch.backend=torch (tests/training/conftest.py)
-    _assert_same_weights(f"{out}/model", reference.model_uri)
-    summary = _summary(out)
-    assert summary["world_size"] == 2 and summary["steps_per_epoch"] == reference.steps_per_epoch
-    assert summary["steps_per_rank"] == reference.steps_per_rank == [2 * reference.steps_per_epoch] * 2
-    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
-    keys = ("train_loss", "val_loss", "val_accuracy")
-    assert [{k: m[k] for k in keys} for m in summary["metrics"]] == [{k: m[k] for k in keys} for m in reference.metrics]
-    assert "rank 1 of 2:" in output and f"rank 0 publishes {out}/model" in output  # rank 1's own line
-    assert f"model:   {out}/model" in output  # rank 0's summary
-
-
 def _state(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -137,63 +118,105 @@ def _kill_and_finish(proc, pid: int) -> str:
     return _finished(proc)
 
 
-# Not stack: no Spark, and torch is the same on both profiles. It once failed on the current profile
-# only, by load, not by version: torchrun's store kept across restarts (training.distributed.attempt_store).
-def test_a_rank_killed_after_a_checkpoint_is_restarted_by_torchrun_and_resumes(uneven_dataset, torchrun_run,
-                                                                               tmp_path):
-    # Rank 0 stops itself once its first checkpoint is committed (the fault point of every commit);
-    # the test then SIGKILLs it by pid. torchrun sees a rank die, stops the other, starts both again.
-    once = tmp_path / "stopped.pid"
-    proc = _run_torchrun(uneven_dataset, tmp_path, restarts=1,
+# Two torchrun launches for the module, each read by several tests: no launch of its own for the
+# uninterrupted run. The run killed just after rank 0's publish trained uninterrupted up to that
+# publish, and its published model is left as it was (asserted below): it is the uninterrupted
+# torchrun run the TorchDistributor run and the resumed run are held to.
+
+@pytest.fixture(scope="module")
+def killed_after_checkpoint(uneven_dataset, tmp_path_factory):
+    """Rank 0 stops itself once its first checkpoint is committed (the fault point of every commit);
+    the fixture SIGKILLs it by pid. torchrun sees a rank die, stops the other, starts both again,
+    and they resume. Returns (out, output, the stopped rank's environment, the checkpoints then)."""
+    out = tmp_path_factory.mktemp("torchrun-killed-after-checkpoint")
+    once = out / "stopped.pid"
+    proc = _run_torchrun(uneven_dataset, out, restarts=1,
                          env_extra={FAULT_ENV: "commit:after-swap:stop", FAULT_ONCE_ENV: str(once)})
     try:
         pid = _stopped_pid(proc, once, "rank 0 to stop after its first checkpoint")
         with open(f"/proc/{pid}/environ", "rb") as fh:
             environ = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
-        assert environ[b"RANK"] == b"0" and environ[b"TORCHELASTIC_RESTART_COUNT"] == b"0"
-        checkpoints = sorted(os.listdir(tmp_path / "model.run" / "checkpoints"))
-        assert [c for c in checkpoints if c.startswith("step-")]
+        checkpoints = sorted(os.listdir(out / "model.run" / "checkpoints"))
         output = _kill_and_finish(proc, pid)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    # Exit 0 although a rank was SIGKILLed: torchrun started the ranks again, and they resumed.
-    summary = _summary(tmp_path)
-    assert summary["resumed_from"] and "/model.run/checkpoints/step-" in summary["resumed_from"]
-    assert summary["steps_per_rank"] == [2 * summary["steps_per_epoch"]] * 2
-    out, _ = torchrun_run
-    _assert_same_weights(f"{tmp_path}/model", f"{out}/model")
+    return out, output, environ, checkpoints
 
 
-def test_a_restart_after_rank_0_published_finishes_without_training_again(uneven_dataset, torchrun_run, tmp_path):
-    # Rank 0 stops itself once its run returned (the model published); the test SIGKILLs it by pid.
-    # torchrun restarts both ranks (same TORCHELASTIC_RUN_ID): under output.mode=error they find the
-    # model this launch published and exit 0 without training, leaving the published model as it was.
-    once = tmp_path / "stopped.pid"
-    proc = _run_torchrun(uneven_dataset, tmp_path, "output.mode=error", restarts=1,
+@pytest.fixture(scope="module")
+def killed_after_publish(uneven_dataset, tmp_path_factory):
+    """Rank 0 stops itself once its run returned (the model published); the fixture SIGKILLs it by
+    pid, and torchrun restarts both ranks (same TORCHELASTIC_RUN_ID), under output.mode=error.
+    Returns (out, output, the rank logs, the published files and marker as they were before the kill)."""
+    out = tmp_path_factory.mktemp("torchrun-killed-after-publish")
+    once = out / "stopped.pid"
+    proc = _run_torchrun(uneven_dataset, out, "output.mode=error", restarts=1,
                          env_extra={FAULT_ENV: "rank0:after-run:stop", FAULT_ONCE_ENV: str(once)})
     try:
         pid = _stopped_pid(proc, once, "rank 0 to stop after its publish")
-        published = {name: (tmp_path / "model" / name).read_bytes() for name in os.listdir(tmp_path / "model")}
-        assert "model.safetensors" in published
-        marker = json.loads(published["_COMMITTED"])
+        published = {name: (out / "model" / name).read_bytes() for name in os.listdir(out / "model")}
         output = _kill_and_finish(proc, pid)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    logs = _rank_logs(proc.args)
+    return out, output, _rank_logs(proc.args), published
+
+
+@pytest.mark.spark
+def test_torchrun_trains_bit_identically_to_torch_distributor(uneven_torch_run, killed_after_publish,
+                                                              killed_after_checkpoint):
+    reference = uneven_torch_run  # the same config on launch.backend=torch (tests/training/conftest.py)
+    # The run that trained uninterrupted to its publish (its model as published: see the publish test).
+    out, _, _, _ = killed_after_publish
+    _assert_same_weights(f"{out}/model", reference.model_uri)
+    summary = _summary(out)
+    assert summary["world_size"] == 2 and summary["steps_per_epoch"] == reference.steps_per_epoch
+    keys = ("train_loss", "val_loss", "val_accuracy")
+    # Every epoch's metrics, as rank 0 recorded them in the published model.json.
+    assert [{k: m[k] for k in keys} for m in summary["metrics"]] == [{k: m[k] for k in keys} for m in reference.metrics]
+    # Both ranks' own accounts and log lines, from the run that finished in its second attempt.
+    out, output, _, _ = killed_after_checkpoint
+    summary = _summary(out)
+    assert summary["world_size"] == 2 and summary["steps_per_epoch"] == reference.steps_per_epoch
+    assert summary["steps_per_rank"] == reference.steps_per_rank == [2 * reference.steps_per_epoch] * 2
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert "rank 1 of 2:" in output and f"rank 0 publishes {out}/model" in output  # rank 1's own line
+    assert f"model:   {out}/model" in output  # rank 0's summary
+
+
+# Not stack: no Spark, and torch is the same on both profiles. It once failed on the current profile
+# only, by load, not by version: torchrun's store kept across restarts (training.distributed.attempt_store).
+def test_a_rank_killed_after_a_checkpoint_is_restarted_by_torchrun_and_resumes(killed_after_checkpoint,
+                                                                               killed_after_publish):
+    out, output, environ, checkpoints = killed_after_checkpoint
+    # The stopped (then SIGKILLed) process was rank 0 of the first attempt, after a checkpoint.
+    assert environ[b"RANK"] == b"0" and environ[b"TORCHELASTIC_RESTART_COUNT"] == b"0"
+    assert [c for c in checkpoints if c.startswith("step-")]
+    # Exit 0 although a rank was SIGKILLed: torchrun started the ranks again, and they resumed.
+    summary = _summary(out)
+    assert summary["resumed_from"] and "/model.run/checkpoints/step-" in summary["resumed_from"]
+    assert summary["steps_per_rank"] == [2 * summary["steps_per_epoch"]] * 2
+    uninterrupted, _, _, _ = killed_after_publish
+    _assert_same_weights(f"{out}/model", f"{uninterrupted}/model")
+
+
+def test_a_restart_after_rank_0_published_finishes_without_training_again(killed_after_publish):
+    # torchrun restarted both ranks (same TORCHELASTIC_RUN_ID): under output.mode=error they find the
+    # model this launch published and exit 0 without training, leaving the published model as it was.
+    out, output, logs, published = killed_after_publish
+    assert "model.safetensors" in published
+    marker = json.loads(published["_COMMITTED"])
     assert "attempt_1" in logs  # torchrun did restart the ranks
     # One run id for the launch: the model's, from torchrun's run id, in both attempts.
     assert marker["run_id"].startswith("torchrun-") and marker["run_id"][len("torchrun-"):] in logs
     assert output.count("already published by this run") == 2, output[-4000:]  # both restarted ranks
     assert "OutputExistsError" not in output and "resuming from" not in output
-    assert {name: (tmp_path / "model" / name).read_bytes() for name in os.listdir(tmp_path / "model")} == published
-    summary = _summary(tmp_path)
+    assert {name: (out / "model" / name).read_bytes() for name in os.listdir(out / "model")} == published
+    summary = _summary(out)
     assert summary["steps_per_rank"] == [2 * summary["steps_per_epoch"]] * 2
-    out, _ = torchrun_run
-    _assert_same_weights(f"{tmp_path}/model", f"{out}/model")
 
 
 @pytest.mark.parametrize("env, message", [
