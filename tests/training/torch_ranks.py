@@ -97,8 +97,12 @@ def run_calls(world: int, calls: list, timeout: float = 300) -> list[list]:
     small call's seconds, so the tests that each read one small call share the launch. Returns,
     per call, every rank's ``(True, value)`` or ``(False, traceback)`` in rank order: a call that
     raises is reported to the test that reads it (see ``values``), not to all of them."""
-    per_rank = run_ranks(world, _each_call, list(calls), timeout=timeout)
-    return [[per_rank[rank][i] for rank in range(world)] for i in range(len(calls))]
+    return _by_call(run_ranks(world, _each_call, list(calls), timeout=timeout))
+
+
+def _by_call(per_rank: list[list]) -> list[list]:
+    """Each rank's outcomes of a batch of calls (rank order), regrouped per call."""
+    return [list(outcomes) for outcomes in zip(*per_rank)]
 
 
 class RankPool:
@@ -135,7 +139,7 @@ class RankPool:
         if failures:
             self.close(wait=0)
             raise AssertionError("\n".join(failures))
-        outcomes = [[per_rank[rank][i] for rank in range(self.world)] for i in range(len(calls))]
+        outcomes = _by_call(per_rank)
         if not all(ok for outcome in outcomes for ok, _ in outcome):
             self.close()
         return outcomes
