@@ -1,7 +1,7 @@
 # The two commands a new user needs (both set up .venv first, and are safe to re-run):
 #   make demo   generate data, shard it on local Spark, train 2 Horovod ranks, print a summary
-#   make test   the whole test suite (real Spark, real Horovod ranks, S3 on loopback) on the pinned
-#               profile, then the backend-independent tests on the current-stack profile
+#   make test   the whole test suite (real Spark, real Horovod ranks, S3 on loopback): the pinned profile
+#               and the backend-independent tests on the current-stack profile, at the same time
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The current-stack profile: pyspark 4.x, pyarrow 26, numpy 2, no Horovod or petastorm.
@@ -18,7 +18,7 @@ STACK_TESTS ?= stack and not cluster and not horovod
 PYTEST_WORKERS ?= 0
 XDIST = -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: setup setup-current demo test test-current test-fast doctor bench wheel clean
+.PHONY: setup setup-current demo test test-current pytest-pinned pytest-current test-fast doctor bench wheel clean
 
 setup:
 	@.ci/bootstrap
@@ -29,17 +29,25 @@ setup-current:
 demo: setup
 	$(VENV)/bin/shardtrain demo
 
-test: setup
-	@start=$$(date +%s); \
-	$(PY) -m pytest tests -q -p no:cacheprovider --timeout=900 --durations=40 $(XDIST) $(PYTEST_ARGS) && pinned=$$(date +%s) && \
-	$(MAKE) --no-print-directory test-current && end=$$(date +%s) && \
-	echo "make test: $$((end - start)) s wall (pinned profile $$((pinned - start)) s, current profile $$((end - pinned)) s)"
+# Both profiles: their setups, then the two pytest runs at the same time (.ci/test-profiles says why;
+# PROFILES_AT_ONCE=0 runs them one after the other); ends with the wall time of the whole.
+PROFILES_AT_ONCE ?= 1
+PYTEST := -m pytest tests -q -p no:cacheprovider --timeout=900 --durations=40 $(XDIST)
+
+test:
+	@PROFILES_AT_ONCE=$(PROFILES_AT_ONCE) .ci/test-profiles "$(MAKE)"
 
 # Tests that need Horovod or the standalone cluster are left to the pinned run; those needing
 # petastorm skip themselves (importorskip) where it is not installed.
 test-current: setup-current
-	$(VENV_CURRENT)/bin/python -m pytest tests -q -p no:cacheprovider --timeout=900 --durations=40 $(XDIST) \
-		-m "$(STACK_TESTS)" $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory pytest-current
+
+# The two pytest runs without their setup (make test and test-current set up first).
+pytest-pinned:
+	$(PY) $(PYTEST) $(PYTEST_ARGS)
+
+pytest-current:
+	$(VENV_CURRENT)/bin/python $(PYTEST) -m "$(STACK_TESTS)" $(PYTEST_ARGS)
 
 # The inner loop: unit tests and local Spark in the test's own process: no rank launches, no worker
 # JVMs, no tests whose point is a process boundary (no `ranks`/`horovod`/`cluster`/`process` marks).
