@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -86,6 +87,9 @@ class StandaloneCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        # The daemons' logs and the workers' folders (each application's jars, stdout and stderr): the
+        # tests that read them have run by now, and a suite run must not leave them in /tmp.
+        shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
 def start_cluster(num_workers: int = 2, cores: int = 1, memory: str = "2g", timeout: float = 90) -> StandaloneCluster:
