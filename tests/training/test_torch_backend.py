@@ -8,8 +8,10 @@ weights, and a checkpoint written by one resumes on the other to the weights of 
 run. The Horovod half skips where Horovod is not installed (the current-stack profile).
 
 Launches: the plain 2-epoch torch run is the session's (``uneven_torch_run``, tests/training/conftest.py:
-test_torchrun.py compares with it too); gradient accumulation and FSDP are compared with DDP in one
-launch of the rank loop without Spark (``sgd_epochs``), and a Horovod checkpoint resumes there too."""
+test_torchrun.py compares with it too); gradient accumulation and FSDP are compared with DDP through
+the rank loop without Spark (``sgd_epochs``), and a Horovod checkpoint resumes there too, both on the
+session's two Gloo ranks (``two_ranks``: spawned once for this file and test_pipeline,
+test_ft_transformer, test_periodic_sync, test_pipeline_failures)."""
 
 import os
 
@@ -18,7 +20,7 @@ import pytest
 
 from common.errors import EXIT_RUNTIME, RankFailedError
 from resume_from import copy_checkpoint
-from torch_ranks import run_calls, values
+from torch_ranks import values
 from torch_uneven import UNEVEN, torch_config
 from training import load_model, train
 from training.data import rank_row_range
@@ -80,20 +82,20 @@ def test_two_torch_ranks_train_with_equal_steps(uneven_torch_run, uneven_dataset
 # permutation of them, whatever the batch size): a DDP run, the same with gradient accumulation, and
 # FSDP, which the two tests below compare. What they compare is the strategies' arithmetic in the rank
 # loop, not the launch (TorchDistributor's is test_two_torch_ranks_train_with_equal_steps'), so the
-# three runs go through the rank loop one after another in ONE launch of 2 Gloo ranks (torch_ranks).
+# three runs go through the rank loop one after another on the session's 2 Gloo ranks (torch_ranks.RankPool).
 ONE_SGD_EPOCH = ("data.shuffle_buffer_rows=4096", "train.epochs=1", "train.optimizer=sgd", "data.reader=arrow")
 SGD_RUNS = {"ddp": (), "accum": ("train.batch_size=16", "train.grad_accum=2"), "fsdp": ("train.parallel=fsdp",)}
 
 
 @pytest.fixture(scope="module")
-def sgd_epochs(uneven_dataset, tmp_path_factory) -> dict:
+def sgd_epochs(two_ranks, uneven_dataset, tmp_path_factory) -> dict:
     """Per run of SGD_RUNS: its plan and its ranks' outcomes (read with ``_rank_loop_result``)."""
     from pipeline_ranks import train_rank
     from training.plan import build_plan
 
     plans = {name: build_plan(_cfg(uneven_dataset, tmp_path_factory.mktemp(f"sgd-{name}"), *ONE_SGD_EPOCH, *extra))
              for name, extra in SGD_RUNS.items()}
-    outcomes = run_calls(2, [(train_rank, (plan,)) for plan in plans.values()])
+    outcomes = two_ranks.run_calls([(train_rank, (plan,)) for plan in plans.values()])
     return {name: (plan, outcome) for (name, plan), outcome in zip(plans.items(), outcomes)}
 
 
@@ -148,14 +150,14 @@ def test_horovod_and_torch_train_identically(horovod_run, uneven_torch_run):
 @pytest.mark.horovod
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("first,second", [("horovod", "torch"), ("torch", "horovod")])
-def test_a_checkpoint_resumes_on_the_other_backend(spark, uneven_dataset, tmp_path, horovod_run, uneven_torch_run,
-                                                  first, second):
+def test_a_checkpoint_resumes_on_the_other_backend(spark, two_ranks, uneven_dataset, tmp_path, horovod_run,
+                                                  uneven_torch_run, first, second):
     # One backend wrote the epoch-1 checkpoint (in its uninterrupted run above: what a run of that
     # one epoch writes, see resume_from.py), the other resumes it: the weights of a run never
     # interrupted (both backends' uninterrupted runs are identical, test above). Horovod's ranks are
     # launched on Spark; torch's go through the rank loop on a torch group without Spark, as in
     # sgd_epochs (what resumes is the loop's and the strategy's; TorchDistributor's launch is
-    # tested above).
+    # tested above), on the session's two ranks.
     written = {"horovod": horovod_run, "torch": uneven_torch_run}[first]
     assert written.steps_per_rank == [2 * written.steps_per_epoch] * 2
     copy_checkpoint(written.run_dir, written.steps_per_epoch, tmp_path / "ck")
@@ -165,7 +167,7 @@ def test_a_checkpoint_resumes_on_the_other_backend(spark, uneven_dataset, tmp_pa
         from training.plan import build_plan
 
         plan = build_plan(cfg)
-        resumed = _rank_loop_result((plan, run_calls(2, [(train_rank, (plan,))])[0]))
+        resumed = _rank_loop_result((plan, two_ranks.run_calls([(train_rank, (plan,))])[0]))
     else:
         resumed = train(cfg, spark)
     assert resumed.resumed_from and resumed.resumed_from.startswith(f"{tmp_path}/ck")
