@@ -57,9 +57,13 @@ def workdir(tmp_path_factory, spark):
 
 
 def airflow_env(home, **more: str) -> dict[str, str]:
-    # Airflow's environment, as a scheduler would have it: nothing of this test's Python or Spark.
+    # Airflow's environment, as a scheduler would have it: nothing of this test's Python or Spark,
+    # but the suite's JVM start-up flags (SPARK_SUBMIT_OPTS, tests/jvm_start.py: its class-data
+    # archive and the C1 compiler), which change how fast the tasks' Spark drivers start, never what
+    # they compute or which Python and pyspark they run.
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYSPARK_", "SPARK_", "AIRFLOW")) and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+           if k == "SPARK_SUBMIT_OPTS"
+           or (not k.startswith(("PYSPARK_", "SPARK_", "AIRFLOW")) and k not in ("VIRTUAL_ENV", "PYTHONPATH"))}
     env.update(AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
                AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"), SHARDTRAIN_DAG_RETRIES="2")
     env.update(more)
@@ -84,7 +88,9 @@ def task_states(home) -> dict[str, tuple[str, int, int]]:
 
 
 def params(workdir, **more) -> dict:
-    return {"shardtrain": SHARDTRAIN, "workdir": str(workdir), "spark_master": "local[2]",
+    # local[1]: one Spark Python worker per job (each scoring one imports torch); the master is a
+    # param the DAG passes through, whatever its value.
+    return {"shardtrain": SHARDTRAIN, "workdir": str(workdir), "spark_master": "local[1]",
             "dataset_path": str(workdir / "datasets" / "{ds}"), "model_path": str(workdir / "models" / "{ds}"),
             # One rank in the train task's own process: what the DAG decides (exit status -> retries,
             # params, dated paths) is the same however the ranks launch (tests/training covers that).

@@ -1,6 +1,6 @@
 // Every table of one schema in a Hive metastore on embedded Derby, with the folder its data is in:
-// one JSON line {"table": "location", ...}. Run by hive_table_reader.py as a single-file program
-// (`java -cp <pyspark's derby jars> HiveMetastoreTables.java METASTORE_DB SCHEMA`): a JVM of its
+// one JSON line {"table": "location", ...}. Compiled once by hive_table_reader.py, then run for each read
+// (`java -cp <classes>:<pyspark's derby jars> HiveMetastoreTables METASTORE_DB SCHEMA`): a JVM of its
 // own, since embedded Derby admits one JVM at a time, but no Spark. It reads the metastore's own
 // tables as Spark's HiveExternalCatalog does: a data source table's folder is its storage's "path"
 // serde property, else the storage descriptor's LOCATION.

@@ -3,8 +3,8 @@ outlive the process that wrote them), and two readers of it, each in a process o
 embedded Derby admits one JVM at a time:
 
 - ``read_metastore(root, schema)``: the metastore's own tables (TBLS, DBS, SDS, SERDE_PARAMS) read
-  over JDBC by HiveMetastoreTables.java (a JVM of about a second, no Spark) give each table's
-  folder, and pyarrow reads the Parquet files there;
+  over JDBC by HiveMetastoreTables.java (compiled once per process, then a JVM of about a second
+  per read, no Spark) give each table's folder, and pyarrow reads the Parquet files there;
 - run as a script (``argv[1]`` the root, ``argv[2]`` the schema), Spark with the metastore as its
   catalog reads every table, as a user would; with ``--score`` and a score command's arguments
   after them, that command (``shardtrain.cli.main``) runs first in the script's process, and the
@@ -44,14 +44,42 @@ def _java() -> str:
     return java
 
 
+_compiled: dict[str, str] = {}  # java -> the folder HiveMetastoreTables.class was compiled to, once per process
+
+
+def _reader_class_path(java: str) -> str:
+    """HiveMetastoreTables.java compiled once per test process (javac of the same JDK as ``java``):
+    each read then starts a plain JVM, not the source launcher's compiler again."""
+    if java not in _compiled:
+        import atexit
+        import tempfile
+
+        classes = tempfile.mkdtemp(prefix="hive-metastore-tables-")
+        atexit.register(shutil.rmtree, classes, True)
+        source = os.path.join(HERE, "HiveMetastoreTables.java")
+        javac = os.path.join(os.path.dirname(os.path.realpath(java)), "javac")
+        if os.access(javac, os.X_OK):
+            command = [javac, "-J-XX:TieredStopAtLevel=1", "-d", classes, source]
+        else:  # a JDK without the javac launcher: its compiler module, as the source launcher uses
+            command = [java, "-XX:TieredStopAtLevel=1", "-m", "jdk.compiler/com.sun.tools.javac.Main", "-d", classes,
+                       source]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        _compiled[java] = classes
+    return _compiled[java]
+
+
 def metastore_locations(root: str, schema: str = "default") -> dict[str, str]:
     """{table: folder of its data} for every table of ``schema``, from the metastore's own tables."""
     import pyspark
 
     jars = sorted(glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "derby*.jar")))
     assert jars, f"pyspark {pyspark.__version__} ships no derby jar"
-    out = subprocess.run([_java(), f"-Dderby.system.home={root}", "-cp", os.pathsep.join(jars),
-                          os.path.join(HERE, "HiveMetastoreTables.java"), f"{root}/metastore_db", schema],
+    java = _java()
+    # C1 only: a JVM that boots Derby and runs one query never pays back C2's compile time.
+    out = subprocess.run([java, "-XX:TieredStopAtLevel=1", f"-Dderby.system.home={root}", "-cp",
+                          os.pathsep.join([_reader_class_path(java), *jars]), "HiveMetastoreTables",
+                          f"{root}/metastore_db", schema],
                          cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
