@@ -118,12 +118,12 @@ def read_model(uri: str, program: bool, build_network: Callable[[Location, dict]
     the network ``build_network(location, meta)`` returns (an ``nn.Module`` taking the batch dict
     and returning what the program returns; it reads the weights with ``verified_bytes``).
 
-    ``uri`` may be a ``models:/`` URI (common.model_registry): the version it names is downloaded
-    from the registry (``registry_uri``, or MLflow's default) and verified like any model."""
+    ``uri`` may be a ``models:/`` URI (common.model_registry): the version it names in the registry
+    (``registry_uri``, or MLflow's default) is read from its artifacts and verified like any model."""
     if is_registry_uri(uri):
-        from common.model_registry import downloaded_model
+        from common.model_registry import registry_model_dir
 
-        with downloaded_model(uri, registry_uri) as (local, shown):  # all is read into memory before it goes
+        with registry_model_dir(uri, registry_uri) as (local, shown):  # all is read into memory before a download goes
             # Named as the URI and its version: a damaged file is reported as the registry's, not a temporary copy.
             loc = Location(uri=shown, scheme="file", path=local)
             return _read_committed(require_committed(loc, "model"), program, build_network)

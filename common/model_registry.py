@@ -10,9 +10,13 @@ workspace's), unless the caller names one.
 A registered shardtrain model is an MLflow pyfunc model whose artifact ``ARTIFACT_KEY`` is the
 published model directory itself (``training.mlflow_model`` logs it): ``model.safetensors``,
 ``model.torchscript.pt``, ``model.json`` and the ``_COMMITTED`` marker. So a ``models:/`` URI is
-resolved to one version through MLflow, that directory is downloaded, and from there on it is read
-and verified (every file against its sha256) exactly as a model in storage is
-(``common.model_artifact.read_model``): nothing of MLflow's is trusted for the bytes.
+resolved to one version through MLflow, and from there on that directory is read and verified
+(every file against its sha256) exactly as a model in storage is
+(``common.model_artifact.read_model``): nothing of MLflow's is trusted for the bytes. Where the
+version's artifacts lie on a file system (an artifact store on a local or shared path, MLflow's
+default), the directory is read where it lies (``RegistryModel.location``): a score job's executors
+then load the version the driver resolved from that path, with no MLflow import, registry lookup or
+download of their own. Any other artifact store is downloaded through MLflow.
 
 Errors name the URI: a malformed one or a name, version or alias the registry does not have is
 exit 2 (``DatasetError``); a registry that cannot be reached is exit 1 (``StorageIOError``:
@@ -48,6 +52,9 @@ class RegistryModel:
     version: str
     alias: str | None  # the alias the URI named, if any
     registry_uri: str  # the registry it was resolved in (MLflow's default made explicit)
+    # The version's published model directory when its artifacts lie on a file system (a local or
+    # shared path): read there like any published model, without MLflow. None: downloaded via MLflow.
+    location: str | None = None
 
     @property
     def pinned_uri(self) -> str:
@@ -88,16 +95,45 @@ def resolve_registry_model(uri: str, registry_uri: str | None = None) -> Registr
     where = f"registry {client._registry_uri}"
     with _registry_errors(uri, where):
         found = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    try:
+        download_uri = client.get_model_version_download_uri(name, str(found.version))
+    except Exception:  # noqa: BLE001 - a registry that will not say (Unity Catalog): MLflow's download finds it
+        download_uri = None
     return RegistryModel(uri=uri.strip(), name=name, version=str(found.version), alias=alias,
-                         registry_uri=client._registry_uri)
+                         registry_uri=client._registry_uri, location=_file_model_dir(download_uri))
+
+
+def _file_model_dir(download_uri: str | None) -> str | None:
+    """The published model directory inside a version's artifacts at ``download_uri``, when that is
+    a local path or a file:// URI and its MLmodel names the directory (``ARTIFACT_KEY``); else None,
+    and the version is downloaded through MLflow (which reports what is missing)."""
+    from urllib.request import url2pathname
+
+    parsed = urlparse(download_uri or "")
+    if parsed.scheme not in ("", "file") or parsed.netloc not in ("", "localhost"):
+        return None
+    root = url2pathname(parsed.path)
+    if not os.path.isabs(root):
+        return None
+    root = os.path.realpath(root)
+    try:
+        found = os.path.normpath(os.path.join(root, _artifact_path(os.path.join(root, "MLmodel"))))
+    except Exception:  # noqa: BLE001 - no MLmodel, not YAML, no such artifact: MLflow's download says which
+        return None
+    return found if found.startswith(root + os.sep) and os.path.isdir(found) else None
 
 
 @contextlib.contextmanager
-def downloaded_model(uri: str, registry_uri: str | None = None) -> Iterator[tuple[str, str]]:
+def registry_model_dir(uri: str, registry_uri: str | None = None) -> Iterator[tuple[str, str]]:
     """(local directory, name to show): the published model directory of the version ``uri``
-    names, downloaded to a temporary directory (removed afterwards), and how messages about a file
-    in it name it (the URI and the version it resolved to)."""
+    names, where it lies (``RegistryModel.location``) or else downloaded to a temporary directory
+    (removed afterwards), and how messages about a file in it name it (the URI and the version it
+    resolved to)."""
     model = resolve_registry_model(uri, registry_uri)
+    shown = model.pinned_uri if model.alias is None else f"{model.uri} (version {model.version})"
+    if model.location is not None:
+        yield model.location, shown
+        return
     from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
 
     with tempfile.TemporaryDirectory(prefix="shardtrain-registry-") as tmp, \
@@ -119,7 +155,6 @@ def downloaded_model(uri: str, registry_uri: str | None = None) -> Iterator[tupl
                 raise DatasetError(f"{model.pinned_uri}: has no pyfunc artifact {ARTIFACT_KEY!r}, so it is not a model "
                                    f"shardtrain logged ({type(exc).__name__}: {first_line(exc)}); register the model "
                                    "that `shardtrain train` logs with tracking.mlflow") from None
-        shown = model.pinned_uri if model.alias is None else f"{model.uri} (version {model.version})"
         yield os.path.realpath(local), shown
 
 
@@ -215,5 +250,5 @@ def _registry_errors(uri: str, where: str) -> Iterator[None]:
         raise StorageIOError(f"{uri}: the {where} cannot be read ({type(exc).__name__}: {first_line(exc)})") from None
 
 
-__all__ = ["ARTIFACT_KEY", "RegistryModel", "check_reachable", "downloaded_model", "is_registry_uri", "mlflow_uris",
-           "parse_registry_uri", "resolve_registry_model"]
+__all__ = ["ARTIFACT_KEY", "RegistryModel", "check_reachable", "is_registry_uri", "mlflow_uris", "parse_registry_uri",
+           "registry_model_dir", "resolve_registry_model"]

@@ -132,8 +132,11 @@ def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResu
         model_marker = _model_marker(cfg.model)
     else:
         model_uri, registry_uri = registered.pinned_uri, registered.registry_uri
-        loaded = load_model(model_uri, program=cfg.program, registry_uri=registry_uri)
-        model_marker = {"model_json_sha256": loaded.fingerprint}
+        if registered.location is not None:  # its artifacts on a file system: the marker, as for a path
+            loaded, model_marker = None, _model_marker(registered.location)
+        else:  # downloaded once, here, for its identity
+            loaded = load_model(model_uri, program=cfg.program, registry_uri=registry_uri)
+            model_marker = {"model_json_sha256": loaded.fingerprint}
         log.info("%s is version %s of %s in %s", cfg.model, registered.version, registered.name, registry_uri)
     tables = any(src.table is not None for src in cfg.sources.values())
     input_record = _input_record(cfg, session() if tables else None)  # a table's fingerprint is its catalog's
@@ -154,7 +157,7 @@ def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResu
         return existing
 
     spark = session()
-    spec = (loaded or load_model(model_uri, program=cfg.program)).features
+    spec = (loaded or load_model(model_uri, program=cfg.program, registry_uri=registry_uri)).features
     encoded = cfg.dataset is not None
     table, malformed = _dataset_table(spark, cfg, spec) if encoded else _sources_table(spark, cfg)
     fields = {f.name: f.dataType for f in table.schema.fields}

@@ -26,7 +26,10 @@ and runs ``LoadedModel.predict_arrays`` on them without preprocessing them again
 check that the dataset's feature spec is the model's (``scoring.job`` does).
 
 Driver/executor split: the driver loads the model once to check it and the input's columns, then
-ships only plain values (``ScoreTask``). Each Python worker loads the model once, on first use,
+ships only plain values (``ScoreTask``). A registered model (``models:/``) is resolved to one
+version on the driver; the workers read that version where its artifacts lie when the artifact
+store is a file system (``RegistryModel.location``: no MLflow import, registry lookup or download
+in any worker), else download that pinned version. Each Python worker loads the model once, on first use,
 and keeps it for every later batch and task (``_MODELS``), on the GPU Spark assigned to its task
 (``scoring_device``: training's rule, CUDA_VISIBLE_DEVICES included), else CUDA's current device
 or the CPU.
@@ -76,7 +79,8 @@ class ScoreTask:
     encoded: bool
     temperature: float
     batch_size: int
-    # A registered model (models:/NAME/VERSION, pinned on the driver): the registry it is in.
+    # A registered model the workers download (models:/NAME/VERSION, pinned on the driver): the
+    # registry it is in. None for a path, including a registered version's artifacts on a file system.
     registry_uri: str | None = None
 
 
@@ -106,9 +110,15 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    # What the workers load: the path itself, or the version the driver resolved. A registered
+    # version whose artifacts lie on a file system is read there (common.model_registry), so the
+    # workers import no MLflow and ask no registry.
+    worker_uri, worker_registry = model_uri, registry_uri
     if is_registry_uri(model_uri):
         registered = resolve_registry_model(model_uri, registry_uri)
         model_uri, registry_uri = registered.pinned_uri, registered.registry_uri
+        worker_uri, worker_registry = ((registered.location, None) if registered.location is not None
+                                       else (model_uri, registry_uri))
     # Verified once on the driver: a bad model fails here.
     model = load_model(model_uri, program=program, registry_uri=registry_uri)
     if fingerprint is not None and model.fingerprint != fingerprint:
@@ -122,11 +132,11 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     check_feature_types(fields, spec, encoded)
     names = spec.columns
     task = ScoreTask(
-        model_uri=model_uri, program=program,
+        model_uri=worker_uri, program=program,
         weights_sha256=model.weights_sha256,
         task=model.task, num_classes=int(model.label.num_classes or 0),
         keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))), features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
-        encoded=encoded, temperature=float(temperature), batch_size=batch_size, registry_uri=registry_uri)
+        encoded=encoded, temperature=float(temperature), batch_size=batch_size, registry_uri=worker_registry)
     typed = [f"{expr} AS {private}" for (name, private), expr in
              zip(task.features, _typed_features(fields, spec, encoded))]
     reason = reason_sql(fields, spec, encoded)

@@ -15,6 +15,11 @@ Shell blocks run line by line (``bash -c``) in one working folder holding a copy
 link to this .venv, so each command sees what the ones above it left. Python blocks run as the
 cells of one notebook: in one interpreter (started at the first, with ``spark`` already defined,
 kept for the later ones, their globals shared), so they share one driver JVM as a notebook does.
+
+Every step's processes run with one torch thread (``step_env``: OMP_NUM_THREADS=1, what a launch
+already gives each of 2 ranks on this 2-core machine): the steps' models are tiny, so a second
+thread in an in-process training or a scoring worker only spins, and what a step is checked for
+(its exit status and that it prints only shardtrain's own lines) does not depend on threads.
 """
 
 from __future__ import annotations
@@ -123,8 +128,13 @@ def job_command(command: str) -> str | None:
     return None
 
 
+def step_env() -> dict:
+    """The environment of every step's processes (module docstring): the suite's, one torch thread."""
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def run_shell(command: str, cwd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=900)
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=step_env(), capture_output=True, text=True, timeout=900)
 
 
 # A notebook has a session before its first cell runs; the factory builds it as the CLI does.
@@ -164,7 +174,7 @@ class Notebook:
             self.done, done_w = os.pipe()
             with open(self.output, "wb") as out:
                 self.kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(done_w), self.prelude], cwd=self.cwd,
-                                               stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                               env=step_env(), stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                                pass_fds=(done_w,), text=True)
             os.close(done_w)
             self.offset = 0

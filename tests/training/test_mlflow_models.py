@@ -192,6 +192,41 @@ def test_a_moved_alias_is_scored_again_and_a_pinned_version_is_not(spark, mlflow
     assert "unchanged, skipped" in score("models:/moving_model@prod", by_alias)
 
 
+def test_score_tasks_read_the_resolved_version_from_the_artifact_store_not_the_registry(spark, mlflow_env, tmp_path):
+    """The driver resolves a registered version once; with a file-system artifact store the Python
+    workers read its files there, and never import MLflow or open the registry: with the registry's
+    database gone after the driver resolved (predict_frame is lazy), the tasks still score it, and
+    nothing opened the database again (a worker asking the registry would have made a new, empty one)."""
+    from scoring.predict import predict_frame
+
+    reg = mlflow_env
+    # A name no Python worker has loaded yet (a worker keeps the model it loaded, by URI).
+    logged = reg.client.get_model_version("demo_model", "1")
+    reg.client.create_registered_model("offline_model")
+    reg.client.create_model_version("offline_model", source=logged.source, run_id=logged.run_id,
+                                    model_id=getattr(logged, "model_id", None))
+    frame = raw_rows(40, seed=11)
+    source = str(tmp_path / "raw")
+    os.makedirs(source)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), os.path.join(source, "part-0.parquet"))
+    scored = predict_frame(spark.read.parquet(source), "models:/offline_model/1", keep_columns=["id"])
+
+    database = reg.root / "mlflow.db"
+    aside = reg.root / "mlflow.db.aside"
+    os.rename(database, aside)
+    try:
+        assert not database.exists()  # the registry is really gone while the tasks run
+        rows = scored.toPandas().sort_values("id")
+        assert not database.exists(), "a worker opened the registry"
+    finally:
+        if database.exists():
+            os.remove(database)
+        os.rename(aside, database)
+    assert rows["id"].tolist() == list(range(40))
+    np.testing.assert_allclose(np.stack(rows["probabilities"].to_numpy()), load_model(reg.model).predict(frame),
+                               rtol=0, atol=1e-6)
+
+
 def test_a_flipped_byte_in_the_artifact_store_is_refused_naming_the_file(mlflow_env):
     reg = mlflow_env
     weights = os.path.join(reg.artifact_dir("demo_model", "1"), "model.safetensors")

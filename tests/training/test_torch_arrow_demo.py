@@ -9,13 +9,18 @@ and is read back from the summary.json it publishes. The two backends do the sam
 the two readers yield the same batches (test_torch_backend.py, test_arrow_reader.py), so with the
 same seed the accuracies are not merely close but equal, which is what the pinned profile asserts.
 
-The current-stack profile has no Horovod, so there the torch + arrow run is held to the accuracy
-the same seed reaches in one process (launch.mode=in_process: no Spark, no torch.distributed, the
-same global batch and learning rate), within a noise bound taken from the validation set itself
-(three binomial standard errors of an accuracy over its rows), and above the majority-class
-baseline by more than that bound. The pinned profile checks that too, so the bound is exercised
-where the exact comparison also runs. (Checked by hand, not here: on the same shard files the two
-profiles train to bit-identical weights, fp32 and bf16; a test cannot span both environments.)
+Without Horovod the torch + arrow run is also held to the accuracy the same seed reaches in one
+process (launch.mode=in_process: no Spark, no torch.distributed, the same global batch and learning
+rate), within a noise bound taken from the validation set itself (three binomial standard errors of
+an accuracy over its rows), and above the majority-class baseline by more than that bound; that test
+needs no Horovod, and runs where the exact comparison also runs, so the bound is exercised there.
+
+This module runs on the pinned profile only (no ``stack`` mark): what could differ on the current
+stack is TorchDistributor's launch and the arrow reader, which test_torch_backend.py's and
+test_arrow_reader.py's ``stack`` tests run there; what this module adds, the demo's config and data
+through them, is torch's and our own arithmetic, the same on both. (Checked by hand, not here: on the
+same shard files the two profiles train to bit-identical weights, fp32 and bf16; a test cannot span
+both environments.)
 """
 
 import json
