@@ -54,3 +54,28 @@ def two_ranks():
     pool = RankPool(2)
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_store(tmp_path_factory):
+    """``new(directory)`` -> the ``sqlite:///`` URI of an empty MLflow store (tracking and registry) of
+    its own in ``directory/mlflow.db``. MLflow takes every new SQLite database through its whole
+    schema history (its alembic migrations: the same seconds for every store), so that is done once
+    per session, and each store is a copy of that empty, migrated database."""
+    import shutil
+
+    pytest.importorskip("mlflow")
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    root = tmp_path_factory.mktemp("mlflow-store")
+    template = root / "mlflow.db"
+    store = SqlAlchemyStore(f"sqlite:///{template}", str(root / "artifacts"))
+    store.engine.dispose()  # no connection holds the file while it is copied
+
+    def new(directory) -> str:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, "mlflow.db")
+        shutil.copyfile(template, path)
+        return f"sqlite:///{path}"
+
+    return new

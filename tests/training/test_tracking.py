@@ -32,9 +32,10 @@ def _overrides(ds, out, *extra):
     return train_overrides(ds, f"{out}/model", "train.epochs=3", "train.batch_size=32", "model.hidden=[8]", *extra)
 
 
-def test_a_finished_run_is_in_mlflow_with_params_metrics_tag_and_artifacts(dataset, tmp_path, monkeypatch):
+def test_a_finished_run_is_in_mlflow_with_params_metrics_tag_and_artifacts(dataset, tmp_path, monkeypatch,
+                                                                          mlflow_store):
     monkeypatch.chdir(tmp_path)  # a new experiment's artifacts go to ./mlruns, MLflow's default
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store(tmp_path)  # sqlite:///{tmp_path}/mlflow.db
     result = train(load_train_config(None, _overrides(
         dataset, tmp_path, f"tracking.mlflow.tracking_uri={uri}", "tracking.mlflow.experiment=shardtrain-test",
         "tracking.mlflow.run_name=nightly")))
