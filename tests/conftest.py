@@ -102,10 +102,12 @@ def s3_bucket(s3_endpoint, monkeypatch):
 
 
 # Set on purpose by the session fixtures above and by Spark itself, and kept for later tests;
-# PYTEST_CURRENT_TEST is pytest's own (it names the running phase).
+# PYTEST_CURRENT_TEST is pytest's own (it names the running phase); torch sets TORCHINDUCTOR_CACHE_DIR
+# on its first optimizer step in a process (torch's doing, in whichever test trains first; a session
+# fixture that took that step up front made every test file under tests/training import torch).
 ENV_SET_ON_PURPOSE = {"PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP", "SPARK_HOME", "PYSPARK_GATEWAY_PORT",
                       "PYSPARK_GATEWAY_SECRET", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE", "PYTHONHASHSEED",
-                      "PYTEST_CURRENT_TEST"}
+                      "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
 
 
 @pytest.fixture(autouse=True)

@@ -13,19 +13,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _torch_settled():
-    """torch sets TORCHINDUCTOR_CACHE_DIR in os.environ on its first optimizer step (torch's doing,
-    not a test's leak): take that step once before the per-test environment guard looks."""
-    import torch
-
-    layer = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
-    layer(torch.ones(1, 1)).sum().backward()
-    optimizer.step()
-    yield
-
-
 @pytest.fixture(scope="session")
 def uneven_dataset(tmp_path_factory):
     """torch_uneven.UNEVEN, written once for test_torch_backend.py and test_torchrun.py."""
