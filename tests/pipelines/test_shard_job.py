@@ -30,15 +30,11 @@ pytestmark = [pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")
-def generated(spark, tmp_path_factory):
-    """3000 generated rows (array column, 3 classes, 40 bad rows) and one shard run over them."""
-    root = tmp_path_factory.mktemp("gen")
-    data = generate_dataset(spark, str(root / "raw"), 3000, seed=7, array_shape=[2, 3], num_classes=3, bad_rows=40)
-    cfg = from_dict(ShardConfig, data.shard_config(str(root / "out"), output={"num_shards": 3, "rows_per_row_group": 300},
-                                                   quality={"max_bad_fraction": 0.05},
-                                                   features={"numeric": data.numeric + ["id"]}))
-    result = run_shard_job(spark, cfg)
-    return data, cfg, result
+def generated(generated_dataset):
+    """3000 generated rows (array column, 3 classes, 40 bad rows) and one shard run over them: the
+    session's (tests/conftest.py), which other files read too; tests here that change its config put
+    it back."""
+    return generated_dataset
 
 
 @pytest.mark.stack
