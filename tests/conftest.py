@@ -1,5 +1,5 @@
-"""Fixtures shared by every test: one local SparkSession per test session, a standalone
-cluster on loopback when a test asks for one, and a guard that tests leave no env vars behind.
+"""Fixtures shared by every test: one local SparkSession per test session, one tiny generated and
+sharded dataset, a standalone cluster on loopback when a test asks for one, and a guard that tests leave no env vars behind.
 Also the suite's runner plumbing: the seconds per test file at the end of every run, and how
 pytest-xdist's workers (``-n N --dist loadfile``) share the tests out (see ``pytest_xdist_make_scheduler``),
 and cheaper driver JVM start-ups for every process the tests start (tests/jvm_start.py).
@@ -45,6 +45,27 @@ def spark(tmp_path_factory):
                                     log_level="ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def generated_dataset(spark, tmp_path_factory):
+    """The suite's tiny generated dataset, made and sharded once per session (a generate job and a shard
+    job cost seconds of fixed Spark work, whatever the rows): 3,000 rows of pipelines.generate (4 numeric
+    and 2 categorical features, an array column, 3 classes, 40 bad rows) through the real shard job, 3
+    files per split and 300-row row groups. ``(data, cfg, result)``: the GeneratedDataset, the
+    ShardConfig and the ShardResult. tests/pipelines/test_shard_job.py checks it (and re-runs the job over
+    it, to the same bytes); a test that damages it works on a copy."""
+    from common.config import from_dict
+    from pipelines.generate import generate_dataset
+    from pipelines.shard_config import ShardConfig
+    from pipelines.shard_job import run_shard_job
+
+    root = tmp_path_factory.mktemp("gen")
+    data = generate_dataset(spark, str(root / "raw"), 3000, seed=7, array_shape=[2, 3], num_classes=3, bad_rows=40)
+    cfg = from_dict(ShardConfig, data.shard_config(str(root / "out"), output={"num_shards": 3, "rows_per_row_group": 300},
+                                                   quality={"max_bad_fraction": 0.05},
+                                                   features={"numeric": data.numeric + ["id"]}))
+    return data, cfg, run_shard_job(spark, cfg)
 
 
 @pytest.fixture(scope="session")
@@ -102,10 +123,12 @@ def s3_bucket(s3_endpoint, monkeypatch):
 
 
 # Set on purpose by the session fixtures above and by Spark itself, and kept for later tests;
-# PYTEST_CURRENT_TEST is pytest's own (it names the running phase).
+# PYTEST_CURRENT_TEST is pytest's own (it names the running phase); torch sets TORCHINDUCTOR_CACHE_DIR
+# on its first optimizer step in a process (torch's doing, in whichever test trains first; a session
+# fixture that took that step up front made every test file under tests/training import torch).
 ENV_SET_ON_PURPOSE = {"PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP", "SPARK_HOME", "PYSPARK_GATEWAY_PORT",
                       "PYSPARK_GATEWAY_SECRET", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE", "PYTHONHASHSEED",
-                      "PYTEST_CURRENT_TEST"}
+                      "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
 
 
 @pytest.fixture(autouse=True)

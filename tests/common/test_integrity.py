@@ -15,8 +15,6 @@ import torch
 
 from common.dataset import MANIFEST_NAME, read_manifest, validate_manifest, verify_dataset
 from common.errors import DatasetError
-from pipelines.generate import generate_dataset
-from pipelines.shard_job import run_shard_job
 from shardtrain.cli import main
 from train_configs import train_overrides
 
@@ -25,25 +23,11 @@ from train_configs import train_overrides
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _torch_settled():
-    """torch sets TORCHINDUCTOR_CACHE_DIR on its first optimizer step (torch's doing, not a leak):
-    take that step before the per-test environment guard looks (as tests/training/conftest.py does)."""
-    layer = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
-    layer(torch.ones(1, 1)).sum().backward()
-    optimizer.step()
-
-
 @pytest.fixture(scope="module")
-def published(spark, tmp_path_factory):
-    from common.config import from_dict
-    from pipelines.shard_config import ShardConfig
-
-    root = tmp_path_factory.mktemp("integrity")
-    data = generate_dataset(spark, str(root / "raw"), 2000, seed=3, numeric=3, categorical=1)
-    cfg = from_dict(ShardConfig, data.shard_config(str(root / "ds"), output={"num_shards": 2}))
-    return run_shard_job(spark, cfg).uri
+def published(generated_dataset):
+    """The session's generated dataset (tests/conftest.py): 3 shard files per split and a quarantine,
+    from the real shard job. Read only: every test that damages a file damages its own copy."""
+    return generated_dataset[2].uri
 
 
 @pytest.fixture
@@ -220,13 +204,15 @@ def test_editing_model_json_cannot_switch_the_program(model_copy):
 @pytest.mark.horovod
 @pytest.mark.timeout(400)
 def test_a_damaged_shard_on_one_horovod_rank_keeps_exit_status_2(spark, dataset, tmp_path):
-    """Rank 1 of 2 reads train/part-00001; its DatasetError must come back through
-    horovod.spark.run as the job's error, with the dataset-contract exit status 2."""
+    """Rank 1 of 2 alone reads train/part-00002 (ranks own halves of the rows, so of 3 files the middle
+    one is both ranks'); its DatasetError must come back through horovod.spark.run as the job's error,
+    with the dataset-contract exit status 2."""
     from common.errors import RankFailedError
     from train_configs import train_config
     from training import train
 
-    shard = os.path.join(dataset, "train", "part-00001.parquet")
+    shard = os.path.join(dataset, "train", "part-00002.parquet")
+    assert read_manifest(dataset).num_shards("train") == 3
     _flip(shard)
     cfg = train_config(dataset, tmp_path / "model", "launch.start_timeout=90", "train.epochs=1", "train.batch_size=64",
                        "model.hidden=[8]", ranks=2)

@@ -7,6 +7,7 @@ modes, the quality gate, the staging check, temporaries), which the same Python 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -30,15 +31,11 @@ pytestmark = [pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")
-def generated(spark, tmp_path_factory):
-    """3000 generated rows (array column, 3 classes, 40 bad rows) and one shard run over them."""
-    root = tmp_path_factory.mktemp("gen")
-    data = generate_dataset(spark, str(root / "raw"), 3000, seed=7, array_shape=[2, 3], num_classes=3, bad_rows=40)
-    cfg = from_dict(ShardConfig, data.shard_config(str(root / "out"), output={"num_shards": 3, "rows_per_row_group": 300},
-                                                   quality={"max_bad_fraction": 0.05},
-                                                   features={"numeric": data.numeric + ["id"]}))
-    result = run_shard_job(spark, cfg)
-    return data, cfg, result
+def generated(generated_dataset):
+    """3000 generated rows (array column, 3 classes, 40 bad rows) and one shard run over them: the
+    session's (tests/conftest.py), which other files read too; tests here that change its config put
+    it back."""
+    return generated_dataset
 
 
 @pytest.mark.stack
@@ -203,11 +200,18 @@ def test_quarantine_accounting_and_reasons(generated):
 @pytest.mark.stack
 def test_rerun_is_byte_identical_and_independent_of_partitioning(generated, spark, tmp_path, monkeypatch):
     data, cfg, result = generated
-    # The same rows, stored as 5 files instead of 2, sharded with another shuffle partition count
-    # and 7 staging partitions per split instead of num_shards (each shard then reads its rows
-    # from two or three staged files).
-    again = generate_dataset(spark, str(tmp_path / "raw"), 3000, seed=7, array_shape=[2, 3], num_classes=3,
-                             bad_rows=40, partitions=5)
+    # The same rows, stored as 5 files instead of 2 and in another order, sharded with another
+    # shuffle partition count and 7 staging partitions per split instead of num_shards (each shard
+    # then reads its rows from two or three staged files).
+    again = dataclasses.replace(data, path=str(tmp_path / "raw"))
+    rows = pq.read_table(data.path)
+    os.makedirs(again.path)
+    for i, start in enumerate(range(0, rows.num_rows, 600)):  # the last rows in the first file
+        pq.write_table(rows.slice(start, 600), f"{again.path}/part-{4 - i}.parquet")
+    moved = pq.read_table(again.path)
+    assert len(list(Path(again.path).iterdir())) == 5 and moved.num_rows == rows.num_rows == 3000
+    assert moved.column("id").to_pylist() != rows.column("id").to_pylist()
+    assert sorted(moved.column("id").to_pylist()) == sorted(rows.column("id").to_pylist())
     cfg2 = from_dict(ShardConfig, again.shard_config(str(tmp_path / "out"), output={"num_shards": 3, "rows_per_row_group": 300,
                                                                                        "staging_partitions": 7},
                                                      quality={"max_bad_fraction": 0.05},
@@ -268,7 +272,10 @@ def test_modes_error_and_skip_if_exists(generated, spark):
         cfg.split.seed = 0
 
 
-@pytest.mark.parametrize("rows,num_shards", [(10, 3), (7, 7), (101, 4), (64, 8)])
+# Uneven (10 rows in 3 files) and one row per file, end to end; the sizes of every (rows, shards)
+# pair up to 12 shards, and each file's block of ranks, are test_shard_balance.py's (no Spark needed),
+# and the generated fixture's 3 splits of 3 files each test_manifest_is_valid_and_shards_are_balanced's.
+@pytest.mark.parametrize("rows,num_shards", [(10, 3), (7, 7)])
 def test_balance_property(spark, tmp_path, rows, num_shards):
     src = write_parquet(tmp_path / "in", simple_rows(rows))
     result = run_shard_job(spark, config(src, str(tmp_path / "out"), output={"num_shards": num_shards}))

@@ -37,21 +37,46 @@ def _rows(n: int = 3000) -> list[tuple]:
 TIED = ["\U0001f600", "\ufffd", "tie2", "tie1"]
 
 
+TYPES = {"s": "int32", "b": "int32", "r": "string", "x": "float64", "a": "string", "y": "int64"}  # SCHEMA's
+
+
+def _table(rows: list[tuple]):
+    import pyarrow as pa
+
+    return pa.table({name: pa.array([r[i] for r in rows], type=t) for i, (name, t) in enumerate(TYPES.items())})
+
+
+@pytest.fixture(scope="module")
+def frames(spark, tmp_path_factory):
+    """``frames(n)``: the rows of ``_rows(n)`` as a Spark DataFrame of SCHEMA, read from a Parquet file
+    written once per module (a frame made from Python rows runs Python workers in every job over it)."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("summary")
+    written = {}
+
+    def frame(n: int = 3000):
+        if n not in written:
+            written[n] = str(root / f"rows-{n}.parquet")
+            pq.write_table(_table(_rows(n)), written[n])
+        df = spark.read.parquet(written[n])
+        assert df.schema == spark.createDataFrame([], SCHEMA).schema
+        return df
+
+    return frame
+
+
 def _summary(frame, max_distinct: int = 100_000):
     return summarize(frame, split="s", bucket="b", reason="r", moments=["x"], categorical={"a": "a"}, label="y",
                      num_classes=4, selected="s = 0", num_splits=3, bucket_bits=12, max_distinct=max_distinct)
 
 
-def test_the_scan_inside_the_staging_writer_equals_the_scan_by_spark(spark):
+def test_the_scan_inside_the_staging_writer_equals_the_scan_by_spark(frames):
     # The shard job takes the summary inside its staging pass, from whole Arrow tables of checked
     # rows (ScanSpec with a split index); it must equal the scan of the same rows by Spark, keyed
     # by feature names (fit looks vocabularies up by them), whatever tables the rows came in.
-    import pyarrow as pa
-
-    rows = _rows()
-    want = _summary(spark.createDataFrame(rows, SCHEMA))
-    types = {"s": pa.int32(), "b": pa.int32(), "r": pa.string(), "x": pa.float64(), "a": pa.string(), "y": pa.int64()}
-    table = pa.table({name: pa.array([r[i] for r in rows], type=t) for i, (name, t) in enumerate(types.items())})
+    want = _summary(frames())
+    table = _table(_rows())
     spec = ScanSpec(split="s", bucket="b", reason="r", moments=("x",), categorical=(("feature", "a"),), label="y",
                     num_classes=4, selected=0, num_splits=3, bucket_bits=12)
     parts = []
@@ -65,8 +90,8 @@ def test_the_scan_inside_the_staging_writer_equals_the_scan_by_spark(spark):
         want.bucket_rows, want.by_reason, want.moments, want.class_counts)
 
 
-def test_counts_and_values_equal_spark_aggregations_on_any_partitioning(spark):
-    frame = spark.createDataFrame(_rows(), SCHEMA)
+def test_counts_and_values_equal_spark_aggregations_on_any_partitioning(frames):
+    frame = frames()
     results = [_summary(df) for df in (frame.coalesce(1), frame.repartition(5, "a"), frame.repartition(3))]
     assert results[0] == results[1] == results[2]
     got = results[0]
@@ -84,7 +109,7 @@ def test_counts_and_values_equal_spark_aggregations_on_any_partitioning(spark):
     assert got.moments[0][0] == train.where("x IS NOT NULL").count()
 
 
-def test_partitions_of_only_bad_or_only_clean_rows_are_counted(spark):
+def test_partitions_of_only_bad_or_only_clean_rows_are_counted(frames):
     """Malformed records reach the scan as partitions of their own (the job unions them onto
     the checked rows): a partition with no clean row, and one with no bad row, count in full."""
     from pyspark.sql import functions as F
@@ -93,20 +118,20 @@ def test_partitions_of_only_bad_or_only_clean_rows_are_counted(spark):
     bad = [r for r in rows if r[2] is not None]
     clean = [r for r in rows if r[2] is None]
     assert bad and clean
-    frame = (spark.createDataFrame(rows, SCHEMA).withColumn("bad", F.expr("CAST(r IS NOT NULL AS INT)"))
+    frame = (frames(500).withColumn("bad", F.expr("CAST(r IS NOT NULL AS INT)"))
              .repartitionByRange(2, "bad").drop("bad"))
     layout = frame.selectExpr("spark_partition_id() AS p", "r IS NULL AS clean").distinct().collect()
     assert sorted(r["clean"] for r in layout) == [False, True] and len({r["p"] for r in layout}) == 2
     got = _summary(frame)
     assert sum(got.by_reason.values()) == len(bad)
     assert sum(got.bucket_rows.values()) == len(clean)
-    assert got == _summary(spark.createDataFrame(rows, SCHEMA).repartition(3))
+    assert got == _summary(frames(500).repartition(3))
 
 
-def test_vocabulary_from_counts_equals_sparks_ranking(spark):
+def test_vocabulary_from_counts_equals_sparks_ranking(frames):
     """top_values (the driver's ranking of the scan's counts) and spark_vocabularies (the
     fallback for wide features) give the same vocabulary: order by count, ties by value."""
-    frame = spark.createDataFrame(_rows(), SCHEMA)
+    frame = frames()
     counted = _summary(frame)
     wide = _summary(frame, max_distinct=5)  # more than 5 values in a partition: left to Spark
     assert counted.value_counts["a"] is not None and wide.value_counts["a"] is None

@@ -13,19 +13,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _torch_settled():
-    """torch sets TORCHINDUCTOR_CACHE_DIR in os.environ on its first optimizer step (torch's doing,
-    not a test's leak): take that step once before the per-test environment guard looks."""
-    import torch
-
-    layer = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
-    layer(torch.ones(1, 1)).sum().backward()
-    optimizer.step()
-    yield
-
-
 @pytest.fixture(scope="session")
 def uneven_dataset(tmp_path_factory):
     """torch_uneven.UNEVEN, written once for test_torch_backend.py and test_torchrun.py."""
@@ -54,3 +41,28 @@ def two_ranks():
     pool = RankPool(2)
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_store(tmp_path_factory):
+    """``new(directory)`` -> the ``sqlite:///`` URI of an empty MLflow store (tracking and registry) of
+    its own in ``directory/mlflow.db``. MLflow takes every new SQLite database through its whole
+    schema history (its alembic migrations: the same seconds for every store), so that is done once
+    per session, and each store is a copy of that empty, migrated database."""
+    import shutil
+
+    pytest.importorskip("mlflow")
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    root = tmp_path_factory.mktemp("mlflow-store")
+    template = root / "mlflow.db"
+    store = SqlAlchemyStore(f"sqlite:///{template}", str(root / "artifacts"))
+    store.engine.dispose()  # no connection holds the file while it is copied
+
+    def new(directory) -> str:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, "mlflow.db")
+        shutil.copyfile(template, path)
+        return f"sqlite:///{path}"
+
+    return new

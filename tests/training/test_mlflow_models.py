@@ -39,9 +39,9 @@ FEATURES = ["x1", "x2", "city", "image"]
 class Registry:
     """The module's MLflow store (tracking + registry in one SQLite file) and its trained models."""
 
-    def __init__(self, root):
+    def __init__(self, root, new_store):
         self.root = root
-        self.uri = f"sqlite:///{root}/mlflow.db"
+        self.uri = new_store(root)  # sqlite:///{root}/mlflow.db
         self.client = MlflowClient(tracking_uri=self.uri)
         # A local artifact root of its own (MLflow's default would be ./mlruns in the working directory).
         self.client.create_experiment(EXPERIMENT, artifact_location=str(root / "artifacts"))
@@ -61,8 +61,8 @@ class Registry:
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    reg = Registry(tmp_path_factory.mktemp("mlflow-models"))
+def registry(tmp_path_factory, mlflow_store):
+    reg = Registry(tmp_path_factory.mktemp("mlflow-models"), mlflow_store)
     reg.model = reg.train(reg.root / "model", "demo_model", "tracking.mlflow.alias=champion").model_uri
     return reg
 

@@ -144,6 +144,32 @@ def test_ranks_report_steps_errors_and_death_over_loopback():
         stranger.close()
 
 
+def test_leaving_a_supervision_does_not_wait_out_the_progress_servers_poll(monkeypatch):
+    """socketserver's shutdown() returns at the serve loop's next poll (0.5 s by default, paid by every
+    launch); leaving a supervision wakes the loop instead. With an hour-long poll it still returns:
+    the old exit hung here for the hour (the wait below only bounds that hang)."""
+    import functools
+    import socketserver
+
+    from training.launchers.supervisor import ProgressServer
+
+    monkeypatch.setattr(ProgressServer, "serve_forever",
+                        functools.partialmethod(socketserver.BaseServer.serve_forever, poll_interval=3600))
+    left = threading.Event()
+
+    def enter_and_leave():
+        with Supervision(None, world=2, stall_timeout_s=60) as sup:
+            ranks = _hello_ranks(sup, step=None, phase=STARTING)
+            # Served: the loop runs, and is back in its hour-long select when the block ends.
+            wait_for(lambda: sorted(sup.ranks()) == [0, 1], "both ranks' hello", timeout=30)
+            for conn in ranks:
+                conn.close()
+        left.set()
+
+    threading.Thread(target=enter_and_leave, daemon=True).start()
+    assert left.wait(timeout=120), "leaving the supervision waited for the server's hour-long poll"
+
+
 def test_the_reporter_says_validating_until_the_pass_ends():
     reporter = Reporter(None, "", rank=0, steps_per_epoch=10, interval=1)
     reporter.on_step(10)

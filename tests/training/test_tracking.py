@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
 import threading
 
@@ -33,9 +32,10 @@ def _overrides(ds, out, *extra):
     return train_overrides(ds, f"{out}/model", "train.epochs=3", "train.batch_size=32", "model.hidden=[8]", *extra)
 
 
-def test_a_finished_run_is_in_mlflow_with_params_metrics_tag_and_artifacts(dataset, tmp_path, monkeypatch):
+def test_a_finished_run_is_in_mlflow_with_params_metrics_tag_and_artifacts(dataset, tmp_path, monkeypatch,
+                                                                          mlflow_store):
     monkeypatch.chdir(tmp_path)  # a new experiment's artifacts go to ./mlruns, MLflow's default
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store(tmp_path)  # sqlite:///{tmp_path}/mlflow.db
     result = train(load_train_config(None, _overrides(
         dataset, tmp_path, f"tracking.mlflow.tracking_uri={uri}", "tracking.mlflow.experiment=shardtrain-test",
         "tracking.mlflow.run_name=nightly")))
@@ -85,20 +85,29 @@ def test_tracking_that_cannot_work_warns_once_and_training_exits_0_with_the_mode
     assert not os.path.exists(tmp_path / "mlruns")  # nothing was tracked anywhere else instead
 
 
-def test_without_mlflow_installed_tracking_warns_once_and_training_exits_0_with_the_model(dataset, tmp_path):
-    """A fresh interpreter whose import of mlflow fails as it does where it is absent (this process
-    has imported mlflow already, so hiding it here would not hide its submodules)."""
+def test_without_mlflow_installed_tracking_warns_once_and_training_exits_0_with_the_model(dataset, tmp_path, caplog,
+                                                                                       monkeypatch):
+    """`shardtrain train` (main(argv), in this process) where importing mlflow fails as it does where it
+    is absent: mlflow and every submodule this process has loaded leave sys.modules for the test, and a
+    None entry for mlflow makes any ``import mlflow...`` raise ImportError (put back after the test)."""
+    from shardtrain.cli import main
+    from training.config import installed
+
+    for name in [n for n in sys.modules if n == "mlflow" or n.startswith("mlflow.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ImportError):
+        from mlflow.tracking import MlflowClient as _  # noqa: F401 - what training's import now meets
+    assert not installed("mlflow")
     overrides = _overrides(dataset, tmp_path, "train.epochs=1",
                            f"tracking.mlflow.tracking_uri=http://127.0.0.1:{refused_port()}")
-    code = "import sys; sys.modules['mlflow'] = None; from shardtrain.cli import main; sys.exit(main(sys.argv[1:]))"
     (tmp_path / "train.yaml").write_text("train:\n  log_every_steps: 5\n")
-    proc = subprocess.run([sys.executable, "-c", code, "train", "--config", "train.yaml", *overrides],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # one torch thread: a tiny model
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    warnings = [line for line in proc.stderr.splitlines() if "MLflow tracking skipped" in line]
-    assert len(warnings) == 1, proc.stderr[-3000:]
-    assert "mlflow is not installed" in warnings[0] and " WARNING " in warnings[0]
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert main(["train", "--config", "train.yaml", *overrides]) == 0
+    warnings = [r for r in caplog.records if "MLflow tracking skipped" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    assert "mlflow is not installed" in warnings[0].getMessage() and warnings[0].levelname == "WARNING"
     assert os.path.exists(tmp_path / "model" / "_COMMITTED") and os.path.exists(tmp_path / "model.run" / "report.html")
     assert not os.path.exists(tmp_path / "mlruns")  # nothing was tracked anywhere else instead
 

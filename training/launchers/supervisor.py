@@ -30,6 +30,7 @@ for: the others go on without it (training.elastic).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -130,6 +131,20 @@ class ProgressServer(socketserver.ThreadingTCPServer):
     def snapshot(self) -> dict[int, RankState]:
         with self.lock:
             return {r: dataclasses.replace(s) for r, s in self.ranks.items()}
+
+    def stop(self) -> None:
+        """Stop serving and close the socket without waiting out the serve loop's poll: socketserver's
+        ``shutdown()`` returns only when the loop's ``select`` next times out (0.5 s, paid by every
+        launch), so connections of our own wake the loop until it has seen the request. Such a
+        connection says nothing and is not a rank (``_ReportHandler``: no token, no record)."""
+        stopping = threading.Thread(target=self.shutdown, name="shardtrain-progress-stop", daemon=True)
+        stopping.start()
+        while stopping.is_alive():
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.server_address[1]),
+                                                                        timeout=1):
+                pass
+            stopping.join(0.01)
+        self.server_close()
 
     def abort_all(self) -> None:
         for conn in list(self.connections):
@@ -244,8 +259,7 @@ class Supervision:
 
     def __exit__(self, *exc):
         self._done.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
         self.jobs.close()
         silent = sorted(set(range(self.world)) - set(self.ranks()))
         if silent and exc[0] is None:  # a launch shorter than the stall timeout says it too
