@@ -70,8 +70,9 @@ def generated_dataset(spark, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def standalone_cluster():
-    """A Spark master and two 1-core workers on 127.0.0.1; yields the cluster (see spark_cluster.py)."""
-    cluster = start_cluster(num_workers=2, cores=1, memory="2g")
+    """A Spark master and two 1-core workers on 127.0.0.1, each offering one fake GPU (addresses 0
+    and 1); yields the cluster (see spark_cluster.py)."""
+    cluster = start_cluster(num_workers=2, cores=1, memory="2g", fake_gpus=True)
     yield cluster
     cluster.stop()
 

@@ -92,7 +92,11 @@ class StandaloneCluster:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
-def start_cluster(num_workers: int = 2, cores: int = 1, memory: str = "2g", timeout: float = 90) -> StandaloneCluster:
+def start_cluster(num_workers: int = 2, cores: int = 1, memory: str = "2g", timeout: float = 90,
+                  fake_gpus: bool = False) -> StandaloneCluster:
+    """``fake_gpus``: each worker offers one GPU resource, worker i the address ``str(i)`` (its own
+    discovery script): an application that asks for GPUs gets each task its own address, though
+    nothing here has CUDA; one that does not ask is scheduled as before."""
     env = spark_env()
     if "-XX:TieredStopAtLevel=1" in env.get("SPARK_SUBMIT_OPTS", ""):
         # The suite's quicker JVM start-ups (tests/jvm_start.py: its class-data archive of the same
@@ -118,16 +122,26 @@ def start_cluster(num_workers: int = 2, cores: int = 1, memory: str = "2g", time
         for i in range(num_workers):
             wdir = work_dir / f"worker{i}"
             wdir.mkdir()
+            worker_env = env
+            if fake_gpus:
+                worker_env = dict(env, SPARK_WORKER_OPTS=_fake_gpu_options(work_dir / f"gpus-worker{i}.sh", str(i)))
             cluster.workers.append(subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url, "--host", "127.0.0.1",
                  "--cores", str(cores), "--memory", memory, "--work-dir", str(wdir), "--webui-port", "0"],
-                env=env, stdout=open(logs / f"worker{i}.log", "wb"), stderr=subprocess.STDOUT))
+                env=worker_env, stdout=open(logs / f"worker{i}.log", "wb"), stderr=subprocess.STDOUT))
         wait_for(lambda: _alive_workers(cluster) == num_workers, f"{num_workers} Spark workers", timeout,
                  log=logs / "worker0.log", interval=0.5)
     except BaseException:
         cluster.stop()
         raise
     return cluster
+
+
+def _fake_gpu_options(script: Path, address: str) -> str:
+    """A worker's Java options for one GPU at ``address``, found by its own discovery ``script``."""
+    script.write_text(f'#!/bin/sh\necho \'{{"name": "gpu", "addresses": ["{address}"]}}\'\n')
+    script.chmod(0o755)
+    return f"-Dspark.worker.resource.gpu.amount=1 -Dspark.worker.resource.gpu.discoveryScript={script}"
 
 
 def _reachable(cluster: StandaloneCluster) -> bool:

@@ -1,13 +1,14 @@
 """A rank that dies or stops, on real Horovod ranks under real Spark: the rank's process is
-killed (SIGKILL) or stopped (SIGSTOP) by pid while it trains or validates, or kills itself just
-after publishing the model, and the job must name the rank and the cause, never hang, and (with
-restarts) finish with the same model as an uninterrupted run, never publishing twice.
+killed (SIGKILL) by pid while it trains, stopped (SIGSTOP) by pid while it validates, or kills
+itself just after publishing the model, and the job must name the rank and the cause, never hang,
+and (with restarts) finish with the same model as an uninterrupted run, never publishing twice.
 
 Rank processes are found by a marker in their environment (``launch.env``), so a test only ever
 signals the processes its own launch started."""
 
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -23,6 +24,7 @@ from common.errors import EXIT_RUNTIME, OutputExistsError, RankStalledError
 from polling import wait_for
 from run_report_checks import assert_run_report
 from tabular_data import write_dataset
+from torch_ranks import run_loop, values
 from train_configs import train_overrides
 from training import load_model, load_train_config, train
 from training.export import published_by
@@ -38,8 +40,9 @@ pytestmark = [pytest.mark.timeout(600)]
 
 
 def on_horovod(test):
-    """Every test here but the DiLoCo resume on two bare Gloo ranks runs Horovod ranks on Spark."""
-    return pytest.mark.spark(pytest.mark.horovod(test))
+    """Every test here but the DiLoCo resume on two bare Gloo ranks runs Horovod ranks on Spark, and
+    kills or stops a rank's process by pid (or has it kill itself)."""
+    return pytest.mark.spark(pytest.mark.horovod(pytest.mark.process(test)))
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +87,17 @@ def marked_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
-def committed_checkpoint(run_dir: str) -> bool:
+def committed_checkpoints(run_dir) -> dict[str, int]:
+    """Each committed checkpoint's name and its marker's mtime (ns): a checkpoint written again
+    (every save is staged and swapped in) has a new one."""
     root = os.path.join(run_dir, "checkpoints")
-    return os.path.isdir(root) and any(os.path.exists(os.path.join(root, d, "_COMMITTED")) for d in os.listdir(root)
-                                       if d.startswith("step-"))
+    found = {}
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+        try:
+            found[name] = os.stat(os.path.join(root, name, "_COMMITTED")).st_mtime_ns
+        except FileNotFoundError:
+            continue
+    return {name: mtime for name, mtime in found.items() if name.startswith("step-")}
 
 
 def _proc_state(pid: int) -> str:
@@ -104,13 +114,15 @@ def gone(proc: psutil.Process) -> bool:
 
 class Saboteur(threading.Thread):
     """Once a checkpoint is committed, sends ``sig`` to rank 1's process (the first launch's only).
-    The process is found first, while the ranks start: the signal then follows the checkpoint by
-    one poll, not by a scan of every process on the machine."""
+    The process is found first, while the ranks start (a scan of every process's environment,
+    every 0.25 s: seconds before the first checkpoint): the signal then follows the checkpoint by
+    one 50 ms poll of the checkpoint directory. ``checkpoints``: the committed ones at the signal."""
 
     def __init__(self, marker: str, run_dir: str, sig: int):
         super().__init__(daemon=True)
         self.marker, self.run_dir, self.sig = marker, run_dir, sig
         self.proc, self.error, self.signalled_at, self.stopped = None, None, None, False
+        self.checkpoints: dict[str, int] = {}
         self.job_ended = threading.Event()
 
     def finish(self):
@@ -122,9 +134,9 @@ class Saboteur(threading.Thread):
     def run(self):
         try:
             proc = wait_for(lambda: rank_process(self.marker, 1), "rank 1's process", timeout=240,
-                            abort=self.job_ended)
-            wait_for(lambda: committed_checkpoint(self.run_dir), "the first checkpoint", timeout=240,
-                     abort=self.job_ended)
+                            abort=self.job_ended, interval=0.25)
+            self.checkpoints = wait_for(lambda: committed_checkpoints(self.run_dir), "the first checkpoint",
+                                        timeout=240, abort=self.job_ended)
             self.proc = proc
             self.proc.send_signal(self.sig)
             self.signalled_at = time.monotonic()
@@ -160,55 +172,63 @@ class _Messages(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def published_then_killed(spark, dataset, tmp_path_factory):
-    """The DiLoCo (overlap) run trained to its end without a hitch, whose rank 0 then SIGKILLs itself
-    just after publishing (once; its pid in ``flag``): its model is the uninterrupted run that
-    kill-and-resume compares with, and its relaunch must finish without publishing again. One
-    launch serves both (the published model is written before the kill)."""
-    out = tmp_path_factory.mktemp("published-then-killed")
+def restarted_run(spark, dataset, tmp_path_factory):
+    """One DiLoCo (overlap) run that two failures interrupt, each answered by a relaunch
+    (launch.max_restarts=2): rank 1 is SIGKILLed by pid once epoch 1's checkpoint is committed, and
+    the relaunched ranks resume from it and train to the end; their rank 0 then SIGKILLs itself just
+    after publishing (once; its pid in ``flag``), and the second relaunch must finish without
+    publishing again. Its three launches serve the kill-and-resume test and the published-then-killed
+    test (once two runs of two launches each, one of them the other's uninterrupted reference)."""
+    out = tmp_path_factory.mktemp("restarted")
     marker, flag = uuid.uuid4().hex, out / "killed-after-publish.pid"
-    cfg = _cfg(dataset, out, marker, *DILOCO_OVERLAP, "output.mode=error",
+    cfg = _cfg(dataset, out, marker, *DILOCO_OVERLAP, "output.mode=error", "launch.max_restarts=2",
                "launch.env.SHARDTRAIN_FAULT=rank0:after-run", f"launch.env.SHARDTRAIN_FAULT_ONCE={flag}")
     logger, handler = logging.getLogger("shardtrain"), _Messages()
     level = logger.level
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
+    saboteur = Saboteur(marker, f"{out}/model.run", signal.SIGKILL)
+    saboteur.start()
     try:
         result = train(cfg, spark)
     finally:
+        saboteur.finish()
         logger.removeHandler(handler)
         logger.setLevel(level)
-    return SimpleNamespace(cfg=cfg, result=result, model=out / "model", flag=flag, marker=marker,
-                           messages=handler.messages)
+    return SimpleNamespace(cfg=cfg, result=result, model=out / "model", run_dir=out / "model.run", flag=flag,
+                           marker=marker, messages=handler.messages, saboteur=saboteur)
 
 
 @on_horovod
-def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(spark, dataset, tmp_path, caplog,
-                                                                              published_then_killed):
-    caplog.set_level("INFO", logger="shardtrain")
-    reference = published_then_killed.result  # the same training (output.mode and the fault after the publish aside)
+@pytest.mark.ranks  # the uninterrupted reference on the session's two Gloo ranks
+def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(dataset, tmp_path, restarted_run,
+                                                                              two_ranks):
+    run, result, saboteur = restarted_run, restarted_run.result, restarted_run.saboteur
+    assert saboteur.error is None and gone(saboteur.proc)  # rank 1 of the first launch really died
+    spe = result.steps_per_epoch
 
-    marker = uuid.uuid4().hex
-    out = tmp_path / "restarted"
-    saboteur = Saboteur(marker, f"{out}/model.run", signal.SIGKILL)
-    saboteur.start()
-    result = train(_cfg(dataset, out, marker, *DILOCO_OVERLAP), spark)
-    saboteur.finish()
-    assert saboteur.error is None and gone(saboteur.proc)
+    restarts = [m for m in run.messages if "restarting the ranks" in m]
+    assert len(restarts) == 2  # after the kill, and after the publish (the test below)
+    failed = [m for m in run.messages if m.startswith("ranks failed:")]
+    assert len(failed) == 2, failed
+    killed = failed[0]
+    assert killed.startswith("ranks failed: training failed on rank 1: its process exited with status"), killed
+    assert "killed by SIGKILL" in killed and "task slot" not in killed  # not a capacity problem
+    died = re.search(r"rank 1 died at step (\d+)", killed)
+    assert died and 0 < int(died.group(1)) < 2 * spe, killed  # the kill landed mid-run
+    # The relaunch resumed from the checkpoint committed before the kill: a relaunch that trained
+    # again from step 0 would have written that checkpoint again (a new marker).
+    assert saboteur.checkpoints, "no checkpoint before the kill"
+    now = committed_checkpoints(run.run_dir)
+    assert all(now.get(name) == mtime for name, mtime in saboteur.checkpoints.items()), (saboteur.checkpoints, now)
+    assert all(0 < int(name.split("-")[1]) < 2 * spe for name in saboteur.checkpoints)
 
-    assert result.resumed_from is not None  # the relaunched ranks resumed from a checkpoint...
-    resumed = result.ranks[0]["resumed_step"]
-    assert 0 < resumed < 2 * result.steps_per_epoch  # ...taken mid-run (with overlap: at epoch 1's end)
-    assert result.steps_per_rank == reference.steps_per_rank
-    restarts = [r.getMessage() for r in caplog.records if "restarting the ranks" in r.getMessage()]
-    assert len(restarts) == 1
-    failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ranks failed:")]
-    assert len(failed) == 1, failed
-    assert failed[0].startswith("ranks failed: training failed on rank 1: its process exited with status"), failed
-    assert "killed by SIGKILL" in failed[0] and "rank 1 died at step" in failed[0]
-    assert "task slot" not in failed[0]  # not a capacity problem
-    assert any(f"step {resumed}" in r.getMessage() and "resumed from" in r.getMessage() for r in caplog.records)
-
+    # The same training never interrupted, through the rank loop on two bare Gloo ranks (no Spark
+    # job): the backends' arithmetic is the same bit for bit (test_torch_backend's
+    # test_horovod_and_torch_train_identically), and DiLoCo is one strategy class on both.
+    reference = run_loop(_cfg(dataset, tmp_path, uuid.uuid4().hex, *DILOCO_OVERLAP, "launch.backend=torch"),
+                         pool=two_ranks)
+    assert result.steps_per_rank == reference.steps_per_rank == [2 * spe] * 2
     ours = load_file(os.path.join(result.model_uri, "model.safetensors"))
     theirs = load_file(os.path.join(reference.model_uri, "model.safetensors"))
     assert ours.keys() == theirs.keys()
@@ -217,9 +237,9 @@ def test_a_killed_rank_is_restarted_and_the_model_equals_an_uninterrupted_run(sp
     for ours_epoch, theirs_epoch in zip(result.metrics, reference.metrics, strict=True):
         for key in ("train_loss", "val_loss", "val_accuracy"):
             assert ours_epoch[key] == theirs_epoch[key], (key, ours_epoch, theirs_epoch)
-    report = assert_run_report(result.run_dir, dataset.manifest["fingerprint"], 2, result.metrics, restarts=1)
+    report = assert_run_report(result.run_dir, dataset.manifest["fingerprint"], 2, result.metrics, restarts=2)
     assert "killed by SIGKILL" in report  # the restart log names why the ranks were relaunched
-    wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
+    wait_for(lambda: not marked_processes(run.marker), "no rank process left", timeout=60)
 
 
 def _diloco_run_and_resume(group, resume_at: int, steps: int, spe: int) -> dict:
@@ -289,17 +309,16 @@ def _diloco_run_and_resume(group, resume_at: int, steps: int, spe: int) -> dict:
             "without_rank_state": resumed(False), "rank_state": sorted(strategy.rank_state(model, optimizer))}
 
 
-@pytest.mark.ranks  # two Gloo ranks (torch_ranks.run_ranks)
-def test_diloco_resumed_at_a_mid_epoch_sync_step_equals_the_uninterrupted_replicas():
+@pytest.mark.ranks  # the session's two Gloo ranks (torch_ranks.RankPool)
+def test_diloco_resumed_at_a_mid_epoch_sync_step_equals_the_uninterrupted_replicas(two_ranks):
     """DiLoCo without overlap, resumed mid-epoch from a sync step (the property its kill-and-resume
     run carried, now carried here, by the DiLoCo kill-and-resume run above and by
     test_horovod_spark.py's mid-epoch resume after a NaN): each replica's
     inner optimizer state and the outer optimizer's come back from the checkpoint, and every later
     step's weights equal the uninterrupted run's on both ranks, bit for bit."""
-    from torch_ranks import run_ranks
-
     resume_at, steps, spe = 9, 15, 6  # 9: a sync step (every 3) inside the second epoch of 6 steps
-    for rank, result in enumerate(run_ranks(2, _diloco_run_and_resume, resume_at, steps, spe)):
+    outcomes = two_ranks.run_calls([(_diloco_run_and_resume, (resume_at, steps, spe))])[0]
+    for rank, result in enumerate(values(outcomes)):
         assert result["rank_state"] == ["optimizer", "outer", "scaler"], result["rank_state"]
         assert len(result["resumed"]) == len(result["uninterrupted"]) == steps - resume_at
         for step, (ours, theirs) in enumerate(zip(result["resumed"], result["uninterrupted"]), resume_at + 1):
@@ -309,42 +328,19 @@ def test_diloco_resumed_at_a_mid_epoch_sync_step_equals_the_uninterrupted_replic
 
 
 @on_horovod
-def test_a_stopped_rank_ends_the_job_naming_it(spark, dataset, tmp_path, caplog):
+def test_a_rank_stopped_during_validation_ends_the_job_naming_it(spark, dataset, tmp_path, caplog):
+    """Rank 1 SIGSTOPped by pid inside a validation pass (its first validation forward writes its pid
+    to ``flag``; each of its batches takes a second, so the stop lands inside the pass) while rank 0
+    validates or waits in the pass's allreduce: the supervisor names the silent rank first, ends the
+    job (no relaunch at launch.max_restarts=0), cancels Horovod's Spark job and removes both rank
+    processes. One launch for a stop in either phase: the supervisor names a rank that sends nothing
+    by the same rule inside an epoch (test_supervisor.py's
+    test_a_silent_rank_is_named_and_live_ranks_are_told_to_abort, over real sockets), and the kill,
+    the cancelled job and the removed processes do not depend on the phase."""
     caplog.set_level("INFO", logger="shardtrain")
     marker = uuid.uuid4().hex
-    stall = 5  # waited out in full; a rank reports every 0.25 s at this timeout, so 5 s leaves a loaded machine room
-    saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGSTOP)
-    saboteur.start()
-    try:
-        with pytest.raises(RankStalledError) as info:
-            train(_cfg(dataset, tmp_path, marker, f"launch.stall_timeout_s={stall}", "launch.max_restarts=0",
-                       "train.epochs=20"), spark)
-        ended = time.monotonic()
-        saboteur.finish()
-        assert saboteur.error is None and saboteur.stopped
-        message = str(info.value)
-        assert message.startswith("rank 1 stalled"), message
-        assert "rank 1 sent nothing" in message and "at step" in message
-        assert "rank 0 " in message  # the other rank's step, whether it was waiting or named too
-        assert info.value.exit_code == EXIT_RUNTIME
-        assert ended - saboteur.signalled_at < stall + 60
-        # Horovod's job runs on a thread of its own, under its own job group, which the launch adopted.
-        cancelled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cancelled Spark job")]
-        assert len(cancelled) == 1, cancelled
-        # The supervisor itself removed the stopped rank and the waiting one: nothing is resumed here.
-        wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
-        assert gone(saboteur.proc)
-    finally:
-        for proc in marked_processes(marker):  # only after a failure above: leave no strays behind
-            proc.send_signal(signal.SIGKILL)
-            proc.send_signal(signal.SIGCONT)
-
-
-@on_horovod
-def test_a_rank_stopped_during_validation_ends_the_job_naming_it(spark, dataset, tmp_path):
-    marker = uuid.uuid4().hex
     flag = tmp_path / "validating.pid"  # rank 1's pid, written by its first validation forward
-    stall = 5  # as above (a validation batch here takes 1 s)
+    stall = 5  # waited out in full; a rank reports every 0.25 s at this timeout, so 5 s leaves a loaded machine room
     stopped: dict = {}
 
     def stop_rank_1_in_validation():
@@ -360,7 +356,6 @@ def test_a_rank_stopped_during_validation_ends_the_job_naming_it(spark, dataset,
     thread.start()
     try:
         with pytest.raises(RankStalledError) as info:
-            # Rank 1 takes a second per validation batch: the stop lands inside the pass.
             train(_cfg(dataset, tmp_path, marker, f"launch.stall_timeout_s={stall}", "launch.max_restarts=0",
                        "train.epochs=1", "model.name=plugin_models:slow_validation", f"model.kwargs.flag={flag}",
                        "model.kwargs.seconds=1"), spark)
@@ -369,8 +364,14 @@ def test_a_rank_stopped_during_validation_ends_the_job_naming_it(spark, dataset,
         assert "error" not in stopped and stopped.get("proved"), stopped
         message = str(info.value)
         assert message.startswith("rank 1 stalled"), message
-        assert "rank 1 sent nothing" in message and "rank 0 " in message
+        assert "rank 1 sent nothing" in message and "at step" in message
+        assert "rank 0 " in message  # the other rank's step, whether it was waiting or named too
+        assert info.value.exit_code == EXIT_RUNTIME
         assert ended - stopped["at"] < stall + 60
+        # Horovod's job runs on a thread of its own, under its own job group, which the launch adopted.
+        cancelled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cancelled Spark job")]
+        assert len(cancelled) == 1, cancelled
+        # The supervisor itself removed the stopped rank and the waiting one: nothing is resumed here.
         wait_for(lambda: not marked_processes(marker), "no rank process left", timeout=60)
         assert not psutil.pid_exists(stopped["pid"]) or gone(psutil.Process(stopped["pid"]))
     finally:
@@ -380,18 +381,20 @@ def test_a_rank_stopped_during_validation_ends_the_job_naming_it(spark, dataset,
 
 
 @on_horovod
-def test_ranks_failing_after_the_publish_finish_the_run_without_publishing_again(spark, published_then_killed):
-    run = published_then_killed
+def test_ranks_failing_after_the_publish_finish_the_run_without_publishing_again(spark, restarted_run):
+    run = restarted_run
     result, model = run.result, run.model
     killed = int(run.flag.read_text())
     assert not psutil.pid_exists(killed) or gone(psutil.Process(killed))
     failed = [m for m in run.messages if m.startswith("ranks failed:")]
-    assert len(failed) == 1 and "rank 0" in failed[0] and "killed by SIGKILL" in failed[0], failed
+    assert len(failed) == 2, failed  # the first: rank 1 killed mid-run (the test above)
+    assert "rank 0" in failed[1] and "killed by SIGKILL" in failed[1], failed
     assert result.ranks[0]["published"] is False
-    assert any("finished after 1 restart" in m and "already published by this run" in m for m in run.messages)
+    assert any("finished after 2 restart" in m and "already published by this run" in m for m in run.messages)
     # The relaunch published nothing (the marker is older than the kill) and retrained nothing (it
     # resumed at the last step).
     assert (model / "_COMMITTED").stat().st_mtime_ns <= run.flag.stat().st_mtime_ns
+    assert result.resumed_from.endswith(f"step-{2 * result.steps_per_epoch:09d}")
     assert result.ranks[0]["resumed_step"] == 2 * result.steps_per_epoch
     assert result.steps_per_rank == [2 * result.steps_per_epoch] * 2
     assert load_model(result.model_uri).metrics == result.metrics
