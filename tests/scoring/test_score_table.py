@@ -9,13 +9,14 @@ identical one, overwrite replaces only a scores table), and no staging table is 
 
 Killed mid-publish (a real Hive metastore on embedded Derby, so tables outlive the process: the
 score command in a process of its own, stopped at the fault point, then SIGKILLed by pid, its
-driver JVM too): killed after the staging table was written, the old table is there, unchanged;
-killed between the swap's two renames, no table has the name (the old one is aside, whole); the
-next run puts the old table back before anything else, then publishes, leaving no staging table.
-Each state is read from the metastore's own tables (hive_table_reader.read_metastore: JDBC in a
-JVM of its own, no Spark) and the Parquet at each table's location; the first and the last also by
-Spark with the metastore as its catalog, which sees the same tables and rows. The first publish,
-Spark's read of it and the first killed overwrite share one process (one Spark start-up)."""
+driver JVM too): killed between the swap's two renames, no table has the name (the old one is
+aside, whole); the next run puts the old table back before anything else, then publishes, leaving
+no staging table; killed after the staging table was written, the old table is there, unchanged.
+Each killed state is read from the metastore's own tables (hive_table_reader.read_metastore: JDBC
+in a JVM of its own, no Spark) and the Parquet at each table's location; each published table also
+by Spark with the metastore as its catalog, which sees the same tables and rows. Each publish,
+Spark's read of it and the killed overwrite after it share one process (one Spark start-up): two
+in all."""
 
 from __future__ import annotations
 
@@ -203,15 +204,6 @@ def _state(pid: int) -> str | None:
         return None  # gone
 
 
-def _score_cli(config: str, tmp_path, *overrides, fault: str | None = None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_ONCE_ENV)}
-    env["PYTHONPATH"] = ROOT
-    if fault:
-        env[FAULT_ENV], env[FAULT_ONCE_ENV] = f"{fault}:stop", str(tmp_path / f"{fault.replace(':', '-')}.pid")
-    return subprocess.Popen([sys.executable, "-m", "shardtrain", "score", "--config", config, *overrides],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 def _kill_at(proc: subprocess.Popen, fault: str, pid_file, log=None) -> None:
     """Wait until ``proc`` (a score command) stops itself at ``fault``, then SIGKILL it (and its
     driver JVM) by pid, and prove both died."""
@@ -238,69 +230,59 @@ def _reader_env() -> dict:
     return {**env, "PYTHONPATH": ROOT}
 
 
-def _score_then_read_with_spark(root, config: str, *overrides: str, schema: str = "default") -> tuple[str, dict]:
-    """`shardtrain score` (main(argv)) in a process of its own, then, in that process, what
-    ``read_metastore`` returns, read by Spark with the metastore as its catalog on a new session
-    (one Spark start-up for both); returns the process's output and what Spark read."""
-    out = subprocess.run([sys.executable, os.path.join(HERE, "hive_table_reader.py"), str(root), schema,
-                          "--score", "--config", config, *overrides],
-                         env=_reader_env(), cwd=root, capture_output=True, text=True, timeout=900)
-    output = out.stdout + out.stderr
-    assert out.returncode == 0 and "SCORED 0" in out.stdout, output[-3000:]
-    lines = [line for line in out.stdout.splitlines() if line.startswith("READ ")]
-    assert lines, output[-3000:]
-    return output, json.loads(lines[-1][len("READ "):])
-
-
-def _publish_read_then_kill_at(root, config: str, fault: str, pid_file, log, *overrides: str) -> dict:
-    """`shardtrain score` (main(argv)) in a process of its own, Spark's read of the metastore it
-    published to, then in that process (the same Spark application: one start-up for the three) a
-    second score command with ``overrides`` that stops itself at ``fault``: killed there by pid
-    (``_kill_at``). Returns what Spark read after the first command."""
+def _publish_read_then_kill_at(root, config: str, first: list[str], fault: str, pid_file, log,
+                               then: list[str]) -> tuple[str, dict]:
+    """`shardtrain score` (main(argv)) with ``first`` in a process of its own, Spark's read of the
+    metastore it published to, then in that process (the same Spark application: one start-up for
+    the three) a second score command with ``then`` that stops itself at ``fault``: killed there by
+    pid (``_kill_at``). Returns the process's output and what Spark read after the first command."""
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, os.path.join(HERE, "hive_table_reader.py"), str(root), "default",
-                                 "--score", "--config", config, "--then-stop-at", fault, str(pid_file),
-                                 "--config", config, *overrides],
+                                 "--score", "--config", config, *first, "--then-stop-at", fault, str(pid_file),
+                                 "--config", config, *then],
                                 env=_reader_env(), cwd=root, stdout=out, stderr=subprocess.STDOUT)
     _kill_at(proc, fault, pid_file, log=log)
     output = log.read_text()
     lines = [line for line in output.splitlines() if line.startswith("READ ")]
     assert "SCORED 0" in output and len(lines) == 1, output[-3000:]
-    return json.loads(lines[0][len("READ "):])
+    return output, json.loads(lines[0][len("READ "):])
 
 
 @pytest.mark.process
-@pytest.mark.timeout(1800)  # three Spark start-ups with a Hive metastore, on a shared machine
+@pytest.mark.timeout(1800)  # two Spark start-ups with a Hive metastore, on a shared machine
 def test_a_score_job_killed_mid_publish_leaves_the_old_table_or_none(model, tmp_path):
     metastore = tmp_path / "hive"
     metastore.mkdir()
     config = score_yaml(tmp_path / "score.yaml", model, {"path": str(tmp_path / "acc"), "table": "default.scores"},
                         {"raw": {"path": raw_source(tmp_path / "raw")}},
                         spark={"master": "local[1]", "conf": hive_conf(str(metastore))})
-    # The first publish (the old table, as Spark reads it), then an overwrite killed with the new
-    # scores complete in a staging table: the old table is there, as it was.
-    old = _publish_read_then_kill_at(metastore, config, "table:before-swap", tmp_path / "table-before-swap.pid",
-                                     tmp_path / "first.log", "output.mode=overwrite", "temperature=3.0")
+    overwrite = ["output.mode=overwrite"]
+    # The first publish (the old table, as Spark reads it), then an overwrite killed between the
+    # swap's renames: no table has the name (never a half one); the old one is aside, whole.
+    _, old = _publish_read_then_kill_at(metastore, config, [], "table:after-aside", tmp_path / "after-aside.pid",
+                                        tmp_path / "first.log", [*overwrite, "temperature=3.0"])
     assert list(old) == ["scores"] and len(old["scores"]) == 237
-    found = read_metastore(str(metastore))
-    assert found["scores"] == old["scores"]
-    staging = [t for t in found if t.startswith("scores__shardtrain_staging_")]
-    assert len(staging) == 1 and len(found[staging[0]]) == 237  # the killed job's, never under the name
-
-    # Killed between the renames: no table has the name (never a half one); the old one is aside, whole.
-    pid_file = tmp_path / "table-after-aside.pid"
-    _kill_at(_score_cli(config, tmp_path, "output.mode=overwrite", "temperature=3.0", fault="table:after-aside"),
-             "table:after-aside", pid_file)
     found = read_metastore(str(metastore))
     assert "scores" not in found
     aside = [t for t in found if t.startswith("scores__shardtrain_replaced_")]
     assert len(aside) == 1 and found[aside[0]] == old["scores"]
+    left = [t for t in found if t.startswith("scores__shardtrain_staging_")]  # the killed job's new scores
+    assert sorted(found) == sorted([*aside, *left]) and len(left) == 1 and len(found[left[0]]) == 237
 
-    # The next run puts the old table back first, then publishes the new scores; nothing is left beside.
-    output, read_by_spark = _score_then_read_with_spark(metastore, config, "output.mode=overwrite", "temperature=3.0")
+    # The next run puts the old table back first, then publishes the new scores; nothing is left
+    # beside (the killed run's staging table dropped too), as Spark, with the metastore as its
+    # catalog, reads it. Then, in that process, an overwrite killed with its scores complete in a
+    # staging table: the table is there, as it was.
+    output, new = _publish_read_then_kill_at(metastore, config, [*overwrite, "temperature=3.0"], "table:before-swap",
+                                             tmp_path / "before-swap.pid", tmp_path / "second.log",
+                                             [*overwrite, "temperature=2.0"])
     assert f"restored default.scores from default.{aside[0]}" in output
-    new = read_metastore(str(metastore))
     assert list(new) == ["scores"] and [r[0] for r in new["scores"]] == [r[0] for r in old["scores"]]
     assert new["scores"] != old["scores"]  # temperature 3: other probabilities
-    # Spark, with the metastore as its catalog, reads the same tables and rows as a user's job would.
-    assert read_by_spark == new
+    found = read_metastore(str(metastore))
+    # The metastore's own tables and Spark with it as its catalog: the same table and rows.
+    assert found["scores"] == new["scores"]
+    staging = [t for t in found if t.startswith("scores__shardtrain_staging_")]
+    assert sorted(found) == sorted(["scores", *staging]) and len(staging) == 1
+    # The killed job's scores (temperature 2), complete, never under the name.
+    assert len(found[staging[0]]) == 237 and found[staging[0]] != new["scores"]
