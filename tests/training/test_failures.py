@@ -30,9 +30,9 @@ from training import load_model, load_train_config, train
 from training.export import published_by
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# 46 steps per rank and epoch at batch 32: a kill lands mid-run, after the first checkpoint (step 20;
-# with DiLoCo's overlap, epoch 1's end), with more than 40 steps to spare (the saboteur has found
-# rank 1's process before that checkpoint and polls every 50 ms).
+# 46 steps per rank and epoch at batch 32: a kill lands mid-run, after the first checkpoint (with
+# DiLoCo's overlap, epoch 1's end; in the one-epoch elastic run, step 10), with more than 30 steps
+# to spare (the saboteur has found rank 1's process before that checkpoint and polls every 50 ms).
 LAYOUT = {"train": [[800, 600], [600], [600, 400]], "val": [[300]]}
 MARKER = "SHARDTRAIN_TEST_RANKS"
 
@@ -93,11 +93,13 @@ def committed_checkpoints(run_dir) -> dict[str, int]:
     root = os.path.join(run_dir, "checkpoints")
     found = {}
     for name in os.listdir(root) if os.path.isdir(root) else ():
+        if not name.startswith("step-"):  # a save's hidden staging directory or lock file (.step-...)
+            continue
         try:
             found[name] = os.stat(os.path.join(root, name, "_COMMITTED")).st_mtime_ns
         except FileNotFoundError:
             continue
-    return {name: mtime for name, mtime in found.items() if name.startswith("step-")}
+    return found
 
 
 def _proc_state(pid: int) -> str:
@@ -406,9 +408,11 @@ def test_ranks_failing_after_the_publish_finish_the_run_without_publishing_again
 
 
 @on_horovod
-def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_new_world_size(dataset, tmp_path):
-    """launch.elastic: 2 ranks, rank 1 killed (SIGKILL by pid) mid-epoch; rank 0 goes on at world
-    size 1 without a relaunch, repeating the interrupted epoch in the steps of a 1-rank plan. Its own
+def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_new_world_size(dataset, tmp_path,
+                                                                                             mlflow_store):
+    """launch.elastic: 2 ranks, one epoch, rank 1 killed (SIGKILL by pid) mid-epoch (after the
+    checkpoint at step 10 of 46); rank 0 goes on at world size 1 without a relaunch, repeating the
+    interrupted epoch in the steps of a 1-rank plan (a second epoch would add nothing here). Its own
     process with local[2,4]: Horovod elastic needs Spark task retries (the shared session has none:
     the dead rank's failed task would fail the Spark job). If Spark re-runs the task in time, the
     rank rejoins and the run finishes at world size 2; either way every rank ran the steps of the
@@ -420,13 +424,14 @@ def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_
     from training.data import steps_per_epoch
 
     marker = uuid.uuid4().hex
-    tracking = f"sqlite:///{tmp_path}/mlflow.db"
+    tracking = mlflow_store(tmp_path)  # an empty, migrated store: the session migrates one for all
     saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGKILL)
     saboteur.start()
     job = subprocess.run(
         [sys.executable, "-c", "import sys\nfrom training import load_train_config, train\n"
                                "train(load_train_config(None, sys.argv[1:]))\n",
-         *_overrides(dataset, tmp_path, marker, "launch.elastic=true", "launch.max_restarts=0",
+         *_overrides(dataset, tmp_path, marker, "train.epochs=1", "checkpoint.every_steps=10",
+                     "launch.elastic=true", "launch.max_restarts=0",
                      "spark.master=local[2,4]", f"tracking.mlflow.tracking_uri={tracking}",
                      "tracking.mlflow.experiment=elastic")],
         capture_output=True, text=True, timeout=540)
@@ -441,8 +446,8 @@ def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_
     world = summary["world_size"]
     per_rank = steps_per_epoch(sum(map(sum, LAYOUT["train"])), world, 32)
     assert summary["steps_per_epoch"] == per_rank
-    assert summary["steps_per_rank"] == [2 * per_rank] * world  # equal on every rank, in the final size's steps
-    assert len(summary["metrics"]) == 2 and load_model(str(tmp_path / "model")).metrics == summary["metrics"]
+    assert summary["steps_per_rank"] == [per_rank] * world  # equal on every rank, in the final size's steps
+    assert len(summary["metrics"]) == 1 and load_model(str(tmp_path / "model")).metrics == summary["metrics"]
     # Like any other run: report.html, and every epoch in MLflow.
     assert_run_report(tmp_path / "model.run", dataset.manifest["fingerprint"], world, summary["metrics"])
     _assert_epochs_tracked(tracking, "elastic", summary["metrics"])
