@@ -155,7 +155,10 @@ def test_a_journal_on_object_storage_is_refused_asking_for_a_url(tmp_path, datas
 @pytest.mark.spark
 @pytest.mark.ranks
 @pytest.mark.process  # a rank's pid is SIGSTOPped
-@pytest.mark.stack  # which jobs a launch owns (job tags) is pyspark's: run in both profiles
+# Not `stack`: what in it could differ on the current stack, which Spark jobs a launch owns (job
+# tags on TorchDistributor's barrier job) and cancelling one launch's alone, runs there in
+# test_cancelling_one_launch_by_its_job_tag_leaves_the_other_launch_running; the rest is torch's and
+# our own Python (the stall rule, Optuna's study, publishing), the same on both.
 def test_trials_two_at_a_time_on_local_2_a_stalled_one_cancelled_alone_and_the_best_published(tmp_path, dataset,
                                                                                                spark, caplog):
     """Three 1-rank TorchDistributor trials, two at once on local[2]'s two task slots: trial 0's
@@ -252,6 +255,84 @@ def test_trials_two_at_a_time_on_local_2_a_stalled_one_cancelled_alone_and_the_b
     assert model.meta["run_id"] == read_marker(os.path.join(trial_dir(cfg, s.best_trial.number), "model"))["run_id"]
     page = open(os.path.join(cfg.output.path, "sweep.html")).read()
     assert page.count("<img") >= 4 and "train.lr" in page and "model.kwargs.role" in page  # over trials, per parameter
+
+
+@pytest.mark.spark
+@pytest.mark.ranks
+@pytest.mark.stack  # job tags (addJobTag, getJobIdsForTag, cancelJobsWithTag) and TorchDistributor's job are pyspark's
+def test_cancelling_one_launch_by_its_job_tag_leaves_the_other_launch_running(tmp_path, spark):
+    """What parallel trials rely on where pyspark's version could change it: two launches on two
+    plain threads of the driver (as the sweep runs its trials), each a 1-process TorchDistributor
+    barrier job on local[2] whose rank waits at a gate; each launch's ``LaunchJobs`` sees its own
+    job's task alone, and cancelling the first launch's jobs (what the supervisor does to a stalled
+    launch) ends that job only: the other's rank runs on and its job returns the rank's result.
+    The whole sweep (a SIGSTOPped rank, the stall rule, the best trial published) is
+    test_trials_two_at_a_time_on_local_2_a_stalled_one_cancelled_alone_and_the_best_published."""
+    import threading
+
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from common.spark import LaunchJobs
+
+    def rank(gate: str) -> int:  # a nested function: TorchDistributor's pickle carries it by value
+        import os
+        import time
+
+        with open(gate + ".pid.tmp", "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace(gate + ".pid.tmp", gate + ".pid")
+        while not os.path.exists(gate + ".go"):
+            time.sleep(0.05)
+        return os.getpid()
+
+    gates = {name: str(tmp_path / name) for name in ("cancelled", "kept")}
+    launches: dict = {}
+    outcome: dict = {}
+
+    def launch(name: str) -> None:  # a trial's thread: the launch's job tag is a property of this thread
+        jobs = LaunchJobs(spark)
+        launches[name] = jobs
+        try:
+            outcome[name] = TorchDistributor(num_processes=1, local_mode=False, use_gpu=False).run(rank, gates[name])
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            outcome[name] = exc
+        finally:
+            jobs.close()
+
+    threads = {name: threading.Thread(target=launch, args=(name,), name=f"test-launch-{name}", daemon=True)
+               for name in gates}
+    for thread in threads.values():
+        thread.start()
+    pids: dict = {}
+    try:
+        for name, gate in gates.items():
+            pids[name] = int(wait_for(lambda: os.path.exists(gate + ".pid") and open(gate + ".pid").read(),
+                                      f"the {name} launch's rank at its gate", 300))
+        # Both ranks run at once, and each launch counts its own job's task alone.
+        assert [launches[name].running_tasks() for name in gates] == [1, 1]
+        cancelled = launches["cancelled"].cancel()
+        assert len(cancelled) == 1 and cancelled[0].startswith("Spark job "), cancelled
+        threads["cancelled"].join(120)
+        assert not threads["cancelled"].is_alive()
+        assert isinstance(outcome["cancelled"], Exception) and "cancel" in str(outcome["cancelled"]).lower(), \
+            outcome["cancelled"]
+        # The other launch lives on through the cancel: its task still runs, its rank still waits.
+        assert threads["kept"].is_alive() and "kept" not in outcome
+        assert launches["kept"].running_tasks() == 1 and _state(pids["kept"]) not in (None, "Z")
+        open(gates["kept"] + ".go", "w").close()
+        threads["kept"].join(120)
+        assert outcome.get("kept") == pids["kept"], outcome.get("kept")
+    finally:
+        for gate in gates.values():
+            open(gate + ".go", "w").close()  # a cancelled task's rank may outlive it: release it too
+        for thread in threads.values():
+            thread.join(120)
+        for pid in pids.values():
+            if _state(pid) not in (None, "Z"):
+                try:
+                    wait_for(lambda: _state(pid) in (None, "Z"), "a released rank to exit", 30)
+                except AssertionError:
+                    os.kill(pid, signal.SIGKILL)
 
 
 def _state(pid: int) -> str | None:
