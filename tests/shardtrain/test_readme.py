@@ -254,10 +254,8 @@ def fresh_copy(tmp_path_factory):
     notebook.close()
 
 
-def test_every_block_runs_or_says_why_not():
-    """A marker names its reason or its replacement; the Quick start's demo, the Commands examples
-    and the notebook snippet are among what runs."""
-    blocks = [b for b in readme_blocks() if b.language in (*SHELL, "python")]
+def check_markers(blocks: list[Block]) -> None:
+    """A marker names its reason or its replacement, and a replacement cannot drop a command's words."""
     for block in blocks:
         if block.marker:
             kind, argument = block.marker
@@ -265,6 +263,16 @@ def test_every_block_runs_or_says_why_not():
             assert kind != "local" or block.language == "python", f"README.md line {block.line}: local is for python"
         for old, new in block.replacements:
             assert old and new, f"README.md line {block.line}: replace is 'OLD{REPLACE}NEW'"
+            # A NEW with a shell comment comments out what follows OLD on its line: only a comment may.
+            assert "#" not in new or all(re.match(r"[ \t]*(#.*)?$", line.split(old, 1)[1])
+                                         for line in block.text.splitlines() if old in line), \
+                f"README.md line {block.line}: a 'readme-test: replace:' text with a '#' comment must end its line"
+
+
+def test_every_block_runs_or_says_why_not():
+    """A marker names its reason or its replacement; the Quick start's demo, the Commands examples
+    and the notebook snippet are among what runs."""
+    check_markers([b for b in readme_blocks() if b.language in (*SHELL, "python")])
     commands = [step.command for step in STEPS]
     for expected in ("shardtrain demo", "shardtrain shard --config conf/shard.yaml",
                      "shardtrain train --config conf/train.yaml", "shardtrain doctor"):
@@ -312,6 +320,12 @@ def test_an_unmarked_block_runs_and_a_failing_or_noisy_one_fails(tmp_path):
     assert [step.command for step in steps] == [
         "echo ok  # runs", "false", "echo '26/12/01 01:16:15 WARN NativeCodeLoader: Unable to load'"]
     check_ran("echo", run_shell(steps[0].command, str(tmp_path)))
+    # A replacement whose comment would swallow the rest of a command's line is refused.
+    readme.write_text("\n".join([
+        "<!-- readme-test: replace: shardtrain score ==> shardtrain score x=1  # cheaper -->", "```bash",
+        "shardtrain score output.mode=skip_if_exists", "```"]))
+    with pytest.raises(AssertionError, match="must end its line"):
+        check_markers(readme_blocks(str(readme)))
     for step in steps[1:]:
         with pytest.raises(AssertionError):
             check_ran(step.command, run_shell(step.command, str(tmp_path)))
