@@ -17,6 +17,7 @@ import datetime
 import logging
 import os
 import socket
+import sys
 
 import torch
 
@@ -241,11 +242,11 @@ def spark_gpu_addresses() -> list[str]:
         # A torchrun rank under TorchDistributor, which sets CUDA_VISIBLE_DEVICES to the task's
         # Spark GPU addresses ("" when it runs with use_gpu=False).
         return [a.strip() for a in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if a.strip()]
-    try:
-        from horovod.spark.task import get_available_devices
-    except ImportError:
-        return []
-    return [str(a) for a in get_available_devices()]
+    # A Horovod-on-Spark rank: horovod.spark.task set its task's resources before running the rank's
+    # function. Not imported means no such task gave this process any (importing it here would only
+    # cost an in-process run a pyspark import for the same empty answer).
+    task_info = sys.modules.get("horovod.spark.task.task_info")
+    return [] if task_info is None else [str(a) for a in task_info.get_available_devices()]
 
 
 def set_threads(local_size: int) -> None:
