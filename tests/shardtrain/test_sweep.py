@@ -308,7 +308,12 @@ def test_cancelling_one_launch_by_its_job_tag_leaves_the_other_launch_running(tm
         for name, gate in gates.items():
             pids[name] = int(wait_for(lambda: os.path.exists(gate + ".pid") and open(gate + ".pid").read(),
                                       f"the {name} launch's rank at its gate", 300))
-        # Both ranks run at once, and each launch counts its own job's task alone.
+        # Both ranks run at once, and each launch counts its own job's task alone. Spark's status
+        # store follows its listener bus, a moment behind the tasks: once it shows both tasks (in
+        # all), each launch must count exactly one of them.
+        tracker = spark.sparkContext.statusTracker()
+        wait_for(lambda: sum(getattr(tracker.getStageInfo(stage), "numActiveTasks", 0)
+                             for stage in tracker.getActiveStageIds()) == 2, "Spark's status to show both tasks", 60)
         assert [launches[name].running_tasks() for name in gates] == [1, 1]
         cancelled = launches["cancelled"].cancel()
         assert len(cancelled) == 1 and cancelled[0].startswith("Spark job "), cancelled
