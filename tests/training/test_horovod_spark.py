@@ -26,11 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def uneven(uneven_dataset):
-    """torch_uneven.UNEVEN (shard counts and row groups that divide evenly by neither 2 nor 3 ranks), the
-    session's copy that test_torch_backend.py and test_torchrun.py read too: every run here only reads it."""
-    return uneven_dataset
+# The runs read the session's `uneven_dataset` (tests/training/conftest.py): torch_uneven.UNEVEN, shard counts
+# and row groups that divide evenly by neither 2 nor 3 ranks, which test_torch_backend.py and test_torchrun.py
+# read too.
 
 
 def _cfg(ds, out, *extra):
@@ -53,11 +51,12 @@ def assert_equal_steps_no_repeats(summary_ranks, total_rows, world, rows_per_ste
         assert 0 <= skipped < world * rows_per_step
 
 
-def test_two_ranks_fp16_grad_accum_uneven_layout(spark, uneven, tmp_path):
+def test_two_ranks_fp16_grad_accum_uneven_layout(spark, uneven_dataset, tmp_path):
     """fp16 with 2-step gradient accumulation on 2 Horovod ranks over files and row groups that split
     unevenly: equal steps in both epochs, no row twice, the loss falls (0.49 -> 0.20 here) and the
     model beats the majority baseline; rank 0's predictions equal the published model's."""
-    result = train(_cfg(uneven, tmp_path, "train.precision=fp16", "train.grad_accum=2", "train.epochs=2"), spark)
+    result = train(_cfg(uneven_dataset, tmp_path, "train.precision=fp16", "train.grad_accum=2", "train.epochs=2"),
+                   spark)
     rows = sum(map(sum, UNEVEN["train"]))
     assert result.steps_per_rank == [2 * result.steps_per_epoch] * 2
     assert_equal_steps_no_repeats(result.ranks, rows, 2, 32 * 2, 2)
@@ -68,16 +67,16 @@ def test_two_ranks_fp16_grad_accum_uneven_layout(spark, uneven, tmp_path):
     assert all(m["val_rows"] == sum(map(sum, UNEVEN["val"])) for m in result.metrics)
     # What rank 0 predicted at the end equals what the published model predicts on raw rows.
     model = load_model(result.model_uri)
-    probs = model.predict(uneven.raw["val"].iloc[result.reference["rows"]])
+    probs = model.predict(uneven_dataset.raw["val"].iloc[result.reference["rows"]])
     np.testing.assert_allclose(probs, np.array(result.reference["predictions"]), rtol=1e-5, atol=1e-6)
     summary = json.load(open(os.path.join(result.run_dir, "summary.json")))
     assert summary["steps_per_rank"] == result.steps_per_rank
     assert all(r["device"] == "cpu" and r["gpu_addresses"] == [] for r in result.ranks)
-    assert_run_report(result.run_dir, uneven.manifest["fingerprint"], 2, result.metrics)  # written by rank 0
+    assert_run_report(result.run_dir, uneven_dataset.manifest["fingerprint"], 2, result.metrics)  # written by rank 0
 
 
 @pytest.mark.ranks  # the uninterrupted run on the session's two Gloo ranks
-def test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_uninterrupted_run(spark, uneven, tmp_path, two_ranks):
+def test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_uninterrupted_run(spark, uneven_dataset, tmp_path, two_ranks):
     """fp32, CPU, 2 ranks, 38 steps per epoch, checkpoints every 10 steps and at epoch ends, and no
     log-step checks. Rank 1's loss goes NaN at step 45 (TRIPWIRE_NAN_* through launch.env, no part of
     the run's identity): both ranks stop, naming step 45 and rank 1, and no checkpoint at or after
@@ -93,11 +92,11 @@ def test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_uninterrupted_run(spar
     test_torch_backend's test_a_failing_torch_rank_reports_its_own_traceback)."""
     same = ("model.name=plugin_models:tripwire", "train.precision=fp32", "train.epochs=2",
             "train.log_every_steps=1000", "checkpoint.every_steps=10")
-    straight = run_loop(_cfg(uneven, tmp_path / "a", *same, "launch.backend=torch"), pool=two_ranks)
+    straight = run_loop(_cfg(uneven_dataset, tmp_path / "a", *same, "launch.backend=torch"), pool=two_ranks)
     assert straight.steps_per_epoch == 38
 
     with pytest.raises(RankFailedError) as info:
-        train(_cfg(uneven, tmp_path / "b", *same, "launch.env.TRIPWIRE_NAN_RANK=1",
+        train(_cfg(uneven_dataset, tmp_path / "b", *same, "launch.env.TRIPWIRE_NAN_RANK=1",
                     "launch.env.TRIPWIRE_NAN_CALL=45"), spark)
     message = str(info.value)
     first_line = message.splitlines()[0]
@@ -108,7 +107,7 @@ def test_two_ranks_resumed_mid_epoch_after_a_nan_equal_an_uninterrupted_run(spar
     assert info.value.exit_code == EXIT_RUNTIME
     assert sorted(os.listdir(tmp_path / "b/model.run/checkpoints")) == ["step-000000038", "step-000000040"]
 
-    resumed = train(_cfg(uneven, tmp_path / "b", *same), spark)
+    resumed = train(_cfg(uneven_dataset, tmp_path / "b", *same), spark)
     assert resumed.resumed_from.endswith("step-000000040") and resumed.steps_per_rank == [76, 76]
     from safetensors.torch import load_file
 
@@ -131,7 +130,8 @@ def _spark_submit(args, cwd=ROOT, timeout=280):
 
 @pytest.mark.cluster
 @pytest.mark.process  # spark-submit
-def test_two_ranks_on_the_standalone_cluster_each_on_the_gpu_its_task_was_given(standalone_cluster, uneven, tmp_path):
+def test_two_ranks_on_the_standalone_cluster_each_on_the_gpu_its_task_was_given(standalone_cluster, uneven_dataset,
+                                                                                tmp_path):
     """spark-submit shardtrain/job.py train on the standalone cluster, whose two 1-core workers each
     offer one fake GPU (addresses 0 and 1, tests/spark_cluster.py): each rank must see the GPU
     address its own task was given, then fall back to CPU (no CUDA here). Two ranks carry the GPU
@@ -142,7 +142,7 @@ def test_two_ranks_on_the_standalone_cluster_each_on_the_gpu_its_task_was_given(
         "--master", master, "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=1g",
         "--conf", "spark.executor.resource.gpu.amount=1", "--conf", "spark.task.resource.gpu.amount=1",
         "shardtrain/job.py", "train", "--config", "conf/train.yaml", f"spark.master={master}",
-        *train_overrides(uneven, f"{tmp_path}/model", "launch.gpus_per_proc=1", "launch.start_timeout=90",
+        *train_overrides(uneven_dataset, f"{tmp_path}/model", "launch.gpus_per_proc=1", "launch.start_timeout=90",
                          "train.batch_size=32", "train.epochs=1", "train.precision=fp32", ranks=2)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "validation accuracy" in proc.stdout
