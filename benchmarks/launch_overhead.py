@@ -1,6 +1,7 @@
 """A training launch's fixed cost: ``train()`` of one short epoch on local[N] with the torch backend
 against a bare ``TorchDistributor(num_processes=2, local_mode=False).run(fn)`` running the same model
-for the same number of steps, side by side in one Spark session.
+for the same number of steps, side by side in one Spark session; and the same ``train()`` with
+``launch.backend=torch_tasks`` (the ranks inside the barrier tasks' Python workers, no torchrun).
 
     .venv/bin/python benchmarks/launch_overhead.py [--rows 4000] [--repeats 3] [--profile]
 
@@ -14,11 +15,18 @@ into a small dataset; the step count is what ``train()`` plans for it (``steps_p
 - ``train``: ``training.train`` of the same config: driver checks, the manifest and the writer lock,
   the progress server, the ranks (group, verified shard reading, the steps, validation), the
   checkpoint, the published model, the run report.
+- ``tasks``: the same ``train()`` with ``launch.backend=torch_tasks``.
+
+Each line also says ``cpu_s``, the CPU seconds the launch cost this process and everything it started
+(Spark's JVM, its Python workers, torchrun and the ranks), read from a cpuacct cgroup of its own
+(run as root; null elsewhere).
 
 Both run ``--repeats`` times, interleaved (bare first), after one warm-up launch each that is not
 counted (the first launch of a session pays for Spark's barrier-task path and the Python workers).
-Prints one JSON line per launch, then the medians and ``train_vs_bare`` (train's median / bare's;
-1.0 = no fixed cost of ours). ``--profile`` also prints where a ``train()`` spends its driver time
+Then ``tasks_in_a_row``: the torch_tasks ``train()`` ``--repeats`` times back to back (what a
+notebook's or a sweep's next launch costs: its ranks run in the workers the previous one left, torch
+already imported). Prints one JSON line per launch, then the medians, ``train_vs_bare`` (train's
+median / bare's; 1.0 = no fixed cost of ours), ``tasks_vs_bare`` and ``tasks_in_a_row_vs_bare``. ``--profile`` also prints where a ``train()`` spends its driver time
 (cProfile, cumulative, top functions) and the rank-side phases from the ranks' log lines.
 """
 
@@ -120,12 +128,48 @@ def plan_files(plan) -> list[str]:
     return [manifest.root.join(e.path).path for e in manifest.files(plan.config.data.train_split)]
 
 
-def time_train(cfg, spark, model_path: Path) -> tuple[float, object]:
+class TreeCpu:
+    """CPU seconds of this process and everything it starts (Spark's JVM, its Python workers,
+    torchrun, the ranks; processes that ended included): a cgroup v1 ``cpuacct`` group of its own,
+    made at start where this process may (root); ``None`` elsewhere."""
+
+    def __init__(self):
+        self.path = None
+        base = "/sys/fs/cgroup/cpuacct"
+        try:
+            path = os.path.join(base, f"launch-overhead-{os.getpid()}")
+            os.mkdir(path)
+            with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+                fh.write(str(os.getpid()))
+            self.path = path
+        except OSError:
+            pass
+
+    def seconds(self) -> float | None:
+        if self.path is None:
+            return None
+        with open(os.path.join(self.path, "cpuacct.usage")) as fh:
+            return int(fh.read()) / 1e9
+
+    def close(self) -> None:
+        """Back to the parent group; the group itself goes once its last process has ended."""
+        if self.path is None:
+            return
+        with open(os.path.join(os.path.dirname(self.path), "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass  # a worker still exiting: the kernel keeps the empty group; nothing else uses it
+
+
+def time_train(cfg, spark, model_path: Path, backend: str = "torch") -> tuple[float, object]:
     import dataclasses
 
     from training import train
 
-    cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, model_path=str(model_path)))
+    cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, model_path=str(model_path)),
+                              launch=dataclasses.replace(cfg.launch, backend=backend))
     start = time.perf_counter()
     result = train(cfg, spark=spark)
     return time.perf_counter() - start, result
@@ -160,6 +204,7 @@ def main() -> None:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="launch-overhead-"))
+    cpu_meter = TreeCpu()  # before the JVM starts, so that it and its children are counted
     spark = spark_session(args.master)
     try:
         from training.plan import build_plan
@@ -171,22 +216,41 @@ def main() -> None:
                   "batch_size": args.batch_size, "load_average": round(os.getloadavg()[0], 1)}
         time_bare(plan, cfg)  # warm-up launches, not counted
         time_train(cfg, spark, work / "model-warm-up")
-        bare, trained = [], []
+        time_train(cfg, spark, work / "model-warm-up-tasks", "torch_tasks")
+        times = {"bare": [], "train": [], "tasks": []}
         for i in range(args.repeats):
-            bare.append(time_bare(plan, cfg))
-            print(json.dumps({"what": "bare", "repeat": i, **common, "seconds": round(bare[-1], 2)}), flush=True)
-            seconds, result = time_train(cfg, spark, work / f"model-{i}")
-            trained.append(seconds)
-            print(json.dumps({"what": "train", "repeat": i, **common, "seconds": round(seconds, 2),
+            for what in times:
+                cpu = cpu_meter.seconds()
+                if what == "bare":
+                    seconds, steps = time_bare(plan, cfg), plan.steps_per_epoch
+                else:
+                    seconds, result = time_train(cfg, spark, work / f"model-{what}-{i}",
+                                                 "torch" if what == "train" else "torch_tasks")
+                    steps = result.steps_per_rank
+                times[what].append(seconds)
+                print(json.dumps({"what": what, "repeat": i, **common, "seconds": round(seconds, 2),
+                                  "cpu_s": None if cpu is None else round(cpu_meter.seconds() - cpu, 2), "steps_per_rank": steps}), flush=True)
+        # What a notebook's or a sweep's next torch_tasks launch costs: the same launch back to back,
+        # on workers that ran the previous one (interleaved above, TorchDistributor's tasks use them too).
+        times["tasks_in_a_row"] = []
+        for i in range(args.repeats):
+            cpu = cpu_meter.seconds()
+            seconds, result = time_train(cfg, spark, work / f"model-tasks-row-{i}", "torch_tasks")
+            times["tasks_in_a_row"].append(seconds)
+            print(json.dumps({"what": "tasks_in_a_row", "repeat": i, **common, "seconds": round(seconds, 2),
+                              "cpu_s": None if cpu is None else round(cpu_meter.seconds() - cpu, 2),
                               "steps_per_rank": result.steps_per_rank}), flush=True)
+        bare, trained, tasks, in_a_row = (statistics.median(times[k]) for k in ("bare", "train", "tasks", "tasks_in_a_row"))
         if args.profile:
             profile_train(cfg, spark, work / "model-profiled", 45)
         common["load_average"] = round(os.getloadavg()[0], 1)
-        print(json.dumps({"what": "medians", **common, "bare_s": round(statistics.median(bare), 2),
-                          "train_s": round(statistics.median(trained), 2),
-                          "train_vs_bare": round(statistics.median(trained) / statistics.median(bare), 2)}), flush=True)
+        print(json.dumps({"what": "medians", **common, "bare_s": round(bare, 2), "train_s": round(trained, 2),
+                          "tasks_s": round(tasks, 2), "tasks_in_a_row_s": round(in_a_row, 2),
+                          "train_vs_bare": round(trained / bare, 2), "tasks_vs_bare": round(tasks / bare, 2),
+                          "tasks_in_a_row_vs_bare": round(in_a_row / bare, 2)}), flush=True)
     finally:
         spark.stop()
+        cpu_meter.close()
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -237,6 +237,18 @@ def backend_status() -> dict[str, str]:
             "this torch build has no torch.distributed with Gloo"
     except Exception as exc:  # noqa: BLE001 - the reason is the finding
         status["torch"] = f"cannot import torch.distributed / pyspark's TorchDistributor ({exc})"
+    try:  # the ranks inside barrier tasks: a barrier mapInPandas (pyspark >= 3.5), classic and Connect alike
+        import inspect
+
+        import torch.distributed as dist
+        from pyspark.sql import DataFrame
+
+        status["torch_tasks"] = (
+            "this torch build has no torch.distributed with Gloo" if not (dist.is_available() and dist.is_gloo_available())
+            else "" if "barrier" in inspect.signature(DataFrame.mapInPandas).parameters
+            else "this pyspark has no barrier mapInPandas (pyspark >= 3.5 has)")
+    except Exception as exc:  # noqa: BLE001 - the reason is the finding
+        status["torch_tasks"] = f"cannot import torch.distributed / pyspark's DataFrame ({exc})"
     try:  # no Spark: ranks started by torchrun (or Kubernetes, ...); Classic and Connect alike
         import torch.distributed.run  # noqa: F401 - what `torchrun` runs
 

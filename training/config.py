@@ -264,10 +264,12 @@ class LaunchConfig:
     # the newest complete checkpoint (checkpoint.resume=auto). Config and data errors never retry.
     max_restarts: int = 2
     # horovod (horovod.spark.run) or torch (pyspark's TorchDistributor + torch.distributed), or
+    # torch_tasks (torch.distributed ranks inside the barrier tasks' own Python workers: no torchrun,
+    # torch stays imported for the session's next launch; training/launchers/torch_tasks.py), or
     # torchrun: no Spark, every rank a process torchrun (or Kubernetes, ...) started running
     # `shardtrain train` (training/launchers/torchrun.py; launch.device picks its GPU or the CPU).
     # null: horovod where horovod.torch is installed, else torch (resolved here, on the driver).
-    backend: Literal["horovod", "torch", "torchrun"] | None = None
+    backend: Literal["horovod", "torch", "torch_tasks", "torchrun"] | None = None
     # Horovod elastic (horovod.spark.run_elastic): when a rank dies, the others go on without a
     # relaunch, at the smaller world size (at least min_num_proc; null: num_proc - 1), repeating
     # the interrupted epoch with its rows divided into equal steps for that size (training.elastic).

@@ -3,8 +3,8 @@ few collectives the rank loop needs (broadcast, gather, sum, min). How a model i
 parallel is not decided here: that is the strategy's (``training.strategies``).
 
 ``LocalGroup`` (world size 1) serves the in-process mode, notebooks and GPU benchmarks,
-``HorovodGroup`` the Horovod ranks, ``TorchGroup`` the torch.distributed ranks TorchDistributor
-starts. Every group is built with the device ``pick_device`` resolved once for the rank.
+``HorovodGroup`` the Horovod ranks, ``TorchGroup`` the torch.distributed ranks (TorchDistributor's,
+torchrun's, or those run inside Spark's barrier tasks). Every group is built with the device ``pick_device`` resolved once for the rank.
 ``average_`` and ``broadcast_`` work in place on one tensor, and ``average_`` can run in the
 background (a ``Pending`` to wait on): what strategies that move whole parameter vectors need.
 
@@ -126,16 +126,17 @@ def attempt_key() -> str:
 
 class TorchGroup:
     """The ranks of one torch.distributed job (torchrun's environment: RANK, WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT): Gloo on CPU, NCCL on CUDA."""
+    MASTER_ADDR, MASTER_PORT): Gloo on CPU, NCCL on CUDA. ``store``: the store the group meets in,
+    where the launcher made one (``launch.backend=torch_tasks``); else torchrun's (``attempt_store``)."""
 
-    def __init__(self, device: torch.device = _CPU, device_reason: str = ""):
+    def __init__(self, device: torch.device = _CPU, device_reason: str = "", store=None):
         import torch.distributed as dist
 
         self.dist = dist
         self.device, self.device_reason = device, device_reason
         self.backend = "nccl" if device.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=_collective_timeout())
-        store = attempt_store(timeout)
+        store = store if store is not None else attempt_store(timeout)
         if store is None:
             dist.init_process_group(self.backend, timeout=timeout)
         else:
@@ -242,11 +243,23 @@ def spark_gpu_addresses() -> list[str]:
         # A torchrun rank under TorchDistributor, which sets CUDA_VISIBLE_DEVICES to the task's
         # Spark GPU addresses ("" when it runs with use_gpu=False).
         return [a.strip() for a in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if a.strip()]
+    context = _spark_task_context()
+    if context is not None:
+        # A rank inside its Spark task's own Python worker (launch.backend=torch_tasks).
+        gpu = context.resources().get("gpu")
+        return [str(a) for a in gpu.addresses] if gpu else []
     # A Horovod-on-Spark rank: horovod.spark.task set its task's resources before running the rank's
     # function. Not imported means no such task gave this process any (importing it here would only
     # cost an in-process run a pyspark import for the same empty answer).
     task_info = sys.modules.get("horovod.spark.task.task_info")
     return [] if task_info is None else [str(a) for a in task_info.get_available_devices()]
+
+
+def _spark_task_context():
+    """The Spark task this process runs now, if it is a Spark Python worker (pyspark already
+    imported: it is, in a worker); None anywhere else."""
+    task_context = sys.modules.get("pyspark.taskcontext")
+    return None if task_context is None else task_context.TaskContext.get()
 
 
 def set_threads(local_size: int) -> None:

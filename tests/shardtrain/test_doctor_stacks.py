@@ -24,6 +24,7 @@ def test_doctor_reports_the_backends_and_readers_this_environment_can_use():
     backends = checks["backends"]
     assert backends["ok"] and "torch: yes" in backends["detail"]
     assert "torchrun: yes" in backends["detail"]  # torch.distributed.run imports on both profiles
+    assert "torch_tasks: yes" in backends["detail"]  # a barrier mapInPandas: pyspark 3.5 and 4
     assert ("horovod: yes" if horovod else "horovod: no (not installed)") in backends["detail"]
     assert backends["detail"].endswith(f"default launch.backend={'horovod' if horovod else 'torch'}")
 

@@ -17,6 +17,8 @@ tests/connect_process.py says why), against the suite's classic local[2] session
   (interruptTag), the stopped process removed.
 - launch.backend left unset where Horovod is installed runs on torch over Connect: the shared
   Connect run above is that run (a stand-in ``horovod.torch`` on the path while it trains).
+- launch.backend=torch_tasks over Connect (ranks inside the server's barrier tasks) trains to that
+  run's weights, bit for bit.
 
 One Connect process for the module (its server start is the largest fixed cost); one shard ->
 train -> score run on each session, shared by every test that reads it (the classic one killed and
@@ -257,6 +259,21 @@ def test_ranks_that_cannot_reach_the_driver_are_not_called_stalled(both):
     # fallback to Spark's task state held while the ranks were still training, not only at the end.
     assert over_connect["train_seconds"] > 5, over_connect["train_seconds"]
     assert not on_classic["unreachable"]  # the classic run's ranks did report
+
+
+def test_torch_tasks_over_connect_train_to_the_same_weights(both, connect, tmp_path):
+    """launch.backend=torch_tasks over Connect: its ranks run inside the Connect server's barrier
+    tasks (a barrier mapInPandas, what Connect offers instead of RDDs) and train to the uninterrupted
+    Connect run's weights (TorchDistributor's), bit for bit."""
+    _, over_connect = both
+    result = connect.call("test_connect:train_only", shards=over_connect["shards"], model=f"{tmp_path}/model",
+                          marker=uuid.uuid4().hex, extra=("launch.backend=torch_tasks",))
+    assert not result["restarts"] and result["resumed_from"] is None, result
+    ours = load_file(os.path.join(result["model"], "model.safetensors"))
+    theirs = load_file(os.path.join(over_connect["model"], "model.safetensors"))
+    assert ours.keys() == theirs.keys() and ours
+    for name in theirs:
+        assert torch.equal(ours[name], theirs[name]), name
 
 
 def _rank_process(root_pid: int, rank: int, training: bool = False):

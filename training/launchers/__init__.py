@@ -3,6 +3,8 @@
 - ``in_process`` (``launch.mode=in_process``): world size 1 in the driver's process.
 - ``horovod_spark`` (``launch.backend=horovod``): Horovod-on-Spark, elastic or not.
 - ``torch_distributor`` (``launch.backend=torch``): torch.distributed under TorchDistributor.
+- ``torch_tasks`` (``launch.backend=torch_tasks``): torch.distributed ranks inside the barrier tasks'
+  own Python workers (no torchrun; torch stays imported for the session's next launch).
 - ``torchrun`` (``launch.backend=torchrun``): no Spark; this process is one rank a launcher outside
   Spark started (torchrun, Kubernetes, Databricks serverless GPU), and rank 0 also the driver.
 
@@ -31,6 +33,7 @@ from typing import Callable
 SPARK_LAUNCHERS = {
     "horovod": "training.launchers.horovod_spark:launch_horovod",
     "torch": "training.launchers.torch_distributor:launch_torch",
+    "torch_tasks": "training.launchers.torch_tasks:launch_torch_tasks",
 }
 
 # launch.backend -> the module of a launcher outside Spark (its launch_fn and coordinates).

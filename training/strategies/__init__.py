@@ -40,8 +40,10 @@ REGISTRY = {
     ("diloco", "horovod"): "training.strategies.periodic:DiLoCo",
     ("diloco", "torch"): "training.strategies.periodic:DiLoCo",
 }
-# torchrun's ranks are torch.distributed ranks, as TorchDistributor's are: the torch strategies.
-REGISTRY.update({(name, "torchrun"): target for (name, backend), target in list(REGISTRY.items()) if backend == "torch"})
+# torchrun's ranks and those inside Spark's tasks are torch.distributed ranks, as TorchDistributor's
+# are: the torch strategies.
+REGISTRY.update({(name, other): target for (name, backend), target in list(REGISTRY.items()) if backend == "torch"
+                 for other in ("torch_tasks", "torchrun")})
 IN_PROCESS = "training.strategies.single:SingleProcess"
 
 

@@ -1,0 +1,141 @@
+"""launch.backend=torch_tasks: torch.distributed ranks (Gloo, CPU) inside the barrier tasks' own Spark
+Python workers (training/launchers/torch_tasks.py), on the suite's real local[2] session.
+
+- The ranks train to the weights of the session's TorchDistributor run (``uneven_torch_run``, same
+  config and seed), bit for bit, with equal steps on both ranks.
+- A rank is its task's Python worker, not a process started for it: rank 0 stops itself just after
+  its first committed checkpoint (``common.faults``, once); the test proves its pid is one of Spark's
+  Python workers under this session, SIGKILLs it and proves it dead; the launch is relaunched once,
+  resumes from that checkpoint and ends with the uninterrupted run's weights.
+- Spark reuses the workers, and a launch leaves them as it found them: after the launches above, a
+  plain barrier job on the same session finds torch already imported in both workers (no import
+  again for the next launch) and none of the launch's environment variables.
+- A failing rank reports its own traceback (exit 1), as on every backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from common.errors import EXIT_RUNTIME, RankFailedError
+from common.faults import FAULT_ENV, FAULT_ONCE_ENV
+from polling import wait_for
+from torch_uneven import TORCH_RUN, torch_config
+from training import train
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ranks, pytest.mark.spark,
+              pytest.mark.stack]  # barrier mapInPandas, BarrierTaskContext and worker reuse are pyspark's
+TASKS = tuple(o for o in TORCH_RUN if not o.startswith("launch.backend=")) + ("launch.backend=torch_tasks",)
+PROBE = "SHARDTRAIN_TEST_TORCH_TASKS"
+
+
+def _weights(result):
+    from safetensors.numpy import load_file
+
+    return load_file(os.path.join(result.model_uri, "model.safetensors"))
+
+
+def _assert_same_weights(a, b):
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys() and wa
+    for name in wa:
+        np.testing.assert_array_equal(wa[name], wb[name], err_msg=name)
+    assert {k: a.final[k] for k in ("train_loss", "val_loss", "val_accuracy")} == \
+        {k: b.final[k] for k in ("train_loss", "val_loss", "val_accuracy")}
+
+
+@pytest.fixture(scope="module")
+def tasks_run(spark, uneven_dataset, tmp_path_factory):
+    return train(torch_config(uneven_dataset, tmp_path_factory.mktemp("tasks-run"), *TASKS,
+                              f"launch.env.{PROBE}=set-by-the-launch"), spark)
+
+
+def test_torch_tasks_train_bit_identically_to_torch_distributor(tasks_run, uneven_torch_run):
+    assert [r["rank"] for r in tasks_run.ranks] == [0, 1]
+    assert tasks_run.steps_per_rank == uneven_torch_run.steps_per_rank == [2 * tasks_run.steps_per_epoch] * 2
+    _assert_same_weights(tasks_run, uneven_torch_run)
+
+
+def _spark_python_worker(pid: int) -> bool:
+    """Whether ``pid`` is one of this session's Spark Python workers: forked from pyspark's daemon,
+    which the session's JVM (a child of this process) started."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    chain = [proc, *proc.parents()]
+    return ("pyspark.daemon" in " ".join(proc.cmdline()) and any("java" in p.name() for p in chain)
+            and any(p.pid == os.getpid() for p in chain))
+
+
+def test_a_killed_rank_worker_is_relaunched_and_resumes_to_the_uninterrupted_weights(
+        spark, uneven_dataset, uneven_torch_run, tmp_path):
+    import psutil
+
+    once, seen = tmp_path / "stopped.pid", {}
+    ended = threading.Event()
+
+    def saboteur():
+        try:
+            pid = int(wait_for(lambda: once.exists() and once.read_text(), "rank 0 to stop after its checkpoint",
+                               timeout=240, abort=ended))
+            proc = psutil.Process(pid)
+            wait_for(lambda: proc.status() == psutil.STATUS_STOPPED, "rank 0 to be stopped", timeout=30, abort=ended)
+            seen["worker"] = _spark_python_worker(pid)
+            seen["committed"] = sorted(p.name for p in (tmp_path / "model.run" / "checkpoints").glob("step-*"))
+            proc.send_signal(signal.SIGKILL)
+            wait_for(lambda: not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, "rank 0 to die",
+                     timeout=60, abort=ended)
+            seen["dead"] = True
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            seen["error"] = exc
+
+    thread = threading.Thread(target=saboteur, daemon=True)
+    thread.start()
+    try:
+        result = train(torch_config(uneven_dataset, tmp_path, *TASKS, "checkpoint.every_steps=20",
+                                    f"launch.env.{FAULT_ENV}=commit:after-swap:stop",
+                                    f"launch.env.{FAULT_ONCE_ENV}={once}", "launch.stall_timeout_s=120"), spark)
+    finally:
+        ended.set()
+        thread.join()
+    # The kill happened: to a stopped Spark Python worker (the rank itself), after a committed checkpoint.
+    assert "error" not in seen, seen.get("error")
+    assert seen["worker"] and seen["dead"] and seen["committed"] == ["step-000000020"], seen
+    restarts = [json.loads(line) for line in open(os.path.join(result.run_dir, "restarts.jsonl"))]
+    assert len(restarts) == 1 and "a rank's Python worker died" in restarts[0]["reason"], restarts
+    assert result.resumed_from and "/model.run/checkpoints/step-000000020" in result.resumed_from
+    _assert_same_weights(result, uneven_torch_run)
+
+
+def test_the_workers_are_reused_and_left_without_the_launch_environment(spark, tasks_run):
+    names = (PROBE, "RANK", "MASTER_ADDR", "MASTER_PORT")
+
+    def probe(batches):  # defined here: pickled by value (the workers cannot import this file)
+        import os
+        import sys
+
+        import pandas as pd
+
+        for _ in batches:
+            pass
+        yield pd.DataFrame({"torch": ["torch" in sys.modules], "left": [",".join(k for k in names if k in os.environ)]})
+
+    rows = spark.range(0, 2, 1, 2).mapInPandas(probe, "torch boolean, left string", barrier=True).collect()
+    assert [(r["torch"], r["left"]) for r in rows] == [(True, "")] * 2, rows
+
+
+def test_a_failing_rank_reports_its_own_traceback(spark, uneven_dataset, tmp_path):
+    cfg = torch_config(uneven_dataset, tmp_path, *TASKS, "model.name=plugin_models:failing", "model.kwargs.fail_rank=1",
+                       "model.kwargs.fail_after=3", "train.epochs=1")
+    with pytest.raises(RankFailedError) as info:
+        train(cfg, spark)
+    message = str(info.value)
+    assert message.startswith("training failed on rank 1: ValueError: plugin model exploded on purpose")
+    assert "--- rank 1 traceback ---" in message and "plugin_models.py" in message
+    assert info.value.exit_code == EXIT_RUNTIME

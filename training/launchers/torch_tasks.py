@@ -1,0 +1,153 @@
+"""torch.distributed ranks run inside the Spark barrier tasks themselves (``launch.backend=torch_tasks``):
+one barrier task per rank, and each task's own Python worker is the rank. No torchrun, no process
+started per rank: a rank costs what its training costs, and Spark's Python worker reuse keeps torch
+imported for the next launch of the session (a sweep's trials, a notebook's re-runs, restarts).
+
+The same ranks as the ``torch`` backend (TorchDistributor): the same rank loop, strategies (DDP, FSDP2,
+pipeline stages, periodic sync), Gloo on CPU / NCCL on the task's Spark GPU, and the same weights bit
+for bit. What differs is only how the ranks start and hand back their records:
+
+- one ``spark.range(n, numPartitions=n).mapInPandas(..., barrier=True)`` job, on classic Spark and
+  Spark Connect alike, submitted on the calling thread (so ``common.spark.LaunchJobs``' job tag marks it);
+- rank = the task's partition id; rank 0 hosts the group's TCPStore (a fresh one per launch, on a
+  port the OS picks) and the others learn its address through ``BarrierTaskContext.allGather``;
+- every task returns its own rank's record through Spark (no store exchange, as TorchDistributor needs).
+
+A Python worker outlives its task, so a rank leaves it as it found it: the environment variables and
+``sys.path`` entries the launch set are undone, and the process group is destroyed. What stays is
+what a reused worker keeps anyway: imported modules, and on a GPU the CUDA context (until Spark
+stops the idle worker, about a minute later). Where GPU memory must be free the moment a run ends,
+use ``launch.backend=torch``, whose ranks are processes of their own.
+
+A rank's process dying (SIGKILL, out of memory) kills its Python worker: Spark fails the barrier
+stage, which ends the other tasks, and the driver's supervisor relaunches as for any lost rank.
+
+Rank side imports only ``common`` and the standard library at import time; torch when a rank runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import pickle
+import sys
+
+from common.errors import LaunchError
+from training.launchers.capacity import check_capacity
+from training.launchers.rank_entry import run_rank_entry
+
+log = logging.getLogger("shardtrain.train")
+
+_SCHEMA = "rank int, record binary"
+
+
+def launch_torch_tasks(plan, spark, launch_cfg) -> list[dict]:
+    """``launch_cfg.num_proc`` ranks as one barrier Spark job of ``spark``'s application; one record
+    per rank, rank 0 first (``training.launchers.rank_entry``), or a ``LaunchError``."""
+    check_capacity(spark, launch_cfg.num_proc, launch_cfg.gpus_per_proc)
+    n = launch_cfg.num_proc
+    env = {str(k): str(v) for k, v in launch_cfg.env.items()}
+    task = functools.partial(rank_task, plan, env, launch_cfg.start_timeout)
+    try:
+        rows = spark.range(0, n, 1, n).mapInPandas(task, _SCHEMA, barrier=True).collect()
+    except Exception as exc:  # noqa: BLE001 - mapped to one typed error with the cause in words
+        from common.spark import explain_java_error
+
+        text = explain_java_error(exc)
+        if "barrier" in text.lower() and "slots" in text.lower():
+            raise LaunchError(
+                f"launch.backend=torch_tasks could not start {n} rank(s): {text}. Each rank needs its own Spark "
+                "task slot at the same time (barrier stage: executor cores / spark.task.cpus)") from exc
+        # A rank's process that died (killed, out of memory) fails the barrier stage, and with it the job;
+        # Spark reads the worker's closed socket as an EOFException, or says it crashed.
+        died = any(sign in text for sign in ("EOFException", "worker exited unexpectedly", "crashed"))
+        cause = "a rank's Python worker died (killed, or out of memory): " if died else ""
+        raise LaunchError(f"the {n} rank task(s) failed: {cause}{text}; the ranks' own output above says more",
+                          rank_lost=True) from exc
+    records = {row["rank"]: pickle.loads(row["record"]) for row in rows}
+    if sorted(records) != list(range(n)):
+        raise LaunchError(f"the barrier job returned records of ranks {sorted(records)} instead of 0..{n - 1}")
+    return [records[rank] for rank in range(n)]
+
+
+def rank_task(plan, env: dict, start_timeout: int, batches):
+    """One rank, in its barrier task's Python worker (``mapInPandas``: ``batches`` is the task's one
+    input row). Yields one row: the rank and its pickled record. Never raises past the record."""
+    import pandas as pd
+    from pyspark import BarrierTaskContext
+
+    for _ in batches:
+        pass
+    ctx = BarrierTaskContext.get()
+    rank, infos = ctx.partitionId(), ctx.getTaskInfos()
+    host = infos[0].address.rsplit(":", 1)[0]  # rank 0's executor
+    # Every task reaches this one allGather, whatever fails later: a task that left before it would
+    # leave the others waiting in it. Rank 0's store lives until its task ends, after its group.
+    server, said = _host_store(rank, len(infos), start_timeout)
+    port = next(p for p in ctx.allGather(said) if p)
+    with _rank_environment({**env, "RANK": str(rank), "WORLD_SIZE": str(len(infos)), "MASTER_ADDR": host,
+                            "MASTER_PORT": port}):
+        start = functools.partial(_start_group, store=lambda: server or _join_store(host, port, len(infos),
+                                                                                    start_timeout))
+        record = run_rank_entry(plan, rank, start, _train, stop_group=lambda group: group.shutdown())
+    yield pd.DataFrame({"rank": [rank], "record": [pickle.dumps(record)]})
+
+
+def _host_store(rank: int, world: int, timeout_s: int):
+    """Rank 0: (the launch's TCPStore on a port the OS picks, its port as text); other ranks (None, "").
+    A store that cannot start says so in the text the others receive."""
+    if rank != 0:
+        return None, ""
+    try:
+        import datetime
+
+        import torch.distributed as dist
+
+        server = dist.TCPStore("0.0.0.0", 0, world, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                               wait_for_workers=False)
+        return server, str(server.port)
+    except Exception as exc:  # noqa: BLE001 - rank 0 raises it again in its own start (run_rank_entry's record)
+        return None, f"error: {type(exc).__name__}: {exc}"
+
+
+def _join_store(host: str, port: str, world: int, timeout_s: int):
+    import datetime
+
+    import torch.distributed as dist
+
+    if not port.isdigit():
+        raise RuntimeError(f"rank 0 could not start the launch's TCPStore ({port})")
+    return dist.TCPStore(host, int(port), world, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _start_group(plan, store):
+    from training.distributed import TorchGroup, pick_device
+
+    device = pick_device(plan.config.launch, int(os.environ["RANK"]))
+    return TorchGroup(*device, store=store())
+
+
+def _train(plan, group, reporter) -> dict:
+    from training.loop import run_rank
+
+    return run_rank(plan, group, hooks=reporter)
+
+
+@contextlib.contextmanager
+def _rank_environment(env: dict):
+    """``env`` in ``os.environ`` (and its PYTHONPATH entries in ``sys.path``: plug-in models) for the
+    rank, then both as they were: the worker runs other tasks after this one."""
+    saved_env, saved_path = dict(os.environ), list(sys.path)
+    os.environ.update(env)
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+
+
+__all__ = ["launch_torch_tasks", "rank_task"]
