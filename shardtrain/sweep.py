@@ -147,8 +147,8 @@ class SweepConfig:
                 "sweep.parallel_trials=1, or train.launch.mode=spark")
         require(parallel == 1 or launch.backend != "horovod", "sweep.parallel_trials",
                 f"is {parallel} with train.launch.backend=horovod: Horovod-on-Spark launches only from the driver's "
-                "main thread (it installs signal handlers); set train.launch.backend=torch (TorchDistributor) or "
-                "sweep.parallel_trials=1")
+                "main thread (it installs signal handlers); set train.launch.backend=torch_tasks (or torch: "
+                "TorchDistributor), or sweep.parallel_trials=1")
         check_space(self.sweep.space, self.train)
 
 

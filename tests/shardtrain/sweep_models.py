@@ -17,7 +17,7 @@ def gated_when(feature_spec, label_spec, gate=0, after=1):
 
 
 def held_or_stopped(feature_spec, label_spec, role="", gates=""):
-    """The same [8] MLP, held on a rank (RANK set: a torchrun process of TorchDistributor) by role:
+    """The same [8] MLP, held on a rank (RANK set: a torch.distributed rank, not the driver) by role:
     ``hold`` waits at the gate ``<gates>/hold`` while the model is built (start-up, where the rank's
     heartbeat is progress enough, so its launch is not called stalled), ``stop`` waits at
     ``<gates>/stop`` in its first training call (inside an epoch: a test SIGSTOPs it there)."""

@@ -1,8 +1,9 @@
 """``shardtrain sweep``: Optuna trials over one sharded dataset, each a real training run.
 
-Real parts: published Parquet datasets, real training runs (in-process, and TorchDistributor
-ranks on local[2] for trials running two at a time), a real Optuna journal file, a real sweep
-process killed with SIGKILL mid-trial, then the same command run again (in this process).
+Real parts: published Parquet datasets, real training runs (in-process, and torch_tasks ranks on
+local[2] for trials running two at a time; TorchDistributor launches for the job-tag cancel), a
+real Optuna journal file, a real sweep process killed with SIGKILL mid-trial, then the same command
+run again (in this process).
 """
 
 from __future__ import annotations
@@ -156,12 +157,15 @@ def test_a_journal_on_object_storage_is_refused_asking_for_a_url(tmp_path, datas
 @pytest.mark.ranks
 @pytest.mark.process  # a rank's pid is SIGSTOPped
 # Not `stack`: what in it could differ on the current stack, which Spark jobs a launch owns (job
-# tags on TorchDistributor's barrier job) and cancelling one launch's alone, runs there in
+# tags on a launch's barrier job, submitted on the launching thread by TorchDistributor and torch_tasks
+# alike) and cancelling one launch's alone, runs there in
 # test_cancelling_one_launch_by_its_job_tag_leaves_the_other_launch_running; the rest is torch's and
-# our own Python (the stall rule, Optuna's study, publishing), the same on both.
+# our own Python (the stall rule, Optuna's study, publishing), the same on both. The trials run on
+# torch_tasks, as conf/sweep.yaml's do: each trial's rank is a Spark Python worker, which the stall
+# rule SIGKILLs.
 def test_trials_two_at_a_time_on_local_2_a_stalled_one_cancelled_alone_and_the_best_published(tmp_path, dataset,
                                                                                                spark, caplog):
-    """Three 1-rank TorchDistributor trials, two at once on local[2]'s two task slots: trial 0's
+    """Three 1-rank torch_tasks trials, two at once on local[2]'s two task slots: trial 0's
     rank is SIGSTOPped inside its epoch, so the stall rule stops that launch and cancels its Spark
     job, while trial 1's rank is held at start-up (its barrier job running all along); trial 2 takes
     the slot trial 0 left; trials 1 and 2 train and finish, and the better one is published."""
@@ -180,7 +184,7 @@ def test_trials_two_at_a_time_on_local_2_a_stalled_one_cancelled_alone_and_the_b
                       enqueue=[{"model.kwargs.role": "stop", "train.lr": 0.01},
                                {"model.kwargs.role": "hold", "train.lr": 0.003},
                                {"model.kwargs.role": "plain", "train.lr": 0.03}],
-                      launch={"num_proc": 1, "backend": "torch", "start_timeout": 300, "stall_timeout_s": 10,
+                      launch={"num_proc": 1, "backend": "torch_tasks", "start_timeout": 300, "stall_timeout_s": 10,
                               "max_restarts": 0, "env": {"PYTHONPATH": os.pathsep.join([ROOT, TESTS + "/training",
                                                                                           HERE])}})
     data["train"]["model"] = {"name": "sweep_models:held_or_stopped", "kwargs": {"gates": str(gates)}}

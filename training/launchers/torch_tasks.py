@@ -14,9 +14,10 @@ for bit. What differs is only how the ranks start and hand back their records:
 - every task returns its own rank's record through Spark (no store exchange, as TorchDistributor needs).
 
 A Python worker outlives its task, so a rank leaves it as it found it: the environment variables and
-``sys.path`` entries the launch set are undone, and the process group is destroyed. What stays is
-what a reused worker keeps anyway: imported modules, and on a GPU the CUDA context (until Spark
-stops the idle worker, about a minute later). Where GPU memory must be free the moment a run ends,
+``sys.path`` entries the launch set are undone, the process group is destroyed, and the run's memory
+is released (garbage collected; on a GPU, torch's cached blocks emptied). What stays is what a
+reused worker keeps anyway: imported modules, and on a GPU the CUDA context (until Spark stops the
+idle worker, about a minute later). Where GPU memory must be free the moment a run ends,
 use ``launch.backend=torch``, whose ranks are processes of their own.
 
 A rank's process dying (SIGKILL, out of memory) kills its Python worker: Spark fails the barrier
@@ -92,7 +93,20 @@ def rank_task(plan, env: dict, start_timeout: int, batches):
         start = functools.partial(_start_group, store=lambda: server or _join_store(host, port, len(infos),
                                                                                     start_timeout))
         record = run_rank_entry(plan, rank, start, _train, stop_group=lambda group: group.shutdown())
+    del server
+    _release_memory()
     yield pd.DataFrame({"rank": [rank], "record": [pickle.dumps(record)]})
+
+
+def _release_memory() -> None:
+    """The run's tensors back to the system before the worker idles: Python's garbage, and on a GPU
+    the blocks torch's caching allocator still holds (the CUDA context itself stays with the worker)."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _host_store(rank: int, world: int, timeout_s: int):
