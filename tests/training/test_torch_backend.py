@@ -121,9 +121,10 @@ def test_gradient_accumulation_equals_the_larger_batch(sgd_epochs):
 
 @pytest.mark.spark
 @pytest.mark.stack  # the rank's traceback comes out of pyspark's barrier-task error
-def test_a_failing_torch_rank_reports_its_own_traceback(spark, uneven_dataset, tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "torch_tasks"])
+def test_a_failing_torch_rank_reports_its_own_traceback(spark, uneven_dataset, tmp_path, backend):
     cfg = _cfg(uneven_dataset, tmp_path, "model.name=plugin_models:failing", "model.kwargs.fail_rank=1",
-               "model.kwargs.fail_after=3", "train.epochs=1")
+               "model.kwargs.fail_after=3", "train.epochs=1", backend=backend)
     with pytest.raises(RankFailedError) as info:
         train(cfg, spark)
     message = str(info.value)

@@ -10,7 +10,7 @@ Python workers (training/launchers/torch_tasks.py), on the suite's real local[2]
 - Spark reuses the workers, and a launch leaves them as it found them: after the launches above, a
   plain barrier job on the same session finds torch already imported in both workers (no import
   again for the next launch) and none of the launch's environment variables.
-- A failing rank reports its own traceback (exit 1), as on every backend.
+- A failing rank reports its own traceback: test_torch_backend.py, for both torch launchers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import threading
 import numpy as np
 import pytest
 
-from common.errors import EXIT_RUNTIME, RankFailedError
 from common.faults import FAULT_ENV, FAULT_ONCE_ENV
 from polling import wait_for
 from torch_uneven import TORCH_RUN, torch_config
@@ -128,14 +127,3 @@ def test_the_workers_are_reused_and_left_without_the_launch_environment(spark, t
 
     rows = spark.range(0, 2, 1, 2).mapInPandas(probe, "torch boolean, left string", barrier=True).collect()
     assert [(r["torch"], r["left"]) for r in rows] == [(True, "")] * 2, rows
-
-
-def test_a_failing_rank_reports_its_own_traceback(spark, uneven_dataset, tmp_path):
-    cfg = torch_config(uneven_dataset, tmp_path, *TASKS, "model.name=plugin_models:failing", "model.kwargs.fail_rank=1",
-                       "model.kwargs.fail_after=3", "train.epochs=1")
-    with pytest.raises(RankFailedError) as info:
-        train(cfg, spark)
-    message = str(info.value)
-    assert message.startswith("training failed on rank 1: ValueError: plugin model exploded on purpose")
-    assert "--- rank 1 traceback ---" in message and "plugin_models.py" in message
-    assert info.value.exit_code == EXIT_RUNTIME

@@ -1,13 +1,14 @@
 """The Spark application's task slots and GPUs, checked before any rank is started: what would
-otherwise wait ``launch.start_timeout`` seconds and then fail is refused at once (exit 2).
-Shared by both Spark launchers (Horovod-on-Spark and TorchDistributor); driver side."""
+otherwise wait ``launch.start_timeout`` seconds and then fail is refused at once (exit 2); and the
+error of a barrier job that could not get its slots after all, in words. Shared by the Spark
+launchers (Horovod-on-Spark, TorchDistributor, torch_tasks); driver side."""
 
 from __future__ import annotations
 
 import os
 import re
 
-from common.errors import ConfigError
+from common.errors import ConfigError, LaunchError
 from common.spark import spark_setting
 
 
@@ -42,4 +43,13 @@ def check_capacity(spark, num_proc: int, gpus_per_proc: int) -> None:
                 "spark.executor.resource.gpu.amount and a discovery script) in spark.conf")
 
 
-__all__ = ["check_capacity", "task_slots"]
+def barrier_slots_error(text: str, who: str, num_proc: int) -> LaunchError | None:
+    """A LaunchError naming what each rank needs, where ``text`` (a failed barrier job's error in
+    words) says Spark could not give the barrier stage its slots; None for any other failure."""
+    if "barrier" in text.lower() and "slots" in text.lower():
+        return LaunchError(f"{who} could not start {num_proc} rank(s): {text}. Each rank needs its own Spark task "
+                           "slot at the same time (barrier stage: executor cores / spark.task.cpus)")
+    return None
+
+
+__all__ = ["barrier_slots_error", "check_capacity", "task_slots"]

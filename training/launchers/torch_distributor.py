@@ -22,7 +22,7 @@ import sys
 
 from common.errors import LaunchError
 from common.spark import spark_setting
-from training.launchers.capacity import check_capacity
+from training.launchers.capacity import barrier_slots_error, check_capacity
 from training.launchers.rank_entry import exchange_results, run_rank_entry
 
 log = logging.getLogger("shardtrain.train")
@@ -46,10 +46,9 @@ def launch_torch(plan, spark, launch_cfg) -> list[dict]:
         from common.spark import explain_java_error
 
         text = explain_java_error(exc)
-        if "barrier" in text.lower() and "slots" in text.lower():
-            raise LaunchError(
-                f"TorchDistributor could not start {launch_cfg.num_proc} rank(s): {text}. Each rank needs its own "
-                "Spark task slot at the same time (barrier stage: executor cores / spark.task.cpus)") from exc
+        slots = barrier_slots_error(text, "TorchDistributor", launch_cfg.num_proc)
+        if slots:
+            raise slots from exc
         # A barrier task that died (a rank's process killed, an executor lost) fails the whole stage.
         raise LaunchError(f"TorchDistributor failed running {launch_cfg.num_proc} rank(s): {text}; the ranks' own "
                           "output above says more", rank_lost=True) from exc

@@ -36,7 +36,7 @@ import pickle
 import sys
 
 from common.errors import LaunchError
-from training.launchers.capacity import check_capacity
+from training.launchers.capacity import barrier_slots_error, check_capacity
 from training.launchers.rank_entry import run_rank_entry
 
 log = logging.getLogger("shardtrain.train")
@@ -57,10 +57,9 @@ def launch_torch_tasks(plan, spark, launch_cfg) -> list[dict]:
         from common.spark import explain_java_error
 
         text = explain_java_error(exc)
-        if "barrier" in text.lower() and "slots" in text.lower():
-            raise LaunchError(
-                f"launch.backend=torch_tasks could not start {n} rank(s): {text}. Each rank needs its own Spark "
-                "task slot at the same time (barrier stage: executor cores / spark.task.cpus)") from exc
+        slots = barrier_slots_error(text, "launch.backend=torch_tasks", n)
+        if slots:
+            raise slots from exc
         # A rank's process that died (killed, out of memory) fails the barrier stage, and with it the job;
         # Spark reads the worker's closed socket as an EOFException, or says it crashed.
         died = any(sign in text for sign in ("EOFException", "worker exited unexpectedly", "crashed"))
