@@ -131,6 +131,14 @@ def test_a_failing_torch_rank_reports_its_own_traceback(spark, uneven_dataset, t
     assert message.startswith("training failed on rank 1: ValueError: plugin model exploded on purpose")
     assert "--- rank 1 traceback ---" in message and "plugin_models.py" in message
     assert info.value.exit_code == EXIT_RUNTIME
+    if backend == "torch_tasks":
+        # The failed rank's worker lives on and told rank 0 at once (torch_tasks shuts its group's
+        # sockets): both workers ran a rank and are still there. Had rank 0 waited on rank 1's open
+        # connections, it would have failed only when Spark stopped rank 1's idle worker (a minute),
+        # and the job below would find a fresh worker without torch.
+        from spark_workers import python_workers
+
+        assert python_workers(spark) == [(True, "")] * 2
 
 
 @pytest.fixture(scope="module")

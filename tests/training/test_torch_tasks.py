@@ -25,6 +25,7 @@ import pytest
 
 from common.faults import FAULT_ENV, FAULT_ONCE_ENV
 from polling import wait_for
+from spark_workers import python_workers
 from torch_uneven import TORCH_RUN, torch_config
 from training import train
 
@@ -113,17 +114,4 @@ def test_a_killed_rank_worker_is_relaunched_and_resumes_to_the_uninterrupted_wei
 
 
 def test_the_workers_are_reused_and_left_without_the_launch_environment(spark, tasks_run):
-    names = (PROBE, "RANK", "MASTER_ADDR", "MASTER_PORT")
-
-    def probe(batches):  # defined here: pickled by value (the workers cannot import this file)
-        import os
-        import sys
-
-        import pandas as pd
-
-        for _ in batches:
-            pass
-        yield pd.DataFrame({"torch": ["torch" in sys.modules], "left": [",".join(k for k in names if k in os.environ)]})
-
-    rows = spark.range(0, 2, 1, 2).mapInPandas(probe, "torch boolean, left string", barrier=True).collect()
-    assert [(r["torch"], r["left"]) for r in rows] == [(True, "")] * 2, rows
+    assert python_workers(spark, (PROBE, "RANK", "MASTER_ADDR", "MASTER_PORT")) == [(True, "")] * 2

@@ -89,9 +89,11 @@ def rank_task(plan, env: dict, start_timeout: int, batches):
     port = next(p for p in ctx.allGather(said) if p)
     with _rank_environment({**env, "RANK": str(rank), "WORLD_SIZE": str(len(infos)), "MASTER_ADDR": host,
                             "MASTER_PORT": port}):
-        start = functools.partial(_start_group, store=lambda: server or _join_store(host, port, len(infos),
-                                                                                    start_timeout))
-        record = run_rank_entry(plan, rank, start, _train, stop_group=lambda group: group.shutdown())
+        opened = _OpenedSockets()
+        start = functools.partial(_start_group, opened=opened,
+                                  store=lambda: server or _join_store(host, port, len(infos), start_timeout))
+        record = run_rank_entry(plan, rank, start, functools.partial(_train, opened=opened),
+                                stop_group=lambda group: group.shutdown())
     del server
     _release_memory()
     yield pd.DataFrame({"rank": [rank], "record": [pickle.dumps(record)]})
@@ -135,17 +137,70 @@ def _join_store(host: str, port: str, world: int, timeout_s: int):
     return dist.TCPStore(host, int(port), world, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def _start_group(plan, store):
+def _start_group(plan, store, opened: "_OpenedSockets"):
     from training.distributed import TorchGroup, pick_device
 
+    opened.mark()  # after the rank's report connection, before the store's and the group's
     device = pick_device(plan.config.launch, int(os.environ["RANK"]))
     return TorchGroup(*device, store=store())
 
 
-def _train(plan, group, reporter) -> dict:
+def _train(plan, group, reporter, opened: "_OpenedSockets") -> dict:
     from training.loop import run_rank
 
-    return run_rank(plan, group, hooks=reporter)
+    try:
+        return run_rank(plan, group, hooks=reporter)
+    except BaseException:
+        # A failed rank's process lives on (its worker is Spark's), and Gloo keeps its connections
+        # open while a collective it started is pending (destroying or aborting the group does not
+        # close them): the other ranks, waiting on this one, would learn of the failure only when
+        # Spark stops the idle worker, a minute later. Shutting the group's sockets tells them now.
+        opened.shut_down()
+        raise
+
+
+class _OpenedSockets:
+    """The sockets this process opened since ``mark()`` (the group's and the store's), read from
+    ``/proc/self/fd`` (Linux, where Spark's executors run; elsewhere none are found)."""
+
+    def __init__(self):
+        self.before: set[int] | None = None
+
+    def mark(self) -> None:
+        self.before = _socket_fds()
+
+    def shut_down(self) -> None:
+        """Shut both directions of each such connected socket (the peer reads end of stream); the
+        descriptors stay open for their owners (Gloo, the store) to close."""
+        import socket
+
+        for fd in sorted(_socket_fds() - (self.before or set())) if self.before is not None else ():
+            try:
+                sock = socket.socket(fileno=fd)
+            except OSError:
+                continue
+            try:
+                sock.getpeername()  # connected: a listening socket is left alone (Gloo's loop would fail on it)
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # a listening socket, or one already closed
+            finally:
+                sock.detach()
+
+
+def _socket_fds() -> set[int]:
+    fds = set()
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return fds
+    for name in names:
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                fds.add(int(name))
+        except OSError:
+            pass  # closed meanwhile (the listing's own descriptor among them)
+    return fds
 
 
 @contextlib.contextmanager
