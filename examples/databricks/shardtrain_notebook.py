@@ -4,7 +4,8 @@
 # MAGIC
 # MAGIC Runs on the notebook's own `spark` session (the `spark:` section of a config is then ignored), classic
 # MAGIC (a dedicated cluster) or Spark Connect (standard access mode, serverless; training there needs
-# MAGIC `backend` torch, which `auto` picks where Horovod is not installed):
+# MAGIC `backend` torch, which `auto` picks where Horovod is not installed, or torch_tasks: the same ranks
+# MAGIC inside Spark's own Python workers, whose re-runs start in seconds):
 # MAGIC
 # MAGIC 1. raw data: a small generated dataset, or your own through a shard config (the `shard_config` widget),
 # MAGIC 2. the shard job: balanced Parquet shards + manifest under `<workdir>/shards` (by default a Unity Catalog
@@ -29,7 +30,7 @@ dbutils.widgets.text("train_config", "", "Train config YAML (empty: defaults)")
 dbutils.widgets.text("rows", "20000", "Rows to generate")
 dbutils.widgets.text("num_proc", "2", "Training ranks (launch.num_proc)")
 dbutils.widgets.text("epochs", "2", "Epochs")
-dbutils.widgets.dropdown("backend", "auto", ["auto", "horovod", "torch"], "launch.backend")
+dbutils.widgets.dropdown("backend", "auto", ["auto", "horovod", "torch", "torch_tasks"], "launch.backend")
 dbutils.widgets.text("registered_model", "", "Register as (e.g. main.default.shardtrain_demo; empty: no)")
 dbutils.widgets.text("alias", "champion", "Alias of the registered version")
 
