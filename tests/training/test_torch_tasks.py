@@ -10,6 +10,8 @@ Python workers (training/launchers/torch_tasks.py), on the suite's real local[2]
 - Spark reuses the workers, and a launch leaves them as it found them: after the launches above, a
   plain barrier job on the same session finds torch already imported in both workers (no import
   again for the next launch) and none of the launch's environment variables.
+- A plug-in model edited between two launches (a notebook's loop) is imported afresh by the second,
+  whose ranks run in the workers the first left.
 - A failing rank reports its own traceback: test_torch_backend.py, for both torch launchers.
 """
 
@@ -114,4 +116,32 @@ def test_a_killed_rank_worker_is_relaunched_and_resumes_to_the_uninterrupted_wei
 
 
 def test_the_workers_are_reused_and_left_without_the_launch_environment(spark, tasks_run):
-    assert python_workers(spark, (PROBE, "RANK", "MASTER_ADDR", "MASTER_PORT")) == [(True, "")] * 2
+    # Only the launch's own variable is asked after: TorchDistributor's tasks leave RANK, MASTER_ADDR and
+    # the like in the workers they ran in (pyspark's doing), which the restore rightly puts back.
+    assert python_workers(spark, (PROBE,)) == [(True, "")] * 2
+
+
+EDITED = '''from training.models import TabularMLP, mlp_arguments
+
+
+def model(feature_spec, label_spec):
+    return TabularMLP(**mlp_arguments(feature_spec, label_spec, [{width}]))
+'''
+
+
+def test_an_edited_plug_in_model_is_imported_afresh_by_the_next_launch(spark, uneven_dataset, tmp_path):
+    """A notebook's loop: train with a plug-in model, edit its file, train again. The second launch's
+    ranks run in the workers the first left (Spark reuses them), and must import the file as it is now."""
+    from safetensors.numpy import load_file
+
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    widths = []
+    for run, width in enumerate((4, 6)):
+        (plugins / "edited_model.py").write_text(EDITED.format(width=width))
+        result = train(torch_config(uneven_dataset, tmp_path / f"run-{run}", *TASKS, "train.epochs=1",
+                                    "model.name=edited_model:model", f"launch.env.PYTHONPATH={plugins}"), spark)
+        weights = load_file(os.path.join(result.model_uri, "model.safetensors"))
+        widths.append(weights["body.0.bias"].shape[0])  # the hidden layer's width
+    assert widths == [4, 6]
+    assert python_workers(spark) == [(True, "")] * 2  # the second launch ran in reused workers

@@ -13,6 +13,7 @@ Rank side: imports only ``common`` and the standard library at import time; the 
 
 from __future__ import annotations
 
+import logging
 import traceback
 from typing import Callable
 
@@ -20,6 +21,8 @@ from common.errors import EXIT_RUNTIME, RankFailedError, RankFailure, Shardtrain
 from common.faults import fault_point
 from training.launchers.failure_policy import is_secondary
 from training.launchers.progress import Reporter
+
+log = logging.getLogger("shardtrain.train")
 
 
 def run_rank_entry(plan, rank: int, start_group: Callable, train: Callable,
@@ -44,7 +47,10 @@ def run_rank_entry(plan, rank: int, start_group: Callable, train: Callable,
         return {"ok": False, "failure": record.to_dict()}
     finally:
         if group is not None and stop_group is not None:
-            stop_group(group)
+            try:
+                stop_group(group)
+            except Exception as exc:  # noqa: BLE001 - the rank's record is what matters; say it, keep it
+                log.warning("rank %d: stopping its group failed: %s", rank, exc)
 
 
 def failure_record(rank: int, exc: BaseException, text: str) -> RankFailure:

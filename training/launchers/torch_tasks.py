@@ -21,7 +21,12 @@ idle worker, about a minute later). Where GPU memory must be free the moment a r
 use ``launch.backend=torch``, whose ranks are processes of their own.
 
 A rank's process dying (SIGKILL, out of memory) kills its Python worker: Spark fails the barrier
-stage, which ends the other tasks, and the driver's supervisor relaunches as for any lost rank.
+stage, which ends the other tasks, and the driver's supervisor relaunches as for any lost rank. A
+rank that fails but lives on shuts its group's TCP connections, so that ranks waiting on it in a Gloo
+collective fail at once (over NCCL's own transports they wait for NCCL's timeout or the stall rule).
+
+``launch.start_timeout`` bounds the ranks' rendezvous in rank 0's store (the driver's supervisor
+bounds the wait for task slots, as for every Spark launcher).
 
 Rank side imports only ``common`` and the standard library at import time; torch when a rank runs.
 """
@@ -87,9 +92,10 @@ def rank_task(plan, env: dict, start_timeout: int, batches):
     # leave the others waiting in it. Rank 0's store lives until its task ends, after its group.
     server, said = _host_store(rank, len(infos), start_timeout)
     port = next(p for p in ctx.allGather(said) if p)
+    _leave_stale_group()
     with _rank_environment({**env, "RANK": str(rank), "WORLD_SIZE": str(len(infos)), "MASTER_ADDR": host,
                             "MASTER_PORT": port}):
-        opened = _OpenedSockets()
+        opened = _OpenedSockets({info.address.rsplit(":", 1)[0] for info in infos})
         start = functools.partial(_start_group, opened=opened,
                                   store=lambda: server or _join_store(host, port, len(infos), start_timeout))
         record = run_rank_entry(plan, rank, start, functools.partial(_train, opened=opened),
@@ -141,8 +147,26 @@ def _start_group(plan, store, opened: "_OpenedSockets"):
     from training.distributed import TorchGroup, pick_device
 
     opened.mark()  # after the rank's report connection, before the store's and the group's
-    device = pick_device(plan.config.launch, int(os.environ["RANK"]))
-    return TorchGroup(*device, store=store())
+    try:
+        device = pick_device(plan.config.launch, int(os.environ["RANK"]))
+        return TorchGroup(*device, store=store())
+    except BaseException:
+        # No group comes back, so nothing else stops it: the peers waiting in its start learn now,
+        # and the worker's next rank can start a group of its own.
+        opened.shut_down()
+        _leave_stale_group()
+        raise
+
+
+def _leave_stale_group() -> None:
+    """Destroy a default process group this worker still holds (a rank whose group start failed
+    half-way): torch refuses to start a second one in the process."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # noqa: BLE001 - the next init says what is wrong, if anything is
+            log.warning("a process group left in this worker could not be destroyed: %s", exc)
 
 
 def _train(plan, group, reporter, opened: "_OpenedSockets") -> dict:
@@ -160,11 +184,14 @@ def _train(plan, group, reporter, opened: "_OpenedSockets") -> dict:
 
 
 class _OpenedSockets:
-    """The sockets this process opened since ``mark()`` (the group's and the store's), read from
-    ``/proc/self/fd`` (Linux, where Spark's executors run; elsewhere none are found)."""
+    """The TCP connections to the ranks' hosts this process opened since ``mark()`` (the group's and
+    the store's), read from ``/proc/self/fd`` (Linux, where Spark's executors run; elsewhere none are
+    found). Other sockets a rank may open meanwhile (an event loop's socket pair, a storage client's
+    connections to other hosts) are left alone."""
 
-    def __init__(self):
+    def __init__(self, hosts: set[str]):
         self.before: set[int] | None = None
+        self.peers = _addresses(hosts)
 
     def mark(self) -> None:
         self.before = _socket_fds()
@@ -180,12 +207,32 @@ class _OpenedSockets:
             except OSError:
                 continue
             try:
-                sock.getpeername()  # connected: a listening socket is left alone (Gloo's loop would fail on it)
-                sock.shutdown(socket.SHUT_RDWR)
+                # Connected (a listening socket is left alone: Gloo's loop would fail on it), over TCP,
+                # to one of the ranks' hosts.
+                if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM and \
+                        _plain(sock.getpeername()[0]) in self.peers:
+                    sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # a listening socket, or one already closed
             finally:
                 sock.detach()
+
+
+def _addresses(hosts: set[str]) -> set[str]:
+    """The IP addresses of ``hosts`` (names or addresses), IPv4-mapped IPv6 written as IPv4."""
+    import socket
+
+    found = set()
+    for host in hosts:
+        try:
+            found.update(_plain(info[4][0]) for info in socket.getaddrinfo(host, None))
+        except OSError:
+            found.add(_plain(host))
+    return found
+
+
+def _plain(address: str) -> str:
+    return address[7:] if address.startswith("::ffff:") else address
 
 
 def _socket_fds() -> set[int]:
@@ -203,19 +250,47 @@ def _socket_fds() -> set[int]:
     return fds
 
 
+# What pyspark's TorchDistributor sets in the worker that runs its task and never unsets (NODE_RANK is
+# its mark): CUDA_VISIBLE_DEVICES is "" after a CPU launch, which would hide the GPUs from a rank here.
+_TORCH_DISTRIBUTOR_LEFTOVERS = ("NODE_RANK", "CUDA_VISIBLE_DEVICES")
+
+
 @contextlib.contextmanager
 def _rank_environment(env: dict):
     """``env`` in ``os.environ`` (and its PYTHONPATH entries in ``sys.path``: plug-in models) for the
-    rank, then both as they were: the worker runs other tasks after this one."""
-    saved_env, saved_path = dict(os.environ), list(sys.path)
+    rank, then as they were: the worker runs other tasks after this one. Only what changed is put
+    back (threads the rank leaves, such as a reader's, may still read the environment), and the
+    modules imported from the added paths are forgotten, so that the next launch imports the plug-in
+    as it is then (a notebook's edited model), not as this one found it."""
+    saved_env, saved_path, saved_modules = dict(os.environ), list(sys.path), set(sys.modules)
+    if "NODE_RANK" in os.environ:
+        for name in _TORCH_DISTRIBUTOR_LEFTOVERS:
+            os.environ.pop(name, None)
     os.environ.update(env)
-    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    added = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[:0] = added
     try:
         yield
     finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
+        for name in [k for k in os.environ if k not in saved_env]:
+            os.environ.pop(name, None)
+        for name, value in saved_env.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
         sys.path[:] = saved_path
+        _forget_modules(set(sys.modules) - saved_modules, added)
+
+
+def _forget_modules(names: set[str], paths: list[str]) -> None:
+    roots = [os.path.join(os.path.abspath(p), "") for p in paths]
+    for name in names:
+        origin = getattr(sys.modules.get(name), "__file__", None) or ""
+        if roots and any(os.path.abspath(origin).startswith(root) for root in roots):
+            sys.modules.pop(name, None)
+    if roots:
+        import importlib
+
+        importlib.invalidate_caches()
 
 
 __all__ = ["launch_torch_tasks", "rank_task"]
