@@ -51,6 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from connect_process import ConnectProcess, connect_available  # noqa: E402
 from polling import wait_for  # noqa: E402
+from stopped_rank import stopped_rank_killed  # noqa: E402
 
 WHY_NOT = connect_available()
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.stack, pytest.mark.ranks,
@@ -315,39 +316,15 @@ def _kill_after_checkpoint(once) -> tuple[str, ...]:
             "launch.stall_timeout_s=120")
 
 
-@contextlib.contextmanager
 def _rank_0_killed(once, root_pid: int, run_dir: str):
     """While the block runs a launch with ``_kill_after_checkpoint(once)``: once rank 0 has stopped
     itself, prove its pid is a rank of this launch (it descends from ``root_pid``: the Connect
     process, or this one on classic) and stopped after a committed checkpoint, SIGKILL it and prove
     it dead. Yields what was seen (``error`` where something did not happen)."""
-    import psutil
-
-    killed, ended = {}, threading.Event()
-
-    def saboteur():
-        try:
-            pid = int(wait_for(lambda: once.exists() and once.read_text(), "rank 0 to stop after its first checkpoint",
-                               timeout=240, abort=ended))
-            proc = psutil.Process(pid)
-            wait_for(lambda: proc.status() == psutil.STATUS_STOPPED, "rank 0 to be stopped", timeout=30, abort=ended)
-            killed["rank"] = proc.environ().get("RANK")
-            killed["ours"] = _descends_from(pid, root_pid)  # a rank of this launch, not any process
-            killed["committed"] = _committed_checkpoint(run_dir)
-            proc.send_signal(signal.SIGKILL)
-            wait_for(lambda: not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, "rank 0 to die",
-                     timeout=60, abort=ended)
-            killed["proc"] = proc
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            killed["error"] = exc
-
-    thread = threading.Thread(target=saboteur, daemon=True)
-    thread.start()
-    try:
-        yield killed
-    finally:
-        ended.set()
-        thread.join()
+    return stopped_rank_killed(once, lambda proc: {
+        "rank": proc.environ().get("RANK"),
+        "ours": _descends_from(proc.pid, root_pid),  # a rank of this launch, not any process
+        "committed": _committed_checkpoint(run_dir)}, what="rank 0 (after its first checkpoint)")
 
 
 @pytest.mark.parametrize("session", ["classic", "connect"])

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import threading
 
 import numpy as np
 import pytest
 
 from common.faults import FAULT_ENV, FAULT_ONCE_ENV
-from polling import wait_for
 from spark_workers import python_workers
+from stopped_rank import stopped_rank_killed
 from torch_uneven import TORCH_RUN, torch_config
 from training import train
 
@@ -77,35 +75,16 @@ def _spark_python_worker(pid: int) -> bool:
 
 def test_a_killed_rank_worker_is_relaunched_and_resumes_to_the_uninterrupted_weights(
         spark, uneven_dataset, uneven_torch_run, tmp_path):
-    import psutil
+    once = tmp_path / "stopped.pid"
 
-    once, seen = tmp_path / "stopped.pid", {}
-    ended = threading.Event()
+    def describe(proc):
+        return {"worker": _spark_python_worker(proc.pid),
+                "committed": sorted(p.name for p in (tmp_path / "model.run" / "checkpoints").glob("step-*"))}
 
-    def saboteur():
-        try:
-            pid = int(wait_for(lambda: once.exists() and once.read_text(), "rank 0 to stop after its checkpoint",
-                               timeout=240, abort=ended))
-            proc = psutil.Process(pid)
-            wait_for(lambda: proc.status() == psutil.STATUS_STOPPED, "rank 0 to be stopped", timeout=30, abort=ended)
-            seen["worker"] = _spark_python_worker(pid)
-            seen["committed"] = sorted(p.name for p in (tmp_path / "model.run" / "checkpoints").glob("step-*"))
-            proc.send_signal(signal.SIGKILL)
-            wait_for(lambda: not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, "rank 0 to die",
-                     timeout=60, abort=ended)
-            seen["dead"] = True
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            seen["error"] = exc
-
-    thread = threading.Thread(target=saboteur, daemon=True)
-    thread.start()
-    try:
+    with stopped_rank_killed(once, describe, what="rank 0 (after its first checkpoint)") as seen:
         result = train(torch_config(uneven_dataset, tmp_path, *TASKS, "checkpoint.every_steps=20",
                                     f"launch.env.{FAULT_ENV}=commit:after-swap:stop",
                                     f"launch.env.{FAULT_ONCE_ENV}={once}", "launch.stall_timeout_s=120"), spark)
-    finally:
-        ended.set()
-        thread.join()
     # The kill happened: to a stopped Spark Python worker (the rank itself), after a committed checkpoint.
     assert "error" not in seen, seen.get("error")
     assert seen["worker"] and seen["dead"] and seen["committed"] == ["step-000000020"], seen
