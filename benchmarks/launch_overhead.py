@@ -21,12 +21,13 @@ Each line also says ``cpu_s``, the CPU seconds the launch cost this process and 
 (Spark's JVM, its Python workers, torchrun and the ranks), read from a cpuacct cgroup of its own
 (run as root; null elsewhere).
 
-Both run ``--repeats`` times, interleaved (bare first), after one warm-up launch each that is not
+The three run ``--repeats`` times, interleaved (bare first), after one warm-up launch each that is not
 counted (the first launch of a session pays for Spark's barrier-task path and the Python workers).
 Then ``tasks_in_a_row``: the torch_tasks ``train()`` ``--repeats`` times back to back (what a
 notebook's or a sweep's next launch costs: its ranks run in the workers the previous one left, torch
 already imported). Prints one JSON line per launch, then the medians, ``train_vs_bare`` (train's
-median / bare's; 1.0 = no fixed cost of ours), ``tasks_vs_bare`` and ``tasks_in_a_row_vs_bare``. ``--profile`` also prints where a ``train()`` spends its driver time
+median / bare's; 1.0 = no fixed cost of ours), ``tasks_vs_bare`` and ``tasks_in_a_row_vs_bare``.
+``--profile`` also prints where a ``train()`` spends its driver time
 (cProfile, cumulative, top functions) and the rank-side phases from the ranks' log lines.
 """
 
@@ -217,30 +218,31 @@ def main() -> None:
         time_bare(plan, cfg)  # warm-up launches, not counted
         time_train(cfg, spark, work / "model-warm-up")
         time_train(cfg, spark, work / "model-warm-up-tasks", "torch_tasks")
-        times = {"bare": [], "train": [], "tasks": []}
+        times = {"bare": [], "train": [], "tasks": [], "tasks_in_a_row": []}
+
+        def measure(what: str, i: int) -> None:
+            """One launch of kind ``what``: its seconds into ``times``, one JSON line."""
+            cpu = cpu_meter.seconds()
+            if what == "bare":
+                seconds, steps = time_bare(plan, cfg), plan.steps_per_epoch
+            else:
+                seconds, result = time_train(cfg, spark, work / f"model-{what}-{i}",
+                                             "torch" if what == "train" else "torch_tasks")
+                steps = result.steps_per_rank
+            times[what].append(seconds)
+            print(json.dumps({"what": what, "repeat": i, **common, "seconds": round(seconds, 2),
+                              "cpu_s": None if cpu is None else round(cpu_meter.seconds() - cpu, 2),
+                              "steps_per_rank": steps}), flush=True)
+
         for i in range(args.repeats):
-            for what in times:
-                cpu = cpu_meter.seconds()
-                if what == "bare":
-                    seconds, steps = time_bare(plan, cfg), plan.steps_per_epoch
-                else:
-                    seconds, result = time_train(cfg, spark, work / f"model-{what}-{i}",
-                                                 "torch" if what == "train" else "torch_tasks")
-                    steps = result.steps_per_rank
-                times[what].append(seconds)
-                print(json.dumps({"what": what, "repeat": i, **common, "seconds": round(seconds, 2),
-                                  "cpu_s": None if cpu is None else round(cpu_meter.seconds() - cpu, 2), "steps_per_rank": steps}), flush=True)
+            for what in ("bare", "train", "tasks"):
+                measure(what, i)
         # What a notebook's or a sweep's next torch_tasks launch costs: the same launch back to back,
         # on workers that ran the previous one (interleaved above, TorchDistributor's tasks use them too).
-        times["tasks_in_a_row"] = []
         for i in range(args.repeats):
-            cpu = cpu_meter.seconds()
-            seconds, result = time_train(cfg, spark, work / f"model-tasks-row-{i}", "torch_tasks")
-            times["tasks_in_a_row"].append(seconds)
-            print(json.dumps({"what": "tasks_in_a_row", "repeat": i, **common, "seconds": round(seconds, 2),
-                              "cpu_s": None if cpu is None else round(cpu_meter.seconds() - cpu, 2),
-                              "steps_per_rank": result.steps_per_rank}), flush=True)
-        bare, trained, tasks, in_a_row = (statistics.median(times[k]) for k in ("bare", "train", "tasks", "tasks_in_a_row"))
+            measure("tasks_in_a_row", i)
+        bare, trained, tasks, in_a_row = (statistics.median(times[k])
+                                          for k in ("bare", "train", "tasks", "tasks_in_a_row"))
         if args.profile:
             profile_train(cfg, spark, work / "model-profiled", 45)
         common["load_average"] = round(os.getloadavg()[0], 1)

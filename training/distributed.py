@@ -4,7 +4,8 @@ parallel is not decided here: that is the strategy's (``training.strategies``).
 
 ``LocalGroup`` (world size 1) serves the in-process mode, notebooks and GPU benchmarks,
 ``HorovodGroup`` the Horovod ranks, ``TorchGroup`` the torch.distributed ranks (TorchDistributor's,
-torchrun's, or those run inside Spark's barrier tasks). Every group is built with the device ``pick_device`` resolved once for the rank.
+torchrun's, or those run inside Spark's barrier tasks). Every group is built with the device
+``pick_device`` resolved once for the rank.
 ``average_`` and ``broadcast_`` work in place on one tensor, and ``average_`` can run in the
 background (a ``Pending`` to wait on): what strategies that move whole parameter vectors need.
 

@@ -14,10 +14,12 @@ for bit. What differs is only how the ranks start and hand back their records:
 - every task returns its own rank's record through Spark (no store exchange, as TorchDistributor needs).
 
 A Python worker outlives its task, so a rank leaves it as it found it: the environment variables and
-``sys.path`` entries the launch set are undone, the process group is destroyed, and the run's memory
-is released (garbage collected; on a GPU, torch's cached blocks emptied). What stays is what a
-reused worker keeps anyway: imported modules, and on a GPU the CUDA context (until Spark stops the
-idle worker, about a minute later). Where GPU memory must be free the moment a run ends,
+``sys.path`` entries the launch set are undone, the plug-in modules imported from them forgotten, the
+process group destroyed (also one whose start failed half-way), and the run's memory released
+(garbage collected; on a GPU, torch's cached blocks emptied). What stays is what a reused worker
+keeps anyway: the other imported modules, and on a GPU the CUDA context (until Spark stops the idle
+worker, about a minute later). TorchDistributor's tasks leave ``CUDA_VISIBLE_DEVICES`` and
+``NODE_RANK`` in the workers they ran in; a rank here ignores them. Where GPU memory must be free the moment a run ends,
 use ``launch.backend=torch``, whose ranks are processes of their own.
 
 A rank's process dying (SIGKILL, out of memory) kills its Python worker: Spark fails the barrier
@@ -92,7 +94,6 @@ def rank_task(plan, env: dict, start_timeout: int, batches):
     # leave the others waiting in it. Rank 0's store lives until its task ends, after its group.
     server, said = _host_store(rank, len(infos), start_timeout)
     port = next(p for p in ctx.allGather(said) if p)
-    _leave_stale_group()
     with _rank_environment({**env, "RANK": str(rank), "WORLD_SIZE": str(len(infos)), "MASTER_ADDR": host,
                             "MASTER_PORT": port}):
         opened = _OpenedSockets({info.address.rsplit(":", 1)[0] for info in infos})
@@ -100,6 +101,7 @@ def rank_task(plan, env: dict, start_timeout: int, batches):
                                   store=lambda: server or _join_store(host, port, len(infos), start_timeout))
         record = run_rank_entry(plan, rank, start, functools.partial(_train, opened=opened),
                                 stop_group=lambda group: group.shutdown())
+    _leave_stale_group()  # a group whose start failed half-way (no group came back to stop)
     del server
     _release_memory()
     yield pd.DataFrame({"rank": [rank], "record": [pickle.dumps(record)]})
@@ -151,16 +153,13 @@ def _start_group(plan, store, opened: "_OpenedSockets"):
         device = pick_device(plan.config.launch, int(os.environ["RANK"]))
         return TorchGroup(*device, store=store())
     except BaseException:
-        # No group comes back, so nothing else stops it: the peers waiting in its start learn now,
-        # and the worker's next rank can start a group of its own.
-        opened.shut_down()
-        _leave_stale_group()
+        opened.shut_down()  # the peers waiting in the group's start learn now
         raise
 
 
 def _leave_stale_group() -> None:
-    """Destroy a default process group this worker still holds (a rank whose group start failed
-    half-way): torch refuses to start a second one in the process."""
+    """Destroy a default process group this worker still holds (the rank's group start failed
+    half-way, or its stop did): torch would refuse to start the next rank's group in the process."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         try:
@@ -201,7 +200,9 @@ class _OpenedSockets:
         descriptors stay open for their owners (Gloo, the store) to close."""
         import socket
 
-        for fd in sorted(_socket_fds() - (self.before or set())) if self.before is not None else ():
+        if self.before is None:
+            return  # the group never began to start
+        for fd in sorted(_socket_fds() - self.before):
             try:
                 sock = socket.socket(fileno=fd)
             except OSError:
