@@ -15,7 +15,10 @@ VENV_CURRENT ?= .venv-current
 STACK_TESTS ?= stack and not cluster and not horovod
 # pytest-xdist workers for test, test-current and test-fast; 0 runs the tests serially in one process.
 # A file's tests stay on one worker, and files that share a fixed resource stay together (tests/conftest.py).
-PYTEST_WORKERS ?= 0
+# Two: the serial suite keeps about one of this machine's two cores busy (rank rendezvous, JVM and
+# process start-ups, stall and timeout waits), and two workers took 0.75-0.8x its wall time
+# (benchmarks/RESULTS.md, "Two xdist workers by default").
+PYTEST_WORKERS ?= 2
 XDIST = -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: setup setup-current demo test test-current pytest-pinned pytest-current test-fast doctor bench wheel clean
