@@ -177,7 +177,10 @@ def _starts_cluster(item) -> bool:
 # local Spark Connect server always binds port 15002, so two cannot start; and the standalone cluster
 # (a master, two worker JVMs and their executors) is started once, by the one worker that runs its
 # files, instead of by every worker that meets one of them, each holding it to the end of its session.
-WORKER_GROUPS = {"spark-connect": "ConnectProcess(", "spark-cluster": "standalone_cluster"}
+# The files that read the session's one TorchDistributor run (``uneven_torch_run``) share a worker for
+# the same reason: on two workers each launched it (test_torchrun's setup took 52 s instead of 0).
+WORKER_GROUPS = {"spark-connect": "ConnectProcess(", "spark-cluster": "standalone_cluster",
+                 "uneven-torch-run": "uneven_torch_run"}
 
 
 @pytest.hookimpl(optionalhook=True)
