@@ -69,10 +69,13 @@ def restore(site: str, store: str) -> list[str]:
         if valid_for(pyc, source):
             continue
         stored = os.path.join(store, os.path.relpath(pyc, site))
-        if os.path.isdir(store) and valid_for(stored, source):
-            link(stored, pyc)
-        else:
-            missing.append(source)
+        try:
+            if os.path.isdir(store) and valid_for(stored, source):
+                link(stored, pyc)
+                continue
+        except OSError:  # the store pruned meanwhile by another setup: compile instead
+            pass
+        missing.append(source)
     return missing
 
 
