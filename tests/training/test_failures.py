@@ -25,6 +25,7 @@ from polling import wait_for
 from run_report_checks import assert_run_report
 from tabular_data import write_dataset
 from torch_ranks import run_loop, values
+from stopped_rank import stopped_rank_killed
 from train_configs import train_overrides
 from training import load_model, load_train_config, train
 from training.export import published_by
@@ -410,12 +411,15 @@ def test_ranks_failing_after_the_publish_finish_the_run_without_publishing_again
 @on_horovod
 def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_new_world_size(dataset, tmp_path,
                                                                                              mlflow_store):
-    """launch.elastic: 2 ranks, one epoch, rank 1 killed (SIGKILL by pid) mid-epoch (after the
-    checkpoint at step 10 of 46); rank 0 goes on at world size 1 without a relaunch, repeating the
-    interrupted epoch in the steps of a 1-rank plan (a second epoch would add nothing here). Its own
-    process with local[2,4]: Horovod elastic needs Spark task retries (the shared session has none:
-    the dead rank's failed task would fail the Spark job). If Spark re-runs the task in time, the
-    rank rejoins and the run finishes at world size 2; either way every rank ran the steps of the
+    """launch.elastic: 2 ranks, one epoch, rank 1 killed (SIGKILL by pid) mid-epoch: its process
+    stops itself at the start of step 13 of 46 (plugin_models.stops_itself, after the checkpoint at
+    step 10), and the test proves it stopped and a checkpoint committed, kills it and proves it dead
+    (a kill raced from outside could land after rank 1 had finished, on a loaded machine). Rank 0
+    goes on at world size 1 without a relaunch, repeating the interrupted epoch in the steps of a
+    1-rank plan (a second epoch would add nothing here). Its own process with local[2,4]: Horovod
+    elastic needs Spark task retries (the shared session has none: the dead rank's failed task would
+    fail the Spark job). If Spark re-runs the task in time, the rank rejoins (and trains on: the
+    stop is once) and the run finishes at world size 2; either way every rank ran the steps of the
     final world size's plan. (3 -> 2 ranks on local[3,4]: benchmarks/elastic_probe.py.)"""
     import json
     import subprocess
@@ -425,29 +429,36 @@ def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_
 
     marker = uuid.uuid4().hex
     tracking = mlflow_store(tmp_path)  # an empty, migrated store: the session migrates one for all
-    saboteur = Saboteur(marker, f"{tmp_path}/model.run", signal.SIGKILL)
-    saboteur.start()
-    job = subprocess.run(
-        [sys.executable, "-c", "import sys\nfrom training import load_train_config, train\n"
-                               "train(load_train_config(None, sys.argv[1:]))\n",
-         *_overrides(dataset, tmp_path, marker, "train.epochs=1", "checkpoint.every_steps=10",
-                     "launch.elastic=true", "launch.max_restarts=0",
-                     "spark.master=local[2,4]", f"tracking.mlflow.tracking_uri={tracking}",
-                     "tracking.mlflow.experiment=elastic")],
-        capture_output=True, text=True, timeout=540)
-    saboteur.finish()
-    assert saboteur.error is None and gone(saboteur.proc), (saboteur.error, job.stderr[-3000:])  # rank 1 really died
+    once = tmp_path / "stopped.pid"
+    with stopped_rank_killed(once, lambda proc: {"rank": proc.environ().get("HOROVOD_RANK"),
+                                                 "ours": proc.environ().get(MARKER) == marker,
+                                                 "committed": committed_checkpoints(f"{tmp_path}/model.run")},
+                             what="rank 1 (at step 13)") as killed:
+        job = subprocess.run(
+            [sys.executable, "-c", "import sys\nfrom training import load_train_config, train\n"
+                                   "train(load_train_config(None, sys.argv[1:]))\n",
+             *_overrides(dataset, tmp_path, marker, "train.epochs=1", "checkpoint.every_steps=10",
+                         "launch.elastic=true", "launch.max_restarts=0", "model.name=plugin_models:stops_itself",
+                         f"model.kwargs={{rank: 1, at_step: 13, once: '{once}'}}",
+                         "spark.master=local[2,4]", f"tracking.mlflow.tracking_uri={tracking}",
+                         "tracking.mlflow.experiment=elastic")],
+            capture_output=True, text=True, timeout=540)
+    # Rank 1 of this launch really stopped after a committed checkpoint, and died.
+    assert "error" not in killed and killed["dead"], (killed, job.stderr[-3000:])
+    assert killed["rank"] == "1" and killed["ours"] and killed["committed"], killed
     assert job.returncode == 0, job.stderr[-3000:]
 
-    assert "rank 1 left: its process died at step" in job.stderr
-    assert "elastic reset: world size 2 -> 1" in job.stderr
-    assert "restarting the ranks" not in job.stderr  # no relaunch
+    said = job.stderr[-6000:]
+    assert "rank 1 left: its process died at step" in job.stderr, said
+    assert "elastic reset: world size 2 -> 1" in job.stderr, said
+    assert "restarting the ranks" not in job.stderr, said  # no relaunch
     summary = json.load(open(tmp_path / "model.run" / "summary.json"))
     world = summary["world_size"]
     per_rank = steps_per_epoch(sum(map(sum, LAYOUT["train"])), world, 32)
     assert summary["steps_per_epoch"] == per_rank
     assert summary["steps_per_rank"] == [per_rank] * world  # equal on every rank, in the final size's steps
-    assert len(summary["metrics"]) == 1 and load_model(str(tmp_path / "model")).metrics == summary["metrics"]
+    assert len(summary["metrics"]) == 1
+    assert load_model(str(tmp_path / "model"), program=True).metrics == summary["metrics"]
     # Like any other run: report.html, and every epoch in MLflow.
     assert_run_report(tmp_path / "model.run", dataset.manifest["fingerprint"], world, summary["metrics"])
     _assert_epochs_tracked(tracking, "elastic", summary["metrics"])

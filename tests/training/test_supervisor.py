@@ -144,6 +144,23 @@ def test_ranks_report_steps_errors_and_death_over_loopback():
         stranger.close()
 
 
+def test_an_elastic_rank_lost_just_before_the_launch_ends_is_still_said_once(caplog):
+    """launch.elastic: the watcher says "rank N left" at its next beat (up to 1 s later); a launch that
+    ends first (the loss near the end of the run, or late on a loaded machine) says it on leaving,
+    and a loss the watcher already said is not said twice. Without the exit's check the block below
+    ends within milliseconds of the loss, before the watcher's next beat, and nothing is said."""
+    with caplog.at_level("WARNING", logger="shardtrain"):
+        with Supervision(None, world=2, stall_timeout_s=600, elastic=True) as sup:
+            ranks = _hello_ranks(sup, step=3, phase=TRAINING)
+            wait_for(lambda: sorted(sup.ranks()) == [0, 1], "both ranks' hello", timeout=30)
+            ranks[1].close()  # rank 1's process died: its connection drops without a final report
+            wait_for(lambda: sup.ranks()[1].lost_at is not None, "rank 1 to be lost", timeout=30)
+        ranks[0].close()
+        said = [r.getMessage() for r in caplog.records if "left: its process died" in r.getMessage()]
+    assert said == ["rank 1 left: its process died at step 3 without reporting an error; launch.elastic: the 1 "
+                    "other rank(s) go on without it at world size 1"], said
+
+
 def test_leaving_a_supervision_does_not_wait_out_the_progress_servers_poll(monkeypatch):
     """socketserver's shutdown() returns at the serve loop's next poll (0.5 s by default, paid by every
     launch); leaving a supervision wakes the loop instead. With an hour-long poll it still returns:

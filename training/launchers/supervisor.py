@@ -261,6 +261,8 @@ class Supervision:
         self._done.set()
         self.server.stop()
         self.jobs.close()
+        if self.elastic:  # a rank lost after the watcher's last beat (the launch ended first) is said too
+            self._announce_lost(self.ranks())
         silent = sorted(set(range(self.world)) - set(self.ranks()))
         if silent and exc[0] is None:  # a launch shorter than the stall timeout says it too
             self._say_unreachable(silent)
@@ -303,7 +305,9 @@ class Supervision:
 
     def _announce_lost(self, ranks: dict[int, RankState]) -> None:
         for state in ranks.values():
-            if state.lost_at is not None and state.rank not in self._announced:
+            with self._said_lock:  # the watcher and __exit__ may both get here
+                if state.lost_at is None or state.rank in self._announced:
+                    continue
                 self._announced.add(state.rank)
                 alive = sum(1 for s in ranks.values() if s.lost_at is None)
                 log.warning("rank %d left: its process died %s without reporting an error; launch.elastic: the %d "
