@@ -12,6 +12,8 @@ The points (each named where it is called):
 - ``table:before-swap`` / ``table:after-aside`` / ``table:after-swap``: ``common.tables.swap_in``.
 - ``rank<N>:after-run``: rank N's run returned (model published, run report written), before its
   last report to the driver (``training.launchers.rank_entry``).
+- ``rank<N>:step-<k>``: rank N starts training step k; passed only by a test's plug-in model
+  (tests/training/plugin_models.py, ``stops_itself``), never by the product.
 
 Unset (as always outside tests), nothing happens. Nothing else in the product reads test hooks.
 """

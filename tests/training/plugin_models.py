@@ -190,28 +190,25 @@ def gated(feature_spec, label_spec, after=40):
 
 
 class StopsItself(nn.Module):
-    """An MLP whose process stops itself (SIGSTOP) on one rank at the start of a given training step,
-    once: the pid goes to ``once`` first, and a process that finds ``once`` there trains on (a rank
-    that rejoins, or a relaunch). A test then kills the stopped rank at a known point of the run
-    (stopped_rank.py), however loaded the machine, instead of racing the run from outside."""
+    """An MLP whose rank passes ``common.faults``' point ``rank<N>:step-<k>`` at the start of each
+    training step: with ``SHARDTRAIN_FAULT=rank1:step-13:stop`` and ``SHARDTRAIN_FAULT_ONCE`` rank 1
+    stops itself there once (its pid in the once-file; a rank that rejoins, or a relaunch, trains on).
+    A test then kills the stopped rank at a known point of the run (stopped_rank.py), however loaded
+    the machine, instead of racing the run from outside."""
 
-    def __init__(self, feature_spec, label_spec, rank: int, at_step: int, once: str, hidden=(16,)):
+    def __init__(self, feature_spec, label_spec, hidden=(16,)):
         super().__init__()
         self.net = TabularMLP(**mlp_arguments(feature_spec, label_spec, list(hidden)))
-        self.rank, self.at_step, self.once, self.calls = rank, at_step, once, 0
+        self.calls = 0
 
     def forward(self, batch):
         if self.training:
-            self.calls += 1
-            rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("RANK", "0")))
-            if rank == self.rank and self.calls == self.at_step and not os.path.exists(self.once):
-                import signal
+            from common.faults import fault_point
 
-                with open(self.once, "w") as fh:
-                    fh.write(str(os.getpid()))
-                os.kill(os.getpid(), signal.SIGSTOP)
+            self.calls += 1
+            fault_point(f"rank{os.environ.get('HOROVOD_RANK', os.environ.get('RANK', '0'))}", f"step-{self.calls}")
         return self.net(batch)
 
 
-def stops_itself(feature_spec, label_spec, rank=1, at_step=13, once="", hidden=(16,)):
-    return StopsItself(feature_spec, label_spec, rank, at_step, once, hidden)
+def stops_itself(feature_spec, label_spec, hidden=(16,)):
+    return StopsItself(feature_spec, label_spec, hidden)

@@ -21,11 +21,12 @@ import torch
 from safetensors.torch import load_file
 
 from common.errors import EXIT_RUNTIME, OutputExistsError, RankStalledError
+from common.faults import FAULT_ENV, FAULT_ONCE_ENV
 from polling import wait_for
 from run_report_checks import assert_run_report
+from stopped_rank import stopped_rank_killed
 from tabular_data import write_dataset
 from torch_ranks import run_loop, values
-from stopped_rank import stopped_rank_killed
 from train_configs import train_overrides
 from training import load_model, load_train_config, train
 from training.export import published_by
@@ -439,7 +440,7 @@ def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_
                                    "train(load_train_config(None, sys.argv[1:]))\n",
              *_overrides(dataset, tmp_path, marker, "train.epochs=1", "checkpoint.every_steps=10",
                          "launch.elastic=true", "launch.max_restarts=0", "model.name=plugin_models:stops_itself",
-                         f"model.kwargs={{rank: 1, at_step: 13, once: '{once}'}}",
+                         f"launch.env.{FAULT_ENV}=rank1:step-13:stop", f"launch.env.{FAULT_ONCE_ENV}={once}",
                          "spark.master=local[2,4]", f"tracking.mlflow.tracking_uri={tracking}",
                          "tracking.mlflow.experiment=elastic")],
             capture_output=True, text=True, timeout=540)

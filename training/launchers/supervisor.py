@@ -261,9 +261,10 @@ class Supervision:
         self._done.set()
         self.server.stop()
         self.jobs.close()
+        ranks = self.ranks()
         if self.elastic:  # a rank lost after the watcher's last beat (the launch ended first) is said too
-            self._announce_lost(self.ranks())
-        silent = sorted(set(range(self.world)) - set(self.ranks()))
+            self._announce_lost(ranks)
+        silent = sorted(set(range(self.world)) - set(ranks))
         if silent and exc[0] is None:  # a launch shorter than the stall timeout says it too
             self._say_unreachable(silent)
 
