@@ -20,6 +20,7 @@ catalog and runs SQL.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import uuid
@@ -47,11 +48,15 @@ class TableInfo:
     type: str | None  # MANAGED, EXTERNAL, VIEW
 
 
+_NOT_IN_A_NAME = re.compile(r"[`;\x00-\x1f\x7f]")  # a statement separator, a quote, control characters
+
+
 def table_parts(name: str, key: str) -> list[str]:
     """The name's parts (1 to 3, none empty), or exit 2 naming ``key``."""
     parts = [p.strip() for p in str(name).split(".")]
-    if not 1 <= len(parts) <= 3 or not all(parts) or any("`" in p for p in parts):
-        raise ConfigError(f"{key} must name a table as table, schema.table or catalog.schema.table, got {name!r}")
+    if not 1 <= len(parts) <= 3 or not all(parts) or any(_NOT_IN_A_NAME.search(p) for p in parts):
+        raise ConfigError(f"{key} must name a table as table, schema.table or catalog.schema.table (no ` or ; in a "
+                          f"part), got {name!r}")
     return parts
 
 
@@ -59,22 +64,16 @@ def quote_table(name: str, key: str = "table") -> str:
     return ".".join(q(p) for p in table_parts(name, key))
 
 
-def table_exists(spark, name: str) -> bool:
-    return bool(spark.catalog.tableExists(name))
+def table_exists(spark, name: str, key: str = "output.table") -> bool:
+    with catalog_errors(name, key):
+        return bool(spark.catalog.tableExists(quote_table(name, key)))
 
 
 def describe_table(spark, name: str, key: str) -> TableInfo:
     """The catalog's word on the table (``DESCRIBE TABLE EXTENDED``: a few rows, no data), or
     exit 2 naming ``key`` where the catalog does not know it."""
-    try:
+    with catalog_errors(name, key):
         rows = spark.sql(f"DESCRIBE TABLE EXTENDED {quote_table(name, key)}").collect()
-    except Exception as exc:  # noqa: BLE001 - AnalysisException, or the Connect client's equivalent
-        text = str(exc)
-        if "TABLE_OR_VIEW_NOT_FOUND" in text or "not found" in text.lower():
-            raise InputDataError(f"{key}: table {name} does not exist in the session's catalog ({first_line(exc)})") \
-                from None
-        check_delta_reader_error(exc, key)
-        raise
     detail = {}
     seen_detail = False
     for row in rows:
@@ -86,6 +85,31 @@ def describe_table(spark, name: str, key: str) -> TableInfo:
     provider = detail.get("provider") or None
     return TableInfo(name=name, provider=provider.lower() if provider else None,
                      location=detail.get("location") or None, type=(detail.get("type") or None))
+
+
+# The catalog's error classes for a name it cannot place: a catalog it does not have (the session
+# catalog reads an unknown first part as a namespace and asks for one part), a schema it does not have.
+_UNKNOWN_NAMESPACE = ("REQUIRES_SINGLE_PART_NAMESPACE", "CATALOG_NOT_FOUND", "SCHEMA_NOT_FOUND",
+                      "NO_SUCH_NAMESPACE")
+
+
+@contextlib.contextmanager
+def catalog_errors(name: str, key: str):
+    """The catalog's refusals of ``name`` as one line naming ``key`` (exit 2): no such table, no such
+    catalog or schema. Anything else (a Delta reader missing, the metastore down) passes on."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - AnalysisException, or the Connect client's equivalent
+        text = str(exc)
+        if any(code in text for code in _UNKNOWN_NAMESPACE):
+            raise ConfigError(f"{key}: the session's catalog cannot place {name} ({first_line(exc)}); name a catalog "
+                              "and schema it has (SHOW CATALOGS, SHOW SCHEMAS), or drop the catalog part for the "
+                              "session catalog") from None
+        if "TABLE_OR_VIEW_NOT_FOUND" in text or "not found" in text.lower():
+            raise InputDataError(f"{key}: table {name} does not exist in the session's catalog ({first_line(exc)})") \
+                from None
+        check_delta_reader_error(exc, key)
+        raise
 
 
 def delta_table_version(spark, name: str, key: str) -> int:

@@ -96,6 +96,7 @@ def test_the_output_may_not_sit_inside_a_tables_location(spark, schema, tmp_path
     ({"table": "db.t", "format": "csv"}, "sources.raw.format applies to a path"),
     ({"table": "db.t", "schema": "id BIGINT"}, "sources.raw.schema applies to a path"),
     ({"table": "a..b"}, "sources.raw.table must name a table as table, schema.table or catalog.schema.table"),
+    ({"table": "db.t;DROP TABLE x"}, "sources.raw.table must name a table as table, schema.table or catalog.schema"),
     ({"path": "/x", "format": "delta", "schema": "id BIGINT"}, "sources.raw.schema applies to csv, json and parquet"),
 ])
 def test_source_config_mistakes_name_the_key(source, message):
@@ -105,9 +106,15 @@ def test_source_config_mistakes_name_the_key(source, message):
 
 
 @pytest.mark.stack
-def test_a_missing_table_names_its_key(spark, schema, tmp_path):
+def test_a_missing_table_or_catalog_names_its_key(spark, schema, tmp_path):
     with pytest.raises(InputDataError, match=f"sources.raw.table: table {schema}.nowhere does not exist"):
         run_shard_job(spark, _table_config(f"{schema}.nowhere", str(tmp_path / "out")))
+    # A catalog the session does not have (the session catalog reads it as a namespace): exit 2, one line.
+    elsewhere = f"nocatalog.{schema.split('.')[-1]}.t"
+    with pytest.raises(ConfigError, match=rf"^sources.raw.table: the session's catalog cannot place {elsewhere} "
+                                          r"\(.*\); name a catalog and schema it has") as err:
+        run_shard_job(spark, _table_config(elsewhere, str(tmp_path / "out")))
+    assert "\n" not in str(err.value)
     assert not (tmp_path / "out").exists()
 
 
