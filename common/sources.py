@@ -134,7 +134,23 @@ def source_fingerprint(name: str, cfg: SourceConfig, spark=None) -> dict:
     entries = _file_entries(name, cfg.path, _data_files(name, cfg), "path")
     if not entries:
         raise InputDataError(f"source {name!r}: {cfg.path} holds no data files (sources.{name}.path)")
+    if cfg.format == "parquet":
+        _check_parquet_sizes(name, entries)
     return {"path": cfg.path, "format": cfg.format, "files": entries}
+
+
+# A Parquet file is at least its magic, a 4-byte footer length and its magic again.
+_PARQUET_MIN_BYTES = 12
+
+
+def _check_parquet_sizes(name: str, entries: list[dict]) -> None:
+    """A file too short to be Parquet (an empty file a failed upload left, say) is named here, from
+    the listing, before Spark reads footers on its executors and fails in a page of JVM stack."""
+    short = [e for e in entries if e["size"] < _PARQUET_MIN_BYTES]
+    if short:
+        listed = ", ".join(f"{e['path']} ({e['size']} bytes)" for e in short[:3]) + (" ..." if len(short) > 3 else "")
+        raise InputDataError(f"source {name!r}: {len(short)} file(s) too short to be Parquet: {listed}; remove them or "
+                             f"point sources.{name}.path at the data files only")
 
 
 def source_bytes(fingerprint: dict) -> int | None:

@@ -26,7 +26,7 @@ import warnings
 from typing import Iterator
 
 from common.config import SparkConfig
-from common.errors import ConfigError, ShardtrainError, SparkJobError
+from common.errors import ConfigError, InputDataError, ShardtrainError, SparkJobError
 
 QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
@@ -325,8 +325,16 @@ def spark_errors(what: str) -> Iterator[None]:
     except Exception as exc:  # noqa: BLE001 - we re-raise with context, never swallow
         name = type(exc).__name__
         if name in ("Py4JJavaError", "PythonException", "AnalysisException", "SparkException"):
+            damaged = _NOT_PARQUET.search(str(exc))
+            if damaged:  # a file whose footer Spark cannot read: the input is wrong, a retry fails the same way
+                raise InputDataError(f"{what} failed: {damaged.group(0).rstrip('.')}; remove or replace that file") \
+                    from None
             raise SparkJobError(f"{what} failed: {explain_java_error(exc)}") from exc
         raise
+
+
+# Spark's words (parquet-mr's) for a file whose Parquet footer it cannot read; they name the file.
+_NOT_PARQUET = re.compile(r"\S+ is not a Parquet file[^\n]*")
 
 
 def to_spark_path(uri: str) -> str:

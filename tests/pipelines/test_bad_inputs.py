@@ -131,6 +131,22 @@ def test_a_source_file_that_cannot_be_read_is_one_line_naming_it(spark, tmp_path
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.stack  # Spark's own words for a damaged footer differ between 3.5 and 4.x
+@pytest.mark.parametrize("damage", ["empty", "garbage"])
+def test_a_source_file_that_is_not_parquet_is_exit_2_naming_it(spark, tmp_path, damage):
+    """A 0-byte file beside good ones (refused from the listing, before Spark reads a footer) and 100
+    bytes of garbage (refused from Spark's error): one line naming the file, exit 2, nothing written."""
+    src = write_parquet(tmp_path / "in", simple_rows(20))
+    bad = tmp_path / "in" / "part-9.parquet"
+    bad.write_bytes(b"" if damage == "empty" else bytes(range(100)))
+    with pytest.raises(InputDataError) as err:
+        run_shard_job(spark, config(src, str(tmp_path / "out")))
+    message = str(err.value)
+    assert str(bad) in message and ("sources.raw.path" in message or "remove or replace that file" in message), message
+    assert "\n" not in message and err.value.exit_code == 2
+    assert not (tmp_path / "out").exists()
+
+
 def _strict_json(text: str):
     """json.loads that refuses NaN and Infinity, as every JSON reader but Python's does."""
     def refuse(constant):
