@@ -41,6 +41,7 @@ from common.errors import DatasetError, StorageError, StorageIOError, first_line
 ARTIFACT_KEY = "shardtrain_model"  # the pyfunc artifact holding the published model directory
 CONNECT_TIMEOUT_S = 10
 _VERSION = re.compile(r"^[0-9]+$")
+MAX_VERSION = 2**31 - 1  # MLflow's registry tables hold a version in an INTEGER column
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,10 @@ def parse_registry_uri(uri: str) -> tuple[str, str | None, str | None]:
     elif "/" in rest:
         name, _, version = rest.rpartition("/")
         if name and _VERSION.match(version):
-            return name, version, None
+            if int(version) > MAX_VERSION:
+                raise DatasetError(f"{uri}: version {version} is beyond any registry's numbering (MLflow stores a "
+                                   f"version as a 32-bit integer, at most {MAX_VERSION}); name a version the model has")
+            return name, str(int(version)), None
     raise DatasetError(f"{uri}: not a model registry URI shardtrain reads; write models:/NAME/VERSION (a version "
                        "number) or models:/NAME@ALIAS")
 
@@ -117,7 +121,7 @@ def _file_model_dir(download_uri: str | None) -> str | None:
         return None
     root = os.path.realpath(root)
     try:
-        found = os.path.normpath(os.path.join(root, _artifact_path(os.path.join(root, "MLmodel"))))
+        found = os.path.normpath(os.path.join(root, _artifact_path(os.path.join(root, "MLmodel"), download_uri)))
     except Exception:  # noqa: BLE001 - no MLmodel, not YAML, no such artifact: MLflow's download says which
         return None
     return found if found.startswith(root + os.sep) and os.path.isdir(found) else None
@@ -146,15 +150,10 @@ def registry_model_dir(uri: str, registry_uri: str | None = None) -> Iterator[tu
                                             registry_uri=model.registry_uri)
             for sub in ("mlmodel", "model"):
                 os.makedirs(os.path.join(tmp, sub))
-            try:
-                path = _artifact_path(repo.download_artifacts("MLmodel", dst_path=os.path.join(tmp, "mlmodel")))
-                local = repo.download_artifacts(path, dst_path=os.path.join(tmp, "model"))
-            except Exception as exc:  # noqa: BLE001 - MLflow raises OSError/MlflowException for a missing path
-                if _unreachable(exc):
-                    raise
-                raise DatasetError(f"{model.pinned_uri}: has no pyfunc artifact {ARTIFACT_KEY!r}, so it is not a model "
-                                   f"shardtrain logged ({type(exc).__name__}: {first_line(exc)}); register the model "
-                                   "that `shardtrain train` logs with tracking.mlflow") from None
+            mlmodel = _download(repo, "MLmodel", os.path.join(tmp, "mlmodel"), model.pinned_uri, "its MLmodel file")
+            path = _artifact_path(mlmodel, model.pinned_uri)
+            local = _download(repo, path, os.path.join(tmp, "model"), model.pinned_uri,
+                              f"the model directory {path!r} its MLmodel names")
         yield os.path.realpath(local), shown
 
 
@@ -183,14 +182,37 @@ def mlflow_uris(tracking_uri: str | None, registry_uri: str | None = None) -> It
                 os.environ[name] = value
 
 
-def _artifact_path(mlmodel_file: str) -> str:
+def _download(repo, path: str, destination: str, uri: str, what: str) -> str:
+    """One artifact of the version, downloaded; a missing one is exit 2 saying the version's
+    artifacts are gone (deleted or moved in the artifact store), not that the model is foreign."""
+    try:
+        return repo.download_artifacts(path, dst_path=destination)
+    except Exception as exc:  # noqa: BLE001 - MLflow raises OSError/MlflowException for a missing path
+        if _unreachable(exc):
+            raise
+        raise DatasetError(f"{uri}: {what} is missing from the version's artifacts (deleted or moved in the artifact "
+                           f"store?): {type(exc).__name__}: {first_line(exc)}") from None
+
+
+def _artifact_path(mlmodel_file: str, uri: str) -> str:
     """Where the MLmodel file's pyfunc flavour keeps the published model directory (MLflow names
-    it after the directory that was logged)."""
+    it after the directory that was logged). An MLmodel that cannot be read and one that names no
+    shardtrain model are exit 2, each said as what it is."""
     import yaml
 
-    with open(mlmodel_file, encoding="utf-8") as fh:
-        mlmodel = yaml.safe_load(fh)
-    return mlmodel["flavors"]["python_function"]["artifacts"][ARTIFACT_KEY]["path"]
+    try:
+        with open(mlmodel_file, encoding="utf-8") as fh:
+            mlmodel = yaml.safe_load(fh)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise DatasetError(f"{uri}: its MLmodel file is damaged ({type(exc).__name__}: {first_line(exc)}); register "
+                           "the model again") from None
+    if not isinstance(mlmodel, dict):
+        raise DatasetError(f"{uri}: its MLmodel file is damaged (not a YAML mapping); register the model again")
+    try:
+        return mlmodel["flavors"]["python_function"]["artifacts"][ARTIFACT_KEY]["path"]
+    except (KeyError, TypeError):
+        raise DatasetError(f"{uri}: has no pyfunc artifact {ARTIFACT_KEY!r}, so it is not a model shardtrain logged; "
+                           "register the model that `shardtrain train` logs with tracking.mlflow") from None
 
 
 def check_reachable(tracking_uri: str, what: str = "the tracking server") -> None:

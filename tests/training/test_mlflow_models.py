@@ -292,3 +292,33 @@ def test_models_uris_of_another_form_are_refused_naming_the_uri():
     for uri in ("models:/demo_model", "models:/demo_model/latest", "models:/demo_model/Production"):
         with pytest.raises(DatasetError, match=f"^{uri}: not a model registry URI shardtrain reads"):
             load_model(uri)
+    # A version no registry can hold (MLflow's SQLite store failed it as unreadable: exit 1, retried forever).
+    with pytest.raises(DatasetError, match=r"^models:/demo_model/99999999999999999999999: version .* is beyond any "
+                                           r"registry's numbering") as err:
+        load_model("models:/demo_model/99999999999999999999999")
+    assert err.value.exit_code == 2
+
+
+@pytest.mark.parametrize("damage", ["deleted", "broken MLmodel"])
+def test_a_version_whose_artifacts_are_deleted_or_broken_says_so(mlflow_env, damage):
+    """Not "not a model shardtrain logged": what happened to the version's artifacts, exit 2."""
+    import shutil
+
+    reg = mlflow_env
+    source = reg.client.get_model_version_download_uri("demo_model", "1").removeprefix("file://")
+    kept = f"{source}.kept"
+    shutil.copytree(source, kept)
+    try:
+        if damage == "deleted":
+            shutil.rmtree(source)
+            expected = r"its MLmodel file is missing from the version's artifacts \(deleted or moved"
+        else:
+            with open(os.path.join(source, "MLmodel"), "w") as fh:
+                fh.write("flavors: [unclosed\n")
+            expected = r"its MLmodel file is damaged \((Parser|Scanner)Error"
+        with pytest.raises(DatasetError, match=rf"^models:/demo_model/1: {expected}") as err:
+            load_model("models:/demo_model/1")
+        assert "not a model shardtrain logged" not in str(err.value) and "\n" not in str(err.value)
+    finally:
+        shutil.rmtree(source, ignore_errors=True)
+        os.rename(kept, source)
