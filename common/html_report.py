@@ -14,11 +14,10 @@ from __future__ import annotations
 import base64
 import html
 import io
-import posixpath
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from common.storage import resolve, storage_errors
+from common.storage import resolve, storage_errors, write_whole
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -149,9 +148,7 @@ def write_page(uri: str, text: str) -> str:
     """Write a report to ``uri`` (any storage URI); returns the resolved URI."""
     loc = resolve(uri)
     with storage_errors("writing the report", loc.uri):
-        loc.fs.makedirs(posixpath.dirname(loc.path), exist_ok=True)
-        with loc.fs.open(loc.path, "wb") as fh:
-            fh.write(text.encode("utf-8"))
+        write_whole(loc, text.encode("utf-8"))
     return loc.uri
 
 

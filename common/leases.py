@@ -35,7 +35,7 @@ import time
 import uuid
 from typing import Iterator
 
-from common.storage import Location, beside, pid_alive, remove_tree, resolve, storage_errors
+from common.storage import Location, beside, pid_alive, remove_tree, resolve, storage_errors, write_whole
 
 READERS_TAG = "._readers"
 HEARTBEAT_S = 60.0
@@ -135,16 +135,8 @@ def _heartbeat(lease: Location, record: dict, stop: threading.Event) -> None:
 
 
 def _write(lease: Location, record: dict) -> None:
-    payload = json.dumps(record).encode()
-    if lease.scheme == "file":
-        # Write, then rename: a shard job listing the leases never reads half a record.
-        os.makedirs(os.path.dirname(lease.path), exist_ok=True)
-        tmp = f"{lease.path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(payload)
-        os.replace(tmp, lease.path)
-    else:
-        lease.fs.pipe_file(lease.path, payload)  # one PUT: whole or absent
+    # Whole or absent: a shard job listing the leases never reads half a record.
+    write_whole(lease, json.dumps(record).encode())
 
 
 def _read(lease: Location) -> dict | None:

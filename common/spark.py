@@ -329,8 +329,32 @@ def spark_errors(what: str) -> Iterator[None]:
             if damaged:  # a file whose footer Spark cannot read: the input is wrong, a retry fails the same way
                 raise InputDataError(f"{what} failed: {damaged.group(0).rstrip('.')}; remove or replace that file") \
                     from None
+            own = worker_error(str(exc))
+            if own is not None:
+                raise type(own)(f"{what} failed: {own}") from None
             raise SparkJobError(f"{what} failed: {explain_java_error(exc)}") from exc
         raise
+
+
+# The last line of a Python worker's traceback where it raised one of shardtrain's own errors.
+_OWN_ERROR = re.compile(r"^common\.errors\.(\w+): (.+)$", re.M)
+
+
+def worker_error(text: str) -> ShardtrainError | None:
+    """The shardtrain error a Python worker raised on purpose (its message written for the user:
+    a full disk naming the file, a bad value naming the column), found in a failed job's text, as
+    that error again: its class keeps the exit status, its one line replaces the worker's
+    traceback. None where the worker failed otherwise (a bug: its traceback is the message)."""
+    from common import errors
+
+    found = _OWN_ERROR.findall(text)
+    if not found:
+        return None
+    name, message = found[-1]
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, ShardtrainError)):
+        return None
+    return cls(message.strip())
 
 
 # Spark's words (parquet-mr's) for a file whose Parquet footer it cannot read; they name the file.

@@ -66,6 +66,8 @@ STAGING_TAG = "._staging-"
 # Where an overwrite keeps the output it replaces until the new one is committed.
 REPLACED_TAG = "._replaced-"
 LOCK_TAG = ".shardtrain-lock"
+# A file being written whole (``write_whole``): ``.NAME<tag><token>`` beside NAME until it is renamed.
+WRITING_TAG = ".writing-"
 # A hidden sibling of output NAME: ``.NAME<tag><token>``. The token never holds a dot, so the name
 # is everything before the last tag (``.a._staging-b._staging-T`` belongs to ``a._staging-b``).
 _SIBLING = re.compile(r"^\.(?P<name>.+)(?P<tag>\._staging-|\._replaced-)(?P<token>[A-Za-z0-9-]+)$")
@@ -112,10 +114,37 @@ class Location:
             return fh.read().decode("utf-8")
 
     def write_text(self, name: str, text: str) -> None:
+        """``name`` under this directory, whole or not at all (``write_whole``)."""
         with storage_errors(f"writing {name}", self.uri):
-            self.fs.makedirs(self.path, exist_ok=True)
-            with self.open(name, "wb") as fh:
-                fh.write(text.encode("utf-8"))
+            write_whole(self.join(name), text.encode("utf-8"))
+
+
+def write_whole(loc: Location, payload: bytes) -> None:
+    """Write the file at ``loc`` so that it is either its old self or all of ``payload``, never a
+    part: a job that dies, or a disk that fills, mid-write leaves the previous file (or none), not
+    a report without its closing tags. Local disk, the DBFS and volume mounts and HDFS write a hidden
+    sibling and rename it over the file; an object store's single PUT is already all-or-nothing.
+    Crash-atomic, not power-loss durable: no fsync (these are reports and records, not the data)."""
+    fs = loc.fs
+    if loc.scheme == "s3":
+        fs.pipe_file(loc.path, payload)
+        return
+    parent, base = posixpath.split(loc.path)
+    fs.makedirs(parent, exist_ok=True)
+    temporary = posixpath.join(parent, f".{base}{WRITING_TAG}{uuid.uuid4().hex}")
+    try:
+        with fs.open(temporary, "wb") as fh:
+            fh.write(payload)
+        if loc.scheme == "file":
+            os.replace(temporary, loc.path)
+        else:  # HDFS: a rename does not replace an existing file
+            if fs.exists(loc.path):
+                fs.rm_file(loc.path)
+            fs.mv(temporary, loc.path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            fs.rm_file(temporary)
+        raise
 
 
 @contextlib.contextmanager
@@ -393,7 +422,9 @@ def publish(uri: str, mode: str = "error", marker: dict | None = None) -> Iterat
         with storage_errors("creating the staging directory", staging.uri):
             fs.makedirs(staging.path, exist_ok=True)
         try:
-            yield staging
+            # What the caller writes fails as one line naming the output (a full disk, say).
+            with storage_errors("writing the output", final.uri):
+                yield staging
         except BaseException:
             remove_tree(staging)
             raise
@@ -743,9 +774,14 @@ def _lock_file(lock: Location, record: dict):
     if previous:
         log.warning("%s: taking over the writer lock of pid %s on host %s (started %s), which has exited",
                     lock.uri, previous.get("pid"), previous.get("host"), previous.get("started_at"))
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(record).encode(), 0)
-    os.fsync(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        os.fsync(fd)
+    except OSError:  # a full disk: no lock, and no lock file left behind holding nobody's record
+        os.unlink(lock.path)
+        os.close(fd)
+        raise
 
     def release() -> None:
         try:

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from common.dataset import MISSING_LABEL, ROW_INDEX, FeatureSpec, is_list_type, value_type
-from common.storage import resolve
+from common.storage import resolve, storage_errors
 from pipelines.summary import ScanSpec, chunks
 
 TARGET_COLUMN = "_target"
@@ -158,19 +158,24 @@ def _write_file(tables: Iterator[pa.Table], root, path: str, schema: pa.Schema,
 def _atomic_file(root, path: str):
     """A binary sink for ``path`` (under ``root``) that appears under that name only once the
     block ends without an error: it is written under a private temporary name, then renamed."""
-    final = root.join(path).path
-    tmp = f"{final}.tmp-{uuid.uuid4().hex}"
-    root.fs.makedirs(final.rsplit("/", 1)[0], exist_ok=True)
-    sink = root.fs.open(tmp, "wb")
-    try:
-        yield sink
-        sink.close()
-        root.fs.mv(tmp, final)
-    except BaseException:
-        sink.close()
-        if root.fs.exists(tmp):
-            root.fs.rm(tmp)
-        raise
+    final = root.join(path)
+    tmp = f"{final.path}.tmp-{uuid.uuid4().hex}"
+    # On an executor: a full disk or a refused write fails as one line naming the file (the driver
+    # shows it as it is: common.spark.spark_errors), not as the worker's traceback.
+    with storage_errors("writing", final.uri):
+        root.fs.makedirs(final.path.rsplit("/", 1)[0], exist_ok=True)
+        sink = root.fs.open(tmp, "wb")
+        try:
+            yield sink
+            sink.close()
+            root.fs.mv(tmp, final.path)
+        except BaseException:
+            with contextlib.suppress(Exception):  # closing flushes, which fails again on a full disk
+                sink.close()
+            with contextlib.suppress(Exception):  # the staging directory it is in goes as a whole anyway
+                if root.fs.exists(tmp):
+                    root.fs.rm(tmp)
+            raise
 
 
 def _open_writer(sink, schema: pa.Schema, pending: list[pa.Table]) -> pq.ParquetWriter:

@@ -184,7 +184,9 @@ def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResu
                                fingerprint=model_marker.get("model_json_sha256")).drop(REASON)
         staged_table = None
         try:
-            with spark_errors(f"scoring with {cfg.model}"):
+            target = out.uri if cfg.output.table is None else f"table {cfg.output.table}"
+            # The output first: what fails here is mostly the write (a full disk), seldom the model.
+            with spark_errors(f"writing the scores to {target} (model {cfg.model})"):
                 if cfg.output.table is None:
                     _write(scored, staging.uri)
                 else:
@@ -197,7 +199,7 @@ def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResu
             quarantine = _quarantine_rows(cfg, checked, table.columns, malformed)
             if not by_reason:  # nothing to find in another pass over the input: the same empty file, from no rows
                 quarantine = quarantine.limit(0)
-            with spark_errors("writing the quarantine"):
+            with spark_errors(f"writing the quarantine to {out.uri}/{QUARANTINE_DIR}"):
                 _write(quarantine, staging.join(QUARANTINE_DIR).uri)
             table_rows = None if staged_table is None else spark.table(staged_table).count()
             accounting = _check_accounting(staging, input_rows, clean_rows, sum(by_reason.values()), table_rows)

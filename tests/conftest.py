@@ -123,6 +123,43 @@ def s3_bucket(s3_endpoint, monkeypatch):
     storage._FS_CACHE.clear()
 
 
+class SmallDisk:
+    """A real 256 KiB tmpfs at ``path``; ``fill()`` takes its free space."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def fill(self, leave_bytes: int = 0) -> None:
+        """Fill the disk, then give back ``leave_bytes`` (whole 4 KiB pages, as tmpfs counts)."""
+        import errno
+
+        filler = os.path.join(self.path, "filler")
+        try:
+            with open(filler, "wb", buffering=0) as fh:
+                while True:
+                    fh.write(b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        os.truncate(filler, max(0, os.path.getsize(filler) - leave_bytes))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real file system that a test can fill: a 256 KiB tmpfs mounted on a fresh directory (root
+    may mount one; the tests run as root here and in CI), unmounted after the test. A write past its
+    room fails in the kernel with ENOSPC, as on a real full disk."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs for a full-disk test (run the tests as root): {mounted.stderr.strip()}")
+    try:
+        yield SmallDisk(mount_point)
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=False)
+
+
 # Set on purpose by the session fixtures above and by Spark itself, and kept for later tests;
 # PYTEST_CURRENT_TEST is pytest's own (it names the running phase); torch sets TORCHINDUCTOR_CACHE_DIR
 # on its first optimizer step in a process (torch's doing, in whichever test trains first; a session

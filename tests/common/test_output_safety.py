@@ -562,3 +562,18 @@ def test_run_refuses_a_model_path_inside_a_shard_source_before_spark_starts(tmp_
     with pytest.raises(ConfigError, match=r"output.model_path .*/raw/model is inside shard source 'raw'"):
         run(cfg)
     assert os.listdir(tmp_path / "raw") == []
+
+
+def test_a_report_written_onto_a_full_disk_keeps_the_previous_one_whole(small_disk):
+    """A disk that fills mid-write: the file keeps its previous content whole (no report without its
+    closing tags), the error is one line naming the file, and no temporary file is left behind."""
+    from common.html_report import write_page
+
+    report = str(small_disk.path / "sweep.html")
+    write_page(report, "<html>the previous report</html>")
+    small_disk.fill()
+    with pytest.raises(StorageIOError, match=rf"^{report}: writing the report failed: OSError: No space left") as err:
+        write_page(report, "<html>" + "x" * 200_000 + "</html>")
+    assert "\n" not in str(err.value)
+    assert open(report).read() == "<html>the previous report</html>"
+    assert sorted(os.listdir(small_disk.path)) == ["filler", "sweep.html"]

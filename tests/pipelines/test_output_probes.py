@@ -63,6 +63,22 @@ def test_shard_into_its_own_source_is_refused_and_the_input_survives(raw, capsys
     assert _tree(raw) == before  # byte-identical, NOTES.txt included
 
 
+@pytest.mark.parametrize("room, fails_at", [(0, ".ds.shardtrain-lock: taking the writer lock"),
+                                             (3 * 4096, "/checked-rows/part-00000.parquet: writing")])
+def test_a_shard_job_onto_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing(raw, small_disk, capsys, room,
+                                                                                   fails_at):
+    """A real full tmpfs, with no room even for the writer lock, or room for it but not for the
+    rows: one line naming the file that did not fit (an executor's write too, not its Python
+    traceback), exit 1 (free space, then retry), and nothing left on the disk."""
+    small_disk.fill(leave_bytes=room)
+    out = small_disk.path / "ds"
+    assert main(_shard_args(raw, str(out))) == 1
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("shardtrain: error:")]
+    assert f"{small_disk.path}/" in line and fails_at in line, line
+    assert line.endswith("failed: OSError: No space left on device") and "Traceback" not in line, line
+    assert os.listdir(small_disk.path) == ["filler"]  # no output, staging directory or lock file
+
+
 @pytest.fixture(scope="module")
 def dataset(raw, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("ds") / "ds")

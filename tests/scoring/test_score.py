@@ -237,6 +237,22 @@ def test_score_job_publishes_scores_and_quarantine_and_keeps_the_modes(spark, mo
     assert not os.path.exists(f"{source}/scores")
 
 
+def test_score_job_onto_a_full_disk_names_the_output_and_leaves_nothing(spark, models, tmp_path, small_disk, capsys):
+    """A real tmpfs with room for the writer lock but not the scores: one line naming the output
+    (not the model, as the error used to), exit 1, and nothing left on that disk."""
+    frame = raw_rows(3000, seed=13)
+    frame["image"] = [np.asarray(v, dtype=np.float32) for v in frame["image"]]
+    source = write_parquet(frame, tmp_path / "raw")
+    out = small_disk.path / "scores"
+    config = score_config(tmp_path / "score.yaml", models["classification"], source, str(out))
+    small_disk.fill(leave_bytes=2 * 4096)
+    assert cli("score", "--config", config) == 1
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("shardtrain: error:")]
+    assert line.startswith(f"shardtrain: error: writing the scores to {out} (model {models['classification']}) "
+                           "failed: ") and "No space left on device" in line, line
+    assert os.listdir(small_disk.path) == ["filler"]
+
+
 @pytest.mark.stack
 def test_score_job_refuses_a_missing_or_uncastable_feature_in_one_line(spark, models, tmp_path, capsys):
     """The job checks every feature against the input's schema before it builds any SQL from them:
