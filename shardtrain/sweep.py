@@ -13,9 +13,13 @@ Resumable and idempotent: the study lives in ``sweep.storage`` (an Optuna RDB UR
 file; by default ``output.path/study.journal``), and the sweep holds the writer lock of
 ``output.path`` for its whole run, so a trial still RUNNING in the study when a sweep starts was
 left by one that died: it runs again in its own directory, where training resumes it from its
-newest checkpoint. Finished trials (complete, pruned, failed) are never run again. A trial that
-fails is recorded in the study with its error and the sweep goes on; the sweep fails (exit 1)
-only when no trial finished.
+newest checkpoint. Complete and pruned trials are never run again. A trial that fails is recorded
+in the study with its error and its class (exit 1 or 2) and the sweep goes on; a rerun runs a
+trial that failed for a reason that may pass (exit 1: a full disk) again, as a new trial with its
+values, at most ``sweep.retries`` times, and never one the training refused (exit 2: bad config).
+Each trial's draw is a function of ``sweep.seed`` and its number (shardtrain.sweep_sampler), so a
+resumed sweep draws what an uninterrupted one would, never a finished trial's values again. The
+sweep fails when no trial finished: exit 1 while a rerun would run a trial, else exit 2.
 
 The result: the best finished trial's model published atomically at ``output.model_path`` (its
 files, its marker with the study's fingerprint, and ``sweep.json``: the trial, its parameters,
@@ -39,10 +43,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from common.config import config_fingerprint, dump_yaml, load_config, require, to_dict
-from common.errors import ConfigError, OutputExistsError, StorageError, TrainingError, first_line
+from common.errors import (EXIT_RUNTIME, ConfigError, OutputExistsError, ShardtrainError, StorageError, StorageIOError,
+                           TrainingError, first_line)
+from common.faults import fault_point
 from pipelines.shard_config import ShardConfig
 from shardtrain.sweep_report import REPORT, TrialRecord, write_sweep_report
-from shardtrain.sweep_space import (ParamSpec, check_fixed, check_space, decode_params, optuna_params, suggest,
+from shardtrain.sweep_space import (check_fixed, check_space, decode_params, optuna_params, parse_space, suggest,
                                     trial_config)
 from training.config import TrainConfig, TrainOutputConfig
 
@@ -85,10 +91,13 @@ class PrunerConfig:
 
 @dataclass
 class SweepSection:
-    space: dict[str, ParamSpec]  # train.* / model.* key -> distribution (shardtrain.sweep_space)
+    # train.* / model.* key -> distribution (shardtrain.sweep_space). Any, not ParamSpec: an override
+    # `sweep.space.train.lr={...}` nests the key at its dots, which parse_space joins back.
+    space: dict[str, Any]
     trials: int = 8  # trials in the study, finished ones of earlier runs of this sweep included
     parallel_trials: int = 1  # trials training at once, each launch.num_proc ranks
-    seed: int = 0  # the sampler's (TPE)
+    seed: int = 0  # the sampler's (TPE): trial N draws from a stream seeded by (seed, N)
+    retries: int = 1  # times a rerun runs again a trial that failed with an exit-1-class error
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     enqueue: list[dict[str, Any]] = field(default_factory=list)  # trials to run first, before drawn ones
@@ -96,7 +105,9 @@ class SweepSection:
     study_name: str | None = None  # null: shardtrain-sweep-<study fingerprint>
 
     def __post_init__(self):
+        self.space = parse_space(self.space)
         require(1 <= self.trials <= 100_000, "trials", f"must be in [1, 100000], got {self.trials}")
+        require(0 <= self.retries <= 100, "retries", f"must be in [0, 100], got {self.retries}")
         require(1 <= self.parallel_trials <= 1024, "parallel_trials",
                 f"must be in [1, 1024], got {self.parallel_trials}")
         require(self.storage is None or bool(self.storage.strip()), "storage", "must not be empty (null: a journal "
@@ -222,8 +233,7 @@ def sweep(cfg: SweepConfig, spark=None) -> SweepResult:
     result = SweepResult(study_name=study_name, fingerprint=fingerprint, storage=where, trials=records, best=best,
                          model_uri=model_uri, report_uri=report, ran=sorted(runner.ran))
     if best is None:
-        errors = "; ".join(f"trial {t.number}: {t.error}" for t in records if t.error) or "none finished"
-        raise TrainingError(f"no trial of the sweep finished ({errors}); see {report}")
+        raise _no_trial_finished(study.get_trials(deepcopy=False), cfg.sweep.retries, report)
     return result
 
 
@@ -308,11 +318,10 @@ def study_storage(cfg: SweepConfig, probe_only: bool = False):
 
     url = cfg.sweep.storage
     if url is not None and _RDB_URL.match(url):
+        _check_sqlite_directory(url)
         if probe_only:
             return None, url
-        import optuna
-
-        return optuna.storages.RDBStorage(url), _redacted(url)
+        return _rdb_storage(url), _redacted(url)
     if url is not None:
         key, path = "sweep.storage", url
     else:
@@ -334,6 +343,39 @@ def study_storage(cfg: SweepConfig, probe_only: bool = False):
     # The open-lock (O_EXCL on a lock file) works on volumes that have no symlinks (Databricks /Volumes, /dbfs).
     backend = JournalFileBackend(loc.path, lock_obj=JournalFileOpenLock(loc.path))
     return optuna.storages.JournalStorage(backend), loc.path
+
+
+def _check_sqlite_directory(url: str) -> None:
+    """SQLite creates its database file, not the file's directory; SQLAlchemy would say only
+    "unable to open database file", in a traceback, once the study is opened."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise ConfigError(f"sweep.storage: {_redacted(url)} is not a database URL: {first_line(exc)}") from None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    directory = os.path.dirname(os.path.abspath(parsed.database))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"sweep.storage: the directory {directory} of the SQLite database {parsed.database} does "
+                          "not exist; create it, or name a database file in an existing directory")
+
+
+def _rdb_storage(url: str):
+    """Optuna's storage on the database at ``url``, or one line naming sweep.storage: a missing
+    driver is exit 2 (install it), a database that cannot be reached exit 1 (it may come back)."""
+    import optuna
+
+    try:
+        return optuna.storages.RDBStorage(url)
+    except ImportError as exc:
+        raise ConfigError(f"sweep.storage: {_redacted(url)}: {first_line(exc)} (install the database's Python "
+                          "driver)") from None
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy's errors, any driver's: one line, not a traceback
+        raise StorageIOError(f"sweep.storage: cannot open the study's database {_redacted(url)}: "
+                             f"{type(exc).__name__}: {first_line(exc)}") from None
 
 
 def _redacted(url: str) -> str:
@@ -363,11 +405,14 @@ def _claim_directory(cfg: SweepConfig, fingerprint: str, study_name: str) -> Non
 def _study(cfg: SweepConfig, storage, study_name: str):
     import optuna
 
+    from shardtrain.sweep_sampler import TrialSeededSampler
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep logs its own lines
     s = cfg.sweep
+    # Not TPESampler(seed=s.seed): its one stream would start over on every rerun of the sweep and
+    # draw the finished trials' values again (see shardtrain.sweep_sampler).
     study = optuna.create_study(storage=storage, study_name=study_name, direction=s.objective.direction,
-                                sampler=optuna.samplers.TPESampler(seed=s.seed), pruner=_pruner(s.pruner),
-                                load_if_exists=True)
+                                sampler=TrialSeededSampler(s.seed), pruner=_pruner(s.pruner), load_if_exists=True)
     if s.enqueue and not study.user_attrs.get("enqueued"):
         # The study's first trials, in order (twice the same values is two trials); once: a rerun
         # finds the flag, and a run killed while enqueueing adds only the ones still missing.
@@ -411,22 +456,9 @@ class _Runner:
         self.errors: list[BaseException] = []
 
     def run(self) -> None:
-        from optuna.trial import TrialState
-
-        trials = self.study.get_trials(deepcopy=False)
-        finished = sum(t.state.is_finished() for t in trials)
-        # RUNNING now means its sweep died (this one holds output.path's lock): it goes back to the study's
-        # queue of waiting trials (the storage's public state update; enqueue_trial's queue), and ask()
-        # hands it out again as itself: same number, so the same trial directory and checkpoints, and
-        # the params it already drew. A retry as a new trial (Optuna's RetryFailedTrialCallback) would
-        # leave a FAIL trial behind and train in a new directory from scratch.
-        study_id = self.storage.get_study_id_from_name(self.study.study_name)
-        for t in trials:
-            if t.state == TrialState.RUNNING:
-                trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
-                self.storage.set_trial_state_values(trial_id, TrialState.WAITING)
-                log.info("trial %d was interrupted (its sweep stopped); it resumes from its newest checkpoint",
-                         t.number)
+        self._requeue_interrupted(self.study.get_trials(deepcopy=False))
+        self._retry_failed(self.study.get_trials(deepcopy=False))
+        finished = sum(t.state.is_finished() for t in _standing(self.study.get_trials(deepcopy=False)))
         self.to_ask = max(0, self.cfg.sweep.trials - finished)
         if finished:
             log.info("study %s: %d trial(s) finished before; %d to run", self.study.study_name, finished,
@@ -443,6 +475,38 @@ class _Runner:
         if self.errors:
             raise self.errors[0]
 
+    def _requeue_interrupted(self, trials) -> None:
+        """RUNNING now means its sweep died (this one holds output.path's lock): it goes back to the
+        study's queue of waiting trials (the storage's public state update; enqueue_trial's queue), and
+        ask() hands it out again as itself: same number, so the same trial directory and checkpoints,
+        and the params it already drew. A retry as a new trial (Optuna's RetryFailedTrialCallback) would
+        leave a FAIL trial behind and train in a new directory from scratch."""
+        from optuna.trial import TrialState
+
+        study_id = self.storage.get_study_id_from_name(self.study.study_name)
+        for t in trials:
+            if t.state == TrialState.RUNNING:
+                trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+                self.storage.set_trial_state_values(trial_id, TrialState.WAITING)
+                log.info("trial %d was interrupted (its sweep stopped); it resumes from its newest checkpoint",
+                         t.number)
+
+    def _retry_failed(self, trials) -> None:
+        """A failed trial whose failure may pass (a full disk, a lost worker: exit-1 class) runs again,
+        at most sweep.retries times, as a new trial with its values (enqueue_trial), linked to it by
+        its ``retry_of``. Not as itself, as an interrupted trial is: Optuna refuses to change a
+        finished trial. The new trial trains from scratch in its own directory; the failed one keeps
+        its run directory and error as the record of what happened."""
+        retried = _superseded(trials)
+        for t in trials:
+            if t.number in retried or not _retryable(t, self.cfg.sweep.retries):
+                continue
+            attempt = t.user_attrs.get("attempt", 1) + 1
+            self.study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, "attempt": attempt})
+            log.info("trial %d failed (%s); it runs again as a new trial with its values (attempt %d of %d, "
+                     "sweep.retries=%d)", t.number, t.user_attrs.get("error", "no error recorded"), attempt,
+                     self.cfg.sweep.retries + 1, self.cfg.sweep.retries)
+
     def _next(self):
         with self.lock:
             if self.to_ask <= 0:
@@ -456,6 +520,7 @@ class _Runner:
                 with self.lock:
                     self.ran.append(trial.number)
                 self._run_trial(trial)
+                fault_point("sweep", "after-trial")  # the trial's outcome is in the study; the next is not drawn
         except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread by run()
             self.errors.append(exc)
 
@@ -489,6 +554,8 @@ class _Runner:
         except Exception as exc:  # noqa: BLE001 - a trial's failure is recorded; the sweep goes on
             error = f"{type(exc).__name__}: {first_line(exc)}"
             trial.set_user_attr("error", error)
+            # Its class decides whether a rerun tries it again (_retryable), as for a command's exit status.
+            trial.set_user_attr("exit_code", exc.exit_code if isinstance(exc, ShardtrainError) else EXIT_RUNTIME)
             self.study.tell(trial, state=TrialState.FAIL)
             self.tracker.failed_trial(trial.number, params, error)
             log.warning("trial %d failed, the sweep goes on: %s", trial.number, error)
@@ -502,10 +569,43 @@ class _Runner:
         value = result.final.get(metric)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             trial.set_user_attr("error", f"the run reported no finite {metric} ({value!r})")
+            trial.set_user_attr("exit_code", EXIT_RUNTIME)
             self.study.tell(trial, state=TrialState.FAIL)
             return
         self.study.tell(trial, float(value))
         log.info("trial %d: %s %.6g", trial.number, metric, value)
+
+
+def _superseded(trials) -> set[int]:
+    """Failed trials that a later trial retries: the retry stands in for them."""
+    return {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+
+
+def _standing(trials) -> list:
+    """The study's trials less those a retry stands in for: what sweep.trials counts."""
+    superseded = _superseded(trials)
+    return [t for t in trials if t.number not in superseded]
+
+
+def _retryable(trial, retries: int) -> bool:
+    """A failed trial a rerun runs again: its failure may pass (exit-1 class; a trial failed before
+    the class was recorded counts as one), and it has tries left."""
+    return (trial.state.name == "FAIL" and trial.user_attrs.get("exit_code", EXIT_RUNTIME) == EXIT_RUNTIME
+            and trial.user_attrs.get("attempt", 1) <= retries)
+
+
+def _no_trial_finished(trials, retries: int, report: str) -> ShardtrainError:
+    """Exit 1 while a rerun would run a trial (a retry, a waiting trial); else exit 2: every trial
+    ended for good (refused as bad config, or failed again after its retries), so rerunning the
+    same command cannot help, and a scheduler must not retry it without end."""
+    standing = _standing(trials)
+    errors = "; ".join(f"trial {t.number}: {t.user_attrs['error']}" for t in standing
+                       if t.user_attrs.get("error")) or "none finished"
+    if any(not t.state.is_finished() or _retryable(t, retries) for t in standing):
+        return TrainingError(f"no trial of the sweep finished ({errors}); see {report}")
+    return ConfigError(f"no trial of the sweep finished, and a rerun would run none: {errors} (a trial refused by the "
+                       f"training config or the dataset runs once; one that failed otherwise runs again, "
+                       f"sweep.retries={retries} time(s)); change sweep.space or the train section; see {report}")
 
 
 def trial_records(study, cfg: SweepConfig) -> list[TrialRecord]:

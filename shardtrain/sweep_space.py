@@ -8,6 +8,12 @@ A space is a mapping of ``train.*`` / ``model.*`` keys of the training config (`
 value of the training config, the range must hold values, a log range must be positive, and the
 training config must accept the range's ends and every choice (exit 2, naming the key).
 
+A space's keys contain dots, and a command-line override's key splits at every dot:
+``sweep.space.train.lr={type: float, ...}`` arrives as ``{"train": {"lr": {...}}}``, and
+``sweep.space.train.lr.high=0.1`` as ``{"train": {"lr": {"high": 0.1}}}``. ``parse_space`` joins
+such nested keys back into the dotted key: a mapping with a ``type`` is a whole distribution (it
+replaces the key's), any other mapping under a key the space has changes some of that key's fields.
+
 Optuna's categorical choices are scalars; a choice that is a list or a mapping (``model.hidden:
 [[64], [128, 64]]``) is stored as its JSON text and decoded when the config is built.
 
@@ -67,6 +73,39 @@ class ParamSpec:
         if self.type == "int":
             return [int(self.low), int(self.high)]
         return [float(self.low), float(self.high)]
+
+
+def parse_space(raw: dict[str, Any], where: str = "space") -> dict[str, ParamSpec]:
+    """The space as written (dotted keys, or keys nested as an override leaves them: see the module
+    docstring) -> dotted key -> ParamSpec. ConfigError naming ``<where>.<key>``."""
+    flat: dict[str, Any] = {}
+
+    def place(key: str, value: Any) -> None:
+        if isinstance(value, dict) and not _is_distribution(value) and isinstance(flat.get(key), dict):
+            flat[key] = {**flat[key], **value}  # `...train.lr.high=0.1`: a field of a key the space has
+        elif _is_section(value):
+            for sub, sub_value in value.items():
+                place(f"{key}.{sub}", sub_value)
+        else:
+            flat[key] = value
+
+    for key, value in raw.items():
+        place(str(key), value)
+    return {key: _param_spec(value, f"{where}.{key}") for key, value in flat.items()}
+
+
+def _param_spec(value: Any, where: str) -> ParamSpec:
+    if isinstance(value, ParamSpec):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a distribution ({{type: float, low: ..., high: ...}}, {{type: int, ...}} "
+                          f"or {{type: categorical, choices: [...]}}), got {value!r}")
+    try:
+        return from_dict(ParamSpec, value)
+    except ConfigError as exc:
+        # Prefixed here, not through from_dict: the section's own prefix ("sweep.") goes in front of
+        # this message, which must therefore start with the key ("missing required key ..." does not).
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def check_space(space: dict[str, ParamSpec], base: TrainConfig, where: str = "sweep.space") -> None:
@@ -182,6 +221,19 @@ def _is_mapping(tp: Any) -> bool:
     return get_origin(tp) is dict or tp is dict
 
 
+def _is_section(value: Any) -> bool:
+    """Space keys nested at their dots: a mapping that holds a mapping (a distribution's fields never
+    are one) or keys that are not a distribution's fields."""
+    fields = {f.name for f in dataclasses.fields(ParamSpec)}
+    return (isinstance(value, dict) and not _is_distribution(value)
+            and (any(isinstance(v, dict) for v in value.values()) or not set(value) <= fields))
+
+
+def _is_distribution(value: dict) -> bool:
+    """A whole ParamSpec (its ``type`` named), not some of one's fields (an override of them)."""
+    return isinstance(value.get("type"), str)
+
+
 def _needs_encoding(choices: list[Any]) -> bool:
     return any(isinstance(c, (list, dict)) for c in choices)
 
@@ -190,4 +242,5 @@ def _encode(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-__all__ = ["ParamSpec", "check_fixed", "check_space", "decode_params", "optuna_params", "suggest", "trial_config"]
+__all__ = ["ParamSpec", "check_fixed", "check_space", "decode_params", "optuna_params", "parse_space", "suggest",
+           "trial_config"]

@@ -3,7 +3,7 @@ because the tests put tests/training (plugin_models) and this directory on the p
 
 import os
 
-from plugin_models import Gated, _wait_at_gate
+from plugin_models import Gated, _wait_at_gate, tiny
 
 
 def gated_when(feature_spec, label_spec, gate=0, after=1):
@@ -29,3 +29,12 @@ def held_or_stopped(feature_spec, label_spec, role="", gates=""):
         elif role == "stop":
             model.gate = os.path.join(gates, "stop")
     return model
+
+
+def writes_scratch(feature_spec, label_spec, scratch=""):
+    """plugin_models.tiny ([8]), built by a run that first writes a byte to ``scratch``: a test makes
+    that path a link to /dev/full, a disk with no space left (the write fails with the kernel's own
+    ENOSPC), then frees the space by removing the link (the write makes a plain file)."""
+    with open(scratch, "wb", buffering=0) as fh:
+        fh.write(b"\0")
+    return tiny(feature_spec, label_spec, width=8)

@@ -143,6 +143,40 @@ def test_parallel_trials_that_cannot_run_together_are_exit_2_naming_the_keys(tmp
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_space_key_is_overridden_on_the_command_line_whole_or_one_field(tmp_path, dataset):
+    """An override's key splits at every dot, a space's keys hold dots: both forms still reach the key."""
+    from shardtrain.sweep import load_sweep_config
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep_yaml(dataset, tmp_path, {"train.lr": LR, "model.hidden": {
+        "type": "categorical", "choices": [[8], [16, 8]]}}, trials=2)))
+    cfg = load_sweep_config(str(path), ["sweep.space.train.lr={type: float, low: 0.001, high: 0.1}",
+                                        "sweep.space.model.hidden.choices=[[4]]",
+                                        "sweep.space.train.weight_decay={type: float, low: 0.0, high: 0.1}"])
+    space = {key: (spec.type, spec.low, spec.high, spec.log, spec.choices) for key, spec in cfg.sweep.space.items()}
+    assert space == {"train.lr": ("float", 0.001, 0.1, False, None),  # replaced whole: no log: true left over
+                     "model.hidden": ("categorical", None, None, False, [[4]]),  # one field changed
+                     "train.weight_decay": ("float", 0.0, 0.1, False, None)}  # a key the file does not have
+    with pytest.raises(ConfigError, match=r"sweep.space: unknown key 'train.lrr'; did you mean 'train.lr'"):
+        load_sweep_config(str(path), ["sweep.space.train.lrr={type: float, low: 0.001, high: 0.1}"])
+    with pytest.raises(ConfigError, match=r"sweep.space.train.lr: high must be above low"):
+        load_sweep_config(str(path), ["sweep.space.train.lr.high=0.0001"])
+
+
+def test_a_sqlite_storage_in_a_missing_directory_is_exit_2_naming_the_key_and_the_directory(tmp_path, dataset,
+                                                                                            capsys):
+    from shardtrain.cli import main
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep_yaml(dataset, tmp_path, {"train.lr": LR}, trials=1)))
+    missing = tmp_path / "no" / "such" / "dir"
+    assert main(["sweep", "--config", str(path), f"sweep.storage=sqlite:///{missing}/study.db"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "sweep.storage" in err and f"directory {missing} " in err, err
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "no").exists()  # refused before anything
+
+
 def test_a_journal_on_object_storage_is_refused_asking_for_a_url(tmp_path, dataset):
     from shardtrain.sweep import study_storage
 
@@ -496,6 +530,137 @@ def test_a_sweep_killed_in_its_third_trial_resumes_it_and_reruns_nothing_finishe
     out = capsys.readouterr().out
     assert "0 run by this command" in out, out
     assert any("already published" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.process
+def test_a_sweep_killed_at_each_trial_boundary_draws_what_one_uninterrupted_run_draws(tmp_path, dataset, capsys,
+                                                                                       monkeypatch):
+    """Each run of the sweep process SIGKILLs itself as soon as its first trial is in the study
+    (common.faults' ``sweep:after-trial``): the first run after trial 0, the second after trial 1,
+    its last (before publishing); then the same command with ``sweep.trials=3`` finishes. The trials
+    drew what one uninterrupted sweep of the seed draws, so none drew another's learning rate (before,
+    each new process drew trial 0's values again)."""
+    from shardtrain.cli import main
+    from shardtrain.sweep import sweep
+
+    data = sweep_yaml(dataset, tmp_path, {"train.lr": LR}, trials=2, epochs=1)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load(data)
+    env = {**os.environ, "PYTHONPATH": ROOT, "SHARDTRAIN_FAULT": "sweep:after-trial"}
+    command = [sys.executable, "-m", "shardtrain", "sweep", "--config", str(path)]
+    for killed in range(2):
+        log = tmp_path / f"run-{killed}.log"
+        with open(log, "w") as out:
+            run = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(tmp_path), timeout=600)
+        assert run.returncode == -signal.SIGKILL, log.read_text()[-3000:]  # proven: killed, not exited
+        assert [t.state.name for t in study(cfg).trials] == ["COMPLETE"] * (killed + 1)
+    assert not os.path.exists(cfg.output.model_path)  # the second run died before publishing
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(command[3:] + ["sweep.trials=3"]) == 0
+    assert "1 run by this command" in capsys.readouterr().out
+    resumed = [t.params for t in study(cfg).trials]
+    uninterrupted = load(sweep_yaml(dataset, tmp_path / "uninterrupted", {"train.lr": LR}, trials=3, epochs=1))
+    sweep(uninterrupted)
+    assert resumed == [t.params for t in study(uninterrupted).trials]
+    assert len({p["train.lr"] for p in resumed}) == 3, resumed
+
+
+def test_a_study_reopened_before_every_trial_draws_what_one_uninterrupted_study_draws():
+    """The sweep's sampler (shardtrain.sweep_sampler), past TPE's 10 random startup trials too: a
+    study reopened with a new sampler before each trial, as each run of a resumed sweep does,
+    draws the values one study with one sampler draws."""
+    import optuna
+
+    from shardtrain.sweep_sampler import TrialSeededSampler
+    from shardtrain.sweep_space import ParamSpec, suggest
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = {"train.lr": ParamSpec(**LR), "train.batch_size": ParamSpec(type="int", low=16, high=256),
+             "model.hidden": ParamSpec(type="categorical", choices=[[8], [16, 8]])}
+
+    def draw(study) -> dict:
+        trial = study.ask()
+        params = suggest(trial, space)
+        study.tell(trial, params["train.lr"] * params["train.batch_size"])  # a result TPE can learn from
+        return params
+
+    storage = optuna.storages.InMemoryStorage()
+    reopened = [draw(optuna.create_study(storage=storage, study_name="s", sampler=TrialSeededSampler(7),
+                                         load_if_exists=True)) for _ in range(14)]
+    one = optuna.create_study(sampler=TrialSeededSampler(7))
+    assert reopened == [draw(one) for _ in range(14)]
+    assert len({p["train.lr"] for p in reopened}) == 14
+
+
+def test_a_trial_failed_on_a_full_disk_runs_again_on_the_rerun_at_most_sweep_retries_times(tmp_path, dataset,
+                                                                                           capsys):
+    """Two trials each write to a scratch path of their own (sweep_models.writes_scratch), both links
+    to /dev/full: both fail with the kernel's ENOSPC, a failure that may pass (exit 1). Disk a is
+    freed and the same command runs again: each failed trial runs again as a new trial with its
+    values (sweep.retries: 1); a's trains and is published, b's fails again; a third run runs none."""
+    from shardtrain.cli import main
+
+    disks = [str(tmp_path / "disk-a"), str(tmp_path / "disk-b")]
+    for disk in disks:
+        os.symlink("/dev/full", disk)
+    space = {"model.kwargs.scratch": {"type": "categorical", "choices": disks}}
+    data = sweep_yaml(dataset, tmp_path, space, trials=2, epochs=1,
+                      enqueue=[{"model.kwargs.scratch": disk} for disk in disks])
+    data["train"]["model"] = {"name": "sweep_models:writes_scratch"}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load(data)
+    argv = ["sweep", "--config", str(path)]
+
+    assert main(argv) == EXIT_RUNTIME  # no trial finished, and a rerun may do better
+    failed = study(cfg).trials
+    assert [t.state.name for t in failed] == ["FAIL", "FAIL"]
+    for t in failed:  # proven: the disk was full, and the failure is recorded as one that may pass
+        assert "[Errno 28] No space left on device" in t.user_attrs["error"], t.user_attrs
+        assert t.user_attrs["exit_code"] == EXIT_RUNTIME
+
+    os.remove(disks[0])  # space freed on disk a
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "2 run by this command" in capsys.readouterr().out
+    trials = study(cfg).trials
+    assert [(t.state.name, t.user_attrs.get("retry_of"), t.params["model.kwargs.scratch"]) for t in trials] == [
+        ("FAIL", None, disks[0]), ("FAIL", None, disks[1]), ("COMPLETE", 0, disks[0]), ("FAIL", 1, disks[1])]
+    assert_complete_run(os.path.join(trial_dir(cfg, 2), "model.run"), os.path.join(trial_dir(cfg, 2), "model"), 1)
+    assert read_marker(cfg.output.model_path)["sweep"]["trial"] == 2
+
+    assert main(argv) == 0  # trial 3 was trial 1's one retry: nothing is left to run
+    assert "0 run by this command" in capsys.readouterr().out
+    assert len(study(cfg).trials) == 4
+
+
+@pytest.mark.parametrize("space, runs", [
+    # Refused by the dataset (a batch larger than its 1200 rows: DatasetError, exit-2 class): never retried.
+    ({"train.batch_size": {"type": "int", "low": 100_000, "high": 200_000}}, [(EXIT_USAGE, 1), (EXIT_USAGE, 1)]),
+    # Diverging at once (NonFiniteLossError, exit-1 class): retried once, then failed for good.
+    ({"train.lr": {"type": "float", "low": 1e35, "high": 1e37, "log": True}},
+     [(EXIT_RUNTIME, 1), (EXIT_USAGE, 2), (EXIT_USAGE, 2)]),
+], ids=["refused", "diverging"])
+def test_a_sweep_whose_every_trial_failed_for_good_is_exit_2_and_a_rerun_runs_nothing(tmp_path, dataset, capsys,
+                                                                                     space, runs):
+    """Each run of the same command: (its exit status, the trials in the study after it). Before,
+    both sweeps exited 1 on every rerun, for a scheduler to retry without end."""
+    from shardtrain.cli import main
+
+    data = sweep_yaml(dataset, tmp_path, space, trials=1, epochs=1)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load(data)
+    outcomes = []
+    for _ in runs:
+        outcomes.append((main(["sweep", "--config", str(path)]), len(study(cfg).trials)))
+    assert outcomes == runs
+    assert all(t.state.name == "FAIL" for t in study(cfg).trials)
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("shardtrain: error: no trial of the sweep finished, and a rerun would run none"), err
 
 
 def test_with_mlflow_the_sweep_is_a_parent_run_with_one_child_run_per_trial(tmp_path, dataset, monkeypatch):
