@@ -32,7 +32,8 @@ setup-current:
 demo: setup
 	$(VENV)/bin/shardtrain demo
 
-# Both profiles: their setups, then the two pytest runs one after the other; ends with the wall time of
+# Both profiles: their setups (the pinned one also with the Airflow venv the DAG test runs, which make
+# setup and make demo leave out), then the two pytest runs one after the other; ends with the wall time of
 # the whole, setup included. PROFILES_AT_ONCE=1 runs the two pytest runs at the same time: for machines
 # with more cores; on this 2-core one it took as long (1411 s against 1410-1469 s one after the other,
 # benchmarks/RESULTS.md "The two profiles at once").

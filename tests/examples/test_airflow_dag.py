@@ -1,4 +1,4 @@
-"""examples/airflow/shardtrain_dag.py under a real Airflow 2.10 (its own venv, built by setup):
+"""examples/airflow/shardtrain_dag.py under a real Airflow 2.10 (its own venv, built by make test's setup):
 ``airflow dags test`` runs shard -> train -> score on local Spark with this venv's shardtrain and
 publishes a model and its scores; a bad config (exit 2) fails the task at once though retries are configured; a job that
 finds another writer holding its output (exit 1) is retried; a missing executable or workdir fails the task at once,
@@ -33,8 +33,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.process]  # a scheduler runs the co
 def airflow_home(tmp_path_factory):
     """A fresh AIRFLOW_HOME (SQLite) whose DAGs folder holds a copy of the example, migrated."""
     if not os.access(AIRFLOW, os.X_OK):
-        pytest.fail(f"Airflow {AIRFLOW_VERSION} is not installed at {AIRFLOW_VENV}: run make setup "
-                    "(.ci/bootstrap builds it there)")
+        pytest.fail(f"Airflow {AIRFLOW_VERSION} is not installed at {AIRFLOW_VENV}: make test sets it up, "
+                    "or SHARDTRAIN_AIRFLOW=1 make setup (.ci/bootstrap builds it there)")
     home = tmp_path_factory.mktemp("airflow")
     (home / "dags").mkdir()
     shutil.copy(DAG_FILE, home / "dags")
