@@ -185,6 +185,12 @@ def _feature_summary(spec: FeatureSpec) -> str:
             + (f", arrays {arrays}" if arrays else ""))
 
 
+def read_meta(loc: Location) -> dict:
+    """model.json of the committed model at ``loc``, checked as ``read_model`` checks it (against
+    the sha256 its commit marker records; the fields loading reads), without loading the model."""
+    return _read_meta(loc)[0]
+
+
 def _read_meta(loc: Location) -> tuple[dict, str]:
     """model.json, checked against the sha256 its commit marker records, and that sha256."""
     raw = _read_bytes(loc, META, f"{loc.uri}: committed but has no {META}; it is not a shardtrain model")
@@ -265,5 +271,5 @@ def _load_program(loc: Location, data: bytes):
                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-__all__ = ["META", "MODEL_FORMAT", "MODEL_FORMAT_VERSION", "PROGRAM", "WEIGHTS", "LoadedModel", "read_model",
-           "verified_bytes"]
+__all__ = ["META", "MODEL_FORMAT", "MODEL_FORMAT_VERSION", "PROGRAM", "WEIGHTS", "LoadedModel", "read_meta",
+           "read_model", "verified_bytes"]

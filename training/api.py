@@ -37,7 +37,7 @@ from training.config import TrainConfig, load_train_config
 from training.data import check_manifest_unchanged
 from training.launchers import backend_for, coordinates_run, launch, launch_run_id, needs_spark
 from training.plan import RankPlan, build_plan
-from training.run_record import record_restart
+from training.run_record import SUMMARY, record_restart
 
 log = logging.getLogger("shardtrain.train")
 
@@ -97,6 +97,8 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None, on_epoch=None) -> Train
     that epoch boundary: its checkpoint is written, the model published (a sweep's pruner)."""
     started = time.perf_counter()
     plan = build_plan(cfg)  # reads and checks the manifest: nothing launched yet, nothing written
+    if not needs_spark(cfg.launch):  # Spark ranks: checked once the session says what a task gets
+        _check_model_fits(plan, None)
     shared_id = launch_run_id(cfg.launch)  # a launcher outside Spark: one id for all its processes
     if shared_id is not None:
         plan = dataclasses.replace(plan, run_id=shared_id)
@@ -126,6 +128,7 @@ def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, on_epoch, st
         launch_cfg = backend_for(cfg.launch, spark)  # an unset backend on Connect: torch
         if launch_cfg is not cfg.launch:
             plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, launch=launch_cfg))
+        _check_model_fits(plan, spark)
     ranks = launch(plan, spark, on_step=on_step, on_epoch=on_epoch,
                    on_restart=lambda n, why: record_restart(plan.run_dir, n, cfg.launch.max_restarts, why))
     result = _result(plan, ranks, time.perf_counter() - started)
@@ -185,6 +188,21 @@ def check_outputs(cfg: TrainConfig, inputs: dict[str, str]) -> None:
     check_checkpoint_root(cfg.checkpoint_path)
 
 
+def _check_model_fits(plan: RankPlan, spark) -> None:
+    """Exit 2 before any rank starts where the model's training state cannot fit the memory a rank
+    gets (training.model_memory); ``spark``: the session the ranks run in, None without Spark."""
+    from training.model_memory import EXECUTOR_SETTINGS, check_model_fits, rank_memory
+
+    master, settings = None, {}
+    if spark is not None:
+        from common.spark import spark_setting
+
+        master = spark_setting(spark, "spark.master", "")
+        settings = {key: spark_setting(spark, key) for key in EXECUTOR_SETTINGS}
+    check_model_fits(plan.config, plan.feature_spec, plan.label_spec.to_record(),
+                     rank_memory(plan.config.launch, master, settings))
+
+
 def task_slots(spark) -> tuple[str, int, int] | None:
     """(master, spark.task.cpus, concurrent tasks) of ``spark``'s application in local mode; None
     on a cluster, whose executors cannot be counted up front. A launch of ``launch.num_proc``
@@ -219,29 +237,29 @@ def _write_summary(result: TrainResult) -> None:
                "stopped_early": result.stopped_early,
                "ranks": [{k: r.get(k) for k in ("rank", "steps", "device", "device_reason", "gpu_addresses",
                                                 "epoch_stats")} for r in result.ranks]}
-    resolve(result.run_dir).write_text("summary.json", json.dumps(summary, indent=2, sort_keys=True))
+    resolve(result.run_dir).write_text(SUMMARY, json.dumps(summary, indent=2, sort_keys=True))
 
 
 def _published_by_this_run(plan: RankPlan, started: float) -> TrainResult | None:
-    """Where the model path holds the model this very run published (a launcher outside Spark
-    restarted its processes after rank 0's publish): the run is finished, whatever output.mode
-    says; every process, rank 0 and the others alike, returns that model's account without
-    training again. None otherwise."""
-    import json
-
+    """Where the model path holds the model this very run published (``training.export.published_by``:
+    the same run id, config and dataset; a launcher outside Spark restarted its processes after
+    rank 0's publish, or the finished command was run again): the run is finished, whatever
+    output.mode says; every process, rank 0 and the others alike, returns that model's account
+    without training again. None otherwise: a new run."""
     from training.export import published_by
 
-    if not published_by(plan.model_path, plan.run_id):
+    meta = published_by(plan.model_path, plan.provenance())
+    if meta is None:
         return None
-    log.warning("model at %s was already published by this run (run id %s) before its processes were restarted; "
-                "not training again", plan.model_path, plan.run_id)
-    meta = json.loads(resolve(plan.model_path).read_text("model.json"))
+    log.warning("model at %s was already published by this run (run id %s, the same config and dataset): its "
+                "processes were restarted or its command run again once it had finished; not training again",
+                plan.model_path, plan.run_id)
     steps = plan.steps_per_epoch * len(meta.get("metrics", []))
     result = TrainResult(model_uri=plan.model_path, run_dir=plan.run_dir, metrics=meta.get("metrics", []),
                          steps_per_rank=[steps] * plan.world_size, steps_per_epoch=plan.steps_per_epoch,
                          skipped_rows_per_epoch=plan.skipped_rows_per_epoch, world_size=plan.world_size,
                          seconds=time.perf_counter() - started)
-    if coordinates_run(plan.config.launch) and not resolve(plan.run_dir).join("summary.json").exists():
+    if coordinates_run(plan.config.launch) and not resolve(plan.run_dir).join(SUMMARY).exists():
         _write_summary(result)  # the publish's attempt died before writing it
     return result
 

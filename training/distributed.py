@@ -19,15 +19,17 @@ import logging
 import os
 import socket
 import sys
+import time
 
 import torch
 
 from common.devices import resolve_device
-from common.errors import ConfigError
+from common.errors import ConfigError, LaunchError, first_line
 
 log = logging.getLogger("shardtrain.train")
 
 _CPU = torch.device("cpu")
+_POLL_SECONDS = 0.1  # the rendezvous' polls: how late a rank learns that all have arrived
 
 
 class LocalGroup:
@@ -111,11 +113,21 @@ def attempt_store(timeout: datetime.timedelta):
     135712). The restart count is the same on every rank of one agent; on several nodes an agent
     that restarts for a membership change keeps its count, so there set
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per attempt; this returns None)."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if not _agent_hosts_store():
         return None
     import torch.distributed as dist
 
     base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return _per_attempt(base)
+
+
+def _agent_hosts_store() -> bool:
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _per_attempt(base):
+    import torch.distributed as dist
+
     return dist.PrefixStore(f"shardtrain/{attempt_key()}", base)
 
 
@@ -125,10 +137,94 @@ def attempt_key() -> str:
             f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') or '0'}")
 
 
+# --- the rendezvous of ranks started from outside (torchrun, or a launcher that sets its environment) ---
+
+def rendezvous_store(rank: int, world: int, master_addr: str, master_port: int, start_timeout: int):
+    """The store this attempt's ``world`` ranks meet in at ``master_addr:master_port`` (torchrun's
+    agent's, or else the one rank 0 hosts there, as ``env://`` does), once all of them have
+    arrived in it. Within ``start_timeout`` seconds (``launch.start_timeout``), or one line
+    saying what did not come: MASTER_ADDR not resolving (ConfigError, exit 2: the address given
+    is wrong), nothing answering there, or which ranks never arrived (LaunchError, exit 1: a rank
+    or host that may come on a retry). Without this the wait was the collective timeout's (10
+    minutes), silent, ending in a C++ traceback that named no rank. From then on the store waits
+    as long as the collectives do (``SHARDTRAIN_COLLECTIVE_TIMEOUT``)."""
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + start_timeout
+    where = f"MASTER_ADDR:MASTER_PORT={master_addr}:{master_port} within launch.start_timeout={start_timeout}s"
+    _resolve(master_addr, deadline, start_timeout)
+    hosts = rank == 0 and not _agent_hosts_store()
+    if not hosts:
+        _wait_for_answer(rank, master_addr, master_port, deadline, where)
+    try:
+        base = dist.TCPStore(master_addr, master_port, world, is_master=hosts, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())))
+    except Exception as exc:  # noqa: BLE001 - torch's DistNetworkError, as one line naming the address
+        doing = f"cannot host the rendezvous on MASTER_PORT={master_port}" if hosts else f"cannot join {where}"
+        raise LaunchError(f"rank {rank} {doing}: {first_line(exc)}") from None
+    store = _per_attempt(base)
+    _wait_for_ranks(store, rank, world, deadline, where)
+    base.set_timeout(datetime.timedelta(seconds=_collective_timeout()))
+    return store
+
+
+def _resolve(master_addr: str, deadline: float, start_timeout: int) -> None:
+    """MASTER_ADDR resolves, tried until ``deadline``: a new host's or service's DNS record (a
+    Kubernetes pod's) can appear after the ranks start. One that never does is the address given
+    (exit 2)."""
+    while True:
+        try:
+            socket.getaddrinfo(master_addr, None)
+            return
+        except socket.gaierror as exc:
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"MASTER_ADDR={master_addr} does not resolve to an address ({exc.strerror}; tried "
+                                  f"for launch.start_timeout={start_timeout}s): set MASTER_ADDR to rank 0's host name "
+                                  "or IP address") from None
+        time.sleep(1.0)  # a name server is asked once a second, not ten times
+
+
+def _wait_for_answer(rank: int, master_addr: str, master_port: int, deadline: float, where: str) -> None:
+    """Something answers at the store's address, tried until ``deadline``. Asked here, not by the
+    store's own client, whose every failed try prints C++ frames."""
+    while True:
+        try:
+            with socket.create_connection((master_addr, master_port), timeout=max(0.1, deadline - time.monotonic())):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise LaunchError(f"rank {rank}: nothing answered at {where} ({exc.strerror or first_line(exc)}): rank "
+                                  "0 hosts the rendezvous there; start it, or set MASTER_ADDR and MASTER_PORT to its "
+                                  "host and port") from None
+        time.sleep(_POLL_SECONDS)
+
+
+def _wait_for_ranks(store, rank: int, world: int, deadline: float, where: str) -> None:
+    """Every rank has checked in to ``store`` by ``deadline``: each adds itself to a count and
+    leaves a key of its own, so that the ranks still missing can be named. Polled (a count is one
+    request), not waited on: the store's timed-out wait prints C++ warnings."""
+    store.set(f"arrived/{rank}", "1")
+    arrived = store.add("arrived", 1)
+    while arrived < world:
+        if time.monotonic() >= deadline:
+            missing = [r for r in range(world) if not store.check([f"arrived/{r}"])]
+            raise LaunchError(f"rank(s) {_listed(missing)} of WORLD_SIZE={world} never arrived at the rendezvous at "
+                              f"{where}: start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE (a "
+                              "rank that failed before says why in its own output), or raise launch.start_timeout")
+        time.sleep(_POLL_SECONDS)
+        arrived = store.add("arrived", 0)
+
+
+def _listed(ranks: list[int], most: int = 20) -> str:
+    shown = ", ".join(map(str, ranks[:most]))
+    return shown if len(ranks) <= most else f"{shown} and {len(ranks) - most} more"
+
+
 class TorchGroup:
     """The ranks of one torch.distributed job (torchrun's environment: RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT): Gloo on CPU, NCCL on CUDA. ``store``: the store the group meets in,
-    where the launcher made one (``launch.backend=torch_tasks``); else torchrun's (``attempt_store``)."""
+    where the launcher made one (``launch.backend=torch_tasks``; ``torchrun``: ``rendezvous_store``);
+    else the agent's of TorchDistributor's torchrun (``attempt_store``), or ``env://``'s."""
 
     def __init__(self, device: torch.device = _CPU, device_reason: str = "", store=None):
         import torch.distributed as dist
@@ -270,4 +366,5 @@ def set_threads(local_size: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
 
 
-__all__ = ["HorovodGroup", "LocalGroup", "Pending", "TorchGroup", "attempt_key", "attempt_store", "pick_device", "set_threads", "spark_gpu_addresses"]
+__all__ = ["HorovodGroup", "LocalGroup", "Pending", "TorchGroup", "attempt_key", "attempt_store", "pick_device",
+           "rendezvous_store", "set_threads", "spark_gpu_addresses"]

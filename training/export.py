@@ -13,8 +13,9 @@ layout ``common.model_artifact`` reads:
 
 The ``_COMMITTED`` marker records ``kind: shardtrain.model`` (so ``overwrite`` replaces only a
 model), model.json's own sha256, and the id of the training run that published it (model.json
-has it as ``run_id`` too): ranks relaunched after a failure that came after the publish find
-their own run's model there (``published_by``) and finish without publishing again.
+has it as ``run_id`` too). A run finds its own model there (``published_by``: the same run id,
+resolved config and dataset) where its ranks were relaunched or its processes restarted after the
+publish, or its finished command was run again, and finishes without training or publishing again.
 
 ``load_model(uri, program=False)`` (``training.load_model``, the public entry point) is
 ``common.model_artifact.read_model`` with the one thing only training knows: how to rebuild the
@@ -28,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import platform
 from typing import Dict
 
@@ -35,11 +37,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.config import config_fingerprint
 from common.dataset import LabelSpec
 from common.errors import DatasetError
 from common.model_artifact import (META, MODEL_FORMAT, MODEL_FORMAT_VERSION, PROGRAM, WEIGHTS, LoadedModel,
-                                   read_model, verified_bytes)
+                                   read_meta, read_model, verified_bytes)
 from common.storage import KIND_MODEL, Location, is_committed, publish, read_marker, resolve, storage_errors
+
+log = logging.getLogger("shardtrain.train")
 
 
 class ServingModel(nn.Module):
@@ -71,9 +76,11 @@ def serving_model(net: nn.Module, label_spec: LabelSpec) -> ServingModel:
     return ServingModel(net, not label_spec.classification, mean, std)
 
 
-def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch: dict, run_id: str) -> str:
+def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch: dict) -> str:
     """Write the model directory at ``uri`` atomically; ``meta`` becomes model.json (plus versions),
-    its ``label`` a ``LabelSpec``'s record. ``run_id``: the training run publishing it (``RankPlan.run_id``)."""
+    its ``label`` a ``LabelSpec``'s record, its ``run_id`` (with ``config`` and ``dataset``: the
+    publishing run's ``RankPlan.provenance()``) also the commit marker's."""
+    run_id = meta["run_id"]
     net = net.to("cpu").eval()
     serving = serving_model(net, LabelSpec.from_record(meta["label"]))
     weights = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
@@ -83,7 +90,7 @@ def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch
     blobs = {WEIGHTS: save_safetensors(weights), PROGRAM: program}
     files = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in blobs.items()}
     record = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, **meta, "versions": versions(),
-              "files": files, "run_id": run_id}
+              "files": files}
     text = json.dumps(record, indent=2, sort_keys=True)
     marker = {"kind": KIND_MODEL, "format": MODEL_FORMAT, "run_id": run_id,
               "model_json_sha256": hashlib.sha256(text.encode()).hexdigest()}
@@ -95,14 +102,38 @@ def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch
     return uri
 
 
-def published_by(uri: str, run_id: str) -> bool:
-    """Whether ``uri`` holds a committed model that the training run ``run_id`` published."""
+def published_by(uri: str, provenance: dict) -> dict | None:
+    """model.json of the committed model at ``uri`` where the very run ``provenance`` describes
+    (``RankPlan.provenance()``) published it: the same run id, resolved config and dataset. Only
+    then is the run finished already and trains no more, whatever ``output.mode`` says. None
+    otherwise: the run is a new one, and ``output.mode`` decides, also where a launch reused the
+    run id (torchrun's ``--rdzv-id``) with another config or dataset."""
     loc = resolve(uri)
     with storage_errors("checking what the model path holds", loc.uri):
         if not is_committed(loc):
-            return False
+            return None
         marker = read_marker(loc)
-    return marker.get("kind") == KIND_MODEL and marker.get("run_id") == run_id
+    if marker.get("kind") != KIND_MODEL or marker.get("run_id") != provenance["run_id"]:
+        return None
+    meta = read_meta(loc)
+    other = _another_run(meta, provenance)
+    if other:
+        log.warning("model at %s was published under this run id (%s) by a run with %s: this is a new run, and "
+                    "output.mode applies", loc.uri, provenance["run_id"], other)
+        return None
+    return meta
+
+
+def _another_run(meta: dict, provenance: dict) -> str | None:
+    """How the run that published ``meta`` differs from the one ``provenance`` describes, in words;
+    None where it does not. Nothing in the resolved config may differ: a restarted process and a
+    retried command both run the very same command."""
+    there, now = config_fingerprint(meta.get("config")), config_fingerprint(provenance["config"])
+    if there != now:
+        return f"another config (fingerprint {there} there, {now} now)"
+    if meta.get("dataset") != provenance["dataset"]:
+        return f"another dataset ({meta.get('dataset')} there, {provenance['dataset']} now)"
+    return None
 
 
 def _program(serving: ServingModel, example: dict) -> bytes:

@@ -22,6 +22,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
+from common.config import to_dict
 from common.errors import DatasetError
 from common.dataset import MANIFEST_NAME, TEACHER_COLUMN, LabelSpec, Manifest, read_manifest, teacher_differences
 from training.config import TrainConfig
@@ -45,8 +46,8 @@ class RankPlan:
     steps_per_epoch: int  # computed from the data-parallel size, not the world size
     skipped_rows_per_epoch: int
     reference_rows: int = 32  # val rows rank 0 predicts at the end (load_model round trip)
-    # One per train() call, kept across relaunches: recorded with the published model, so ranks
-    # relaunched after the publish recognise their own run's model (training.export.published_by).
+    # One per train() call, kept across relaunches (a launcher outside Spark gives its own: one per
+    # launch); recorded with the published model (``provenance``).
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # The model path's writer lock as the driver took it (``common.storage.output_lock``'s record):
     # rank 0 publishes under it (``writing_under``), from whichever process it runs in.
@@ -91,6 +92,13 @@ class RankPlan:
     @property
     def output_mode(self) -> str:
         return self.config.output.mode
+
+    def provenance(self) -> dict:
+        """What the published model records of the run that made it (model.json's ``run_id``,
+        ``config`` and ``dataset``), and what proves that a model there is this very run's own
+        (``training.export.published_by``): the run id alone does not, as a new launch may reuse it."""
+        return {"run_id": self.run_id, "config": to_dict(self.config),
+                "dataset": {"uri": self.dataset_uri, "fingerprint": self.fingerprint}}
 
     def for_world(self, world: int) -> "RankPlan":
         """This plan for ``world`` ranks: the split's rows divided into equal steps again (and the

@@ -20,14 +20,14 @@ import time
 
 import torch
 
-from common.config import dump_yaml, to_dict
+from common.config import dump_yaml
 from common.dataset import ROW_INDEX, TEACHER_COLUMN
 from common.storage import resolve, writing_under
 from training.data import check_manifest_unchanged, read_first_rows
 from training.export import publish_model, published_by, serving_model
 from training.models import built_in_arguments
 from training.plan import RankPlan
-from training.run_record import write_run_info, write_steps
+from training.run_record import METRICS, REPORT, SUMMARY, write_run_info, write_steps
 
 log = logging.getLogger("shardtrain.train")
 
@@ -45,6 +45,7 @@ class Recorder:
         """The run files and the progress clock, for ``plan`` from ``start_step`` on."""
         self.plan = plan
         run = resolve(plan.run_dir)
+        _forget_finished_run(run, start_step)
         run.write_text("config.yaml", dump_yaml(plan.config))
         write_run_info(plan)  # run.json follows the world size (Horovod elastic)
         self.progress = Progress(plan, start_step)
@@ -76,24 +77,24 @@ class Recorder:
             example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in _NOT_INPUTS}
         model_cfg = plan.config.model
         arguments = built_in_arguments(model_cfg, plan.feature_spec, plan.label_spec.to_record())
-        meta = {"model": {"name": model_cfg.name, "arguments": arguments}, "config": to_dict(plan.config),
+        provenance = plan.provenance()  # run_id, config, dataset
+        meta = {"model": {"name": model_cfg.name, "arguments": arguments}, **provenance,
                 "features": plan.feature_spec, "label": plan.label_spec.to_record(), "metrics": history,
-                "dataset": {"uri": plan.dataset_uri, "fingerprint": plan.fingerprint},
                 "inputs": {"numeric": list(plan.columns.numeric), "categorical": list(plan.columns.categorical),
                            "arrays": {name: list(shape) for name, shape in plan.columns.arrays}}}
         # Last word before publishing: the model was trained on the dataset the plan pinned, all of it.
         check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)
         for layout in filter(None, (plan.train, plan.val)):
             layout.check_unchanged()
-        published = not published_by(plan.model_path, plan.run_id)
+        published = published_by(plan.model_path, provenance) is None
         if not published:
             # A relaunch after ranks failed once this run had published (resumed from the last
             # checkpoint): the model there is this run's own, so the run is finished, in either output.mode.
-            log.warning("model at %s was already published by this run (run id %s) before the ranks were "
-                        "relaunched; not publishing it again", plan.model_path, plan.run_id)
+            log.warning("model at %s was already published by this run (run id %s, the same config and dataset) "
+                        "before the ranks were relaunched; not publishing it again", plan.model_path, plan.run_id)
         else:
             with _under_writer_lock(plan):
-                publish_model(plan.model_path, plan.output_mode, model, meta, example, plan.run_id)
+                publish_model(plan.model_path, plan.output_mode, model, meta, example)
             log.info("model published at %s; metrics in %s/metrics.jsonl", plan.model_path, plan.run_dir)
         return {"model_uri": plan.model_path, "metrics": history, "reference": reference, "published": published}
 
@@ -142,10 +143,22 @@ class Progress:
 def _append_metrics(plan: RankPlan, record: dict) -> None:
     # Rewritten whole each epoch: object stores have no append, and the file stays small.
     run = resolve(plan.run_dir)
-    lines = run.read_text("metrics.jsonl").splitlines() if run.fs.exists(run.join("metrics.jsonl").path) else []
+    lines = run.read_text(METRICS).splitlines() if run.fs.exists(run.join(METRICS).path) else []
     lines = [line for line in lines if line.strip() and json.loads(line).get("epoch") < record["epoch"]]
     lines.append(json.dumps(record, sort_keys=True))
-    run.write_text("metrics.jsonl", "\n".join(lines) + "\n")
+    run.write_text(METRICS, "\n".join(lines) + "\n")
+
+
+def _forget_finished_run(run, start_step: int) -> None:
+    """Before this run writes its config.yaml: the files of a run that finished in this run
+    directory before (its summary and report; its metrics too where this run starts from step 0,
+    resuming nothing), so a run that fails before its end never leaves its config beside another
+    run's results."""
+    stale = [SUMMARY, REPORT] + ([METRICS] if start_step == 0 else [])
+    for name in stale:
+        path = run.join(name).path
+        if run.fs.exists(path):
+            run.fs.rm_file(path)
 
 
 def _under_writer_lock(plan: RankPlan):

@@ -15,11 +15,9 @@ import logging
 from common.errors import first_line
 from common.html_report import Page, key_values, line_chart, paragraph, preformatted, table, write_page
 from common.storage import resolve
-from training.run_record import RunRecord, epoch_rates, read_run
+from training.run_record import REPORT, RunRecord, epoch_rates, read_run
 
 log = logging.getLogger("shardtrain.train")
-
-REPORT = "report.html"
 
 
 def write_run_report(run_dir: str, output: str | None = None) -> str:

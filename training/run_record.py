@@ -33,6 +33,7 @@ from common.storage import Location, resolve
 log = logging.getLogger("shardtrain.train")
 
 CONFIG, RUN_INFO, METRICS, STEPS, RESTARTS = "config.yaml", "run.json", "metrics.jsonl", "steps.jsonl", "restarts.jsonl"
+SUMMARY, REPORT = "summary.json", "report.html"
 # The numbers each record of a .jsonl file must carry for the report to read it (training writes them all).
 REQUIRED_FIELDS = {METRICS: ("epoch", "train_loss"),
                    STEPS: ("step", "epoch", "loss", "steps_per_s", "samples_per_s", "data_wait_fraction",

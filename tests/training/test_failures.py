@@ -30,6 +30,7 @@ from torch_ranks import run_loop, values
 from train_configs import train_overrides
 from training import load_model, load_train_config, train
 from training.export import published_by
+from training.plan import build_plan
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # 46 steps per rank and epoch at batch 32: a kill lands mid-run, after the first checkpoint (with
@@ -405,7 +406,7 @@ def test_ranks_failing_after_the_publish_finish_the_run_without_publishing_again
     # Another run's model at that path is still refused, before it starts and at the publish.
     with pytest.raises(OutputExistsError, match="already exists"):
         train(run.cfg, spark)
-    assert not published_by(str(model), "another run")
+    assert published_by(str(model), build_plan(run.cfg).provenance()) is None  # a new run: a run id of its own
     wait_for(lambda: not marked_processes(run.marker), "no rank process left", timeout=60)
 
 

@@ -5,11 +5,15 @@ on both ranks and rank 0 publishing. A rank SIGKILLed by pid after the first che
 relaunched by torchrun (``--max-restarts 1``), resumes from that checkpoint and ends with the
 uninterrupted run's weights; one SIGKILLed just after rank 0 published is restarted too, and the
 restarted ranks (the same launch: the same run id) find their model and finish without training,
-under ``output.mode=error``. Without torchrun's environment, or with a world size other than
-``launch.num_proc``, the command is exit 2 naming ``launch.backend``.
+under ``output.mode=error``, while a launch reusing that run id (``--rdzv-id``) with another
+learning rate is a new run, refused there. A rank 0 whose peer never comes, or whose MASTER_ADDR
+names no host, ends after ``launch.start_timeout`` in one line naming rank 1 (exit 1) or
+MASTER_ADDR (exit 2). Without torchrun's environment, with a world size other than
+``launch.num_proc`` or a MASTER_PORT that is no port, the command is exit 2 naming what to set.
 
-Launches: two torchruns (the two kill tests' module fixtures), both read by the bit-identity test;
-the TorchDistributor run is the session's (``uneven_torch_run``, tests/training/conftest.py)."""
+Launches: two torchruns (the two kill tests' module fixtures), both read by the bit-identity test,
+the finished one's run id reused by one more (refused before training); the TorchDistributor run
+is the session's (``uneven_torch_run``, tests/training/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -25,6 +30,7 @@ import pytest
 from common.errors import ConfigError
 from common.faults import FAULT_ENV, FAULT_ONCE_ENV
 from polling import wait_for
+from spark_cluster import free_port
 from torch_uneven import SETTINGS, TORCH_RUN
 from train_configs import train_config, train_overrides
 from training import train
@@ -42,13 +48,18 @@ def _torchrun() -> list[str]:
     return [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def _run_torchrun(ds, out, *extra, restarts: int = 0, env_extra: dict | None = None) -> subprocess.Popen:
+def _run_torchrun(ds, out, *extra, restarts: int = 0, env_extra: dict | None = None,
+                  rdzv_id: str | None = None) -> subprocess.Popen:
+    """torchrun of 2 ranks training ``ds`` into ``<out>/model``; ``rdzv_id``: the launch's run id
+    (a c10d rendezvous on a free port), else a fresh one (--standalone)."""
     overrides = train_overrides(ds, f"{out}/model", *COMMON, "launch.backend=torchrun", *extra, ranks=2)
     env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_ONCE_ENV)}
     env.update({"PYTHONPATH": ROOT, **(env_extra or {})})
+    rendezvous = ["--standalone"] if rdzv_id is None else [
+        "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", rdzv_id]
     # Each attempt's rank logs are kept (torchrun's --log-dir: <out>/torchrun-logs/<run id>/attempt_<n>/<rank>/),
     # and shown when a run fails.
-    command = [*_torchrun(), "--standalone", "--nproc-per-node", "2", f"--max-restarts={restarts}",
+    command = [*_torchrun(), *rendezvous, "--nproc-per-node", "2", f"--max-restarts={restarts}",
                "--log-dir", os.path.join(out, "torchrun-logs"), "--redirects", "3", "--tee", "3",
                "-m", "shardtrain", "train", "--config", _defaults(out), *overrides]
     return subprocess.Popen(command, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -219,14 +230,61 @@ def test_a_restart_after_rank_0_published_finishes_without_training_again(killed
     assert summary["steps_per_rank"] == [2 * summary["steps_per_epoch"]] * 2
 
 
+def test_a_new_launch_reusing_a_finished_runs_id_with_another_config_is_a_new_run(uneven_dataset,
+                                                                                 killed_after_publish):
+    # A launch of its own with the finished launch's run id (torchrun's --rdzv-id), on its model path,
+    # with another learning rate: a new run, not the finished one, which output.mode=error refuses
+    # (rank 0's exit 2) because a model is there. (The same command with that run id is the same run:
+    # the restarted processes of the test above, which finish without training.)
+    out, _, _, published = killed_after_publish
+    run_id = json.loads(published["_COMMITTED"])["run_id"]
+    assert run_id.startswith("torchrun-")
+    other = _run_torchrun(uneven_dataset, out, "output.mode=error", "train.lr=0.5", rdzv_id=run_id[len("torchrun-"):])
+    output = other.communicate(timeout=600)[0]
+    assert other.returncode != 0, output[-4000:]
+    assert f"shardtrain: error: {out}/model already exists; set output.mode=overwrite" in output, output[-4000:]
+    assert "exitcode  : 2" in output and "already published by this run" not in output, output[-4000:]
+    assert f"under this run id ({run_id}) by a run with another config" in output, output[-4000:]
+    assert {name: (out / "model" / name).read_bytes() for name in os.listdir(out / "model")} == published
+
+
+@pytest.mark.parametrize("master_addr, exit_code, says", [
+    ("127.0.0.1", 1, "rank(s) 1 of WORLD_SIZE=2 never arrived at the rendezvous at MASTER_ADDR:MASTER_PORT=127.0.0.1:"),
+    ("no.such.host.invalid", 2, "MASTER_ADDR=no.such.host.invalid does not resolve to an address"),
+])
+def test_a_rank_whose_peer_or_address_never_answers_ends_after_launch_start_timeout_in_one_line(
+        uneven_dataset, tmp_path, master_addr, exit_code, says):
+    # Rank 0 of a world of 2 started alone, as a launcher without an agent starts it (the environment
+    # only): rank 1 never comes, or MASTER_ADDR names no host.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TORCHELASTIC_") and k not in (FAULT_ENV, FAULT_ONCE_ENV)}
+    env.update(PYTHONPATH=ROOT, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR=master_addr,
+               MASTER_PORT=str(free_port()))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "shardtrain", "train", "--config", _defaults(tmp_path),
+                           *train_overrides(uneven_dataset, f"{tmp_path}/model", "launch.backend=torchrun",
+                                            "launch.start_timeout=3", ranks=2)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - started
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("shardtrain: error:")]
+    assert proc.returncode == exit_code and len(errors) == 1 and says in errors[0], proc.stderr[-4000:]
+    assert "launch.start_timeout=3s" in errors[0] and seconds >= 3  # it waited that long for what never came
+    assert "Traceback" not in proc.stderr and "frame #" not in proc.stderr, proc.stderr[-4000:]
+    assert seconds < 120  # not the collective timeout's 10 minutes (a bound for a loaded machine, not a timing)
+    assert not os.path.exists(f"{tmp_path}/model")
+
+
 @pytest.mark.parametrize("env, message", [
     ({}, "launch.backend=torchrun runs each rank as a process a launcher started, but RANK, WORLD_SIZE, "
          "MASTER_ADDR, MASTER_PORT, LOCAL_RANK is not set"),
     ({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "LOCAL_RANK": "0"},
      "launch.backend=torchrun: the launcher started WORLD_SIZE=3 rank(s) but launch.num_proc=2"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999", "LOCAL_RANK": "0"},
+     "launch.backend=torchrun: MASTER_PORT=99999 is not a TCP port; set it to rank 0's rendezvous port, from 1 to "
+     "65535"),
 ])
-def test_without_a_launchers_environment_or_with_another_world_size_it_is_exit_2(uneven_dataset, tmp_path,
-                                                                                  monkeypatch, env, message):
+def test_without_a_launchers_environment_with_another_world_size_or_no_port_it_is_exit_2(uneven_dataset, tmp_path,
+                                                                                         monkeypatch, env, message):
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():

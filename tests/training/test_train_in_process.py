@@ -98,6 +98,19 @@ def test_model_round_trip_and_run_files(dataset, tmp_path):
         train(_cfg(dataset.uri, tmp_path, "output.mode=error"))
     marker = json.load(open(os.path.join(result.model_uri, "_COMMITTED")))
     assert marker["run_id"] == meta["run_id"] and len(meta["run_id"]) == 32  # which run published it
+    # A later run in this run directory that dies before its end: its config.yaml is never left beside
+    # the first run's summary, report or metrics.
+    assert {"summary.json", "report.html", "metrics.jsonl"} <= set(os.listdir(result.run_dir))
+
+    def preempt(step):
+        if step == 3:
+            raise Preempted()
+
+    with pytest.raises(Preempted):
+        train(_cfg(dataset.uri, tmp_path, "train.lr=0.02", "checkpoint.resume=never", "output.mode=overwrite"),
+              on_step=preempt)
+    assert "lr: 0.02" in open(os.path.join(result.run_dir, "config.yaml")).read()
+    assert not {"summary.json", "report.html", "metrics.jsonl"} & set(os.listdir(result.run_dir))
     checkpoints = os.path.join(result.run_dir, "checkpoints")
     for step in os.listdir(checkpoints):
         assert json.load(open(os.path.join(checkpoints, step, "_COMMITTED")))["kind"] == "shardtrain.checkpoint"
@@ -255,3 +268,16 @@ def test_model_config_must_match_the_manifest(dataset, tmp_path):
         train(load_train_config(None, [f"data.path={dataset.uri}", "launch.num_proc=4"]))
     with pytest.raises(DatasetError, match=r"splits\.train\.rows"):
         train(_cfg(dataset.uri, tmp_path, "train.batch_size=2000"))
+
+
+def test_a_full_disk_is_one_line_naming_the_output_that_did_not_fit(dataset, small_disk):
+    """A checkpoint that does not fit (a real tmpfs, full): exit 1 naming the checkpoint, not a bare
+    OSError, and the staging it left is removed."""
+    from common.errors import StorageIOError
+
+    checkpoints = small_disk.path / "model.run" / "checkpoints"
+    with pytest.raises(StorageIOError, match=rf"^{checkpoints}/step-\d+: writing the output failed: OSError: "
+                                             r"No space left on device$") as err:
+        train(_cfg(dataset.uri, small_disk.path, "model.hidden=[512,512]", "checkpoint.every_steps=2"))
+    assert err.value.exit_code == 1
+    assert not [name for name in os.listdir(checkpoints) if "staging" in name]

@@ -13,12 +13,17 @@ checks, the publish and ``summary.json``); the others only train. Restarts are t
 from the newest complete checkpoint (``checkpoint.resume: auto``), as after a relaunch on Spark.
 There is no supervisor: torchrun watches its processes. The run id (recorded with the published
 model) is the launch's (``TORCHELASTIC_RUN_ID``), the same in every rank and restart: ranks
-restarted after rank 0 published find their own run's model and finish without training again,
-in any ``output.mode`` (``training.api``).
+restarted after rank 0 published, or the finished command run again with the same
+``--rdzv-id``, find their own run's model and finish without training again, in any
+``output.mode`` (``training.api``); the run id alone does not make a model theirs: a launch
+reusing it with another config or dataset is a new run (``training.export.published_by``).
 
-At the end every rank puts its record (result or failure, with its own traceback) in the
-rendezvous store at ``MASTER_ADDR:MASTER_PORT`` (torchrun's own store, or rank 0's where no agent
-runs one), and rank 0 reads them all, so its ``TrainResult`` counts every rank's steps.
+The ranks meet in the store at ``MASTER_ADDR:MASTER_PORT`` (torchrun's own, or rank 0's where no
+agent runs one) before they start: all of them within ``launch.start_timeout`` seconds, or one
+line naming the ranks that never arrived or the address that did not answer
+(``training.distributed.rendezvous_store``). At the end every rank puts its record (result or
+failure, with its own traceback) in that store, and rank 0 reads them all, so its
+``TrainResult`` counts every rank's steps.
 
 Imports torch only when a rank starts.
 """
@@ -70,6 +75,9 @@ def torchrun_env(launch_cfg) -> TorchrunEnv:
             f"launch.num_proc={world} or start {launch_cfg.num_proc} rank(s)")
     if not 0 <= values["RANK"] < world:
         raise ConfigError(f"launch.backend=torchrun: RANK={values['RANK']} is outside WORLD_SIZE={world}")
+    if not 1 <= values["MASTER_PORT"] <= 65535:
+        raise ConfigError(f"launch.backend=torchrun: MASTER_PORT={values['MASTER_PORT']} is not a TCP port; set it to "
+                          "rank 0's rendezvous port, from 1 to 65535")
     return TorchrunEnv(rank=values["RANK"], world_size=world, local_rank=values["LOCAL_RANK"],
                        master_addr=os.environ["MASTER_ADDR"], master_port=values["MASTER_PORT"])
 
@@ -90,19 +98,22 @@ def run_id(launch_cfg) -> str | None:
 
 def launch_torchrun(plan, launch_cfg) -> list[dict]:
     """Run this process's rank; rank 0 returns every rank's record (rank 0 first), the others their own."""
+    from training.distributed import TorchGroup, rendezvous_store
+
     env = torchrun_env(launch_cfg)
     os.environ.update({k: str(v) for k, v in launch_cfg.env.items()})
+    # Every rank there within launch.start_timeout, or one line naming what is missing; before the
+    # rank starts, so that no rank record (with a traceback) stands for a rank that never ran.
+    store = rendezvous_store(env.rank, env.world_size, env.master_addr, env.master_port, launch_cfg.start_timeout)
     started = []
 
     def start_group(plan_):
-        from training.distributed import TorchGroup
-
-        group = TorchGroup(*_device(launch_cfg, env.local_rank))
+        group = TorchGroup(*_device(launch_cfg, env.local_rank), store=store)
         started.append(group)
         return group
 
-    # The group stays up until the records are exchanged: where no agent runs the store, rank 0's
-    # group holds it.
+    # The store stays up until the records are exchanged: where no agent runs it, rank 0 hosts it
+    # (``store``, held to the end of this function).
     result = run_rank_entry(plan, env.rank, start_group, _train)
     try:
         return _exchange_results(env, result, launch_cfg.start_timeout)

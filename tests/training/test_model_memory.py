@@ -1,0 +1,66 @@
+"""A model whose training state cannot fit the memory a rank gets is refused on the driver, before
+any rank starts (training.model_memory): the parameter arithmetic is checked against the built
+models themselves, and the refusal against a real in-process run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from common.errors import ConfigError
+from tabular_data import write_dataset
+from train_configs import train_config
+from training import train
+from training.config import ModelConfig, load_train_config
+from training.model_memory import LARGEST_HOST_BYTES, parameter_count, rank_memory
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("model-memory")
+    return {task: write_dataset(str(root / task), {"train": [[64]], "val": [[32]]}, task=task, array_shape=(3, 2))
+            for task in ("classification", "regression")}
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+@pytest.mark.parametrize("model", [
+    {"name": "mlp", "hidden": [7, 5]},
+    {"name": "mlp", "hidden": [9], "embedding_dim": 3},
+    {"name": "ft_transformer", "layers": 2, "d_model": 8, "heads": 2},
+    {"name": "ft_transformer", "layers": 1, "d_model": 6, "heads": 3, "kwargs": {"ffn_width": 5}},
+])
+def test_the_parameter_count_is_the_built_models_own(datasets, task, model):
+    from common.dataset import read_manifest
+    from training.models import build_model
+
+    manifest = read_manifest(datasets[task].uri)
+    cfg = ModelConfig(**model)
+    built = build_model(cfg, manifest.features.spec, manifest.label)
+    assert parameter_count(cfg, manifest.features.spec, manifest.label.to_record()) == \
+        sum(p.numel() for p in built.parameters())
+
+
+@pytest.mark.parametrize("override, keys", [
+    (["model.hidden=[1048576,1048576]"], r"model\.hidden=\[1048576, 1048576\]"),
+    (["model.name=ft_transformer", "model.d_model=1048576"], r"model\.d_model=1048576, model\.layers=4"),
+])
+def test_a_model_too_large_for_any_rank_is_refused_before_training(datasets, tmp_path, override, keys):
+    out = tmp_path / "model"
+    cfg = train_config(datasets["classification"].uri, str(out), "train.batch_size=16", *override)
+    with pytest.raises(ConfigError, match=rf"^{keys} makes a .* parameters: its weights, gradients and adamw state "
+                                          r"alone need [\d,.]+ TiB per rank, more than the .* a rank gets") as err:
+        train(cfg)
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    assert not out.exists() and not (tmp_path / "model.run").exists()  # refused before anything was written
+
+
+def test_the_memory_a_rank_gets():
+    launch = load_train_config(None, ["data.path=/d", "launch.num_proc=4"]).launch
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert rank_memory(launch, "local[4]", {})[0] == host // 4  # local ranks share this host
+    settings = {"spark.executor.pyspark.memory": "6g", "spark.executor.cores": "4", "spark.task.cpus": "2"}
+    assert rank_memory(launch, "yarn", settings) == (3 << 30, "spark.executor.pyspark.memory=6g shared by "
+                                                                        "2 task(s)")
+    # A cluster that caps no Python worker: no machine has more, so only the impossible is refused.
+    assert rank_memory(launch, "yarn", {})[0] == LARGEST_HOST_BYTES

@@ -1,0 +1,125 @@
+"""Whether a built-in model's training state can fit the memory a rank gets, decided on the driver
+before any rank starts. A width inside the config's ceilings (``model.d_model=1048576``,
+``model.hidden=[1048576, 1048576]``) can still ask for terabytes, which a rank would otherwise
+find out minutes later as an allocation failure or the kernel's OOM kill, and a scheduler would
+retry. Refused here: exit 2 naming the keys that size the model.
+
+Counted: the built-in models' parameters, from the manifest's feature spec by the same arithmetic
+as their constructors (``training.models``), times what each costs in training (fp32 weights
+and gradients, and the optimizer's state), divided among the ranks that shard it (FSDP, pipeline
+stages). Not counted: activations, the loader's buffers, the published copy. So the estimate is
+a lower bound and a refusal is never a guess. A plug-in model's size is unknown until it is
+built: not checked.
+
+The memory a rank gets: the host's, shared by the ranks this host runs (in-process, torchrun,
+local-mode Spark); on a Spark cluster, ``spark.executor.pyspark.memory`` per task where it is set
+(Spark caps each Python worker at it), else the largest machine there is (``LARGEST_HOST_BYTES``):
+the driver cannot see an executor's memory, and a cap it guessed would refuse models that fit.
+
+Driver-only; imports neither torch nor Spark.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from common.dataset import RESERVED_INDICES
+from common.errors import ConfigError
+
+# The largest single machines sold (24 TiB of memory): no rank anywhere gets more.
+LARGEST_HOST_BYTES = 24 << 40
+_FP32 = 4
+# What rank_memory reads of a Spark application.
+EXECUTOR_SETTINGS = ("spark.executor.pyspark.memory", "spark.executor.cores", "spark.task.cpus")
+_OPTIMIZER_STATE = {"adamw": 2 * _FP32, "sgd": _FP32}  # AdamW: two moments; SGD: the momentum buffer
+
+
+def parameter_count(model_cfg, feature_spec: dict, label_spec: dict) -> int | None:
+    """The built-in model's parameters for this dataset; None for a plug-in model."""
+    args = {"hidden": model_cfg.hidden, "embedding_dim": model_cfg.embedding_dim, "layers": model_cfg.layers,
+            "d_model": model_cfg.d_model, "ffn_width": None, **model_cfg.kwargs}
+    numeric = len(feature_spec.get("numeric", []))
+    vocab_sizes = [int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
+                   for c in feature_spec.get("categorical", [])]
+    array_widths = [math.prod(a["shape"]) for a in feature_spec.get("arrays", [])]
+    out = 1 if label_spec.get("task") != "classification" else int(label_spec["num_classes"])
+    if model_cfg.name == "mlp":
+        dims = [args["embedding_dim"] or min(16, (size + 1) // 2) for size in vocab_sizes]
+        count, width = sum(size * dim for size, dim in zip(vocab_sizes, dims)), numeric + sum(dims) + sum(array_widths)
+        for size in [*args["hidden"], out]:
+            count, width = count + width * size + size, size
+        return count
+    if model_cfg.name == "ft_transformer":
+        d = args["d_model"]
+        ffn = args["ffn_width"] or 2 * d
+        tokenizer = d + 2 * numeric * d + sum(vocab_sizes) * d + sum(w * d + d for w in array_widths)
+        block = 2 * 2 * d + 3 * d * d + (d * d + d) + (d * ffn + ffn) + (ffn * d + d)
+        head = 2 * d + d * out + out
+        return tokenizer + args["layers"] * block + head
+    return None
+
+
+def check_model_fits(cfg, feature_spec: dict, label_spec: dict, rank_memory: tuple[int, str]) -> None:
+    """Exit 2 where the model's weights, gradients and optimizer state alone need more than
+    ``rank_memory`` (bytes, and where that figure comes from) on one rank."""
+    params = parameter_count(cfg.model, feature_spec, label_spec)
+    if params is None:
+        return
+    t = cfg.train
+    sharded_by = cfg.launch.num_proc if t.parallel == "fsdp" else t.pipeline.stages
+    need = params * (2 * _FP32 + _OPTIMIZER_STATE[t.optimizer]) // max(1, sharded_by)
+    have, source = rank_memory
+    if need <= have:
+        return
+    keys = ("model.hidden=" + str(cfg.model.hidden) if cfg.model.name == "mlp" else
+            f"model.d_model={cfg.model.d_model}, model.layers={cfg.model.layers}")
+    raise ConfigError(f"{keys} makes a {cfg.model.name} of {params:,} parameters: its weights, gradients and "
+                      f"{t.optimizer} state alone need {_size(need)} per rank, more than the {_size(have)} a rank "
+                      f"gets ({source}); make the model smaller, or shard it over more ranks (train.parallel=fsdp, "
+                      "train.pipeline.stages)")
+
+
+def rank_memory(launch_cfg, master: str | None, executor_settings: dict[str, str | None]) -> tuple[int, str]:
+    """(bytes, where the figure comes from) that one rank can use at most: see the module docstring.
+    ``master`` is the Spark master (None without Spark); ``executor_settings`` the application's
+    ``EXECUTOR_SETTINGS``."""
+    local = master is None or master == "local" or master.startswith("local[")
+    if local:
+        ranks = 1 if launch_cfg.mode == "in_process" else launch_cfg.num_proc
+        if launch_cfg.backend == "torchrun":
+            ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        return _host_bytes() // max(1, ranks), f"this host's {_size(_host_bytes())} shared by {ranks} rank(s)"
+    pyspark = executor_settings.get("spark.executor.pyspark.memory")
+    if pyspark:
+        cores = int(executor_settings.get("spark.executor.cores") or 1)
+        per_task = int(executor_settings.get("spark.task.cpus") or 1)
+        tasks = max(1, cores // per_task)
+        return _spark_bytes(pyspark) // tasks, f"spark.executor.pyspark.memory={pyspark} shared by {tasks} task(s)"
+    return LARGEST_HOST_BYTES, "no machine has more; set spark.executor.pyspark.memory for a tighter check"
+
+
+def _host_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def _spark_bytes(text: str) -> int:
+    """A Spark size setting (``4g``, ``512m``; a bare number is MiB, as Spark reads memory settings)."""
+    value = str(text).strip().lower().removesuffix("b")
+    if value and value[-1] in _UNITS:
+        return int(float(value[:-1]) * _UNITS[value[-1]])
+    return int(float(value) * _UNITS["m"])
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+__all__ = ["EXECUTOR_SETTINGS", "LARGEST_HOST_BYTES", "check_model_fits", "parameter_count", "rank_memory"]
