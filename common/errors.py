@@ -147,14 +147,22 @@ class RankFailure:
 
 
 class RankFailedError(TrainingError):
-    """One or more ranks raised; the message carries each rank's own traceback (causes first)."""
+    """One or more ranks raised; the message carries each rank's own traceback (causes first),
+    except where the cause is the input (exit 2: a config or data error found on the ranks): its
+    one line says what to change, and the ranks' tracebacks would only bury it."""
 
     def __init__(self, failures: list[RankFailure]):
         self.failures = sorted(failures, key=lambda f: (f.secondary, f.rank))
         primary = self.failures[0]
         # A rank's own usage error (e.g. a missing column) keeps its exit status.
         self.exit_code = primary.exit_code
-        lines = [f"training failed on rank {primary.rank}: {primary.type}: {primary.message}"]
+        first = f"training failed on rank {primary.rank}: {primary.type}: {primary.message}"
+        if primary.exit_code == EXIT_USAGE:
+            same = [f.rank for f in self.failures[1:] if (f.type, f.message) == (primary.type, primary.message)]
+            also = f" (rank(s) {', '.join(map(str, same))} too)" if same else ""
+            super().__init__(first.replace(":", also + ":", 1))
+            return
+        lines = [first]
         for f in self.failures:
             lines.append(f"\n--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}")
         super().__init__("\n".join(lines))

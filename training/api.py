@@ -190,8 +190,8 @@ def check_outputs(cfg: TrainConfig, inputs: dict[str, str]) -> None:
 
 def _check_model_fits(plan: RankPlan, spark) -> None:
     """Exit 2 before any rank starts where the model's training state cannot fit the memory a rank
-    gets (training.model_memory); ``spark``: the session the ranks run in, None without Spark."""
-    from training.model_memory import EXECUTOR_SETTINGS, check_model_fits, rank_memory
+    gets (training.model_shape); ``spark``: the session the ranks run in, None without Spark."""
+    from training.model_shape import EXECUTOR_SETTINGS, check_model_fits, rank_memory
 
     master, settings = None, {}
     if spark is not None:

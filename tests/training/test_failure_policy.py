@@ -100,3 +100,26 @@ def test_the_retry_reason_is_the_errors_first_line():
     error = RankFailedError([_failure("ConnectionResetError")])
     decision = FailurePolicy(1).decide(error, 0)
     assert decision == (decision.__class__(RETRY, "training failed on rank 1: ConnectionResetError: boom"))
+
+
+def _raised(rank: int, exc: BaseException):
+    """``exc`` really raised on ``rank`` and recorded as a rank records it (its real traceback)."""
+    import traceback
+
+    try:
+        raise exc
+    except BaseException as raised:  # noqa: BLE001
+        return failure_record(rank, raised, traceback.format_exc())
+
+
+def test_an_input_error_found_on_the_ranks_is_one_line_and_a_bug_keeps_every_traceback():
+    from common.errors import ConfigError
+
+    why = "checkpoint /c/step-000000003 was written by a different run; set checkpoint.resume=never"
+    same = RankFailedError([_raised(1, ConfigError(why)), _raised(0, ConfigError(why))])
+    assert str(same) == f"training failed on rank 0 (rank(s) 1 too): ConfigError: {why}"
+    assert same.exit_code == EXIT_USAGE
+    bug = RankFailedError([_raised(1, ValueError("exploded")), _raised(0, ConnectionResetError("peer gone"))])
+    assert str(bug).startswith("training failed on rank 0: ConnectionResetError: peer gone")
+    assert "--- rank 0 traceback ---" in str(bug) and "--- rank 1 traceback ---" in str(bug)
+    assert 'raise exc' in str(bug)  # the ranks' own tracebacks

@@ -203,8 +203,13 @@ def _config(*extra):
      ["model.hidden=[16] gives 2 layer(s), fewer than the 4 pipeline stage(s)"]),
     (["train.pipeline.split=[[body.0], [body.2], [body.4]]"],
      ["train.pipeline.split must be 'auto', 'even' or 2 non-empty lists of module names"]),
+    # On the driver, not after the launch: the built-in model's blocks are known from its keys.
+    (["model.hidden=[8, 8]", "train.pipeline.split=[[body.0], [body.4, body.2]]"],
+     ["train.pipeline.split=[['body.0'], ['body.4', 'body.2']] must list every block of model mlp once, in order",
+      "its blocks are ['body.0', 'body.2', 'body.4']"]),
 ], ids=["horovod", "batch-not-divisible", "too-few-microbatches-1f1b", "interleaved-rounds",
-        "interleaved-one-stage-per-rank", "num_proc-not-multiple", "fsdp", "too-few-layers", "split-lists"])
+        "interleaved-one-stage-per-rank", "num_proc-not-multiple", "fsdp", "too-few-layers", "split-lists",
+        "split-names"])
 def test_combinations_that_cannot_run_are_refused_naming_the_key(overrides, names):
     with pytest.raises(ConfigError) as info:
         _config(*overrides)

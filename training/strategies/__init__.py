@@ -122,6 +122,20 @@ def _check_pipeline(train, launch, model) -> None:
     if model.name == "ft_transformer" and model.layers < parts:
         raise ConfigError(f"model.layers={model.layers} is fewer than the {parts} pipeline stage(s) (train.pipeline."
                           "stages x stages_per_rank): a stage holds whole blocks; raise model.layers or use fewer stages")
+    if isinstance(train.pipeline.split, list):
+        from training.model_shape import block_names
+
+        names = block_names(model)
+        if names is not None:  # a plug-in model's blocks are known once a rank builds it
+            check_split(train.pipeline.split, names, model.name)
+
+
+def check_split(split: list[list[str]], names: list[str] | None, model_name: str) -> None:
+    """An explicit ``train.pipeline.split`` lists every block of the model once, in order (exit 2
+    otherwise): on the driver for the built-in models, on the ranks for a plug-in."""
+    if names is None or [name for stage in split for name in stage] != names:
+        raise ConfigError(f"train.pipeline.split={split} must list every block of model {model_name} once, in order, "
+                          f"cut into stages: its blocks are {names}; or set train.pipeline.split=auto")
 
 
 # The techniques that replace every-step synchronisation, and the train.parallel each needs.
@@ -166,5 +180,5 @@ def build_strategy(config, group):
     return cls.from_config(config, group, Precision(t.precision, group.device.type))
 
 
-__all__ = ["IN_PROCESS", "REGISTRY", "SYNC_MODES", "build_strategy", "check_strategy", "ranks_per_replica",
+__all__ = ["IN_PROCESS", "REGISTRY", "SYNC_MODES", "build_strategy", "check_split", "check_strategy", "ranks_per_replica",
            "strategy_class", "technique"]

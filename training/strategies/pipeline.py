@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from common.errors import ConfigError
+from training.strategies import check_split
 from training.strategies.base import Strategy, initialise_optimizer_state
 
 log = logging.getLogger("shardtrain.train")
@@ -316,10 +317,8 @@ class PipelineParallel(Strategy):
 
 def _named_bounds(model, split: list[list[str]]) -> list[tuple[int, int]]:
     """The (start, stop) blocks of an explicit split, which must list every block's name in order."""
-    names = model.pipeline_block_names() if hasattr(model, "pipeline_block_names") else None
-    if names is None or [name for stage in split for name in stage] != names:
-        raise ConfigError(f"train.pipeline.split={split} must list every block of model {type(model).__name__} once, "
-                          f"in order, cut into stages: its blocks are {names}; or set train.pipeline.split=auto")
+    check_split(split, model.pipeline_block_names() if hasattr(model, "pipeline_block_names") else None,
+                type(model).__name__)
     bounds, start = [], 0
     for stage in split:
         bounds.append((start, start + len(stage)))

@@ -1,11 +1,15 @@
-"""Whether a built-in model's training state can fit the memory a rank gets, decided on the driver
-before any rank starts. A width inside the config's ceilings (``model.d_model=1048576``,
+"""A built-in model's shape as the driver knows it before any rank builds it: its parameters, and
+whether their training state can fit the memory a rank gets; and the names of its pipeline blocks,
+so that an explicit ``train.pipeline.split`` is checked before launch. Both come from the config
+and the manifest's feature spec by the same arithmetic as the constructors (``training.models``),
+which the tests check against the built models.
+
+The memory check: a width inside the config's ceilings (``model.d_model=1048576``,
 ``model.hidden=[1048576, 1048576]``) can still ask for terabytes, which a rank would otherwise
 find out minutes later as an allocation failure or the kernel's OOM kill, and a scheduler would
 retry. Refused here: exit 2 naming the keys that size the model.
 
-Counted: the built-in models' parameters, from the manifest's feature spec by the same arithmetic
-as their constructors (``training.models``), times what each costs in training (fp32 weights
+Counted: the built-in models' parameters times what each costs in training (fp32 weights
 and gradients, and the optimizer's state), divided among the ranks that shard it (FSDP, pipeline
 stages). Not counted: activations, the loader's buffers, the published copy. So the estimate is
 a lower bound and a refusal is never a guess. A plug-in model's size is unknown until it is
@@ -57,6 +61,19 @@ def parameter_count(model_cfg, feature_spec: dict, label_spec: dict) -> int | No
         block = 2 * 2 * d + 3 * d * d + (d * d + d) + (d * ffn + ffn) + (ffn * d + d)
         head = 2 * d + d * out + out
         return tokenizer + args["layers"] * block + head
+    return None
+
+
+def block_names(model_cfg) -> list[str] | None:
+    """The built-in model's pipeline blocks (``pipeline_block_names()``: what an explicit
+    ``train.pipeline.split`` lists), in order; None for a plug-in model."""
+    args = {"hidden": model_cfg.hidden, "dropout": model_cfg.dropout, "layers": model_cfg.layers,
+            **model_cfg.kwargs}
+    if model_cfg.name == "mlp":
+        per_layer = 3 if args["dropout"] else 2  # Linear, ReLU (, Dropout)
+        return [f"body.{i * per_layer}" for i in range(len(args["hidden"]) + 1)]
+    if model_cfg.name == "ft_transformer":
+        return [f"blocks.{i}" for i in range(args["layers"])]
     return None
 
 
@@ -122,4 +139,4 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-__all__ = ["EXECUTOR_SETTINGS", "LARGEST_HOST_BYTES", "check_model_fits", "parameter_count", "rank_memory"]
+__all__ = ["EXECUTOR_SETTINGS", "LARGEST_HOST_BYTES", "block_names", "check_model_fits", "parameter_count", "rank_memory"]

@@ -1,5 +1,5 @@
 """A model whose training state cannot fit the memory a rank gets is refused on the driver, before
-any rank starts (training.model_memory): the parameter arithmetic is checked against the built
+any rank starts (training.model_shape): the parameter arithmetic is checked against the built
 models themselves, and the refusal against a real in-process run."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tabular_data import write_dataset
 from train_configs import train_config
 from training import train
 from training.config import ModelConfig, load_train_config
-from training.model_memory import LARGEST_HOST_BYTES, parameter_count, rank_memory
+from training.model_shape import LARGEST_HOST_BYTES, parameter_count, rank_memory
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,21 @@ def test_the_parameter_count_is_the_built_models_own(datasets, task, model):
     built = build_model(cfg, manifest.features.spec, manifest.label)
     assert parameter_count(cfg, manifest.features.spec, manifest.label.to_record()) == \
         sum(p.numel() for p in built.parameters())
+
+
+@pytest.mark.parametrize("model", [
+    {"name": "mlp", "hidden": [7, 5]},
+    {"name": "mlp", "hidden": [9, 4, 3], "dropout": 0.2},
+    {"name": "ft_transformer", "layers": 3, "d_model": 8, "heads": 2},
+])
+def test_the_pipeline_blocks_are_the_built_models_own(datasets, model):
+    from common.dataset import read_manifest
+    from training.model_shape import block_names
+    from training.models import build_model
+
+    manifest = read_manifest(datasets["classification"].uri)
+    cfg = ModelConfig(**model)
+    assert block_names(cfg) == build_model(cfg, manifest.features.spec, manifest.label).pipeline_block_names()
 
 
 @pytest.mark.parametrize("override, keys", [
