@@ -6,7 +6,17 @@ training/config.py) and validates its own values in ``__post_init__``.
 
 Order, always the same: read the YAML file, apply command-line overrides in the order given,
 reject unknown keys (suggesting the closest valid one), check types (naming the key and the
-expected type), then each dataclass validates itself once.
+expected type), then each dataclass validates itself once; last, every storage path in the tree
+is made absolute (see ``storage_path``).
+
+Storage paths: a job's config declares the keys that name a place it reads or writes with
+``storage_path()``. ``from_dict`` (so ``load_config``, and every config built from plain data)
+makes each relative local path absolute from this process's working directory, once, on the
+driver (``common.storage.absolute_uri``; URIs with a scheme and absolute paths stay as written).
+The config is what travels to executors and ranks, whose working directory is another (a Spark
+Connect session's Python workers run in its artifact directory; a cluster's executors, in theirs):
+there ``artifacts/model`` would name another place, or nothing. Loading a saved config again
+gives the same values, so fingerprints over it hold.
 
 YAML (a file, an override's value) is loaded by ``parse_yaml``: safe tags only, UTF-8, no key
 twice in a mapping, and aliases bounded by the nodes they add, counted before anything is built,
@@ -30,6 +40,9 @@ import yaml
 from common.errors import ConfigError
 
 T = TypeVar("T")
+
+# The field metadata key that marks a storage path (``storage_path``).
+STORAGE_PATH = "shardtrain.storage_path"
 
 
 # Linux's limits on what exec() takes (a longer one fails with E2BIG, "Argument list too long"):
@@ -210,8 +223,51 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         raise ConfigError(f"{source}: {exc}") from None
 
 
+def storage_path(**kwargs) -> Any:
+    """A config field naming a place a job reads or writes (a local path or a URI), declared as
+    ``path: str = storage_path()`` or ``path: str | None = storage_path(default=None)``: the
+    loader makes it absolute (see the module docstring), and ``storage_paths`` lists it."""
+    return field(metadata={STORAGE_PATH: True}, **kwargs)
+
+
+def storage_paths(cfg: Any) -> dict[str, str]:
+    """Every storage path set in the config tree ``cfg``, by its dotted key (``output.path``,
+    ``sources.raw.path``): what a check of where a job's files are names."""
+    return {key: getattr(owner, name) for key, owner, name in _storage_fields(cfg, "")}
+
+
+def absolute_storage_paths(cfg: T) -> T:
+    """``cfg`` with every relative local storage path made absolute, in place (and returned)."""
+    from common.storage import absolute_uri
+
+    for _, owner, name in list(_storage_fields(cfg, "")):
+        setattr(owner, name, absolute_uri(getattr(owner, name)))
+    return cfg
+
+
+def _storage_fields(cfg: Any, prefix: str):
+    """(dotted key, the dataclass holding it, field name) of each storage path set under ``cfg``."""
+    if dataclasses.is_dataclass(cfg):
+        for f in dataclasses.fields(cfg):
+            value, key = getattr(cfg, f.name), _join(prefix, f.name)
+            if f.metadata.get(STORAGE_PATH):
+                if isinstance(value, str):
+                    yield key, cfg, f.name
+            else:
+                yield from _storage_fields(value, key)
+    elif isinstance(cfg, dict):
+        for name, value in cfg.items():
+            yield from _storage_fields(value, _join(prefix, str(name)))
+
+
 def from_dict(cls: type[T], data: Any, prefix: str = "") -> T:
-    """Build the dataclass ``cls`` from plain data, checking keys and types recursively."""
+    """Build the dataclass ``cls`` from plain data, checking keys and types recursively, then make
+    its storage paths absolute (``absolute_storage_paths``)."""
+    return absolute_storage_paths(_build(cls, data, prefix))
+
+
+def _build(cls: type[T], data: Any, prefix: str = "") -> T:
+    """``from_dict`` without the storage paths' last step (for the sections inside a tree)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -292,7 +348,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
         return value
     if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
+        return _build(tp, value, key)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, got {_describe(value)}")
@@ -371,6 +427,7 @@ def dump_yaml(cfg: Any) -> str:
 
 
 __all__ = [
-    "MAX_ALIAS_EXPANSION", "SparkConfig", "apply_overrides", "config_fingerprint", "deep_merge", "dump_yaml", "from_dict",
-    "load_config", "parse_override", "parse_yaml", "read_yaml", "require", "to_dict",
+    "MAX_ALIAS_EXPANSION", "SparkConfig", "absolute_storage_paths", "apply_overrides", "config_fingerprint",
+    "deep_merge", "dump_yaml", "from_dict", "load_config", "parse_override", "parse_yaml", "read_yaml", "require",
+    "storage_path", "storage_paths", "to_dict",
 ]

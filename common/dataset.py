@@ -8,9 +8,9 @@ one way to build it (``build_manifest``), and the one validation every reader ru
       "shardtrain_version": "0.1.0", "created_at": "2026-11-29T22:00:00Z",
       "schema": [{"name": "x", "dtype": "float32", "shape": []}, ...],    # stored columns
       "features": {
-        "numeric":     [{"name": "x", "mean": 0.1, "std": 1.2, "fill": 0.1}],
-        "categorical": [{"name": "city", "vocab": ["paris", ...], "num_embeddings": 12}],
-        "arrays":      [{"name": "image", "shape": [28, 28]}]
+        "numeric":     [{"name": "x", "mean": 0.1, "std": 1.2, "fill": 0.1, "null_share": 0.0123}],
+        "categorical": [{"name": "city", "vocab": ["paris", ...], "num_embeddings": 12, "null_share": 0.0}],
+        "arrays":      [{"name": "image", "shape": [28, 28], "null_share": 0.0}]
       },
       "label": {"name": "label", "task": "classification", "num_classes": 2,
                 "train_class_counts": [600, 400]}        # regression: "train_mean", "train_std"
@@ -44,6 +44,12 @@ Optional, written by a shard job with a ``teacher`` (knowledge distillation)::
   published rows), and those rows store ``MISSING_LABEL``: -1 as the class (classification),
   NaN (regression). A marker in the label column itself, so every Parquet reader passes it on
   unchanged; the training loss masks those rows out of the label term (``training.loop.loss_fn``).
+
+``null_share`` (each feature's null values over the train split's clean rows, a fraction in
+[0, 1]; an array's is 0: a null array is quarantined) is what the score job compares an input's
+nulls with (scoring/quality.py). It describes the data, not the encoding: ``FeatureSpec.encoding``
+leaves it out. Manifests (and models) written before it was recorded lack it, so readers must not
+require it (``FeatureSpec.null_shares`` is then empty).
 
 Also written by the shard job (readers must not require them): ``num_shards``,
 ``rows_per_row_group``; ``label.source`` (the raw column or expression); ``quarantine.files``
@@ -87,6 +93,7 @@ import numpy as np
 
 from common import __version__
 from common.errors import DatasetError, StorageError, StorageIOError
+from common.rows import MAX_CATEGORY_BYTES
 from common.storage import Location, is_committed, require_committed, resolve, storage_errors
 
 MANIFEST_NAME = "_manifest.json"
@@ -102,6 +109,7 @@ TASKS = ("classification", "regression")
 # What a transfer row (no label; see the module doc) stores as its label, by task.
 MISSING_LABEL = {"classification": -1, "regression": float("nan")}
 DTYPES = ("float32", "int32", "int64")
+NULL_SHARE = "null_share"  # a feature record's share of nulls on train (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -209,20 +217,37 @@ class TeacherRecord:
 
 
 class FeatureSpec:
-    """Fitted preprocessing: statistics and vocabularies, from the train split only."""
+    """Fitted preprocessing: statistics and vocabularies, from the train split only.
 
-    def __init__(self, spec: dict):
+    ``max_category_bytes``: the longest category (UTF-8 bytes) the shard job took, its
+    features.max_category_bytes (a published model records it: ``LoadedModel``); where unknown,
+    the ceiling no shard job goes beyond (``common.rows.MAX_CATEGORY_BYTES``). A longer category
+    is refused by the row rules (``too_long``) rather than scored as unseen."""
+
+    def __init__(self, spec: dict, max_category_bytes: int | None = None):
         self.spec = spec
+        self.max_category_bytes = MAX_CATEGORY_BYTES if max_category_bytes is None else int(max_category_bytes)
         self.numeric = [f["name"] for f in spec.get("numeric", [])]
         self.categorical = [f["name"] for f in spec.get("categorical", [])]
         self.arrays = {f["name"]: tuple(f["shape"]) for f in spec.get("arrays", [])}
         self._num = {f["name"]: f for f in spec.get("numeric", [])}
         self._vocab = {f["name"]: {v: i + RESERVED_INDICES for i, v in enumerate(f["vocab"])}
                        for f in spec.get("categorical", [])}
+        # Each feature's share of nulls on train, where the spec records one (not before it was).
+        self.null_shares = {f["name"]: float(f[NULL_SHARE]) for kind in ("numeric", "categorical", "arrays")
+                            for f in spec.get(kind, []) if NULL_SHARE in f}
 
     @property
     def columns(self) -> list[str]:
         return self.numeric + self.categorical + list(self.arrays)
+
+    @property
+    def encoding(self) -> dict:
+        """The spec without what describes the train data rather than how a value is encoded (the
+        null shares): two specs encode every row alike exactly when these are equal, whether or
+        not they were written before null shares were recorded."""
+        return {kind: [{k: v for k, v in f.items() if k != NULL_SHARE} for f in records]
+                for kind, records in self.spec.items()}
 
     def num_embeddings(self, name: str) -> int:
         return len(self._vocab[name]) + RESERVED_INDICES
@@ -237,10 +262,7 @@ class FeatureSpec:
         pandas column is taken as Arrow where that converts it exactly; the values are the ones
         a row-by-row conversion gives, to the bit (tests/scoring/test_transform_columns.py).
         """
-        names = list(frame.column_names if hasattr(frame, "column_names") else frame.columns)
-        missing = [c for c in self.columns if c not in names]
-        if missing:
-            raise DatasetError(f"input is missing feature column(s) {missing}; it has {names}")
+        self.require_columns(frame)
         n = len(frame) if not hasattr(frame, "num_rows") else frame.num_rows
         out: dict[str, np.ndarray] = {}
         num = np.zeros((n, len(self.numeric)), dtype=np.float32)
@@ -254,6 +276,13 @@ class FeatureSpec:
         for name, shape in self.arrays.items():
             out[name] = _stacked_arrays(frame[name], n, shape)
         return out
+
+    def require_columns(self, frame: Any) -> None:
+        """Every feature column is in ``frame`` (pandas or Arrow), else a DatasetError naming them."""
+        names = list(frame.column_names if hasattr(frame, "column_names") else frame.columns)
+        missing = [c for c in self.columns if c not in names]
+        if missing:
+            raise DatasetError(f"input is missing feature column(s) {missing}; it has {names}")
 
     # The one implementation of the fitted encodings: the shard job stores what these return
     # (pipelines/shard_writer.py) and a loaded model applies them to raw rows (``transform``).
@@ -410,7 +439,7 @@ class Manifest:
         self.root = root
         self._validate()
         # Parsed once, after the validation: readers use these, never the raw records.
-        self.features = FeatureSpec(data["features"])
+        self.features = FeatureSpec(data["features"], _recorded_category_bytes(data))
         self.label = LabelSpec.from_record(data["label"])
         # The soft-target record, or None: the splits store no teacher column.
         self.teacher = None if data.get("teacher") is None else TeacherRecord.from_record(data["teacher"])
@@ -451,6 +480,13 @@ class Manifest:
         except KeyError:
             raise DatasetError(
                 f"{self.root.uri}: split {split!r} is not in the manifest (it has {self.split_names})") from None
+
+
+def _recorded_category_bytes(data: dict) -> int | None:
+    """The shard job's features.max_category_bytes, from the resolved config the manifest records;
+    None where it records none (a manifest written by other producers, tests)."""
+    value = ((data.get("config") or {}).get("features") or {}).get("max_category_bytes")
+    return value if type(value) is int and value >= 1 else None
 
 
 def read_manifest(uri: str | Location) -> Manifest:
@@ -668,6 +704,12 @@ def _validate_features(features: Any, where: str) -> None:
         shape = spec.get("shape")
         if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
             raise DatasetError(f"{where}: field 'features.arrays[{spec.get('name')}].shape' is {shape!r}")
+    for kind in ("numeric", "categorical", "arrays"):
+        for spec in features.get(kind, []):
+            share = spec.get(NULL_SHARE, 0.0)  # optional: absent from manifests written before
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+                raise DatasetError(f"{where}: field 'features.{kind}[{spec.get('name')}].{NULL_SHARE}' is "
+                                   f"{share!r}; expected a fraction in [0, 1]")
 
 
 def _validate_teacher(teacher: Any, schema: list[dict], where: str) -> None:

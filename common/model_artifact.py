@@ -6,8 +6,10 @@ Layout of a model directory (``training.export.publish_model`` writes it):
 * ``model.safetensors``: the weights (no pickle);
 * ``model.torchscript.pt``: a TorchScript program taking the preprocessed tensors
   (``FeatureSpec.transform`` output) and returning class probabilities or regression values;
-* ``model.json``: resolved config, feature spec, label spec, metrics, and the sha256 and size of
-  each file above (``files``); the ``_COMMITTED`` marker records model.json's own sha256.
+* ``model.json``: resolved config, feature spec, label spec, metrics, the shard job's
+  ``row_rules`` (``max_category_bytes``; absent from models published before it was recorded),
+  and the sha256 and size of each file above (``files``); the ``_COMMITTED`` marker records
+  model.json's own sha256.
 
 ``read_model(uri, program, build_network)`` verifies every file it reads against those digests
 (a DatasetError names the damaged file) and never unpickles arbitrary objects. The caller chooses
@@ -18,6 +20,11 @@ them, so an edited model.json cannot change which code runs. Nor can it change w
 mean: on load, the network (either kind) runs on a two-row probe batch built from model.json's
 feature spec, and its output must be what model.json's label says (``[2, num_classes]``
 probabilities, or ``[2]`` values); a disagreement is a DatasetError naming the field.
+
+``LoadedModel.predict(frame)`` takes raw rows through the shard job's row rules first
+(``common.rows.frame_refusals``: the rules ``shardtrain score`` applies in Spark), so a row that
+cannot be taken never gets a number computed from an imputed or overflowed value: it raises
+naming the row, or, with ``errors="mark"``, is marked with its reason in ``score_reason``.
 
 Why here and not in training: scoring and the shard job's teacher read published models, and
 neither may reach into training's modules. What only training knows stays there: the
@@ -36,13 +43,18 @@ from typing import Callable
 import numpy as np
 
 from common.dataset import FeatureSpec, LabelSpec
-from common.errors import DatasetError, StorageError, first_line
+from common.errors import DatasetError, InputDataError, StorageError, first_line
 from common.model_registry import is_registry_uri
+from common.rows import MAX_CATEGORY_BYTES, MEANING, Refusals, frame_refusals
 from common.storage import KIND_MODEL, MARKER, Location, read_marker, require_committed, storage_errors
 
 MODEL_FORMAT = KIND_MODEL
 MODEL_FORMAT_VERSION = 2  # 2: model.json records each file's sha256; the marker records model.json's
 WEIGHTS, PROGRAM, META = "model.safetensors", "model.torchscript.pt", "model.json"
+ROW_RULES = "row_rules"  # model.json's record of the shard job's row rules: {"max_category_bytes": 1024}
+# The output columns, named as ``shardtrain score`` names them (scoring.predict).
+PROBABILITIES, PREDICTION, REASON = "probabilities", "prediction", "score_reason"
+ERRORS = ("raise", "mark")  # what predict does with a row the row rules refuse
 
 
 class LoadedModel:
@@ -58,7 +70,7 @@ class LoadedModel:
         # the model's identity, which a job records and compares (scoring, teacher soft targets).
         self.fingerprint = fingerprint
         self.network_file = network_file  # WEIGHTS or PROGRAM: the file the network was loaded from
-        self.features = FeatureSpec(meta["features"])
+        self.features = FeatureSpec(meta["features"], (meta.get(ROW_RULES) or {}).get("max_category_bytes"))
         self.label = LabelSpec.from_record(meta["label"])
         self.device = torch.device("cpu")
 
@@ -84,11 +96,53 @@ class LoadedModel:
         self.module.to(self.device)
         return self
 
-    def predict(self, frame, temperature: float = 1.0) -> np.ndarray:
-        """pandas DataFrame or Arrow table of raw feature columns -> probabilities [n, classes]
-        (classification) or values [n] (regression). See ``predict_arrays`` for ``temperature``."""
-        arrays = self.features.transform(frame)
-        return self.predict_arrays(arrays, temperature)
+    def predict(self, frame, temperature: float = 1.0, errors: str = "raise"):
+        """pandas DataFrame or Arrow table of raw feature columns -> predictions, for the rows the
+        shard job's row rules take (``common.rows``: the rules of ``shardtrain score``); a row
+        that breaks one (1e300, inf, text that is not a number or not UTF-8, a category longer
+        than the shard job took, an array of another shape) gets no prediction computed at all.
+
+        ``errors="raise"`` (default): such a row raises InputDataError (exit 2) naming its index
+        label, its column and the reason; else the result is as it always was: probabilities
+        [n, classes] (classification) or values [n] (regression), a float32 numpy array.
+
+        ``errors="mark"``: a pandas DataFrame with a row for every row of ``frame``, on its index
+        (an Arrow table's: 0..n-1): ``probabilities`` (a float32 array per row; classification)
+        or ``prediction`` (float32; regression), then ``score_reason``: None where the row was
+        taken, else the reason ``shardtrain score`` gives it (``non_finite:x1``, ``too_long:city``,
+        ``bad_encoding``, ...) and no prediction (probabilities None, a value NaN). Unlike
+        ``score``, no ``prediction`` class column for classification: a number column beside the
+        probabilities is what MLflow's spark_udf would take in their place for the
+        ``ArrayType(FloatType())`` result users asked of it before.
+
+        An empty frame gives an empty result of the same form. See ``predict_arrays`` for
+        ``temperature``."""
+        if errors not in ERRORS:
+            raise ValueError(f"errors must be one of {', '.join(ERRORS)}, got {errors!r}")
+        self.features.require_columns(frame)
+        refusals = frame_refusals(frame, self.features)
+        taken, first = refusals.taken, refusals.first
+        if errors == "raise" and first is not None:
+            raise InputDataError(_refusal_message(frame, refusals, first))
+        rows = frame if first is None else _rows_at(frame, np.flatnonzero(taken))
+        values = self.predict_arrays(self.features.transform(rows), temperature)
+        return values if errors == "raise" else self._marked(frame, values, refusals.reasons, taken)
+
+    def _marked(self, frame, values: np.ndarray, reasons: np.ndarray, taken: np.ndarray):
+        """``predict``'s errors="mark" frame: the taken rows' values in place, the reasons beside."""
+        import pandas as pd
+
+        index = pd.RangeIndex(frame.num_rows) if hasattr(frame, "num_rows") else frame.index
+        if self.label.classification:
+            outputs = np.full(len(taken), None, dtype=object)
+            for position, row in zip(np.flatnonzero(taken), values):
+                outputs[position] = row
+            name = PROBABILITIES
+        else:
+            outputs = np.full(len(taken), np.nan, dtype=np.float32)
+            outputs[taken] = values
+            name = PREDICTION
+        return pd.DataFrame({name: outputs, REASON: reasons}, index=index)
 
     def predict_arrays(self, arrays: dict, temperature: float = 1.0) -> np.ndarray:
         """Already-preprocessed arrays (as stored in the dataset / produced by FeatureSpec.transform).
@@ -101,6 +155,8 @@ class LoadedModel:
 
         if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature > 0):
             raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        if len(arrays["numeric"]) == 0:  # no rows: a network's reshape of 0 elements has no size to infer
+            return np.zeros((0, self.label.num_classes) if self.label.classification else (0,), dtype=np.float32)
         batch = {name: torch.from_numpy(np.ascontiguousarray(value)).to(self.device) for name, value in arrays.items()}
         with torch.no_grad():
             if self.label.classification and temperature != 1:
@@ -110,6 +166,34 @@ class LoadedModel:
             else:
                 out = self.module(batch)
             return out.float().cpu().numpy()
+
+
+def _rows_at(frame, positions: np.ndarray):
+    """The rows of a pandas DataFrame or Arrow table at ``positions``."""
+    return frame.take(positions) if hasattr(frame, "num_rows") else frame.iloc[positions]
+
+
+def _refusal_message(frame, refusals: Refusals, position: int) -> str:
+    """One line naming the first refused row (its index label), its column, value and reason."""
+    column, reason = refusals.columns[position], refusals.reasons[position]
+    if hasattr(frame, "num_rows"):
+        label, value = position, frame.column(column)[position].as_py()
+    else:
+        label, value = frame.index[position], frame[column].iloc[position]
+    refused = int((~refusals.taken).sum())
+    return (f"row {label!r}, column {column!r} (value {_shown(value)}): {reason} ({MEANING[reason.split(':')[0]]}); "
+            f"{refused} of {len(refusals.reasons)} rows cannot be taken and none was scored: fix the values, or "
+            "call predict(frame, errors='mark') to score the others and mark each refused row's reason")
+
+
+def _shown(value) -> str:
+    """A value as a message shows it: its repr (a numpy scalar's as the Python number's, on
+    every numpy), cut short (a category may hold megabytes)."""
+    text = repr(value.item() if isinstance(value, np.generic) else value)
+    if len(text) <= 40:
+        return text
+    size = f", {len(value):,} characters" if isinstance(value, (str, bytes)) else ""
+    return f"{text[:30]}...{size}"
 
 
 def read_model(uri: str, program: bool, build_network: Callable[[Location, dict], object],
@@ -231,6 +315,11 @@ def _check_meta_fields(where: str, meta: dict) -> None:
     if label["task"] == "classification" and not (type(classes) is int and classes >= 2):
         raise DatasetError(f"{where}: field 'label.num_classes' is {classes!r}; a classifier has an integer >= 2 "
                            "classes: re-train, or re-publish the model")
+    rules = meta.get(ROW_RULES)  # absent from models published before it was recorded
+    limit = rules.get("max_category_bytes") if isinstance(rules, dict) else rules
+    if limit is not None and not (type(limit) is int and 1 <= limit <= MAX_CATEGORY_BYTES):
+        raise DatasetError(f"{where}: field '{ROW_RULES}.max_category_bytes' is {limit!r}; expected an integer in "
+                           f"[1, {MAX_CATEGORY_BYTES}]: re-train, or re-publish the model")
     try:
         FeatureSpec(meta.get("features"))
     except Exception as exc:  # noqa: BLE001 - KeyError / TypeError from a spec of the wrong shape
@@ -271,5 +360,5 @@ def _load_program(loc: Location, data: bytes):
                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-__all__ = ["META", "MODEL_FORMAT", "MODEL_FORMAT_VERSION", "PROGRAM", "WEIGHTS", "LoadedModel", "read_meta",
-           "read_model", "verified_bytes"]
+__all__ = ["ERRORS", "META", "MODEL_FORMAT", "MODEL_FORMAT_VERSION", "PREDICTION", "PROBABILITIES", "PROGRAM", "REASON",
+           "ROW_RULES", "WEIGHTS", "LoadedModel", "read_meta", "read_model", "verified_bytes"]

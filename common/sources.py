@@ -34,7 +34,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from common.config import require
+from common.config import require, storage_path
 from common.errors import ConfigError, InputDataError, ShardtrainError, first_line
 from common.sql import quote_identifier as q
 from common.sql import why_not_a_query
@@ -48,7 +48,8 @@ MALFORMED = "malformed_record"
 
 @dataclass
 class SourceConfig:
-    path: str | None = None  # files (or a Delta table's directory, format: delta); or table, not both
+    # Files (or a Delta table's directory, format: delta); or table, not both.
+    path: str | None = storage_path(default=None)
     # csv, json, parquet, or delta (a Delta table's directory: Spark's Delta reader, which
     # delta-spark or a Databricks runtime provides). A table's format is its catalog's.
     format: Literal["csv", "json", "parquet", "delta"] = "parquet"

@@ -2,10 +2,12 @@
 turning Spark's Java errors into readable ones.
 
 It is also the one place that tells classic Spark from Spark Connect (``is_connect``; Databricks
-standard and serverless compute, ``spark.remote``/``SPARK_REMOTE``) and the only module that touches
-``sparkContext`` or the JVM: the functions below it (``spark_setting``, ``default_parallelism``,
-``LaunchJobs``, ``driver_address``) answer the same question on both, and their classic branches are
-the only code that runs there (tests/test_connect_guard.py checks that no other module does).
+standard and serverless compute, ``spark.remote``/``SPARK_REMOTE``) and a Connect server on this
+machine from one on another (``remote_connect_host``: there this machine's paths name nothing), and
+the only module that touches ``sparkContext`` or the JVM: the functions below it (``spark_setting``,
+``default_parallelism``, ``LaunchJobs``, ``driver_address``) answer the same question on both, and
+their classic branches are the only code that runs there (tests/test_connect_guard.py checks that no
+other module does).
 
 It also owns how much Spark says on the console. A session it creates is quiet: the driver JVM
 gets log4j2-quiet.properties (warnings and errors only, on stderr; no start-up banner) and no
@@ -108,6 +110,61 @@ def _connect_url(configured: str | None) -> str | None:
 def is_connect(spark) -> bool:
     """True for a Spark Connect session (no SparkContext, RDDs or JVM in this process's reach)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def remote_connect_host(spark=None, cfg: SparkConfig | None = None) -> str | None:
+    """The host of the Spark Connect server a job's Spark runs on, where that server is another
+    machine; None on classic Spark and on a Connect server on this machine.
+
+    The session asked: ``spark``, else the active one (a notebook's), else the one
+    ``get_or_create_session(cfg)`` would connect to (``spark.remote`` or ``SPARK_REMOTE``), which is
+    read, not connected to. On this machine: ``local[N]`` (pyspark starts that server in this
+    process) and a loopback host (``sc://localhost``, 127.0.0.1, ::1); such a server shares this
+    machine's files. Any other host is taken as another machine, even this one under another name
+    (connect to sc://localhost then)."""
+    if spark is None and "pyspark.sql" in sys.modules:  # a session can be active only once pyspark is imported
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    if spark is not None:
+        return _remote(spark.client.host) if is_connect(spark) else None
+    url = _connect_url((cfg or SparkConfig()).conf.get("spark.remote"))
+    if not url or url.startswith("local"):
+        return None
+    from urllib.parse import urlparse
+
+    return _remote(urlparse(url).hostname or "localhost")  # sc:// with no host: pyspark's localhost
+
+
+def _remote(host: str) -> str | None:
+    """``host``, unless it is this machine's loopback (a name or an address)."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return None
+    try:
+        return None if ipaddress.ip_address(host.strip("[]")).is_loopback else host
+    except ValueError:
+        return host
+
+
+def check_paths_reach_cluster(cfg, spark=None) -> None:
+    """A job whose Spark runs on a Spark Connect server on another machine (``remote_connect_host``)
+    reads and writes through that cluster, where this machine's local paths name nothing (or
+    something else): refuse one (exit 2) naming its key, before any work. ``cfg``: a job's config
+    (its ``spark`` section says where a session it creates connects); ``spark``: the job's session,
+    where it has one already."""
+    host = remote_connect_host(spark, cfg.spark)
+    if host is None:
+        return
+    from common.config import storage_paths
+    from common.storage import is_local_path
+
+    for key, uri in storage_paths(cfg).items():
+        if is_local_path(uri):
+            raise ConfigError(f"{key} is {uri}, a path on this machine, but this job's Spark runs on the Spark Connect "
+                              f"server at {host}, whose executors cannot read this machine's files: give a URI the "
+                              "cluster can read (s3://, hdfs://, dbfs:/ or a /Volumes/... path)")
 
 
 def spark_setting(spark, key: str, default: str | None = None) -> str | None:
@@ -317,7 +374,9 @@ def explain_java_error(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def spark_errors(what: str) -> Iterator[None]:
-    """Re-raise a bare Py4JJavaError / PythonException as SparkJobError naming ``what``."""
+    """Re-raise a bare Py4JJavaError / PythonException as SparkJobError naming ``what``; as one line
+    with its own exit status where the cause is known: a file that is not Parquet, executors whose
+    Python has no shardtrain (exit 2), a worker's own shardtrain error."""
     try:
         yield
     except ShardtrainError:
@@ -329,6 +388,9 @@ def spark_errors(what: str) -> Iterator[None]:
             if damaged:  # a file whose footer Spark cannot read: the input is wrong, a retry fails the same way
                 raise InputDataError(f"{what} failed: {damaged.group(0).rstrip('.')}; remove or replace that file") \
                     from None
+            setup = executor_setup_error(exc, what)
+            if setup is not None:
+                raise setup from None
             own = worker_error(str(exc))
             if own is not None:
                 raise type(own)(f"{what} failed: {own}") from None
@@ -355,6 +417,33 @@ def worker_error(text: str) -> ShardtrainError | None:
     if not (isinstance(cls, type) and issubclass(cls, ShardtrainError)):
         return None
     return cls(message.strip())
+
+
+# A Python worker that could not import one of shardtrain's own packages (pyproject.toml's list): to
+# unpickle a job's function it imports the module that defines it, so an executor whose Python has no
+# shardtrain (or another version of it) fails every task this way.
+_MISSING_OWN_MODULE = re.compile(r"ModuleNotFoundError: No module named '((?:common|pipelines|training|scoring|"
+                                 r"shardtrain)(?:\.\w+)*)'")
+EXECUTOR_SHARDTRAIN_FIX = ("install shardtrain on the executors (`make wheel` builds dist/shardtrain-<version>-py3-"
+                           "none-any.whl), or point PYSPARK_PYTHON (or spark.pyspark.python) at a Python that has it")
+
+
+def executors_without_shardtrain(text: str) -> str | None:
+    """What a failed Spark job's ``text`` says, in words, where its Python workers could not import
+    shardtrain's own modules; None otherwise. The fix: ``EXECUTOR_SHARDTRAIN_FIX``."""
+    found = _MISSING_OWN_MODULE.search(text)
+    if found is None:
+        return None
+    return f"the executors' Python cannot import shardtrain (No module named {found.group(1)!r})"
+
+
+def executor_setup_error(exc: BaseException, what: str) -> ConfigError | None:
+    """``what`` failed because the executors' Python has no shardtrain: one line with the fix, exit
+    2 (every retry would fail the same way), instead of a page of JVM stack; None for any other
+    failure. A failed job's error comes here through ``spark_errors`` and the torch launchers
+    (Horovod's ranks start under its own task service, whose failure does not carry the import)."""
+    missing = executors_without_shardtrain(str(exc))
+    return None if missing is None else ConfigError(f"{what} failed: {missing}: {EXECUTOR_SHARDTRAIN_FIX}")
 
 
 # Spark's words (parquet-mr's) for a file whose Parquet footer it cannot read; they name the file.

@@ -11,7 +11,10 @@ refuse a directory without the marker, so a job that dies at any point leaves no
 will accept. Overwrite is a swap (``commit``): the old output is moved aside, the new one moved
 in, then the old one deleted, so a failure at any point leaves one of them committed, and the
 next writer finishes a swap a dead job left half-done (``clean_stale_staging``). A local path
-is used with its symlinks resolved: a linked output is replaced at its target.
+is used with its symlinks resolved: a linked output is replaced at its target. A config's relative
+paths are made absolute when it is loaded (``absolute_uri``, from common.config), so executors in
+other working directories read the same place; ``is_local_path`` says which paths only this machine
+can read.
 
 What an output may replace: the marker records the output's ``kind`` (``shardtrain.dataset``,
 ``shardtrain.model``, ``shardtrain.checkpoint``, ``shardtrain.scores``); ``overwrite`` replaces only an empty directory or
@@ -186,15 +189,39 @@ def _unreachable_endpoint(uri: str, exc: BaseException) -> StorageIOError | None
                           "or AWS_ENDPOINT_URL, and the network)")
 
 
+def _scheme(uri: str) -> str:
+    """``uri``'s scheme, lower case; "" for a plain path."""
+    scheme = urlparse(uri).scheme.lower()
+    return "" if len(scheme) == 1 else scheme  # a Windows drive letter is a local path, not a scheme
+
+
+def absolute_uri(uri: str) -> str:
+    """``uri`` as it names the same place from any process, whatever its working directory: a
+    relative local path made absolute from this one's (``~`` expanded); a URI with a scheme (s3://,
+    hdfs://, dbfs:/, models:/, file:///...) and an absolute path (/Volumes/... too) as they are.
+    Symlinks stay in it: ``resolve`` follows them where the path is used."""
+    if not isinstance(uri, str) or not uri.strip() or _scheme(uri.strip()) or os.path.isabs(uri.strip()):
+        return uri  # an empty one is left for resolve to refuse, naming it
+    return os.path.abspath(os.path.expanduser(uri.strip()))
+
+
+def is_local_path(uri: str) -> bool:
+    """Whether ``uri`` names this machine's own files (a plain path or file://), which another
+    machine cannot read: not S3, HDFS, DBFS, a Unity Catalog volume (/Volumes/..., mounted on every
+    Databricks compute) or a models:/ URI."""
+    scheme = _scheme(uri.strip())
+    if scheme not in ("", "file"):
+        return False
+    return not is_volume_path(urlparse(uri.strip()).path if scheme == "file" else uri.strip())
+
+
 def resolve(uri: str) -> Location:
     """Parse ``uri`` into a Location, or fail with a message naming the URI."""
     if not isinstance(uri, str) or not uri.strip():
         raise StorageError(f"empty storage URI: {uri!r}")
     uri = uri.strip()
     parsed = urlparse(uri)
-    scheme = parsed.scheme.lower()
-    if len(scheme) == 1:  # a Windows drive letter is a local path, not a scheme
-        scheme = ""
+    scheme = _scheme(uri)
     if scheme in ("", "file"):
         if scheme == "file":
             _check_file_uri(uri, parsed.netloc)

@@ -7,8 +7,9 @@ Three steps, each a function of the config (and, for the last, of fitted statist
 2. ``row_columns``: per-row SQL for the split, the shuffle key, the typed values and the
    quarantine ``_reason`` (the first rule a row breaks, in a fixed order).
 3. ``fit``: the statistics and vocabularies from the train split's summary
-   (pipelines/summary.py: exact moments, value counts, class counts); the stored encodings are
-   ``common.dataset.FeatureSpec``'s, applied by the shard writer (pipelines/shard_writer.py).
+   (pipelines/summary.py: exact moments, value counts, class counts), and each feature's share of
+   nulls there (``null_share``); the stored encodings are ``common.dataset.FeatureSpec``'s,
+   applied by the shard writer (pipelines/shard_writer.py).
 
 Reasons: ``bad_encoding`` (a used text value holds U+FFFD, which Spark's CSV/JSON readers put in
 place of bytes that are not valid UTF-8), ``null_label`` (none with ``label.unlabeled: transfer``:
@@ -18,10 +19,11 @@ those rows join the train split as transfer rows), ``invalid_label``,
 ``non_finite:<col>`` (a numeric value that is NaN, +/-inf or beyond float32, as stored; a
 null, NaN, inf or beyond-float32 element of an array), ``bad_shape:<col>`` (null array or wrong
 length), and ``malformed_record`` (common/sources.py). A null numeric value is missing and is
-imputed. The rules of a feature's raw value (numeric and array) are ``common.rows``, which
-scoring applies too, so neither a statistic nor a prediction ever sees a value float32 cannot
-hold; this module owns the label's and categories' rules and their order, and must not define a
-feature rule of its own that scoring would not apply.
+imputed. The rules of a feature's raw value (text, numeric, categorical, array) are
+``common.rows``, which scoring and a loaded model's ``predict`` apply too, so neither a statistic
+nor a prediction ever sees a value float32 cannot hold or a category the shard job refused; this
+module owns the label's rules and where they stand among those, and must not define a feature
+rule of its own that scoring would not apply.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from typing import Callable
 
 from pipelines.balance import split_index_sql
 from common.errors import InputDataError, first_line
-from common.rows import FLOAT_MAX, array_reasons, array_value, numeric_reasons, numeric_value, reason
+from common.rows import (FLOAT_MAX, array_reasons, array_value, category_reasons, encoding_reasons, numeric_reasons,
+                         numeric_value)
 from common.sql import quote_identifier as q
-from common.dataset import LABEL_NAME, RESERVED_INDICES, ROW_INDEX, TeacherRecord
+from common.dataset import LABEL_NAME, NULL_SHARE, RESERVED_INDICES, ROW_INDEX, TeacherRecord
 from common.dataset import stored_schema as dataset_schema
 from pipelines.shard_config import ShardConfig
 from pipelines.summary import Summary, top_values
@@ -61,6 +64,14 @@ def cat_col(name: str) -> str:
 
 def arr_col(name: str) -> str:
     return _typed_name("_a_", name)
+
+
+def typed_features(cfg: ShardConfig) -> tuple[tuple[str, str], ...]:
+    """(feature name, typed column) of every feature: the columns whose nulls on train the
+    summary counts (``fit``'s null shares)."""
+    feats = cfg.features
+    return (*((n, num_col(n)) for n in feats.numeric), *((n, cat_col(n)) for n in feats.categorical),
+            *((n, arr_col(n)) for n in feats.arrays))
 
 
 def check_table(table, cfg: ShardConfig, where: str) -> None:
@@ -147,11 +158,7 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     reasons = []
     text = [c for c in [*feats.numeric, *feats.categorical, *([label.column] if label.column else [])]
             if isinstance(fields[c], T.StringType)]
-    if text:
-        # Spark decodes undecodable bytes as U+FFFD; such a value would enter the vocabulary as
-        # a different category than the one in the file.
-        replaced = " OR ".join(f"instr({q(c)}, '\ufffd') > 0" for c in text)
-        reasons.append(f"WHEN {replaced} THEN 'bad_encoding'")
+    reasons += encoding_reasons(text)
     label_d = f"try_cast({label_raw} AS DOUBLE)"
     if not transfer:
         reasons.append(f"WHEN {label_raw} IS NULL THEN 'null_label'")
@@ -173,8 +180,7 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
         reasons += numeric_reasons(name, fields[name])
         cols.append(f"{numeric_value(name)} AS {q(num_col(name))}")
     for name in feats.categorical:
-        reasons.append(f"WHEN octet_length(CAST({q(name)} AS STRING)) > {feats.max_category_bytes} "
-                       f"THEN {reason('too_long', name)}")
+        reasons += category_reasons(name, feats.max_category_bytes)
         cols.append(f"CAST({q(name)} AS STRING) AS {q(cat_col(name))}")
     for name, shape in feats.arrays.items():
         reasons += array_reasons(name, shape)
@@ -185,8 +191,9 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
 
 @dataclass
 class FittedStats:
-    numeric: list[dict]       # manifest entries: name, mean, std, fill
-    categorical: list[dict]   # name, vocab, num_embeddings
+    numeric: list[dict]       # manifest entries: name, mean, std, fill, null_share
+    categorical: list[dict]   # name, vocab, num_embeddings, null_share
+    arrays: list[dict]        # name, shape, null_share
     label: dict               # manifest label spec
 
 
@@ -194,7 +201,10 @@ def fit(clean_train: Callable, cfg: ShardConfig, summary: Summary) -> FittedStat
     """Statistics and vocabularies of the train split's clean rows from the shard job's one scan
     of them (``summary``: exact moments of ``moment_values(cfg)``, value counts, class counts). A
     categorical feature the scan left uncounted (too many distinct values) is ranked by a Spark
-    aggregation over ``clean_train()`` (those rows as a DataFrame, made only then) instead."""
+    aggregation over ``clean_train()`` (those rows as a DataFrame, made only then) instead.
+    Each feature's ``null_share`` is its nulls over the train rows the summary counted: the
+    typed value is null exactly where the raw one is (a value that does not cast is quarantined),
+    and an array's is 0 (a null array is quarantined)."""
     moments = list(summary.moments)
     label_moments = moments.pop() if cfg.label.task == "regression" else None
     feats = cfg.features
@@ -203,9 +213,20 @@ def fit(clean_train: Callable, cfg: ShardConfig, summary: Summary) -> FittedStat
     wide = [name for name in feats.categorical if name not in vocabularies]
     if wide:
         vocabularies.update(spark_vocabularies(clean_train(), wide, feats.min_count, feats.max_vocab))
-    return FittedStats(numeric=_numeric_stats(cfg.features, moments),
-                       categorical=_categorical_stats(cfg.features, vocabularies),
+    shares = _null_shares(summary)
+    numeric = _numeric_stats(cfg.features, moments)
+    categorical = _categorical_stats(cfg.features, vocabularies)
+    arrays = [{"name": n, "shape": list(s)} for n, s in feats.arrays.items()]
+    for record in [*numeric, *categorical, *arrays]:
+        record[NULL_SHARE] = shares[record["name"]]
+    return FittedStats(numeric=numeric, categorical=categorical, arrays=arrays,
                        label=_label_stats(cfg.label, summary.class_counts, label_moments))
+
+
+def _null_shares(summary: Summary) -> dict[str, float]:
+    """Each counted feature's nulls over the train rows (0 for no rows: nothing was missing)."""
+    rows = summary.train_rows
+    return {name: nulls / rows if rows else 0.0 for name, nulls in summary.null_counts.items()}
 
 
 def _numeric_stats(feats, moments: list[tuple[int, float, float]]) -> list[dict]:

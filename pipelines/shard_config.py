@@ -10,8 +10,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from common.config import SparkConfig, load_config, require
+from common.config import SparkConfig, load_config, require, storage_path
 from common.dataset import TEACHER_COLUMN
+from common.rows import MAX_CATEGORY_BYTES
 from common.sql import quote_identifier
 from common.sources import SourceConfig, check_sources_and_query
 
@@ -21,7 +22,7 @@ from common.sources import SourceConfig, check_sources_and_query
 MAX_SHARDS = 10_000  # shard files per split
 MAX_ARRAY_VALUES = 1 << 24  # float32 values per row of one array feature (64 MiB)
 MAX_VOCAB = 10_000_000  # entries of one categorical vocabulary, each stored in the manifest
-MAX_CATEGORY_BYTES = 1 << 20
+# MAX_CATEGORY_BYTES (the longest category, UTF-8 bytes) is common.rows': serving refuses beyond it.
 
 
 @dataclass
@@ -99,7 +100,7 @@ class SplitConfig:
 
 @dataclass
 class OutputConfig:
-    path: str
+    path: str = storage_path()
     num_shards: int = 8
     row_group_mb: float | None = None
     rows_per_row_group: int | None = None
@@ -138,7 +139,7 @@ class TeacherConfig:
     """Knowledge distillation: store a published model's soft targets as a ``teacher`` column of
     every split (see pipelines/teacher.py)."""
 
-    model: str  # URI of a model published by `shardtrain train`
+    model: str = storage_path()  # URI of a model published by `shardtrain train`
     # Softmax temperature of the stored class probabilities (> 1 softens them); 1 for regression.
     temperature: float = 1.0
 

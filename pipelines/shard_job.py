@@ -18,7 +18,8 @@ a failure removes):
    reason; malformed records too) to its staging partition, a split's range of buckets or the
    bad rows (one shuffle), and there write it as Parquet under the staging directory and take
    the summary (pipelines/summary.py): rows per split, bucket and quarantine reason, and over
-   the train split the exact moments, value counts and class counts. With ``teacher``, its soft
+   the train split the exact moments, value counts, class counts and each feature's nulls (the
+   manifest's ``null_share``, what the score job compares its input with). With ``teacher``, its soft
    targets are computed there too (pipelines/teacher.py; the model's description was read and
    checked before step 1). The staged rows are removed before the commit;
 4. quality gate, and every split must have at least num_shards rows; the statistics and
@@ -73,7 +74,8 @@ from common.spark import default_parallelism
 from common.sql import quote_identifier as q
 from common.sql import quote_string
 from common.sources import CORRUPT_COLUMN, MALFORMED, check_table_inputs, read_sources, source_bytes, source_fingerprint
-from pipelines.preprocess import arr_col, cat_col, check_table, fit, moment_values, num_col, row_columns, stored_schema
+from pipelines.preprocess import (arr_col, cat_col, check_table, fit, moment_values, num_col, row_columns, stored_schema,
+                                  typed_features)
 from pipelines.shard_config import ShardConfig
 from pipelines import summary as summary_module
 from pipelines.summary import ScanSpec, Summary
@@ -107,6 +109,9 @@ class ShardResult:
 def run_shard_job(spark, cfg: ShardConfig, teacher_scorer: TeacherScorer | None = None) -> ShardResult:
     """Run the job under the output's writer lock (a second writer fails, naming this one).
     ``teacher_scorer``: what runs ``cfg.teacher`` (pipelines/teacher.py; the shardtrain layer passes it)."""
+    from common.spark import check_paths_reach_cluster
+
+    check_paths_reach_cluster(cfg, spark)
     out = resolve(cfg.output.path)
     check_output_path(cfg)
     with output_lock(out.uri):
@@ -188,8 +193,7 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         transfer_rows = _transfer_rows(cfg, counts.split_rows.get(train, 0), summary)
         if cfg.label.unlabeled == "transfer":
             stats.label.update(unlabeled="transfer", train_transfer_rows=transfer_rows)
-        features = {"numeric": stats.numeric, "categorical": stats.categorical,
-                    "arrays": [{"name": n, "shape": list(s)} for n, s in cfg.features.arrays.items()]}
+        features = {"numeric": stats.numeric, "categorical": stats.categorical, "arrays": stats.arrays}
 
         columns = stored_schema(cfg, teacher)
         rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
@@ -388,7 +392,7 @@ def _write_staged(rows, cfg: ShardConfig, staging_uri: str, parts: int) -> tuple
                     categorical=tuple((n, cat_col(n)) for n in cfg.features.categorical),
                     label="_label" if label.task == "classification" else None, num_classes=label.num_classes or 0,
                     selected=list(cfg.split.fractions).index("train"), num_splits=num_splits, bucket_bits=BUCKET_BITS,
-                    max_distinct=summary_module.MAX_DISTINCT_PER_PARTITION)
+                    max_distinct=summary_module.MAX_DISTINCT_PER_PARTITION, nulls=typed_features(cfg))
     writer = functools.partial(stage_partition, root_uri=staging_uri, directory=STAGED_ROWS_DIR, scan=scan)
     written = rows.mapInArrow(writer, STAGE_RESULT_DDL).collect()
     staged = StagedRows(uri=staging_uri, files={r["stage"]: r["path"] for r in written}, parts=parts,

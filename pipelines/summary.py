@@ -7,7 +7,8 @@ Spark aggregations, each a scan of the staged rows (the moments by ``posexplode`
 (value, exponent) groups); here one ``mapInArrow`` pass over the few narrow columns they read
 computes all of them per partition with numpy, and the driver adds the partitions' results.
 At 2M rows that took the count and fit phases from 2.8 s to 1.3-1.9 s (benchmarks/RESULTS.md,
-issue 11).
+issue 11). The same pass counts each feature's nulls over the train split's clean rows, for the
+manifest's null shares (what a score job compares its input with).
 
 Everything is exact, so no result depends on how the rows are partitioned:
 - counts are integers;
@@ -65,6 +66,8 @@ class Summary:
     moments: list[tuple[int, float, float]]            # (count, mean, m2) per moment value
     value_counts: dict[str, dict[str, int] | None]     # per categorical; None: too many values, ask Spark
     class_counts: list[int] = field(default_factory=list)
+    train_rows: int = 0                                # clean rows where ``selected`` holds
+    null_counts: dict[str, int] = field(default_factory=dict)  # per ScanSpec.nulls feature, over those rows
 
 
 def summarize(rows, *, split: str, bucket: str, reason: str, moments: list[str], categorical: dict[str, str],
@@ -95,7 +98,8 @@ class ScanSpec:
     run inside another pass over them (the shard job's staging writer): ``split``, ``bucket``,
     ``reason`` count every row; ``moments`` (floating point), ``categorical`` ((feature name,
     column of strings) pairs) and ``label`` (class index) are taken over the clean rows that
-    ``selected`` picks: the split of that index, or where that boolean column is true."""
+    ``selected`` picks: the split of that index, or where that boolean column is true; and over
+    those rows, the nulls of each ``nulls`` column ((feature name, column) pairs)."""
 
     split: str
     bucket: str
@@ -108,6 +112,7 @@ class ScanSpec:
     num_splits: int
     bucket_bits: int
     max_distinct: int = MAX_DISTINCT_PER_PARTITION
+    nulls: tuple[tuple[str, str], ...] = ()
 
     def scanner(self) -> "Scanner":
         return Scanner(self)
@@ -116,7 +121,8 @@ class ScanSpec:
         """The partitions' pickled results (``Scanner.result``) added up; ``names`` label the
         moment values in errors (default: their columns)."""
         return _merge([pickle.loads(p) for p in parts], list(names or self.moments),
-                      [name for name, _ in self.categorical], self.num_classes, self.bucket_bits)
+                      [name for name, _ in self.categorical], self.num_classes, self.bucket_bits,
+                      [name for name, _ in self.nulls])
 
 
 class Scanner:
@@ -125,7 +131,8 @@ class Scanner:
     def __init__(self, spec: ScanSpec):
         self.spec = spec
         self.part = _Partial(len(spec.moments), len(spec.categorical), spec.label is not None, spec.num_classes,
-                             spec.num_splits << spec.bucket_bits, spec.bucket_bits, spec.max_distinct)
+                             spec.num_splits << spec.bucket_bits, spec.bucket_bits, spec.max_distinct,
+                             len(spec.nulls))
 
     def add(self, table: pa.Table) -> None:
         spec = self.spec
@@ -137,6 +144,8 @@ class Scanner:
         columns.update({f"c{i}": table.column(c) for i, (_, c) in enumerate(spec.categorical)})
         if spec.label is not None:
             columns["y"] = table.column(spec.label)
+        # Whether each value is null, not the value: an array column would be copied by the filter.
+        columns.update({f"n{i}": pc.is_null(table.column(c)) for i, (_, c) in enumerate(spec.nulls)})
         self.part.add(pa.table(columns))
 
     def result(self) -> bytes:
@@ -178,7 +187,7 @@ class _Partial:
     """One partition's sums (see ``_scan``)."""
 
     def __init__(self, num_moments: int, num_categorical: int, with_label: bool, num_classes: int, keys: int,
-                 bucket_bits: int, max_distinct: int):
+                 bucket_bits: int, max_distinct: int, num_nulls: int = 0):
         self.bucket_rows = np.zeros(keys, dtype=np.int64)
         self.by_reason: dict[str, int] = {}
         self.moments = _MomentSums(num_moments)
@@ -186,6 +195,8 @@ class _Partial:
         self.class_counts = np.zeros(max(num_classes, 0), dtype=np.int64)
         self.keys, self.bucket_bits, self.max_distinct = keys, bucket_bits, max_distinct
         self.with_label, self.num_classes = with_label, num_classes
+        self.train_rows = 0
+        self.null_counts = [0] * num_nulls
 
     def add(self, table: pa.Table) -> None:
         reason = table.column("r")
@@ -200,6 +211,9 @@ class _Partial:
         picked = table.filter(pc.and_(clean, pc.fill_null(table.column("t"), False)))
         if not picked.num_rows:
             return
+        self.train_rows += picked.num_rows
+        for i in range(len(self.null_counts)):
+            self.null_counts[i] += pc.sum(picked.column(f"n{i}")).as_py() or 0
         self.moments.add([picked.column(f"m{i}") for i in range(self.moments.num_values)])
         for i, counts in enumerate(self.values):
             if counts is None:
@@ -217,7 +231,8 @@ class _Partial:
         # Sparse: a staging task's rows fill only its own range of buckets.
         keys = np.flatnonzero(self.bucket_rows)
         return {"bucket_rows": (keys, self.bucket_rows[keys]), "by_reason": self.by_reason, "moments": self.moments.groups,
-                "values": self.values, "class_counts": self.class_counts}
+                "values": self.values, "class_counts": self.class_counts, "train_rows": self.train_rows,
+                "null_counts": self.null_counts}
 
 
 def _ints(column) -> np.ndarray:
@@ -314,12 +329,14 @@ def combine_moments(value: str, groups: dict[int, list[int]]) -> tuple[int, floa
 
 
 def _merge(parts: list[dict], moments: list[str], categorical: list[str], num_classes: int,
-           bucket_bits: int) -> Summary:
+           bucket_bits: int, nulls: list[str] = ()) -> Summary:
     bucket_rows: dict[tuple[int, int], int] = {}
     by_reason: dict[str, int] = {}
     groups: list[dict[int, list[int]]] = [{} for _ in moments]
     values: list[dict[str, int] | None] = [{} for _ in categorical]
     class_counts = [0] * max(num_classes, 0)
+    null_counts = dict.fromkeys(nulls, 0)
+    train_rows = 0
     for part in parts:
         for key, n in zip(*part["bucket_rows"]):
             k = (int(key) >> bucket_bits, int(key) & ((1 << bucket_bits) - 1))
@@ -337,9 +354,13 @@ def _merge(parts: list[dict], moments: list[str], categorical: list[str], num_cl
                 values[i][value] = values[i].get(value, 0) + n
         for c, n in enumerate(part["class_counts"]):
             class_counts[c] += int(n)
+        train_rows += part["train_rows"]
+        for name, n in zip(nulls, part["null_counts"]):
+            null_counts[name] += n
     return Summary(bucket_rows=bucket_rows, by_reason=by_reason,
                    moments=[combine_moments(v, g) for v, g in zip(moments, groups)],
-                   value_counts=dict(zip(categorical, values)), class_counts=class_counts)
+                   value_counts=dict(zip(categorical, values)), class_counts=class_counts,
+                   train_rows=train_rows, null_counts=null_counts)
 
 
 def exact_moments(rows, values: list[str], condition: str) -> list[tuple[int, float, float]]:

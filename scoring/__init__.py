@@ -5,7 +5,8 @@
     result = score("conf/score.yaml", ["output.path=s3://bucket/scores"])  # the whole job
 
 ``scoring.predict`` is the core (the shard job's teacher column builds on it); ``scoring.job`` the
-job (input, quarantine, accounting, atomic publish); ``scoring.config`` its config tree. It
+job (input, quarantine, accounting, atomic publish); ``scoring.quality`` its check of the input's
+null shares against the model's train split; ``scoring.config`` its config tree. It
 imports ``common`` (sources, row rules, the model artifact, output modes, devices) and
 ``training``'s public API (``load_model``) only, never ``pipelines`` or a module inside
 ``training`` (tests/test_import_graph.py); none of those imports it. Importing it stays cheap and

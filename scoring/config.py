@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from common.config import SparkConfig, load_config, require
+from common.config import SparkConfig, load_config, require, storage_path
 from common.sources import SourceConfig, check_sources_and_query
 from common.tables import table_parts
 from scoring.predict import DEFAULT_BATCH_SIZE
@@ -21,7 +21,7 @@ from scoring.predict import DEFAULT_BATCH_SIZE
 class ScoreOutputConfig:
     # The scores as Parquet, with _scores.json (accounting), the config and _quarantine/ beside
     # them; with ``table``, only those three: the scores go to the table.
-    path: str
+    path: str = storage_path()
     mode: Literal["error", "overwrite", "skip_if_exists"] = "error"
     # Input columns written beside the predictions (ids, keys); the features are not kept unless listed.
     keep_columns: list[str] = field(default_factory=list)
@@ -38,17 +38,34 @@ class ScoreOutputConfig:
 
 
 @dataclass
+class ScoreQualityConfig:
+    # Each feature's share of null values in the input against its share on the model's train
+    # split (recorded by the shard job; scoring/quality.py): an absolute increase past this is a
+    # warning naming the column. A column an upstream change emptied is imputed row by row and
+    # would score without a word.
+    max_null_increase: float = 0.5
+    # Past this increase the job fails (exit 2) naming the column(s) and publishes nothing; null: never.
+    fail_null_increase: float | None = None
+
+    def __post_init__(self):
+        for key in ("max_null_increase", "fail_null_increase"):
+            value = getattr(self, key)
+            require(value is None or 0 <= value <= 1, key, f"must be a fraction in [0, 1], got {value}")
+
+
+@dataclass
 class ScoreConfig:
-    model: str  # URI of a published model
+    model: str = storage_path()  # URI of a published model
     output: ScoreOutputConfig
     spark: SparkConfig = field(default_factory=SparkConfig)
     sources: dict[str, SourceConfig] = field(default_factory=dict)
     query: str | None = None
-    dataset: str | None = None  # a published dataset, instead of sources
+    dataset: str | None = storage_path(default=None)  # a published dataset, instead of sources
     split: str | None = None  # the dataset's split to score
     batch_size: int = DEFAULT_BATCH_SIZE  # rows per forward pass
     temperature: float = 1.0  # classification: softmax(logits / temperature)
     program: bool = False  # run the model's TorchScript program (required for plug-in models)
+    quality: ScoreQualityConfig = field(default_factory=ScoreQualityConfig)
 
     def __post_init__(self):
         require(bool(self.model), "model", "must name a published model")
@@ -85,4 +102,4 @@ def load_score_config(path=None, overrides=None, defaults: dict | None = None) -
     return load_config(ScoreConfig, path, overrides, defaults)
 
 
-__all__ = ["ScoreConfig", "ScoreOutputConfig", "load_score_config"]
+__all__ = ["ScoreConfig", "ScoreOutputConfig", "ScoreQualityConfig", "load_score_config"]

@@ -12,14 +12,17 @@ file, notebooks). Nothing is written until every check that can fail has passed:
    table, so a job given no session starts Spark only after this step;
 2. the input table: the shard job's sources and query (``common.sources``; CSV/JSON records
    that do not parse are quarantined as ``malformed_record``), or the dataset split's stored
-   encodings, after checking the model was fitted on the same encodings (equal feature spec)
+   encodings, after checking the model was fitted on the same encodings (``FeatureSpec.encoding``)
    and every file against its manifest sha256;
 3. every feature the model reads is checked against the input's schema (present, of a type its
    preprocessing takes: exit 2 naming the column);
 4. inside ``storage.publish``: the clean rows are scored (``predict_frame``) and written as
    Parquet at the output's root; that same pass counts every row by quarantine reason
    (``scoring.predict.reason_sql``, observed as it reads the rows: no counting job of its own). An
-   empty input is refused then (nothing published). The others go under ``_quarantine/``
+   empty input is refused then (nothing published), and each feature's nulls, counted by the
+   same pass, are compared with the model's train split (``scoring.quality``: a warning past
+   ``quality.max_null_increase``, a refusal, nothing published, past ``quality.fail_null_increase``;
+   both shares in ``_scores.json``'s ``null_share``). The bad rows go under ``_quarantine/``
    (``reason``, ``source``, ``raw`` as JSON, as the shard job writes them): written by a second
    pass over the input only when the count found any, else the same empty file from no rows. The
    rows in the written files must add up to the counts (scored = clean, quarantined = bad) before
@@ -61,6 +64,7 @@ from common.storage import (KIND_SCORES, check_disjoint, check_output_uri, clean
                             output_lock, publish, read_marker, resolve)
 from scoring.config import ScoreConfig
 from scoring.predict import REASON, check_feature_types, predict_frame, reason_sql, reason_values
+from scoring.quality import compare_null_shares, observe_nulls
 
 log = logging.getLogger("shardtrain.score")
 
@@ -94,6 +98,9 @@ def run_score_job(spark, cfg: ScoreConfig) -> ScoreResult:
     ``spark``: the session, or None for ``cfg.spark``'s, started only once the job needs Spark (a
     table source or output, or rows to score): a job that finds its scores already there, or is
     refused by its output's mode or lock, starts no JVM."""
+    from common.spark import check_paths_reach_cluster
+
+    check_paths_reach_cluster(cfg, spark)  # a remote Spark Connect server: none of this machine's paths
     check_output_path(cfg)
     out = resolve(cfg.output.path)
     with output_lock(out.uri):
@@ -178,6 +185,7 @@ def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResu
         # The scoring pass counts every row by reason as it reads them (an observation: no pass of its own).
         reasons = reason_values(fields, spec, encoded)
         observed, counting = _observe_reasons(checked, reasons)
+        observed, null_counting = observe_nulls(observed, spec, encoded)  # the same pass counts each feature's nulls
         scored = predict_frame(observed.where(f"{REASON} IS NULL"), model_uri, batch_size=cfg.batch_size,
                                temperature=cfg.temperature, keep_columns=cfg.output.keep_columns,
                                encoded=encoded, program=cfg.program, registry_uri=registry_uri,
@@ -196,6 +204,7 @@ def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResu
             input_rows = clean_rows + sum(by_reason.values())
             if input_rows == 0:
                 raise InputDataError(f"the input has no rows ({_describe_input(cfg)})")  # nothing is published
+            null_share = compare_null_shares(spec, null_counting, cfg.quality)  # may refuse: nothing is published
             quarantine = _quarantine_rows(cfg, checked, table.columns, malformed)
             if not by_reason:  # nothing to find in another pass over the input: the same empty file, from no rows
                 quarantine = quarantine.limit(0)
@@ -208,7 +217,7 @@ def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResu
                        "input_fingerprint": input_fp, "input": input_record, "columns": scored.columns,
                        **({"table": cfg.output.table} if cfg.output.table else {}), "accounting": accounting,
                        "quarantine": {"path": QUARANTINE_DIR, "by_reason": dict(sorted(by_reason.items()))},
-                       "config": to_dict(cfg)}
+                       "null_share": null_share, "config": to_dict(cfg)}
             staging.write_text(SUMMARY_NAME, json.dumps(summary, indent=2, default=str) + "\n")
             staging.write_text(CONFIG_NAME, dump_yaml(cfg))
             if staged_table is not None:
@@ -279,7 +288,7 @@ def _dataset_table(spark, cfg: ScoreConfig, spec):
     from common.spark import to_spark_path
 
     manifest = read_manifest(cfg.dataset)
-    if manifest.features.spec != spec.spec:
+    if manifest.features.encoding != spec.encoding:
         raise DatasetError(
             f"dataset {manifest.root.uri} encodes its features differently from the model {cfg.model} (other "
             "statistics or vocabularies: the model was trained on another dataset). Its stored rows would mean "
@@ -295,6 +304,7 @@ def input_fingerprint(cfg: ScoreConfig, input_record: dict, model_marker: dict) 
     """What the output is a function of: the config (minus how it runs), the input, the model."""
     config = to_dict(cfg)
     config.pop("spark", None)
+    config.pop("quality", None)  # it decides whether the scores are published, not what they are
     config["output"].pop("mode", None)
     payload = {"config": config, "input": input_record, "model_json_sha256": model_marker.get("model_json_sha256"),
                "shardtrain_version": __version__}

@@ -11,11 +11,14 @@ The result has one row per input row (none dropped, none added), with these colu
   ``[0, num_classes)``, so the class index is the label's own value);
 * regression: ``prediction`` float (the model's value; ``temperature`` does not apply);
 * ``score_reason`` string: null for a scored row; for a row the model's preprocessing cannot take,
-  the reason (its predictions are null): ``bad_value:<col>`` (a string that is not a number),
+  the reason (its predictions are null): ``bad_encoding`` (a string feature holding U+FFFD, what
+  Spark reads bytes that are not UTF-8 as), ``bad_value:<col>`` (a string that is not a number),
   ``non_finite:<col>`` (NaN, +/-inf or beyond float32 in a numeric column; a null, NaN, inf or
-  beyond-float32 element of an array), ``bad_shape:<col>`` (a null array, or one of another
-  length than the model's shape). These are the shard job's own rules (``common.rows``), so a
-  row training would have quarantined is not scored.
+  beyond-float32 element of an array), ``too_long:<col>`` (a category longer than the shard
+  job's features.max_category_bytes, as the model records it), ``bad_shape:<col>`` (a null
+  array, or one of another length than the model's shape). These are the shard job's own rules
+  (``common.rows``), which ``LoadedModel.predict`` applies to pandas and Arrow frames too, so a
+  row training would have quarantined is scored nowhere.
 
 What runs per row is the model's stored preprocessing, ``FeatureSpec.transform`` (the code
 ``LoadedModel.predict`` runs), after the shard job's own typing in Spark SQL: numeric columns cast
@@ -50,13 +53,11 @@ import numpy as np
 from common.errors import DatasetError, InputDataError
 from common import rows
 from common.devices import resolve_device
+from common.model_artifact import PREDICTION, PROBABILITIES, REASON
 from common.sql import quote_identifier as q
 
 log = logging.getLogger("shardtrain.score")
 
-PROBABILITIES = "probabilities"
-PREDICTION = "prediction"
-REASON = "score_reason"
 OUTPUT_COLUMNS = (PROBABILITIES, PREDICTION, REASON)
 DEFAULT_BATCH_SIZE = 1024
 _FEATURE = "__score_feature_{}"  # private names of the typed feature columns inside the job
@@ -197,17 +198,24 @@ def reason_values(fields: dict, spec, encoded: bool = False) -> list[str]:
 
 
 def _reason_branches(fields: dict, spec, encoded: bool) -> list[str]:
-    """The CASE branches of ``reason_sql``, first rule first."""
+    """The CASE branches of ``reason_sql``, first rule first: the shard job's order (common.rows)."""
+    from pyspark.sql import types as T
+
     reasons = []
+    if not encoded:
+        reasons += rows.encoding_reasons([n for n in [*spec.numeric, *spec.categorical]
+                                          if isinstance(fields[n], T.StringType)])
     for name in spec.numeric:
         if encoded:  # stored values were imputed by the shard job: a gap means the data is not its output
             reasons.append(f"WHEN {q(name)} IS NULL OR isnan(try_cast({q(name)} AS DOUBLE)) "
                            f"THEN {rows.reason('bad_value', name)}")
         reasons += rows.numeric_reasons(name, fields[name])
-    if encoded:
-        for name in spec.categorical:
+    for name in spec.categorical:
+        if encoded:
             reasons.append(f"WHEN {q(name)} IS NULL OR {q(name)} < 0 OR {q(name)} >= {spec.num_embeddings(name)} "
                            f"THEN {rows.reason('bad_value', name)}")
+        else:
+            reasons += rows.category_reasons(name, spec.max_category_bytes)
     for name, shape in spec.arrays.items():
         reasons += rows.array_reasons(name, shape)
     return reasons

@@ -111,9 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override conf/run.yaml values (e.g. train.epochs=5)")
     p.set_defaults(handler=_demo)
 
-    p = sub.add_parser("doctor", help="check Python, Java, Spark, pyarrow/petastorm, torch, Horovod")
+    p = sub.add_parser("doctor", help="check Python, Java, Spark, pyarrow/petastorm, torch, Horovod, the executors")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--no-launch", action="store_true", help="skip the 2-rank Horovod-on-Spark allreduce")
+    p.add_argument("--no-launch", action="store_true",
+                   help="skip the checks that start Spark work (executors importing shardtrain, the 2-rank "
+                        "Horovod-on-Spark allreduce)")
     p.set_defaults(handler=_doctor)
     return parser
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import from_dict, load_config, require, to_dict
+from common.config import from_dict, load_config, require, storage_path, to_dict
 from pipelines.shard_config import ShardConfig
 from shardtrain.run import RunConfig, RunResult
 from training.config import TrainConfig
@@ -25,7 +25,7 @@ from training.config import TrainConfig
 
 @dataclass
 class SoftTargetsConfig:
-    path: str  # where the student's dataset goes: the shard config's rows plus the teacher column
+    path: str = storage_path()  # where the student's dataset goes: the shard config's rows plus the teacher column
     temperature: float = 2.0  # of the stored probabilities; 1 for regression (it does not apply)
     # Rows without a label in the student's dataset: quarantined (as in the teacher's), or kept in
     # its train split as a transfer set that learns from the soft targets only (label.unlabeled).

@@ -1,8 +1,12 @@
 """``shardtrain doctor``: is this machine able to run shardtrain? One line per check, with the fix.
 
 Each check returns a Check(name, ok, detail, fix). The checks import what they test lazily, so a
-broken package fails its own line instead of the whole command. The last check launches two
-real Horovod ranks on local Spark and allreduces a tensor: if that completes, training can run.
+broken package fails its own line instead of the whole command. The last two start Spark work
+(``--no-launch`` leaves them out), on the active session, else one the doctor starts (local[2], or
+the Spark Connect server SPARK_REMOTE names) and stops at its end: ``executors`` runs a one-task job
+whose Python worker imports shardtrain, as every job's tasks must (a worker without it fails them
+all); ``horovod-on-spark`` launches two real Horovod ranks and allreduces a tensor: if that
+completes, training can run.
 
 Horovod and petastorm are optional (the current-stack profile has neither): one that is not
 installed passes its line with what is used instead (``launch.backend`` and ``data.reader``
@@ -25,7 +29,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from common.errors import EXIT_OK, EXIT_RUNTIME
+from common.errors import EXIT_OK, EXIT_RUNTIME, first_line
 
 
 
@@ -183,32 +187,84 @@ def check_spark_mode() -> Check:
                  f"Connect): every launch.backend runs; {client}")
 
 
+# The session the doctor started for its Spark checks (none while it has not): stopped when they end.
+_started_sessions: list = []
+
+
+def _doctor_session():
+    """The active session, else one the doctor starts (local[2], or SPARK_REMOTE's server)."""
+    from pyspark.sql import SparkSession
+
+    from common.config import SparkConfig
+    from common.spark import get_or_create_session
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    spark = get_or_create_session(SparkConfig(master="local[2]", app_name="shardtrain-doctor",
+                                              conf={"spark.ui.enabled": False}), log_level="ERROR")
+    _started_sessions.append(spark)
+    return spark
+
+
+def _stop_started_session() -> None:
+    while _started_sessions:
+        _started_sessions.pop().stop()
+
+
+def _shardtrain_on_executor(batches):
+    """Runs in an executor's Python worker, which imports this module (shardtrain.doctor) to get it."""
+    import sys
+
+    import pandas as pd
+
+    from common import __version__
+
+    for _ in batches:
+        pass
+    yield pd.DataFrame({"version": [__version__], "python": [sys.executable]})
+
+
+def check_executors() -> Check:
+    """One task of a Spark job, whose Python worker imports shardtrain and says which, and where."""
+    from common import __version__
+    from common.spark import EXECUTOR_SHARDTRAIN_FIX, executors_without_shardtrain
+
+    try:
+        rows = _doctor_session().range(0, 1, 1, 1).mapInPandas(_shardtrain_on_executor,
+                                                               "version string, python string").collect()
+    except Exception as exc:  # noqa: BLE001 - the failure is the finding
+        missing = executors_without_shardtrain(str(exc))
+        if missing:
+            return Check("executors", False, missing, EXECUTOR_SHARDTRAIN_FIX)
+        return Check("executors", False, f"a one-task Spark job failed: {first_line(exc)}",
+                     "run with -v for Spark's own log")
+    version, python = rows[0]["version"], rows[0]["python"]
+    ok = version == __version__
+    return Check("executors", ok, f"shardtrain {version} imports in the executors' Python ({python})"
+                 + ("" if ok else f", but this driver runs shardtrain {__version__}"),
+                 "" if ok else f"install shardtrain {__version__} on the executors (the jobs' tasks run its code)")
+
+
 def check_horovod_on_spark(num_proc: int = 2) -> Check:
     fix = "see README 'Troubleshooting'; run with -v for Spark and Horovod logs"
     if not _installed("horovod"):
         return Check("horovod-on-spark", True, "skipped: Horovod not installed")
     if spark_mode()[0] == "connect":
         return Check("horovod-on-spark", True, "skipped: Spark Connect cannot run Horovod (launch.backend=torch does)")
+    if not check_executors().ok:  # the ranks run shardtrain's code there too (one more tiny job: ~1 s)
+        return Check("horovod-on-spark", True, "skipped: the executors cannot run shardtrain (see executors)")
     try:
         import horovod.spark
-        from pyspark.sql import SparkSession
-
-        from common.config import SparkConfig
-        from common.spark import get_or_create_session
     except Exception as exc:  # noqa: BLE001
         return Check("horovod-on-spark", False, f"cannot import ({exc})", fix)
-    created = SparkSession.getActiveSession() is None
-    spark = get_or_create_session(SparkConfig(master=f"local[{num_proc}]", app_name="shardtrain-doctor",
-                                              conf={"spark.ui.enabled": False}), log_level="ERROR")
+    _doctor_session()
     try:
         with open(os.devnull, "w") as quiet:  # the ranks' own output; the verdict is printed below
             results = horovod.spark.run(_allreduce_rank, num_proc=num_proc, start_timeout=120, verbose=0,
                                         stdout=quiet, stderr=quiet)
     except Exception as exc:  # noqa: BLE001
         return Check("horovod-on-spark", False, f"{num_proc}-rank allreduce failed: {exc}", fix)
-    finally:
-        if created:
-            spark.stop()
     expected = float(sum(range(1, num_proc + 1)))
     ok = sorted(r[0] for r in results) == list(range(num_proc)) and all(r[2] == expected for r in results)
     return Check("horovod-on-spark", ok, f"{num_proc} ranks on local Spark, allreduce sum = "
@@ -308,23 +364,28 @@ def check_readers() -> Check:
 
 CHECKS: list[Callable[[], Check]] = [check_python, check_java, check_pyspark, check_spark_mode,
                                      check_pyarrow_petastorm, check_torch, check_horovod, check_backends, check_readers,
-                                     check_horovod_on_spark]
+                                     check_executors, check_horovod_on_spark]
+# The checks that start Spark work (--no-launch leaves them out).
+LAUNCHES = (check_executors, check_horovod_on_spark)
 
 
 def run_doctor(as_json: bool = False, skip_launch: bool = False) -> int:
-    checks = [c for c in CHECKS if not (skip_launch and c is check_horovod_on_spark)]
+    checks = [c for c in CHECKS if not (skip_launch and c in LAUNCHES)]
     results = []
-    for check in checks:
-        try:
-            result = check()
-        except Exception as exc:  # noqa: BLE001 - a crashing check is a failed check, not a crash
-            result = Check(check.__name__.removeprefix("check_"), False, f"check crashed: {exc!r}")
-        results.append(result)
-        if not as_json:
-            line = f"{'OK  ' if result.ok else 'FAIL'} {result.name:<18} {result.detail}"
-            if not result.ok and result.fix:
-                line += f"\n     fix: {result.fix}"
-            print(line, flush=True)
+    try:
+        for check in checks:
+            try:
+                result = check()
+            except Exception as exc:  # noqa: BLE001 - a crashing check is a failed check, not a crash
+                result = Check(check.__name__.removeprefix("check_"), False, f"check crashed: {exc!r}")
+            results.append(result)
+            if not as_json:
+                line = f"{'OK  ' if result.ok else 'FAIL'} {result.name:<18} {result.detail}"
+                if not result.ok and result.fix:
+                    line += f"\n     fix: {result.fix}"
+                print(line, flush=True)
+    finally:
+        _stop_started_session()
     ok = all(r.ok for r in results)
     if as_json:
         print(json.dumps({"ok": ok, "checks": [asdict(r) for r in results]}, indent=2))

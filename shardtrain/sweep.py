@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from common.config import config_fingerprint, dump_yaml, load_config, require, to_dict
+from common.config import config_fingerprint, dump_yaml, load_config, require, storage_path, to_dict
 from common.errors import (EXIT_RUNTIME, ConfigError, OutputExistsError, ShardtrainError, StorageError, StorageIOError,
                            TrainingError, first_line)
 from common.faults import fault_point
@@ -101,7 +101,7 @@ class SweepSection:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     enqueue: list[dict[str, Any]] = field(default_factory=list)  # trials to run first, before drawn ones
-    storage: str | None = None  # Optuna RDB URL or journal file; null: output.path/study.journal
+    storage: str | None = storage_path(default=None)  # Optuna RDB URL or journal file; null: output.path/study.journal
     study_name: str | None = None  # null: shardtrain-sweep-<study fingerprint>
 
     def __post_init__(self):
@@ -118,8 +118,9 @@ class SweepSection:
 
 @dataclass
 class SweepOutputConfig:
-    path: str  # the sweep directory: trials/NNNN (each trial's model and run directory), sweep.html, sweep.json
-    model_path: str  # the best trial's model, published at the end
+    # The sweep directory: trials/NNNN (each trial's model and run directory), sweep.html, sweep.json.
+    path: str = storage_path()
+    model_path: str = storage_path()  # the best trial's model, published at the end
     mode: Literal["error", "overwrite"] = "error"  # of model_path; this sweep's own best model is always replaced
 
     def __post_init__(self):

@@ -160,6 +160,31 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "--lazy", str(mount_point)], check=False)
 
 
+@pytest.fixture
+def executors_without_shardtrain(spark, tmp_path):
+    """The shared session's Python workers run, for this test, a Python that has every package of
+    this venv but shardtrain: this interpreter's base Python with the venv's site-packages on
+    PYTHONPATH (so the editable install's .pth finder is never read), without site (-S) or the
+    working directory (-P) on its path. Spark's spark.sql.execution.pyspark.python (runtime) picks
+    it for Python UDFs and pandas function APIs. Yields the wrapper's path; the setting is put back."""
+    import sysconfig
+
+    wrapper = tmp_path / "python-without-shardtrain"
+    site_packages = sysconfig.get_paths()["purelib"]
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={site_packages} exec {sys._base_executable} -S -P "$@"\n')
+    wrapper.chmod(0o755)
+    key = "spark.sql.execution.pyspark.python"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, str(wrapper))
+    try:
+        yield str(wrapper)
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
 # Set on purpose by the session fixtures above and by Spark itself, and kept for later tests;
 # PYTEST_CURRENT_TEST is pytest's own (it names the running phase); torch sets TORCHINDUCTOR_CACHE_DIR
 # on its first optimizer step in a process (torch's doing, in whichever test trains first; a session

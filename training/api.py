@@ -138,7 +138,9 @@ def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, on_epoch, st
 
 def load_model(uri: str, program: bool = False, registry_uri: str | None = None):
     """A published model (see training.export.load_model): ``.predict(frame)`` on raw feature
-    columns. ``program=True`` runs the TorchScript program (needed for plug-in models). ``uri``
+    columns, refusing the rows the shard job's row rules refuse (``errors="raise"``, or
+    ``errors="mark"``: see ``common.model_artifact.LoadedModel.predict``). ``program=True`` runs
+    the TorchScript program (needed for plug-in models). ``uri``
     may be ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` (in ``registry_uri``, or MLflow's
     default registry)."""
     from training.export import load_model as _load

@@ -15,7 +15,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from common.config import load_config, require, to_dict
+from common.config import load_config, require, storage_path, to_dict
 from common.config import SparkConfig
 from training.strategies import check_strategy
 
@@ -31,7 +31,7 @@ MAX_RANKS = 4096  # num_proc
 
 @dataclass
 class DataConfig:
-    path: str | None = None  # dataset URI; in a run config it defaults to shard.output.path
+    path: str | None = storage_path(default=None)  # dataset URI; in a run config it defaults to shard.output.path
     train_split: str = "train"
     val_split: str | None = "val"  # null: no validation
     # Rows shuffled together in memory (per rank), on top of a per-epoch row-group order.
@@ -298,7 +298,7 @@ class LaunchConfig:
 
 @dataclass
 class CheckpointConfig:
-    path: str | None = None  # null: <output.run_dir>/checkpoints
+    path: str | None = storage_path(default=None)  # null: <output.run_dir>/checkpoints
     every_steps: int | None = None
     every_epochs: int | None = 1
     keep: int = 2
@@ -312,10 +312,10 @@ class CheckpointConfig:
 
 @dataclass
 class TrainOutputConfig:
-    model_path: str = "artifacts/model"
+    model_path: str = storage_path(default="artifacts/model")
     mode: Literal["error", "overwrite"] = "error"
     # Metrics (metrics.jsonl), the resolved config and checkpoints; null: <model_path>.run
-    run_dir: str | None = None
+    run_dir: str | None = storage_path(default=None)
 
     def __post_init__(self):
         require(bool(self.model_path), "model_path", "must not be empty")

@@ -9,7 +9,9 @@ layout ``common.model_artifact`` reads:
   returns class probabilities or regression values;
 * ``model.json``: how to rebuild and use it: resolved config, feature spec (vocabularies,
   normalization statistics), label spec, per-epoch metrics, baseline, the dataset manifest's
-  fingerprint, library versions, and the sha256 and size of each file above (``files``).
+  fingerprint, the shard job's ``row_rules`` (``max_category_bytes``: serving refuses a longer
+  category, as the shard job did), library versions, and the sha256 and size of each file above
+  (``files``).
 
 The ``_COMMITTED`` marker records ``kind: shardtrain.model`` (so ``overwrite`` replaces only a
 model), model.json's own sha256, and the id of the training run that published it (model.json

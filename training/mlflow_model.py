@@ -1,21 +1,39 @@
 """A published model as an MLflow model: the pyfunc flavour, its signature and input example,
 logging it with the training run, and registering the logged model as a version.
 
-``ShardtrainPyfunc.predict(context, frame)`` is ``load_model(dir).predict(frame)``: the same
-preprocessing fitted on train, the same output (class probabilities ``[n, classes]``, or values
-``[n]``). Its one artifact, ``common.model_registry.ARTIFACT_KEY``, is the published model
+``ShardtrainPyfunc.predict(context, frame)`` is ``load_model(dir).predict(frame, errors=...)``: the
+same row rules (``common.rows``: a row the shard job or ``shardtrain score`` refuses gets no
+prediction), the same preprocessing fitted on train. Models logged from now on mark refused
+rows (``model_config`` ``{"errors": "mark"}``): their output is a frame of ``probabilities``
+(an array per row; classification) or ``prediction`` (regression), null for a refused row, and
+``score_reason`` (null where the row was taken, else its reason, as ``score`` writes it).
+Marking is the default because a pyfunc scores batches (``spark_udf``, Model Serving, batch
+inference): one bad row must not fail every other row of its batch, and the reason says which
+rows have no prediction and why. (In a ``spark_udf`` struct, MLflow writes a null string beside
+a reason as the text 'None' or 'nan': a null ``probabilities`` is what tells a refused row
+there.) ``mlflow.pyfunc.load_model(uri, model_config={"errors": "raise"})`` gives ``predict``'s
+default instead: the float32 array, or InputDataError naming the first refused row. Models
+logged before have no model_config and keep their signature (a float32 tensor of probabilities
+``[n, classes]`` or values ``[n]``): they predict as they did, and raise on a row the rules
+refuse, as their output has no place for a reason.
+
+Its one artifact, ``common.model_registry.ARTIFACT_KEY``, is the published model
 directory as it is (``model.safetensors``, ``model.torchscript.pt``, ``model.json``,
 ``_COMMITTED``), and loading goes through ``training.export.load_model``, which checks every file
 against its sha256: a damaged artifact is refused naming the file. Nothing is unpickled: the
 model is logged as "models from code" (``PYFUNC_CODE``, a file that builds the PythonModel when
 MLflow loads it), never as a cloudpickled object; the input example is JSON.
 
-The signature lists every raw feature column the model reads, as the types scoring casts them to
-(``scoring.predict``, the shard job's own typing): numeric features ``double`` (null: imputed),
-categorical ``string`` (null and unseen values have their own indices), array features
-``array<double>`` (float32 arrays convert to it exactly; MLflow has no fixed-shape tensor type for a column beside others, and a schema
-cannot mix columns and tensors; the shape is model.json's). The output is a float32 tensor.
-The input example is the validation split's first rows (else train's), decoded back to raw
+The signature lists every raw feature column the model reads. Numeric and categorical features
+are ``any``: the shard job takes several raw types for each (numbers of any width, booleans,
+numeric text; any scalar as a category), and no MLflow type admits both the int64 and the
+float64 column pandas reads from one source (CSV or Parquet integers, int64 without a null and
+float64 with one; Spark's toPandas() the same), so MLflow's enforcement would refuse the frame a
+user has (``long`` refuses float64, ``double`` int64, ``string`` int64). The row rules decide
+per row instead, as in the shard job. Array features are ``array<double>`` (float32 arrays
+convert to it exactly; MLflow has no fixed-shape tensor type for a column beside others, and a
+schema cannot mix columns and tensors; the shape is model.json's). The outputs are the columns
+above (``output_schema``), ``score_reason`` among them. The input example is the validation split's first rows (else train's), decoded back to raw
 values from their stored encodings (numbers un-standardized, category indices back to words; an
 unseen category becomes a word outside the vocabulary).
 
@@ -41,6 +59,7 @@ import pandas as pd
 from common import __version__
 from common.dataset import FeatureSpec, LabelSpec, NULL_INDEX, RESERVED_INDICES, read_manifest
 from common.errors import first_line
+from common.model_artifact import PREDICTION, PROBABILITIES, REASON
 from common.model_registry import ARTIFACT_KEY, check_reachable, mlflow_uris
 
 log = logging.getLogger("shardtrain.train")
@@ -50,6 +69,9 @@ LOGGED_MODEL_NAME = "model"
 EXAMPLE_ROWS = 5
 UNSEEN_EXAMPLE = "<unseen category>"  # a word outside every vocabulary: index UNSEEN_INDEX
 REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "safetensors", "fsspec", "pyyaml")
+# The pyfunc's model_config from now on: refused rows marked (module docstring). A model logged
+# before has none, and predicts as load_model's predict does by default.
+MODEL_CONFIG = {"errors": "mark"}
 
 
 class ShardtrainPyfunc(mlflow.pyfunc.PythonModel):
@@ -60,25 +82,36 @@ class ShardtrainPyfunc(mlflow.pyfunc.PythonModel):
 
         # Verified here, file by file, against model.json's sha256s and the marker's model.json sha256.
         self.model = load_model(context.artifacts[ARTIFACT_KEY])
+        # MODEL_CONFIG's errors="mark"; a model logged before has no model_config, and keeps
+        # predict's default (its signature's tensor output) with it.
+        self.errors = (getattr(context, "model_config", None) or {}).get("errors", "raise")
 
     # The type hint says what MLflow passes (it infers no schema from it: the signature is ours).
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> np.ndarray:
-        return self.model.predict(model_input)
+    def predict(self, context, model_input: pd.DataFrame, params=None):
+        return self.model.predict(model_input, errors=self.errors)
 
 
 def signature(meta: dict):
-    """The model's MLflow signature: every raw feature column (module docstring) -> a float32 tensor."""
+    """The model's MLflow signature: every raw feature column (module docstring) -> ``output_schema``."""
     from mlflow.models.signature import ModelSignature
-    from mlflow.types import ColSpec, DataType, Schema, TensorSpec
-    from mlflow.types.schema import Array
+    from mlflow.types import ColSpec, DataType, Schema
+    from mlflow.types.schema import AnyType, Array
 
     spec = FeatureSpec(meta["features"])
-    inputs = ([ColSpec(DataType.double, name) for name in spec.numeric]
-              + [ColSpec(DataType.string, name) for name in spec.categorical]
+    inputs = ([ColSpec(AnyType(), name) for name in [*spec.numeric, *spec.categorical]]
               + [ColSpec(Array(DataType.double), name) for name in spec.arrays])
-    label = LabelSpec.from_record(meta["label"])
-    shape = (-1, int(label.num_classes)) if label.classification else (-1,)
-    return ModelSignature(inputs=Schema(inputs), outputs=Schema([TensorSpec(np.dtype(np.float32), shape)]))
+    return ModelSignature(inputs=Schema(inputs), outputs=output_schema(LabelSpec.from_record(meta["label"])))
+
+
+def output_schema(label: LabelSpec):
+    """What ``predict(frame, errors="mark")`` returns: the probabilities (classification) or the
+    value (regression), null for a refused row, and its ``score_reason``."""
+    from mlflow.types import ColSpec, DataType, Schema
+    from mlflow.types.schema import Array
+
+    output = (ColSpec(Array(DataType.float), PROBABILITIES, required=False) if label.classification
+              else ColSpec(DataType.float, PREDICTION, required=False))
+    return Schema([output, ColSpec(DataType.string, REASON, required=False)])
 
 
 def input_example(meta: dict, dataset_uri: str, splits: list[str], rows: int = EXAMPLE_ROWS):
@@ -130,7 +163,8 @@ def log_and_register(cfg, run_id: str, model_dir: str, meta: dict, dataset_uri: 
         with mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
                 name=LOGGED_MODEL_NAME, python_model=PYFUNC_CODE, artifacts={ARTIFACT_KEY: model_dir},
-                signature=signature(meta), input_example=example, pip_requirements=pip_requirements())
+                signature=signature(meta), input_example=example, pip_requirements=pip_requirements(),
+                model_config=MODEL_CONFIG)
         # Inside the scope too: a registry finds the logged model (models:/m-...) through the tracking URI.
         version = register_or_warn(cfg, info, run_id) if cfg.registered_model else None
     return {"model_uri": info.model_uri, "version": version}
@@ -161,5 +195,5 @@ def register_or_warn(cfg, info, run_id: str) -> str | None:
     return str(version)
 
 
-__all__ = ["ShardtrainPyfunc", "input_example", "log_and_register", "pip_requirements", "register_or_warn",
-           "signature"]
+__all__ = ["MODEL_CONFIG", "ShardtrainPyfunc", "input_example", "log_and_register", "output_schema",
+           "pip_requirements", "register_or_warn", "signature"]

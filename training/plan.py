@@ -46,6 +46,9 @@ class RankPlan:
     steps_per_epoch: int  # computed from the data-parallel size, not the world size
     skipped_rows_per_epoch: int
     reference_rows: int = 32  # val rows rank 0 predicts at the end (load_model round trip)
+    # The shard job's features.max_category_bytes (FeatureSpec's): model.json records it, so
+    # serving refuses a longer category as the shard job did (common.rows, too_long).
+    max_category_bytes: int | None = None
     # One per train() call, kept across relaunches (a launcher outside Spark gives its own: one per
     # launch); recorded with the published model (``provenance``).
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -142,6 +145,7 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
     return RankPlan(
         config=copy.deepcopy(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
         feature_spec=manifest.features.spec, label_spec=manifest.label,
+        max_category_bytes=manifest.features.max_category_bytes,
         columns=columns_for(manifest, teacher=cfg.train.distill is not None),
         train=train, val=val, world_size=world, steps_per_epoch=steps,
         skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, replicas, batch, accum))

@@ -3,6 +3,7 @@ errors a user sees at each step (one line naming the file/key, exit status 2).""
 
 from __future__ import annotations
 
+import os
 import re
 import textwrap
 
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from common.config import (MAX_ALIAS_EXPANSION, config_fingerprint, dump_yaml, load_config, parse_override, parse_yaml,
-                           to_dict)
+                           storage_paths, to_dict)
 from common.errors import EXIT_USAGE, ConfigError
 from pipelines.shard_config import ShardConfig, load_shard_config
 
@@ -221,3 +222,32 @@ def test_counts_have_a_fixed_limit(config_file, override, key, limit):
     with pytest.raises(ConfigError, match=rf"{re.escape(key)} .*{re.escape(limit)}"):
         load_shard_config(config_file, [override])
     assert load_shard_config(config_file, ["output.num_shards=10000"]).output.num_shards == 10_000
+
+
+# --- storage paths: absolute once, on the driver ----------------------------------------------------
+
+def test_relative_storage_paths_are_absolute_once_loaded_and_uris_stay_as_written(config_file, tmp_path, monkeypatch):
+    """Every key naming a place (``storage_path``) holds an absolute path once loaded, from the
+    directory the config was loaded in: executors and ranks, whose working directory is another,
+    read and write the same place. Defaults too; URIs and absolute paths stay as written; the
+    config saved beside an output loads again, from anywhere, to the same values and fingerprint."""
+    from scoring.config import load_score_config
+    from training.config import load_train_config
+
+    monkeypatch.chdir(tmp_path)
+    shard = load_shard_config(config_file, ["sources.raw.path=raw/*.csv", "output.path=./out/",
+                                            "teacher={model: ~/models/teacher}"])
+    assert storage_paths(shard) == {"sources.raw.path": f"{tmp_path}/raw/*.csv", "output.path": f"{tmp_path}/out",
+                                    "teacher.model": os.path.expanduser("~/models/teacher")}
+    train = load_train_config(None, ["data.path=artifacts/shards"])  # output.model_path: its default, artifacts/model
+    assert (train.data.path, train.output.model_path) == (f"{tmp_path}/artifacts/shards", f"{tmp_path}/artifacts/model")
+    assert train.checkpoint_path == f"{tmp_path}/artifacts/model.run/checkpoints"
+    uris = ["s3://bucket/raw", "hdfs://namenode:8020/raw", "dbfs:/raw", "/Volumes/main/default/raw", "file:///srv/raw"]
+    for uri in uris:
+        assert load_score_config(None, ["model=models:/churn@prod", "output.path=/srv/scores",
+                                        f"sources.raw.path={uri}"]).sources["raw"].path == uri
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(dump_yaml(shard))
+    monkeypatch.chdir(tmp_path / "..")
+    again = load_config(ShardConfig, saved)
+    assert to_dict(again) == to_dict(shard) and config_fingerprint(again) == config_fingerprint(shard)

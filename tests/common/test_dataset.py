@@ -125,6 +125,31 @@ def test_build_manifest_derives_the_schema_and_fingerprint():
         build_manifest(bad, features, label)
 
 
+def test_null_shares_are_optional_checked_and_no_part_of_the_encoding():
+    """A feature record's null_share (the shard job's, from 0.1.x on) is a fraction in [0, 1] where
+    present; a manifest without any (written before) still reads; the two encode alike."""
+    from common.dataset import build_manifest
+
+    features = {"numeric": [{"name": "x", "mean": 0.0, "std": 1.0, "fill": 0.0, "null_share": 0.25}],
+                "categorical": [{"name": "c", "vocab": ["a"], "null_share": 0.0}],
+                "arrays": [{"name": "img", "shape": [2], "null_share": 0.0}]}
+    before = {kind: [{k: v for k, v in f.items() if k != "null_share"} for f in records]
+              for kind, records in features.items()}
+    label = {"name": "label", "task": "regression"}
+    splits = {"train": {"rows": 1, "files": [{"path": "train/part-00000.parquet", "rows": 1, "row_groups": [1],
+                                               "bytes": 9, "sha256": "0" * 64}]}}
+    build_manifest(splits, before, label)
+    assert FeatureSpec(features).null_shares == {"x": 0.25, "c": 0.0, "img": 0.0}
+    assert FeatureSpec(before).null_shares == {}
+    assert FeatureSpec(features).encoding == FeatureSpec(before).encoding == before
+    assert FeatureSpec(features).encoding != FeatureSpec(dict(before, numeric=[dict(before["numeric"][0], std=2.0)])).encoding
+    for bad in (1.5, -0.1, "0.2", True):
+        features["categorical"][0]["null_share"] = bad
+        with pytest.raises(DatasetError, match=rf"field 'features.categorical\[c\].null_share' is {bad!r}; expected a "
+                                               r"fraction in \[0, 1\]"):
+            build_manifest(splits, features, label)
+
+
 def test_a_teacher_record_adds_its_column_and_is_validated():
     """The soft-target column follows the record (probabilities [num_classes], or a value), joins
     the fingerprint, and a record that does not describe its column is refused naming the field."""

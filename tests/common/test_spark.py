@@ -69,3 +69,12 @@ def test_spark_remote_and_a_different_SPARK_REMOTE_are_refused_naming_both(monke
     assert _connect_url(None) == "sc://a:15002" == _connect_url("sc://a:15002")
     with pytest.raises(ConfigError, match=r"spark.remote=sc://b:15002 and the environment's SPARK_REMOTE=sc://a:15002"):
         _connect_url("sc://b:15002")
+
+
+def test_a_connect_server_on_this_machine_is_one_at_a_loopback_host():
+    # What shares this machine's files (common.spark.remote_connect_host): local paths stay allowed there.
+    from common.spark import _remote
+
+    here = ["localhost", "LOCALHOST", "127.0.0.1", "127.0.1.1", "::1", "[::1]"]
+    elsewhere = ["10.0.0.5", "spark-cluster.example.com", "dbc-1234.cloud.databricks.com"]
+    assert [host for host in here + elsewhere if _remote(host)] == elsewhere

@@ -22,6 +22,14 @@ def test_resolve_schemes(tmp_path):
     assert resolve("hdfs://namenode:8020/data").path == "/data"
 
 
+def test_only_this_machines_own_paths_are_local():
+    # What a remote Spark Connect cluster cannot read (common.spark.check_paths_reach_cluster).
+    local = ["artifacts/model", "/srv/model", "file:///srv/model", "~/model"]
+    elsewhere = ["s3://b/m", "s3a://b/m", "hdfs://nn:8020/m", "dbfs:/m", "dbfs:/Volumes/c/s/v/m", "/Volumes/c/s/v/m",
+                 "models:/churn@prod"]
+    assert [uri for uri in local + elsewhere if storage.is_local_path(uri)] == local
+
+
 @pytest.mark.parametrize("uri, message", [
     ("gs://bucket/x", r"unsupported URI scheme 'gs'"),
     ("s3:///no-bucket", r"an S3 URI needs a bucket"),

@@ -131,19 +131,20 @@ def test_float_columns_keep_snappy_where_it_pays():
     assert writer_options(table.schema)["compression"] == "snappy"  # no sample (an empty file): snappy
 
 
+def ids_of(uri: str, split: str) -> np.ndarray:
+    """The raw ids of a split's rows: id is also a numeric feature, whose standardized value decodes back."""
+    stats = next(f for f in read_manifest(uri).data["features"]["numeric"] if f["name"] == "id")
+    z = np.asarray(read_split(uri, split).column("id"), dtype=np.float64)
+    return np.rint(z * stats["std"] + stats["mean"]).astype(np.int64)
+
+
 @pytest.mark.stack
 def test_preprocessing_is_fitted_on_train_only(generated, spark):
     data, cfg, result = generated
     manifest = read_manifest(result.uri)
     stats = {f["name"]: f for f in manifest.data["features"]["numeric"]}
     raw = pq.read_table(data.path).to_pandas().set_index("id")
-
-    def ids_of(split):
-        # id is also a numeric feature: its standardized value decodes back to the row's id.
-        z = np.asarray(read_split(result.uri, split).column("id"), dtype=np.float64)
-        return np.rint(z * stats["id"]["std"] + stats["id"]["mean"]).astype(np.int64)
-
-    train_ids = ids_of("train")
+    train_ids = ids_of(result.uri, "train")
     assert len(set(train_ids)) == len(train_ids)
     train_raw = raw.loc[train_ids]
     assert stats["x1"]["mean"] == pytest.approx(train_raw["x1"].mean(), rel=1e-9)
@@ -160,8 +161,21 @@ def test_preprocessing_is_fitted_on_train_only(generated, spark):
     np.testing.assert_array_equal(table[data.numeric].to_numpy(), encoded["numeric"][:, :4])
     np.testing.assert_array_equal(table[data.categorical].to_numpy(), encoded["categorical"])
     # Splits are disjoint and, with the quarantine, cover the input.
-    all_ids = np.concatenate([ids_of(s) for s in manifest.split_names])
+    all_ids = np.concatenate([ids_of(result.uri, s) for s in manifest.split_names])
     assert len(set(all_ids)) == len(all_ids) == manifest.data["accounting"]["published_rows"]
+
+
+@pytest.mark.stack
+def test_each_features_null_share_on_train_is_in_the_manifest(generated):
+    """What a score job compares its input with: each feature's nulls over the train split's rows,
+    exactly (the raw rows of the published train ids), an array's 0 (a null array is quarantined)."""
+    data, cfg, result = generated
+    manifest = read_manifest(result.uri)
+    train = pq.read_table(data.path).to_pandas().set_index("id").loc[ids_of(result.uri, "train")]
+    nulls = {name: int(train[name].isna().sum()) for name in [*data.numeric, *data.categorical]}
+    assert all(nulls.values())  # every generated feature has nulls on train
+    want = {**{name: n / len(train) for name, n in nulls.items()}, "id": 0.0, "image": 0.0}
+    assert manifest.features.null_shares == want
 
 
 @pytest.mark.stack

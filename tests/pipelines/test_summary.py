@@ -90,6 +90,32 @@ def test_the_scan_inside_the_staging_writer_equals_the_scan_by_spark(frames):
         want.bucket_rows, want.by_reason, want.moments, want.class_counts)
 
 
+def test_nulls_per_feature_are_counted_over_the_train_splits_clean_rows():
+    # The manifest's null shares (preprocess.fit) are these counts over train_rows: nulls in bad
+    # rows and in other splits must not count, whatever tables the rows came in; a list column
+    # (an array feature) is counted too.
+    import pyarrow as pa
+
+    rows = _rows()
+    lists = [None if i % 7 == 0 else [float(i)] * 3 for i in range(len(rows))]
+    table = _table(rows).append_column("img", pa.array(lists, pa.list_(pa.float64())))
+    spec = ScanSpec(split="s", bucket="b", reason="r", moments=("x",), categorical=(("a", "a"),), label="y",
+                    num_classes=4, selected=0, num_splits=3, bucket_bits=12,
+                    nulls=(("x", "x"), ("a", "a"), ("image", "img")))
+    parts = []
+    for piece in (table.slice(0, 1000), table.slice(1000)):
+        scanner = spec.scanner()
+        scanner.add(piece)
+        parts.append(scanner.result())
+    got = spec.merge(parts, names=["x"])
+    train = [i for i, r in enumerate(rows) if r[2] is None and r[0] == 0]
+    assert got.train_rows == len(train) < len(rows)
+    want = {"x": sum(rows[i][3] is None for i in train), "a": sum(rows[i][4] is None for i in train),
+            "image": sum(lists[i] is None for i in train)}
+    assert got.null_counts == want and all(want.values())
+    assert sum(r[3] is None for r in rows) > want["x"]  # the other splits and bad rows hold nulls too
+
+
 def test_counts_and_values_equal_spark_aggregations_on_any_partitioning(frames):
     frame = frames()
     results = [_summary(df) for df in (frame.coalesce(1), frame.repartition(5, "a"), frame.repartition(3))]

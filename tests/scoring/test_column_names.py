@@ -83,10 +83,17 @@ def test_shard_reads_quarantines_and_stores_columns_under_their_own_names(publis
 
 
 def test_score_keeps_and_scores_columns_under_their_own_names(spark, published, tmp_path, capsys):
+    """Also: score and load_model(uri).predict refuse what the shard job refused, by the shard job's
+    own rules: a name of 2,000 bytes (its features.max_category_bytes was 1024: the model records
+    it), text holding U+FFFD (what Spark reads a byte that is not UTF-8 as). Both were scored before,
+    as unseen categories."""
     from shardtrain.cli import main
 
+    model = load_model(published["model"])
     frame = raw_rows(60, seed=2)
     frame.at[7, VECTOR] = np.array([1.0, np.inf, 0.0])
+    frame.loc[8, NAME], frame.loc[9, NAME], frame.loc[10, CITY] = "n" * 2000, "n" * 1024, "k\ufffdln"
+    refused = {7: f"non_finite:{VECTOR}", 8: f"too_long:{NAME}", 10: "bad_encoding"}
     source = write_parquet(frame, tmp_path / "raw")
     out = tmp_path / "scores"
     config = tmp_path / "score.yaml"
@@ -95,10 +102,14 @@ def test_score_keeps_and_scores_columns_under_their_own_names(spark, published, 
     assert main(["score", "--config", str(config)]) == 0, capsys.readouterr().err
     scored = pd.read_parquet(out, engine="pyarrow").sort_values("id")
     assert list(scored.columns) == ["id", NAME, AGE, "probabilities", "prediction"]
-    clean = frame.drop(index=[7])
+    clean = frame.drop(index=list(refused))
     assert scored["id"].tolist() == clean["id"].tolist() and scored[NAME].tolist() == clean[NAME].tolist()
-    expected = load_model(published["model"]).predict(clean)
+    expected = model.predict(clean)
     np.testing.assert_allclose(np.stack(scored["probabilities"].to_numpy()), expected, rtol=0, atol=1e-6)
     quarantine = pd.read_parquet(out / "_quarantine")
-    assert quarantine["reason"].tolist() == [f"non_finite:{VECTOR}"]
-    assert json.loads(quarantine["raw"].iloc[0])["id"] == 7
+    assert {json.loads(raw)["id"]: reason for raw, reason in zip(quarantine["raw"], quarantine["reason"])} == refused
+    marked = model.predict(frame, errors="mark")
+    assert {i: r for i, r in marked["score_reason"].items() if isinstance(r, str)} == refused
+    assert model.features.max_category_bytes == published["dataset"].manifest.data["config"]["features"][
+        "max_category_bytes"] == 1024
+

@@ -19,7 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from common.dataset import read_manifest
 from common.errors import InputDataError
+from common.spark import EXECUTOR_SHARDTRAIN_FIX
 from common.storage import MARKER
 from scoring.predict import predict_frame
 from tabular_data import raw_frame, write_dataset
@@ -143,6 +145,90 @@ def test_values_the_model_cannot_take_are_quarantined_with_the_column(spark, mod
     np.testing.assert_allclose(np.stack(got.loc[[0, 7], "probabilities"].to_numpy()), expected, rtol=0, atol=1e-6)
 
 
+def reasons_of(frame: pd.DataFrame) -> dict:
+    """Row -> its score_reason (None where it was scored; pandas 3 reads a null as NaN)."""
+    return {i: (None if pd.isna(r) else r) for i, r in frame["score_reason"].items()}
+
+
+@pytest.mark.stack
+def test_load_model_predict_refuses_the_rows_score_refuses_with_the_same_reasons(spark, models):
+    """One set of row rules: rows in pandas through ``load_model(uri).predict(errors="mark")`` get
+    the reasons ``score`` gives the same rows in Spark, the text rule first (U+FFFD is what Spark
+    reads a byte that is not UTF-8 as), then each feature's (1e300, inf, a category one byte over
+    the limit, arrays of another length or with a null element), and no prediction; the taken
+    rows' probabilities are score's. Before, predict computed a number for every one of them."""
+    from common.rows import MAX_CATEGORY_BYTES
+
+    ok = [0.5, -1.0, 2.0, 0.25]
+    longest = "x" * MAX_CATEGORY_BYTES  # the test dataset records no limit: the shard job's ceiling applies
+    rows = [  # id, x1 (a string column), x2, city, image
+        (0, "1.5", 5.0, "paris", ok),
+        (1, "1e300", 5.0, "paris", ok),
+        (2, "0.5", float("inf"), "lyon", ok),
+        (3, "abc", 4.0, "k\ufffdln", ok),  # two rules broken: the text rule is the first
+        (4, "0.5", 4.0, longest + "x", ok),
+        (5, "0.5", 4.0, longest, ok),
+        (6, "0.5", 4.0, "nice", [1.0, 2.0, 3.0]),
+        (7, "0.5", 4.0, "nice", [1.0, None, 3.0, 4.0]),
+        (8, None, None, None, ok),
+    ]
+    df = spark.createDataFrame(rows, "id BIGINT, x1 STRING, x2 DOUBLE, city STRING, image ARRAY<DOUBLE>")
+    scored = predict_frame(df, models["classification"], keep_columns=["id"]).toPandas().set_index("id").sort_index()
+    frame = pd.DataFrame(rows, columns=["id", "x1", "x2", "city", "image"]).set_index("id")
+    marked = load_model(models["classification"]).predict(frame, errors="mark")
+    expected = {0: None, 1: "non_finite:x1", 2: "non_finite:x2", 3: "bad_encoding", 4: "too_long:city", 5: None,
+                6: "bad_shape:image", 7: "non_finite:image", 8: None}
+    assert reasons_of(scored) == expected
+    assert reasons_of(marked) == expected
+    taken, refused = [0, 5, 8], [1, 2, 3, 4, 6, 7]
+    assert marked.loc[refused, "probabilities"].isna().all()
+    np.testing.assert_allclose(np.stack(marked.loc[taken, "probabilities"].to_numpy()),
+                               np.stack(scored.loc[taken, "probabilities"].to_numpy()), rtol=0, atol=1e-6)
+
+
+@pytest.mark.stack
+def test_load_model_predict_raises_naming_the_row_or_marks_it_and_takes_an_empty_frame(models):
+    """1e300 gave probabilities [nan, nan] with a RuntimeWarning; inf was imputed as a null; a
+    10-million-character category and text that is not UTF-8 were scored as unseen categories.
+    Now predict raises InputDataError (exit 2) naming the first such row by its index label, its
+    column and reason; errors="mark" scores the others as before and marks these; an empty frame
+    (pandas or Arrow) gives an empty result of the right shape (was: cannot reshape 0 elements)."""
+    frame = raw_rows(12, seed=21).set_index(pd.Index([f"r{i}" for i in range(12)]))  # labels, not positions
+    model = load_model(models["classification"])
+    plain = model.predict(frame)
+    bad = frame.astype({"x1": object, "city": object})
+    bad.loc["r3", "x1"] = 1e300
+    bad.loc["r5", "x2"] = np.inf
+    bad.loc["r7", "city"] = "x" * 10_000_000
+    bad.loc["r8", "city"] = "k\xf6ln".encode("latin-1")  # bytes that are not UTF-8
+    bad.loc["r9", "city"] = b"k\xf6ln".decode("utf-8", "surrogateescape")  # what Python leaves of them in a str
+    with pytest.raises(InputDataError, match=r"^row 'r3', column 'x1' \(value 1e\+300\): non_finite:x1 \(.*\); "
+                                             r"5 of 12 rows cannot be taken") as err:
+        model.predict(bad)
+    assert err.value.exit_code == 2
+    marked = model.predict(bad, errors="mark")
+    assert list(marked.columns) == ["probabilities", "score_reason"] and list(marked.index) == list(frame.index)
+    assert {i: r for i, r in reasons_of(marked).items() if r} == {
+        "r3": "non_finite:x1", "r5": "non_finite:x2", "r7": "too_long:city", "r8": "bad_encoding", "r9": "bad_encoding"}
+    taken = marked["score_reason"].isna().to_numpy()
+    np.testing.assert_allclose(np.stack(marked["probabilities"][taken].to_numpy()), plain[taken], rtol=0, atol=1e-6)
+
+    regression = load_model(models["regression"])
+    values = regression.predict(bad, errors="mark")
+    assert list(values.columns) == ["prediction", "score_reason"] and values["prediction"].dtype == np.float32
+    assert values["prediction"].isna().to_numpy().tolist() == (~taken).tolist()
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    for loaded, shape in ((model, (0, 2)), (regression, (0,))):
+        for empty in (frame.iloc[0:0], table.slice(0, 0)):
+            assert loaded.predict(empty).shape == shape
+            assert len(loaded.predict(empty, errors="mark")) == 0
+    # An Arrow table's NaN is a value (pandas writes a missing value as NaN; Arrow and Spark as a null).
+    x1 = table.column("x1").to_pylist()
+    x1[4] = float("nan")
+    table = table.set_column(table.schema.get_field_index("x1"), "x1", pa.array(x1, pa.float64(), from_pandas=False))
+    assert reasons_of(model.predict(table, errors="mark"))[4] == "non_finite:x1"
+
+
 @pytest.mark.stack
 def test_missing_feature_or_uncastable_type_fails_before_any_work(spark, models):
     df = spark.createDataFrame([(1, 0.5, "paris")], "id BIGINT, x1 DOUBLE, city STRING")
@@ -254,6 +340,29 @@ def test_score_job_onto_a_full_disk_names_the_output_and_leaves_nothing(spark, m
 
 
 @pytest.mark.stack
+def test_executors_whose_python_lacks_shardtrain_are_one_line_saying_what_to_install(
+        spark, models, tmp_path, executors_without_shardtrain, capsys):
+    """Executors whose Python has no shardtrain (a cluster, or a local Spark Connect server, without
+    PYSPARK_PYTHON pointing at the right environment) fail every task unpickling the job's code:
+    one line saying what to install or set, exit 2 (a retry fails the same way), no traceback."""
+    # The workers' Python really lacks shardtrain, and has everything else they need.
+    probe = subprocess.run([executors_without_shardtrain, "-c", "import pyarrow, pandas, pyspark, torch, scoring"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert probe.stderr.strip().endswith("ModuleNotFoundError: No module named 'scoring'"), probe.stderr
+    source, _, _ = bad_source(tmp_path)
+    out = tmp_path / "scores"
+    config = score_config(tmp_path / "score.yaml", models["classification"], source, str(out))
+    assert cli("score", "--config", config) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("shardtrain: error:")]
+    assert line.startswith(f"shardtrain: error: writing the scores to {out} (model {models['classification']}) failed: "
+                           "the executors' Python cannot import shardtrain (No module named "), line
+    assert line.endswith(f": {EXECUTOR_SHARDTRAIN_FIX}") and "`make wheel`" in line and "PYSPARK_PYTHON" in line, line
+    assert "Traceback" not in err
+    assert not (out / MARKER).exists()
+
+
+@pytest.mark.stack
 def test_score_job_refuses_a_missing_or_uncastable_feature_in_one_line(spark, models, tmp_path, capsys):
     """The job checks every feature against the input's schema before it builds any SQL from them:
     a missing numeric or array feature, a timestamp where a number is wanted: exit 2, one line
@@ -315,6 +424,73 @@ def test_score_job_quarantines_values_float32_cannot_hold(spark, models, tmp_pat
     summary = json.loads((out / "_scores.json").read_text())
     assert summary["accounting"] == {"input_rows": 30, "scored_rows": 27, "quarantined_rows": 3}
     assert summary["quarantine"]["by_reason"] == {"non_finite:x1": 2, "non_finite:x2": 1}
+
+
+def emptied_column_source(tmp_path, rows: int = 60) -> tuple[str, pd.DataFrame]:
+    """Raw Parquet whose numeric feature x1 is null in every row (a double column of nulls, as an
+    upstream schema change leaves it); the other columns as usual."""
+    frame = raw_rows(rows, seed=14)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.set_column(table.schema.get_field_index("x1"), "x1", pa.nulls(rows, pa.float64()))
+    os.makedirs(tmp_path / "emptied")
+    pq.write_table(table, tmp_path / "emptied" / "part-0.parquet")
+    return str(tmp_path / "emptied"), frame
+
+
+@pytest.mark.stack
+def test_a_feature_column_the_input_left_null_is_warned_about_then_refused_past_fail_null_increase(
+        spark, models, tmp_path, capsys, caplog):
+    """Training/serving skew: x1 is null in every input row (in no train row). With the
+    default quality settings the job scores (exit 0: the values are imputed) but warns, naming x1
+    with both shares, and records both in _scores.json; with quality.fail_null_increase=0.3 it is
+    exit 2, one line naming x1, and nothing is published."""
+    caplog.set_level("INFO", logger="shardtrain")
+    model = load_model(models["classification"])
+    train = model.features.null_shares
+    assert train == read_manifest(models["classification-dataset"].uri).features.null_shares  # model.json carries them
+    assert train["x1"] == 0.0 and set(train) == {"x1", "x2", "city", "image"}
+    source, frame = emptied_column_source(tmp_path)
+    assert spark.read.parquet(source).where("x1 IS NOT NULL").count() == 0  # Spark reads x1 as all null
+
+    out = tmp_path / "scores"
+    config = score_config(tmp_path / "score.yaml", models["classification"], source, str(out))
+    assert cli("score", "--config", config) == 0, capsys.readouterr().err
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "past quality.max_null_increase (0.5) for column 'x1' (100.0% of the input rows " \
+        "null, 0.0% on train)" in warnings[0], warnings
+    shares = json.loads((out / "_scores.json").read_text())["null_share"]
+    expected = {"x1": 1.0, "x2": frame["x2"].isna().mean(), "city": frame["city"].isna().mean(), "image": 0.0}
+    assert shares == {"train": train, "input": expected, "past_max_null_increase": ["x1"]}
+
+    capsys.readouterr()
+    refused = tmp_path / "refused"
+    assert cli("score", "--config", config, f"output.path={refused}", "quality.fail_null_increase=0.3") == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("shardtrain: error:")]
+    assert "past quality.fail_null_increase (0.3) for column 'x1' (100.0% of the input rows null, 0.0% on train); " \
+        "nothing was published" in line, err
+    assert "'x2'" not in line and "Traceback" not in err
+    assert not [p.name for p in tmp_path.iterdir() if "refused" in p.name]  # no output, staging or lock left
+
+
+PUBLISHED_BEFORE = os.path.join(ROOT, "tests", "training", "fixtures", "published_before", "model")
+
+
+@pytest.mark.stack
+def test_a_model_whose_dataset_recorded_no_null_shares_skips_the_check_saying_so_once(spark, tmp_path, caplog):
+    """A model published before null shares were recorded (tests/training/fixtures) scores an input
+    with an emptied column as before (exit 0, no warning), and says once why the check is skipped."""
+    caplog.set_level("INFO", logger="shardtrain")
+    assert load_model(PUBLISHED_BEFORE).features.null_shares == {}  # none recorded
+    source, _ = emptied_column_source(tmp_path)
+    out = tmp_path / "scores"
+    assert cli("score", "--config", score_config(tmp_path / "score.yaml", PUBLISHED_BEFORE, source, str(out))) == 0
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("shardtrain")]
+    assert sum("null shares are not compared" in m for m in messages) == 1, messages
+    assert "the model records none" in next(m for m in messages if "null shares are not compared" in m)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    shares = json.loads((out / "_scores.json").read_text())["null_share"]
+    assert shares["train"] is None and shares["input"]["x1"] == 1.0 and shares["past_max_null_increase"] == []
 
 
 # sha256 of the score job's text files (marker, _scores.json, _config.yaml, _SUCCESS), normalized as
@@ -421,10 +597,11 @@ def test_reason_values_are_every_reason_the_sql_gives():
     from scoring.predict import reason_sql, reason_values
 
     odd = "x THEN 'y\\' END"
-    spec = SimpleNamespace(numeric=[odd, "n"], categorical=["c"], arrays={"a'": [2]}, num_embeddings=lambda name: 5)
+    spec = SimpleNamespace(numeric=[odd, "n"], categorical=["c"], arrays={"a'": [2]}, num_embeddings=lambda name: 5,
+                           max_category_bytes=1024)
     fields = {odd: T.StringType(), "n": T.DoubleType(), "c": T.IntegerType(), "a'": T.ArrayType(T.FloatType())}
-    assert reason_values(fields, spec) == [f"bad_value:{odd}", f"non_finite:{odd}", "non_finite:n", "bad_shape:a'",
-                                           "non_finite:a'"]
+    assert reason_values(fields, spec) == ["bad_encoding", f"bad_value:{odd}", f"non_finite:{odd}", "non_finite:n",
+                                           "too_long:c", "bad_shape:a'", "non_finite:a'"]
     assert reason_values(fields, spec, encoded=True) == [f"bad_value:{odd}", f"non_finite:{odd}", "bad_value:n",
                                                          "non_finite:n", "bad_value:c", "bad_shape:a'", "non_finite:a'"]
     from common.sql import quote_string
@@ -473,6 +650,18 @@ def test_score_job_on_a_dataset_split_uses_its_stored_encodings(spark, models, t
     expected = load_model(models["classification"]).predict(ds.raw["val"])  # from the raw rows
     np.testing.assert_allclose(np.stack(got["probabilities"].to_numpy()), expected, rtol=0, atol=1e-6)
 
+    # The same encodings in a manifest written before null shares were recorded: the same rows to the model.
+    before = tmp_path / "before"
+    shutil.copytree(ds.uri, before)
+    manifest = json.loads((before / "_manifest.json").read_text())
+    for record in [f for kind in manifest["features"].values() for f in kind]:
+        del record["null_share"]
+    (before / "_manifest.json").write_text(json.dumps(manifest))
+    assert not read_manifest(str(before)).features.null_shares
+    assert cli("score", "--config", str(config), f"dataset={before}", f"output.path={tmp_path}/b") == 0
+    again = pd.read_parquet(tmp_path / "b", engine="pyarrow").sort_values("_row")
+    np.testing.assert_array_equal(np.stack(again["probabilities"].to_numpy()), np.stack(got["probabilities"].to_numpy()))
+
     # Another dataset's encodings (its own statistics and vocabulary) mean something else to the model.
     other = write_dataset(str(tmp_path / "other"), {"train": [[90]], "val": [[30]]}, seed=5, array_shape=SHAPE)
     assert cli("score", "--config", str(config), f"dataset={other.uri}", f"output.path={tmp_path}/o") == 2
@@ -493,6 +682,24 @@ def test_config_errors_exit_2_before_spark_starts(tmp_path):
         errors = [line for line in proc.stderr.splitlines() if line.startswith("shardtrain: error:")]
         assert len(errors) == 1 and message in errors[0], proc.stderr
         assert "Traceback" not in proc.stderr and "SparkContext" not in proc.stderr
+
+
+@pytest.mark.process
+def test_local_paths_are_refused_naming_the_key_where_spark_connect_runs_on_another_machine(tmp_path):
+    """A Spark Connect server on another host reads through its cluster, where this machine's paths
+    name nothing: the real command, in its own process, refuses the first local one, naming its key
+    (made absolute), exit 2, before it connects to anything (the host does not even resolve)."""
+    config = score_config(tmp_path / "score.yaml", "artifacts/model", "/Volumes/main/default/raw",
+                          "/Volumes/main/default/scores")  # a volume: what a Databricks cluster reads
+    remote = {**os.environ, "SPARK_REMOTE": "sc://spark-cluster.invalid:15002"}
+    proc = subprocess.run([SHARDTRAIN, "score", "--config", config], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env=remote)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("shardtrain: error:")]
+    assert errors == [f"shardtrain: error: model is {tmp_path}/artifacts/model, a path on this machine, but "
+                      "this job's Spark runs on the Spark Connect server at spark-cluster.invalid, whose executors "
+                      "cannot read this machine's files: give a URI the cluster can read (s3://, hdfs://, dbfs:/ or a "
+                      "/Volumes/... path)"], proc.stderr
 
 
 @pytest.mark.stack

@@ -3,6 +3,7 @@ stack is broken in the most common way (a pyarrow release petastorm cannot run o
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -31,9 +32,28 @@ def test_doctor_passes_here_including_a_real_two_rank_allreduce():
     assert proc.returncode == 0 and not failed, failed
     names = [c["name"] for c in report["checks"]]
     assert names == ["python", "java", "pyspark", "spark", "pyarrow+petastorm", "torch", "horovod", "backends", "readers",
-                     "horovod-on-spark"]
+                     "executors", "horovod-on-spark"]
+    executors = report["checks"][-2]
+    assert executors["detail"] == f"shardtrain 0.1.0 imports in the executors' Python ({sys.executable})"
     launch = report["checks"][-1]
     assert "allreduce sum = [3.0, 3.0]" in launch["detail"]
+
+
+@pytest.mark.stack
+def test_doctor_says_what_to_install_where_executors_cannot_import_shardtrain(spark, executors_without_shardtrain):
+    """Executors whose Python has no shardtrain fail every job's tasks: the doctor's one-task job finds
+    it, says what to install or set, and skips the Horovod launch, which would fail the same way."""
+    from shardtrain.doctor import check_executors, check_horovod_on_spark
+
+    # The doctor's two Spark checks (run_doctor: the other checks, then these), on this session.
+    executors, horovod = check_executors(), check_horovod_on_spark()
+    assert not executors.ok
+    assert executors.detail == "the executors' Python cannot import shardtrain (No module named 'shardtrain')"
+    assert executors.fix == ("install shardtrain on the executors (`make wheel` builds dist/shardtrain-<version>-py3-"
+                             "none-any.whl), or point PYSPARK_PYTHON (or spark.pyspark.python) at a Python that has it")
+    horovod_installed = importlib.util.find_spec("horovod") is not None
+    assert horovod.ok and horovod.detail == ("skipped: the executors cannot run shardtrain (see executors)"
+                                             if horovod_installed else "skipped: Horovod not installed"), horovod
 
 
 @pytest.fixture(scope="module")

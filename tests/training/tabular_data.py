@@ -87,6 +87,8 @@ def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "cl
     categorical = [{"name": "city", "vocab": list(counts.index), "num_embeddings": len(counts) + 2}]
     features = {"numeric": numeric, "categorical": categorical,
                 "arrays": [{"name": "image", "shape": list(array_shape)}] if array_shape else []}
+    for record in [*numeric, *categorical, *features["arrays"]]:  # as the shard job records them
+        record["null_share"] = int(train[record["name"]].isna().sum()) / len(train) if len(train) else 0.0
     if task == "classification":
         label = {"name": "label", "task": "classification", "num_classes": 2,
                  "train_class_counts": np.bincount(train["label"], minlength=2).tolist()}

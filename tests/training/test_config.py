@@ -16,7 +16,8 @@ def test_shipped_configs_load():
     assert cfg.train.precision == "bf16" and cfg.launch.num_proc == 2
     run = load_run_config(os.path.join(ROOT, "conf/run.yaml"))
     assert run.train.data.path == run.shard.output.path  # defaults to the shard output
-    assert run.train.checkpoint_path == "artifacts/model.run/checkpoints"
+    # Relative paths are made absolute when loaded: executors and ranks work in other directories.
+    assert run.train.checkpoint_path == os.path.abspath("artifacts/model.run/checkpoints")
 
 
 @pytest.mark.parametrize("override, key", [

@@ -148,6 +148,30 @@ def train_only(spark, shards: str, model: str, marker: str, extra: tuple[str, ..
     return {"model": result.model_uri, **_relaunches(said, result)}
 
 
+def score_from(spark, cwd: str, model: str, raw: str) -> dict:
+    """``shardtrain score`` with the model, the source and the output given relative to ``cwd``,
+    where this process works for the call; and where the session's Python workers work."""
+    import yaml
+
+    from scoring.job import score
+
+    def worker_cwd(batches):
+        for _ in batches:
+            pass
+        yield pd.DataFrame({"cwd": [os.getcwd()]})
+
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with open("score.yaml", "w") as fh:
+            yaml.safe_dump({"model": model, "sources": {"raw": {"path": raw}},
+                            "output": {"path": "scores", "keep_columns": ["id"]}, "batch_size": 64}, fh)
+        uri = score("score.yaml", spark=spark).uri
+    finally:
+        os.chdir(before)
+    return {"scores": uri, "worker_cwd": spark.range(0, 1, 1, 1).mapInPandas(worker_cwd, "cwd string").first()["cwd"]}
+
+
 def _relaunches(said: "_LogLines", result) -> dict:
     """What a launch logged about relaunching its ranks, and the checkpoint it resumed from."""
     return {"resumed_from": result.resumed_from,
@@ -277,6 +301,21 @@ def test_torch_tasks_over_connect_train_to_the_same_weights(both, connect, tmp_p
         assert torch.equal(ours[name], theirs[name]), name
 
 
+def test_relative_paths_score_over_connect_where_the_workers_work_elsewhere(both, connect, raw, tmp_path):
+    """A Spark Connect session's Python workers run in its artifact directory, not in the client's:
+    a relative path the driver's checks pass (conf/score.yaml's artifacts/model) named nothing there.
+    Made absolute when the config is loaded, it scores as the Connect run did, from its own directory."""
+    _, over_connect = both
+    model, source = (os.path.relpath(path, tmp_path) for path in (over_connect["model"], raw[0]))
+    said = connect.call("test_connect:score_from", cwd=str(tmp_path), model=model, raw=source)
+    assert said["worker_cwd"] != str(tmp_path)  # where the workers resolve a relative path: not here
+    assert said["scores"] == str(tmp_path / "scores")
+    scored = [pd.read_parquet(path, engine="pyarrow").sort_values("id").reset_index(drop=True)
+              for path in (said["scores"], over_connect["scores"])]
+    assert len(scored[0]) == ROWS
+    pd.testing.assert_frame_equal(scored[0], scored[1])
+
+
 def _rank_process(root_pid: int, rank: int, training: bool = False):
     """The process running ``rank`` under ``root_pid`` (the Connect process: its Spark server, the
     Python workers, torchrun and the ranks all descend from it), not torchrun itself. ``training``:
@@ -364,7 +403,7 @@ def horovod_and_doctor(spark, shards: str, model: str) -> dict:
     from dataclasses import asdict
 
     from common.errors import ShardtrainError
-    from shardtrain.doctor import backend_status, check_spark_mode
+    from shardtrain.doctor import backend_status, check_executors, check_spark_mode
     from training import load_train_config, train
 
     overrides = [o for o in _train_overrides(shards, model, "refused") if not o.startswith("launch.backend=")]
@@ -376,7 +415,7 @@ def horovod_and_doctor(spark, shards: str, model: str) -> dict:
     from common.spark import default_parallelism
 
     return {"refused": refused, "spark": asdict(check_spark_mode()), "backends": backend_status(),
-            "parallelism": default_parallelism(spark)}
+            "parallelism": default_parallelism(spark), "executors": asdict(check_executors())}
 
 
 def test_horovod_is_refused_over_connect_and_doctor_says_connect(connect, spark, tmp_path):
@@ -394,6 +433,9 @@ def test_horovod_is_refused_over_connect_and_doctor_says_connect(connect, spark,
     assert not (tmp_path / "m").exists()  # refused before any rank ran
     assert said["spark"]["ok"] and said["spark"]["detail"].startswith("Spark Connect (the active session)")
     assert said["backends"]["torch"] == "" and "needs classic Spark" in said["backends"]["horovod"]
+    # The doctor's one-task job runs on the Connect server's executors, which import shardtrain.
+    assert said["executors"]["ok"] and said["executors"]["detail"].startswith("shardtrain 0.1.0 imports in the "
+                                                                              "executors' Python"), said["executors"]
     # The shard job's staging parallelism: the cluster's, asked over Connect as on classic.
     assert said["parallelism"] == default_parallelism(spark) == spark.sparkContext.defaultParallelism
     here = asdict(check_spark_mode())  # this process: the suite's classic session

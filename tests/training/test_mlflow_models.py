@@ -1,8 +1,9 @@
 """A trained model as an MLflow model, against real MLflow: a SQLite tracking store and registry and a
 local artifact root in tmp_path, no server. Training with tracking.mlflow.registered_model and alias
 logs the pyfunc model and registers it; ``models:/NAME@ALIAS`` then gives the same predictions
-through ``mlflow.pyfunc`` and ``spark_udf`` as ``load_model`` and ``shardtrain score`` do; the score
-job records the version it used and scores again only when the alias moved; a flipped byte in the
+through ``mlflow.pyfunc`` and ``spark_udf`` as ``load_model`` and ``shardtrain score`` do, refuses the
+same rows with the same reasons, and takes the frames pandas and Spark read from integer source
+columns; a pyfunc logged before keeps its output; the score job records the version it used and scores again only when the alias moved; a flipped byte in the
 artifact store is refused by name; a registry nobody answers at costs training one warning and
 fails scoring with exit 1 naming the URI."""
 
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from common.errors import ConfigError, DatasetError
+from common.errors import ConfigError, DatasetError, InputDataError
 from common.storage import MARKER
 from spark_cluster import refused_port
 from tabular_data import raw_frame, write_dataset
@@ -93,7 +94,11 @@ def test_the_registered_pyfunc_by_alias_predicts_what_load_model_does(mlflow_env
     frame = raw_rows(200, seed=3)
     expected = load_model(reg.model).predict(frame)
     pyfunc = mlflow.pyfunc.load_model("models:/demo_model@champion")
-    np.testing.assert_allclose(np.asarray(pyfunc.predict(frame[FEATURES])), expected, rtol=0, atol=1e-6)
+    out = pyfunc.predict(frame[FEATURES])
+    assert list(out.columns) == ["probabilities", "score_reason"] and out["score_reason"].isna().all()
+    np.testing.assert_allclose(np.stack(out["probabilities"].to_numpy()), expected, rtol=0, atol=1e-6)
+    empty = pyfunc.predict(frame[FEATURES].iloc[0:0])  # was: cannot reshape tensor of 0 elements
+    assert list(empty.columns) == ["probabilities", "score_reason"] and len(empty) == 0
     by_alias = load_model("models:/demo_model@champion")
     np.testing.assert_allclose(by_alias.predict(frame), expected, rtol=0, atol=1e-6)
     assert by_alias.fingerprint == load_model(reg.model).fingerprint  # the very model training published
@@ -102,8 +107,11 @@ def test_the_registered_pyfunc_by_alias_predicts_what_load_model_does(mlflow_env
     signature = pyfunc.metadata.signature
     assert signature.inputs.input_names() == FEATURES  # every raw feature column, in the model's order
     types = {column["name"]: column["type"] for column in signature.inputs.to_dict()}
-    assert types == {"x1": "double", "x2": "double", "city": "string", "image": "array"}
+    assert types == {"x1": "any", "x2": "any", "city": "any", "image": "array"}  # the row rules decide, as in shard
     assert signature.inputs.to_dict()[3]["items"] == {"type": "double"}
+    assert signature.outputs.to_dict() == [
+        {"type": "array", "items": {"type": "float"}, "name": "probabilities", "required": False},
+        {"type": "string", "name": "score_reason", "required": False}]
     # Nothing is unpickled: the logged model holds no pickle, and its code builds the PythonModel.
     local = mlflow.artifacts.download_artifacts("models:/demo_model/1", dst_path=str(tmp_path / "dl"))
     files = [os.path.relpath(p, local) for p in glob.glob(f"{local}/**", recursive=True) if os.path.isfile(p)]
@@ -117,16 +125,25 @@ def test_the_registered_pyfunc_by_alias_predicts_what_load_model_does(mlflow_env
 
 @pytest.mark.stack  # spark_udf (pandas UDF) and the score job on each pyspark
 def test_spark_udf_by_alias_equals_shardtrain_score_by_alias(spark, mlflow_env, tmp_path, capsys):
-    from pyspark.sql import types as T
-
+    """The same probabilities, and the same rows refused for the same reasons: the UDF (pandas,
+    ``common.rows.frame_refusals``) marks what score (Spark SQL) quarantines."""
     from shardtrain.cli import main
 
     frame = raw_rows(150, seed=5)
+    frame.loc[3, "x1"], frame.loc[4, "x2"], frame.loc[5, "city"] = 1e300, np.inf, "k\ufffdln"
+    refused = {3: "non_finite:x1", 4: "non_finite:x2", 5: "bad_encoding"}
     source = str(tmp_path / "raw")
     os.makedirs(source)
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), os.path.join(source, "part-0.parquet"))
-    udf = mlflow.pyfunc.spark_udf(spark, "models:/demo_model@champion", result_type=T.ArrayType(T.FloatType()))
-    by_udf = spark.read.parquet(source).select("id", udf(*FEATURES).alias("p")).toPandas().sort_values("id")
+    udf = mlflow.pyfunc.spark_udf(spark, "models:/demo_model@champion")  # the signature's struct
+    marked = spark.read.parquet(source).select("id", udf(*FEATURES).alias("p")).select("id", "p.*").toPandas()
+    marked = marked.set_index("id").sort_index()
+    assert set(marked.index[marked["probabilities"].isna()]) == set(refused)
+    assert marked.loc[list(refused), "score_reason"].to_dict() == refused
+    # MLflow's struct conversion writes a null string beside a non-null one as text: 'None' (pandas 2)
+    # or 'nan' (pandas 3). The probabilities' null is what tells a taken row in a spark_udf's result.
+    assert set(marked.drop(index=list(refused))["score_reason"].map(str)) <= {"None", "nan"}
+    by_udf = marked.drop(index=list(refused)).reset_index().rename(columns={"probabilities": "p"})
 
     out = tmp_path / "scores"
     config = tmp_path / "score.yaml"
@@ -134,13 +151,88 @@ def test_spark_udf_by_alias_equals_shardtrain_score_by_alias(spark, mlflow_env, 
                                       "output": {"path": str(out), "keep_columns": ["id"]}}))
     assert main(["score", "--config", str(config)]) == 0, capsys.readouterr().err
     scored = pd.read_parquet(out, engine="pyarrow").sort_values("id")
-    assert scored["id"].tolist() == by_udf["id"].tolist() == list(range(150))
+    assert scored["id"].tolist() == by_udf["id"].tolist() == [i for i in range(150) if i not in refused]
+    quarantine = pd.read_parquet(out / "_quarantine")
+    assert {json.loads(raw)["id"]: reason for raw, reason in zip(quarantine["raw"], quarantine["reason"])} == refused
     np.testing.assert_allclose(np.stack(scored["probabilities"].to_numpy()), np.stack(by_udf["p"].to_numpy()),
                                rtol=0, atol=1e-6)
     marker = json.loads((out / MARKER).read_text())
     assert marker["model"] == "models:/demo_model@champion"
     assert marker["model_version"]["version"] == "1" and marker["model_version"]["name"] == "demo_model"
     assert json.loads((out / "_scores.json").read_text())["model_version"] == marker["model_version"]
+
+
+@pytest.mark.stack  # each stack's pandas and pyspark read the source types their own way
+def test_the_pyfunc_takes_the_frames_pandas_and_spark_read_from_integer_source_columns(spark, mlflow_env, tmp_path):
+    """A user reads the raw rows the way they have them: pandas from CSV or Parquet, Spark's
+    toPandas(). An integer column arrives as int64, and as float64 where it holds a null; the
+    pyfunc refused int64 ("Incompatible input types for column x1. Can not safely convert int64
+    to float64") where load_model(uri).predict took it. Now both give the same predictions."""
+    frame = raw_rows(40, seed=17)
+    frame["x1"] = frame["x1"].round().astype(np.int64)  # an integer source column
+    frame["x2"] = frame["x2"].round().astype("Int64")  # an integer source column with nulls
+    csv, parquet = tmp_path / "raw.csv", tmp_path / "raw"
+    frame.drop(columns=["image"]).to_csv(csv, index=False)
+    os.makedirs(parquet)
+    # As a Spark job or a database export writes it: integers, and no pandas dtypes in its metadata.
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None),
+                   parquet / "part-0.parquet")
+    assert pq.read_schema(parquet / "part-0.parquet").field("x2").type == pa.int64()
+    read = {"pandas CSV": pd.read_csv(csv).assign(image=frame["image"]), "pandas Parquet": pd.read_parquet(parquet),
+            "Spark toPandas": spark.read.parquet(str(parquet)).toPandas()}
+    pyfunc = mlflow.pyfunc.load_model("models:/demo_model@champion")
+    model = load_model("models:/demo_model@champion")
+    for how, rows in read.items():
+        rows = rows.sort_values("id").reset_index(drop=True)
+        assert rows["x1"].dtype == np.int64 and rows["x2"].dtype == np.float64, how  # the frame the user has
+        out = pyfunc.predict(rows[FEATURES])
+        assert out["score_reason"].isna().all(), how
+        np.testing.assert_allclose(np.stack(out["probabilities"].to_numpy()), model.predict(rows), rtol=0, atol=1e-6,
+                                   err_msg=how)
+
+
+@pytest.mark.stack  # how each stack's pandas and pyarrow hold bytes, a 10-million-character str, a float in an object column
+def test_the_pyfunc_marks_refused_rows_and_one_logged_before_keeps_its_output(mlflow_env, tmp_path):
+    """The pyfunc scores a batch: a row the rules refuse (1e300, a 10-million-character category,
+    text that is not UTF-8) is marked with its reason and gets no probabilities, the others are
+    scored; load_model(uri).predict raises naming the row. A pyfunc logged before (its signature
+    a float32 tensor, no model_config) keeps that signature and output, and raises on such a row."""
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types import ColSpec, DataType, Schema, TensorSpec
+    from mlflow.types.schema import Array
+
+    from common.model_registry import ARTIFACT_KEY, mlflow_uris
+    from training.mlflow_model import PYFUNC_CODE, pip_requirements
+
+    reg = mlflow_env
+    frame = raw_rows(30, seed=19)
+    expected = load_model(reg.model).predict(frame)
+    bad = frame.astype({"x1": object, "city": object})
+    bad.loc[2, "x1"], bad.loc[6, "city"], bad.loc[9, "city"] = 1e300, "x" * 10_000_000, b"k\xf6ln"
+    refused = {2: "non_finite:x1", 6: "too_long:city", 9: "bad_encoding"}
+    marked = mlflow.pyfunc.load_model("models:/demo_model@champion").predict(bad[FEATURES])
+    assert {i: r for i, r in marked["score_reason"].items() if isinstance(r, str)} == refused
+    assert marked.loc[list(refused), "probabilities"].isna().all()
+    kept = [i for i in range(30) if i not in refused]
+    np.testing.assert_allclose(np.stack(marked.loc[kept, "probabilities"].to_numpy()), expected[kept], rtol=0, atol=1e-6)
+    with pytest.raises(InputDataError, match=r"^row 2, column 'x1' \(value 1e\+300\): non_finite:x1"):
+        load_model("models:/demo_model@champion").predict(bad)
+
+    # Logged as the releases before logged it: the same code and artifact, the tensor signature, no model_config.
+    before = ModelSignature(
+        inputs=Schema([ColSpec(DataType.double, "x1"), ColSpec(DataType.double, "x2"), ColSpec(DataType.string, "city"),
+                       ColSpec(Array(DataType.double), "image")]),
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, 2))]))
+    with mlflow_uris(reg.uri), mlflow.start_run(experiment_id=reg.client.get_experiment_by_name(EXPERIMENT).experiment_id):
+        info = mlflow.pyfunc.log_model(name="model", python_model=PYFUNC_CODE, artifacts={ARTIFACT_KEY: reg.model},
+                                       signature=before, pip_requirements=pip_requirements())
+    old = mlflow.pyfunc.load_model(info.model_uri)
+    assert old.metadata.signature.outputs.to_dict() == before.outputs.to_dict()
+    np.testing.assert_allclose(old.predict(frame[FEATURES]), expected, rtol=0, atol=1e-6)
+    assert old.predict(frame[FEATURES].iloc[0:0]).shape == (0, 2)
+    bad["x1"] = bad["x1"].astype(np.float64)  # what its signature takes
+    with pytest.raises(InputDataError, match=r"^row 2, column 'x1' \(value 1e\+300\): non_finite:x1"):
+        old.predict(bad[FEATURES])
 
 
 def test_a_moved_alias_is_scored_again_and_a_pinned_version_is_not(spark, mlflow_env, tmp_path, capsys):

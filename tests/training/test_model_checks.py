@@ -92,6 +92,8 @@ EDITS = [
     ("another array shape", _reshape_array, "field 'features' (2 numeric, 1 categorical, arrays image [5]) does not "
                                             "match"),
     ("features not a spec", _set("features", [1, 2]), "field 'features' is not a feature spec"),
+    ("category limit not a size", _set("row_rules.max_category_bytes", "1024"),
+     "field 'row_rules.max_category_bytes' is '1024'; expected an integer in [1, 1048576]"),
 ]
 
 

@@ -124,3 +124,20 @@ def test_an_edited_plug_in_model_is_imported_afresh_by_the_next_launch(spark, un
         widths.append(weights["body.0.bias"].shape[0])  # the hidden layer's width
     assert widths == [4, 6]
     assert python_workers(spark) == [(True, "")] * 2  # the second launch ran in reused workers
+
+
+def test_ranks_in_workers_without_shardtrain_are_one_line_saying_what_to_install(spark, uneven_dataset, tmp_path,
+                                                                                executors_without_shardtrain):
+    """Workers whose Python has no shardtrain (tests/conftest.py) cannot unpickle a rank's task: the
+    launch ends in one line saying what to install or set, exit 2, never relaunched (a relaunch
+    fails the same way), instead of the barrier stage's Java stack."""
+    from common.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        train(torch_config(uneven_dataset, tmp_path, *TASKS, "launch.max_restarts=2"), spark)
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == (
+        "the 2 rank task(s) failed: the executors' Python cannot import shardtrain (No module named 'training'): "
+        "install shardtrain on the executors (`make wheel` builds dist/shardtrain-<version>-py3-none-any.whl), or "
+        "point PYSPARK_PYTHON (or spark.pyspark.python) at a Python that has it")
+    assert not os.path.exists(tmp_path / "model")

@@ -97,9 +97,11 @@ def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
         return check_results(launch_in_process(plan, on_step=on_step, on_epoch=on_epoch))
     if cfg.launch.backend in RANK_LAUNCHERS:
         return check_results(_imported(RANK_LAUNCHERS[cfg.launch.backend])(plan, cfg.launch))
+    from common.spark import check_paths_reach_cluster
     from training.launchers.supervisor import run_supervised
 
     check_backend_runs(cfg.launch.backend, spark)
+    check_paths_reach_cluster(cfg, spark)  # the ranks read and write through the cluster
     results = run_supervised(spark_launcher(cfg.launch.backend), plan, spark, cfg.launch, cfg.checkpoint.resume,
                              on_restart=on_restart, on_epoch=on_epoch)
     return check_results(results)

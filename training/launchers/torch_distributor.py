@@ -43,8 +43,11 @@ def launch_torch(plan, spark, launch_cfg) -> list[dict]:
         distributor = TorchDistributor(num_processes=launch_cfg.num_proc, local_mode=False, use_gpu=use_gpu)
         results = distributor.run(torch_rank_entry, plan, env, launch_cfg.start_timeout)
     except Exception as exc:  # noqa: BLE001 - mapped to one typed error with the cause in words
-        from common.spark import explain_java_error
+        from common.spark import executor_setup_error, explain_java_error
 
+        setup = executor_setup_error(exc, f"TorchDistributor running {launch_cfg.num_proc} rank(s)")
+        if setup is not None:
+            raise setup from None
         text = explain_java_error(exc)
         slots = barrier_slots_error(text, "TorchDistributor", launch_cfg.num_proc)
         if slots:

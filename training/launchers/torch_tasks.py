@@ -61,8 +61,11 @@ def launch_torch_tasks(plan, spark, launch_cfg) -> list[dict]:
     try:
         rows = spark.range(0, n, 1, n).mapInPandas(task, _SCHEMA, barrier=True).collect()
     except Exception as exc:  # noqa: BLE001 - mapped to one typed error with the cause in words
-        from common.spark import explain_java_error
+        from common.spark import executor_setup_error, explain_java_error
 
+        setup = executor_setup_error(exc, f"the {n} rank task(s)")
+        if setup is not None:
+            raise setup from None
         text = explain_java_error(exc)
         slots = barrier_slots_error(text, "launch.backend=torch_tasks", n)
         if slots:
