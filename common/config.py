@@ -245,6 +245,16 @@ def absolute_storage_paths(cfg: T) -> T:
     return cfg
 
 
+def with_absolute_paths(cfg: T) -> T:
+    """A copy of ``cfg`` with its storage paths absolute: what a job's entry point works on, so a
+    config built in code (a notebook's ``TrainConfig(...)``, which never passed through
+    ``from_dict``) names the same places on every process as a loaded one. The caller's object is
+    left as it was."""
+    import copy
+
+    return absolute_storage_paths(copy.deepcopy(cfg))
+
+
 def _storage_fields(cfg: Any, prefix: str):
     """(dotted key, the dataclass holding it, field name) of each storage path set under ``cfg``."""
     if dataclasses.is_dataclass(cfg):
@@ -429,5 +439,5 @@ def dump_yaml(cfg: Any) -> str:
 __all__ = [
     "MAX_ALIAS_EXPANSION", "SparkConfig", "absolute_storage_paths", "apply_overrides", "config_fingerprint",
     "deep_merge", "dump_yaml", "from_dict", "load_config", "parse_override", "parse_yaml", "read_yaml", "require",
-    "storage_path", "storage_paths", "to_dict",
+    "storage_path", "storage_paths", "to_dict", "with_absolute_paths",
 ]

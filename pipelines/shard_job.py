@@ -109,8 +109,10 @@ class ShardResult:
 def run_shard_job(spark, cfg: ShardConfig, teacher_scorer: TeacherScorer | None = None) -> ShardResult:
     """Run the job under the output's writer lock (a second writer fails, naming this one).
     ``teacher_scorer``: what runs ``cfg.teacher`` (pipelines/teacher.py; the shardtrain layer passes it)."""
+    from common.config import with_absolute_paths
     from common.spark import check_paths_reach_cluster
 
+    cfg = with_absolute_paths(cfg)
     check_paths_reach_cluster(cfg, spark)
     out = resolve(cfg.output.path)
     check_output_path(cfg)

@@ -98,8 +98,10 @@ def run_score_job(spark, cfg: ScoreConfig) -> ScoreResult:
     ``spark``: the session, or None for ``cfg.spark``'s, started only once the job needs Spark (a
     table source or output, or rows to score): a job that finds its scores already there, or is
     refused by its output's mode or lock, starts no JVM."""
+    from common.config import with_absolute_paths
     from common.spark import check_paths_reach_cluster
 
+    cfg = with_absolute_paths(cfg)
     check_paths_reach_cluster(cfg, spark)  # a remote Spark Connect server: none of this machine's paths
     check_output_path(cfg)
     out = resolve(cfg.output.path)

@@ -29,6 +29,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from common.config import with_absolute_paths
 from common.errors import OutputExistsError
 from common.leases import reader_lease
 from common.storage import KIND_MODEL, check_disjoint, check_replaceable, output_lock, replaced_copy, resolve
@@ -96,6 +97,7 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None, on_epoch=None) -> Train
     validation metrics included) as rank 0 ends the epoch, on every launcher; True ends the run at
     that epoch boundary: its checkpoint is written, the model published (a sweep's pruner)."""
     started = time.perf_counter()
+    cfg = with_absolute_paths(cfg)  # a config built in code, too, names the same places on every rank
     plan = build_plan(cfg)  # reads and checks the manifest: nothing launched yet, nothing written
     if not needs_spark(cfg.launch):  # Spark ranks: checked once the session says what a task gets
         _check_model_fits(plan, None)

@@ -281,3 +281,21 @@ def test_a_full_disk_is_one_line_naming_the_output_that_did_not_fit(dataset, sma
         train(_cfg(dataset.uri, small_disk.path, "model.hidden=[512,512]", "checkpoint.every_steps=2"))
     assert err.value.exit_code == 1
     assert not [name for name in os.listdir(checkpoints) if "staging" in name]
+
+
+def test_a_config_built_in_code_with_relative_paths_names_them_from_the_working_directory(dataset, tmp_path,
+                                                                                       monkeypatch):
+    """A notebook's config made in code never passes through the loader: train() makes its relative
+    paths absolute from the working directory all the same (what the ranks and executors are given),
+    and leaves the caller's object as it was."""
+    import dataclasses
+
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(dataset.uri, tmp_path, "train.epochs=1")
+    cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, model_path="relative/model"))
+    assert cfg.output.model_path == "relative/model"  # built in code: nothing resolved it
+    result = train(cfg)
+    assert result.model_uri == str(tmp_path / "relative" / "model") and os.path.isdir(result.model_uri)
+    meta = json.load(open(os.path.join(result.model_uri, "model.json")))
+    assert meta["config"]["output"]["model_path"] == result.model_uri  # what the ranks were given
+    assert cfg.output.model_path == "relative/model"
