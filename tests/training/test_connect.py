@@ -72,16 +72,14 @@ def _train_overrides(shards: str, model: str, marker: str) -> list[str]:
 
 
 def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress_host: str | None = None,
-                      fake_horovod: str | None = None, extra: tuple[str, ...] = ()) -> dict:
+                      fake_horovod: str | None = None, extra: tuple[str, ...] = (), relative: bool = False) -> dict:
     """shard -> train -> score -> load_model on ``spark``; what the test compares, and what the
     launch logged about the progress server and relaunches. ``fake_horovod``: train with
     launch.backend unset, where ``horovod.torch`` can be found (see ``_horovod_on_the_path``).
-    ``extra``: train overrides after the usual ones."""
-    import yaml
-
+    ``extra``: train overrides after the usual ones. ``relative``: score as conf/score.yaml's user
+    does, with the model, the source and the output relative to the working directory (``root``)."""
     from pipelines import shard_dataset
     from pipelines.shard_config import load_shard_config
-    from scoring.job import score
     from training import load_model, load_train_config, train
 
     said = _LogLines("shardtrain")
@@ -100,15 +98,11 @@ def shard_train_score(spark, root: str, shard_defaults: dict, raw: str, progress
     finally:
         os.environ.pop("SHARDTRAIN_PROGRESS_HOST", None)
         said.close()
-    config = f"{root}/score.yaml"
-    with open(config, "w") as fh:
-        yaml.safe_dump({"model": trained.model_uri, "sources": {"raw": {"path": raw}},
-                        "output": {"path": f"{root}/scores", "keep_columns": ["id"]}, "batch_size": 64}, fh)
-    score(config, spark=spark)
+    scored = _score_from(spark, root, trained.model_uri, raw, relative)
     sample = pd.read_parquet(raw).sort_values("id").head(50)
     with open(os.path.join(trained.model_uri, "model.json")) as fh:
         recorded = json.load(fh)["config"]["launch"]["backend"]
-    return {"shards": sharded.uri, "model": trained.model_uri, "scores": f"{root}/scores",
+    return {"shards": sharded.uri, "model": trained.model_uri, **scored,
             "predictions": load_model(trained.model_uri).predict(sample), "sample_ids": sample["id"].tolist(),
             "unreachable": [line for line in said.lines if "never reached the driver's progress server" in line],
             "stalled": [line for line in said.lines if "stalled" in line], "train_seconds": trained.seconds,
@@ -148,9 +142,10 @@ def train_only(spark, shards: str, model: str, marker: str, extra: tuple[str, ..
     return {"model": result.model_uri, **_relaunches(said, result)}
 
 
-def score_from(spark, cwd: str, model: str, raw: str) -> dict:
-    """``shardtrain score`` with the model, the source and the output given relative to ``cwd``,
-    where this process works for the call; and where the session's Python workers work."""
+def _score_from(spark, cwd: str, model: str, raw: str, relative: bool) -> dict:
+    """``shardtrain score`` of ``raw`` by ``model`` into ``cwd``/scores, from a config in ``cwd``;
+    ``relative``: its paths relative to ``cwd``, where this process works for the call. Where the
+    scores went, where this process worked and where the session's Python workers work."""
     import yaml
 
     from scoring.job import score
@@ -160,16 +155,22 @@ def score_from(spark, cwd: str, model: str, raw: str) -> dict:
             pass
         yield pd.DataFrame({"cwd": [os.getcwd()]})
 
+    paths = {"model": model, "raw": raw, "scores": f"{cwd}/scores"}
+    if relative:
+        paths = {key: os.path.relpath(path, cwd) for key, path in paths.items()}
     before = os.getcwd()
     os.chdir(cwd)
     try:
         with open("score.yaml", "w") as fh:
-            yaml.safe_dump({"model": model, "sources": {"raw": {"path": raw}},
-                            "output": {"path": "scores", "keep_columns": ["id"]}, "batch_size": 64}, fh)
+            yaml.safe_dump({"model": paths["model"], "sources": {"raw": {"path": paths["raw"]}},
+                            "output": {"path": paths["scores"], "keep_columns": ["id"]}, "batch_size": 64}, fh)
         uri = score("score.yaml", spark=spark).uri
     finally:
         os.chdir(before)
-    return {"scores": uri, "worker_cwd": spark.range(0, 1, 1, 1).mapInPandas(worker_cwd, "cwd string").first()["cwd"]}
+    if not relative:
+        return {"scores": uri}
+    return {"scores": uri, "score_cwd": cwd, "score_paths": paths,
+            "worker_cwd": spark.range(0, 1, 1, 1).mapInPandas(worker_cwd, "cwd string").first()["cwd"]}
 
 
 def _relaunches(said: "_LogLines", result) -> dict:
@@ -230,7 +231,7 @@ def both(spark, connect, raw, tmp_path_factory):
     # The Connect run leaves launch.backend unset where horovod.torch can be found; the classic run
     # sets launch.backend=torch. Both train on torch, from the same seed: the same weights.
     over_connect = connect.call("test_connect:shard_train_score", root=str(connect_root), shard_defaults=defaults,
-                                raw=path, progress_host=UNREACHABLE, fake_horovod=str(fake))
+                                raw=path, progress_host=UNREACHABLE, fake_horovod=str(fake), relative=True)
     once = classic_root / "stopped.pid"
     with _rank_0_killed(once, os.getpid(), f"{classic_root}/model.run") as killed:
         on_classic = shard_train_score(spark, str(classic_root), defaults, path, extra=_kill_after_checkpoint(once))
@@ -301,19 +302,15 @@ def test_torch_tasks_over_connect_train_to_the_same_weights(both, connect, tmp_p
         assert torch.equal(ours[name], theirs[name]), name
 
 
-def test_relative_paths_score_over_connect_where_the_workers_work_elsewhere(both, connect, raw, tmp_path):
+def test_relative_paths_score_over_connect_where_the_workers_work_elsewhere(both):
     """A Spark Connect session's Python workers run in its artifact directory, not in the client's:
     a relative path the driver's checks pass (conf/score.yaml's artifacts/model) named nothing there.
-    Made absolute when the config is loaded, it scores as the Connect run did, from its own directory."""
+    The Connect run scored with relative paths (``both``); made absolute when the config was loaded,
+    they scored what the classic run scored (test_weights_scores_and_load_model_are_the_same_over_connect)."""
     _, over_connect = both
-    model, source = (os.path.relpath(path, tmp_path) for path in (over_connect["model"], raw[0]))
-    said = connect.call("test_connect:score_from", cwd=str(tmp_path), model=model, raw=source)
-    assert said["worker_cwd"] != str(tmp_path)  # where the workers resolve a relative path: not here
-    assert said["scores"] == str(tmp_path / "scores")
-    scored = [pd.read_parquet(path, engine="pyarrow").sort_values("id").reset_index(drop=True)
-              for path in (said["scores"], over_connect["scores"])]
-    assert len(scored[0]) == ROWS
-    pd.testing.assert_frame_equal(scored[0], scored[1])
+    assert not any(os.path.isabs(path) for path in over_connect["score_paths"].values()), over_connect["score_paths"]
+    assert over_connect["worker_cwd"] != over_connect["score_cwd"]  # where the workers would resolve them: not here
+    assert over_connect["scores"] == f"{over_connect['score_cwd']}/scores"
 
 
 def _rank_process(root_pid: int, rank: int, training: bool = False):
