@@ -315,8 +315,11 @@ def _check_meta_fields(where: str, meta: dict) -> None:
     if label["task"] == "classification" and not (type(classes) is int and classes >= 2):
         raise DatasetError(f"{where}: field 'label.num_classes' is {classes!r}; a classifier has an integer >= 2 "
                            "classes: re-train, or re-publish the model")
-    rules = meta.get(ROW_RULES)  # absent from models published before it was recorded
-    limit = rules.get("max_category_bytes") if isinstance(rules, dict) else rules
+    rules = meta.get(ROW_RULES, {})  # absent from models published before it was recorded
+    if not isinstance(rules, dict):  # loading reads it as a mapping
+        raise DatasetError(f"{where}: field '{ROW_RULES}' is {rules!r}; expected an object: re-train, or re-publish "
+                           "the model")
+    limit = rules.get("max_category_bytes")
     if limit is not None and not (type(limit) is int and 1 <= limit <= MAX_CATEGORY_BYTES):
         raise DatasetError(f"{where}: field '{ROW_RULES}.max_category_bytes' is {limit!r}; expected an integer in "
                            f"[1, {MAX_CATEGORY_BYTES}]: re-train, or re-publish the model")

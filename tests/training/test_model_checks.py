@@ -94,6 +94,7 @@ EDITS = [
     ("features not a spec", _set("features", [1, 2]), "field 'features' is not a feature spec"),
     ("category limit not a size", _set("row_rules.max_category_bytes", "1024"),
      "field 'row_rules.max_category_bytes' is '1024'; expected an integer in [1, 1048576]"),
+    ("category limit not in an object", _set("row_rules", 1024), "field 'row_rules' is 1024; expected an object"),
 ]
 
 
