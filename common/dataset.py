@@ -110,6 +110,7 @@ TASKS = ("classification", "regression")
 MISSING_LABEL = {"classification": -1, "regression": float("nan")}
 DTYPES = ("float32", "int32", "int64")
 NULL_SHARE = "null_share"  # a feature record's share of nulls on train (see the module doc)
+FEATURE_KINDS = ("numeric", "categorical", "arrays")  # the manifest's ``features`` sections, in column order
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ class FeatureSpec:
         self._vocab = {f["name"]: {v: i + RESERVED_INDICES for i, v in enumerate(f["vocab"])}
                        for f in spec.get("categorical", [])}
         # Each feature's share of nulls on train, where the spec records one (not before it was).
-        self.null_shares = {f["name"]: float(f[NULL_SHARE]) for kind in ("numeric", "categorical", "arrays")
+        self.null_shares = {f["name"]: float(f[NULL_SHARE]) for kind in FEATURE_KINDS
                             for f in spec.get(kind, []) if NULL_SHARE in f}
 
     @property
@@ -643,7 +644,7 @@ def validate_manifest(data: dict, where: str) -> None:
     if data.get("row_index_column", ROW_INDEX) != ROW_INDEX:
         raise DatasetError(f"{where}: field 'row_index_column' is {data['row_index_column']!r}, expected {ROW_INDEX!r}")
     stored = {col["name"] for col in data["schema"]}
-    feature_names = [f.get("name") for kind in ("numeric", "categorical", "arrays")
+    feature_names = [f.get("name") for kind in FEATURE_KINDS
                      for f in data["features"].get(kind, [])]
     missing = [name for name in [*feature_names, data["label"]["name"], ROW_INDEX] if name not in stored]
     if missing:
@@ -691,7 +692,7 @@ def _validate_label(label: Any, where: str) -> None:
 
 
 def _validate_features(features: Any, where: str) -> None:
-    if not isinstance(features, dict) or not any(features.get(k) for k in ("numeric", "categorical", "arrays")):
+    if not isinstance(features, dict) or not any(features.get(k) for k in FEATURE_KINDS):
         raise DatasetError(f"{where}: field 'features' declares no feature columns")
     for spec in features.get("numeric", []):
         for key in ("name", "mean", "std", "fill"):
@@ -704,7 +705,7 @@ def _validate_features(features: Any, where: str) -> None:
         shape = spec.get("shape")
         if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
             raise DatasetError(f"{where}: field 'features.arrays[{spec.get('name')}].shape' is {shape!r}")
-    for kind in ("numeric", "categorical", "arrays"):
+    for kind in FEATURE_KINDS:
         for spec in features.get(kind, []):
             share = spec.get(NULL_SHARE, 0.0)  # optional: absent from manifests written before
             if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
