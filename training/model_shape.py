@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 from common.dataset import RESERVED_INDICES
 from common.errors import ConfigError
@@ -41,40 +43,15 @@ _OPTIMIZER_STATE = {"adamw": 2 * _FP32, "sgd": _FP32}  # AdamW: two moments; SGD
 
 def parameter_count(model_cfg, feature_spec: dict, label_spec: dict) -> int | None:
     """The built-in model's parameters for this dataset; None for a plug-in model."""
-    args = {"hidden": model_cfg.hidden, "embedding_dim": model_cfg.embedding_dim, "layers": model_cfg.layers,
-            "d_model": model_cfg.d_model, "ffn_width": None, **model_cfg.kwargs}
-    numeric = len(feature_spec.get("numeric", []))
-    vocab_sizes = [int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
-                   for c in feature_spec.get("categorical", [])]
-    array_widths = [math.prod(a["shape"]) for a in feature_spec.get("arrays", [])]
-    out = 1 if label_spec.get("task") != "classification" else int(label_spec["num_classes"])
-    if model_cfg.name == "mlp":
-        dims = [args["embedding_dim"] or min(16, (size + 1) // 2) for size in vocab_sizes]
-        count, width = sum(size * dim for size, dim in zip(vocab_sizes, dims)), numeric + sum(dims) + sum(array_widths)
-        for size in [*args["hidden"], out]:
-            count, width = count + width * size + size, size
-        return count
-    if model_cfg.name == "ft_transformer":
-        d = args["d_model"]
-        ffn = args["ffn_width"] or 2 * d
-        tokenizer = d + 2 * numeric * d + sum(vocab_sizes) * d + sum(w * d + d for w in array_widths)
-        block = 2 * 2 * d + 3 * d * d + (d * d + d) + (d * ffn + ffn) + (ffn * d + d)
-        head = 2 * d + d * out + out
-        return tokenizer + args["layers"] * block + head
-    return None
+    model = _BUILT_IN.get(model_cfg.name)
+    return None if model is None else model.parameters(_arguments(model_cfg), _Data.of(feature_spec, label_spec))
 
 
 def block_names(model_cfg) -> list[str] | None:
     """The built-in model's pipeline blocks (``pipeline_block_names()``: what an explicit
     ``train.pipeline.split`` lists), in order; None for a plug-in model."""
-    args = {"hidden": model_cfg.hidden, "dropout": model_cfg.dropout, "layers": model_cfg.layers,
-            **model_cfg.kwargs}
-    if model_cfg.name == "mlp":
-        per_layer = 3 if args["dropout"] else 2  # Linear, ReLU (, Dropout)
-        return [f"body.{i * per_layer}" for i in range(len(args["hidden"]) + 1)]
-    if model_cfg.name == "ft_transformer":
-        return [f"blocks.{i}" for i in range(args["layers"])]
-    return None
+    model = _BUILT_IN.get(model_cfg.name)
+    return None if model is None else model.blocks(_arguments(model_cfg))
 
 
 def check_model_fits(cfg, feature_spec: dict, label_spec: dict, rank_memory: tuple[int, str]) -> None:
@@ -89,12 +66,78 @@ def check_model_fits(cfg, feature_spec: dict, label_spec: dict, rank_memory: tup
     have, source = rank_memory
     if need <= have:
         return
-    keys = ("model.hidden=" + str(cfg.model.hidden) if cfg.model.name == "mlp" else
-            f"model.d_model={cfg.model.d_model}, model.layers={cfg.model.layers}")
-    raise ConfigError(f"{keys} makes a {cfg.model.name} of {params:,} parameters: its weights, gradients and "
-                      f"{t.optimizer} state alone need {_size(need)} per rank, more than the {_size(have)} a rank "
-                      f"gets ({source}); make the model smaller, or shard it over more ranks (train.parallel=fsdp, "
-                      "train.pipeline.stages)")
+    raise ConfigError(f"{_BUILT_IN[cfg.model.name].size_keys(cfg.model)} makes a {cfg.model.name} of {params:,} "
+                      f"parameters: its weights, gradients and {t.optimizer} state alone need {_size(need)} per rank, "
+                      f"more than the {_size(have)} a rank gets ({source}); make the model smaller, or shard it over "
+                      "more ranks (train.parallel=fsdp, train.pipeline.stages)")
+
+
+# --- the built-in models, each by its constructor's arithmetic (training.models) ------------------
+
+@dataclass(frozen=True)
+class _Data:
+    """What a built-in model's size takes from the dataset: its feature spec and label, counted."""
+
+    numeric: int
+    vocab_sizes: list[int]
+    array_widths: list[int]
+    out: int  # outputs: the classes, or 1 value
+
+    @classmethod
+    def of(cls, feature_spec: dict, label_spec: dict) -> "_Data":
+        return cls(numeric=len(feature_spec.get("numeric", [])),
+                   vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
+                                for c in feature_spec.get("categorical", [])],
+                   array_widths=[math.prod(a["shape"]) for a in feature_spec.get("arrays", [])],
+                   out=1 if label_spec.get("task") != "classification" else int(label_spec["num_classes"]))
+
+
+def _arguments(model_cfg) -> dict:
+    """The model keys the arithmetic reads, with ``model.kwargs``' overrides (as the constructors take them)."""
+    return {"hidden": model_cfg.hidden, "embedding_dim": model_cfg.embedding_dim, "dropout": model_cfg.dropout,
+            "layers": model_cfg.layers, "d_model": model_cfg.d_model, "ffn_width": None, **model_cfg.kwargs}
+
+
+def _mlp_parameters(args: dict, data: _Data) -> int:
+    dims = [args["embedding_dim"] or min(16, (size + 1) // 2) for size in data.vocab_sizes]
+    count = sum(size * dim for size, dim in zip(data.vocab_sizes, dims))
+    width = data.numeric + sum(dims) + sum(data.array_widths)
+    for size in [*args["hidden"], data.out]:
+        count, width = count + width * size + size, size
+    return count
+
+
+def _mlp_blocks(args: dict) -> list[str]:
+    per_layer = 3 if args["dropout"] else 2  # Linear, ReLU (, Dropout)
+    return [f"body.{i * per_layer}" for i in range(len(args["hidden"]) + 1)]
+
+
+def _ft_parameters(args: dict, data: _Data) -> int:
+    d = args["d_model"]
+    ffn = args["ffn_width"] or 2 * d
+    tokenizer = d + 2 * data.numeric * d + sum(data.vocab_sizes) * d + sum(w * d + d for w in data.array_widths)
+    block = 2 * 2 * d + 3 * d * d + (d * d + d) + (d * ffn + ffn) + (ffn * d + d)
+    head = 2 * d + d * data.out + data.out
+    return tokenizer + args["layers"] * block + head
+
+
+def _ft_blocks(args: dict) -> list[str]:
+    return [f"blocks.{i}" for i in range(args["layers"])]
+
+
+@dataclass(frozen=True)
+class _BuiltIn:
+    parameters: Callable[[dict, _Data], int]
+    blocks: Callable[[dict], list[str]]
+    size_keys: Callable[[object], str]  # the keys that size it, as a refusal names them
+
+
+# model.name -> its shape; a plug-in model is not here (its size is known once a rank builds it).
+_BUILT_IN = {
+    "mlp": _BuiltIn(_mlp_parameters, _mlp_blocks, lambda m: f"model.hidden={m.hidden}"),
+    "ft_transformer": _BuiltIn(_ft_parameters, _ft_blocks,
+                               lambda m: f"model.d_model={m.d_model}, model.layers={m.layers}"),
+}
 
 
 def rank_memory(launch_cfg, master: str | None, executor_settings: dict[str, str | None]) -> tuple[int, str]:
@@ -139,4 +182,5 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-__all__ = ["EXECUTOR_SETTINGS", "LARGEST_HOST_BYTES", "block_names", "check_model_fits", "parameter_count", "rank_memory"]
+__all__ = ["EXECUTOR_SETTINGS", "LARGEST_HOST_BYTES", "block_names", "check_model_fits", "parameter_count",
+           "rank_memory"]
