@@ -71,6 +71,16 @@ def _summary(frame, max_distinct: int = 100_000):
                      num_classes=4, selected="s = 0", num_splits=3, bucket_bits=12, max_distinct=max_distinct)
 
 
+def _scanned_in_two_pieces(spec: ScanSpec, table):
+    """``table`` scanned as the staging writer scans it, here in two tables, and the parts merged."""
+    parts = []
+    for piece in (table.slice(0, 1000), table.slice(1000)):
+        scanner = spec.scanner()
+        scanner.add(piece)
+        parts.append(scanner.result())
+    return spec.merge(parts, names=["x"])
+
+
 def test_the_scan_inside_the_staging_writer_equals_the_scan_by_spark(frames):
     # The shard job takes the summary inside its staging pass, from whole Arrow tables of checked
     # rows (ScanSpec with a split index); it must equal the scan of the same rows by Spark, keyed
@@ -79,12 +89,7 @@ def test_the_scan_inside_the_staging_writer_equals_the_scan_by_spark(frames):
     table = _table(_rows())
     spec = ScanSpec(split="s", bucket="b", reason="r", moments=("x",), categorical=(("feature", "a"),), label="y",
                     num_classes=4, selected=0, num_splits=3, bucket_bits=12)
-    parts = []
-    for piece in (table.slice(0, 1000), table.slice(1000)):
-        scanner = spec.scanner()
-        scanner.add(piece)
-        parts.append(scanner.result())
-    got = spec.merge(parts, names=["x"])
+    got = _scanned_in_two_pieces(spec, table)
     assert got.value_counts == {"feature": want.value_counts["a"]}
     assert (got.bucket_rows, got.by_reason, got.moments, got.class_counts) == (
         want.bucket_rows, want.by_reason, want.moments, want.class_counts)
@@ -102,12 +107,7 @@ def test_nulls_per_feature_are_counted_over_the_train_splits_clean_rows():
     spec = ScanSpec(split="s", bucket="b", reason="r", moments=("x",), categorical=(("a", "a"),), label="y",
                     num_classes=4, selected=0, num_splits=3, bucket_bits=12,
                     nulls=(("x", "x"), ("a", "a"), ("image", "img")))
-    parts = []
-    for piece in (table.slice(0, 1000), table.slice(1000)):
-        scanner = spec.scanner()
-        scanner.add(piece)
-        parts.append(scanner.result())
-    got = spec.merge(parts, names=["x"])
+    got = _scanned_in_two_pieces(spec, table)
     train = [i for i, r in enumerate(rows) if r[2] is None and r[0] == 0]
     assert got.train_rows == len(train) < len(rows)
     want = {"x": sum(rows[i][3] is None for i in train), "a": sum(rows[i][4] is None for i in train),
