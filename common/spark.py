@@ -267,14 +267,23 @@ class LaunchJobs:
             mine.update(sc.statusTracker().getJobIdsForGroup(group))
         return sorted(active & mine)
 
-    def cancel(self) -> list[str]:
-        """Cancel these jobs; returns what was cancelled, for the log."""
+    def running_jobs(self) -> list[int]:
+        """The ids of these jobs running now (classic Spark; [] on Connect, where operations are
+        interrupted by tag and say themselves which they were)."""
+        if self.spark is None or self.connect:
+            return []
+        return self._classic_jobs(self.spark.sparkContext)
+
+    def cancel(self, running: list[int] = ()) -> list[str]:
+        """Cancel these jobs; returns what was cancelled, for the log: the jobs running now, and
+        ``running`` (``running_jobs()`` taken earlier: a job the caller's own stop ended meanwhile,
+        by killing its tasks' processes, was this cancel's as well)."""
         if self.spark is None:
             return []
         if self.connect:
             return [f"operation {op}" for op in self.spark.interruptTag(self.tag)]
         sc = self.spark.sparkContext
-        jobs = self._classic_jobs(sc)
+        jobs = sorted(set(running) | set(self._classic_jobs(sc)))
         sc.cancelJobsWithTag(self.tag)
         for group in self.groups:
             sc.cancelJobGroup(group)

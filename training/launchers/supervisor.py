@@ -334,17 +334,20 @@ class Supervision:
         return text + ". Raise launch.stall_timeout_s if a step or a validation pass legitimately takes longer"
 
     def _stop(self, ranks: dict[int, RankState]) -> None:
-        """Make every rank process of this launch go away, then end its Spark jobs."""
+        """Make every rank process of this launch go away, then end its Spark jobs: those running
+        when the stop began, noted first (a killed rank fails its task, and local mode's job with it,
+        before the cancel comes), and any the launch has since."""
+        running = self.jobs.running_jobs()
         self.server.abort_all()  # live ranks exit themselves
         here = socket.gethostname()
         for state in ranks.values():
             if state.host == here and state.pid and not state.done:
                 _kill(state.pid, state.created)  # a stopped process cannot read "abort"; SIGKILL still works
-        self._cancel_spark_jobs()
+        self._cancel_spark_jobs(running)
 
-    def _cancel_spark_jobs(self) -> None:
+    def _cancel_spark_jobs(self, running: list[int] = ()) -> None:
         # The jobs this launch started (Horovod runs its job on its own thread, under its own group).
-        for what in self.jobs.cancel():
+        for what in self.jobs.cancel(running):
             log.info("cancelled %s", what)
 
 
