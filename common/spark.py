@@ -270,7 +270,9 @@ class LaunchJobs:
     def running_jobs(self) -> list[int]:
         """The ids of these jobs running now (classic Spark; [] on Connect, where operations are
         interrupted by tag and say themselves which they were)."""
-        if self.spark is None or self.connect:
+        if self.spark is None:
+            return []
+        if self.connect:
             return []
         return self._classic_jobs(self.spark.sparkContext)
 

@@ -26,9 +26,10 @@ GUARDED = {
     "default_parallelism": "is_connect",
     "LaunchJobs.__init__": "self.connect",
     "LaunchJobs.running_tasks": "self.connect",
+    "LaunchJobs.running_jobs": "self.connect",
     "LaunchJobs.cancel": "self.connect",
     "LaunchJobs.close": "self.connect",
-    "LaunchJobs._classic_jobs": None,  # called only from running_tasks' and cancel's classic branches
+    "LaunchJobs._classic_jobs": None,  # called only from running_tasks', running_jobs' and cancel's classic branches
 }
 
 
