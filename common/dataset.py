@@ -93,24 +93,20 @@ import numpy as np
 
 from common import __version__
 from common.errors import DatasetError, StorageError, StorageIOError
-from common.rows import MAX_CATEGORY_BYTES
+from common.features import KINDS, FeatureSpec
+from common.features.spec import NULL_SHARE
 from common.storage import Location, is_committed, require_committed, resolve, storage_errors
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT = "shardtrain.dataset"
 FORMAT_VERSION = 1
 ROW_INDEX = "_row"
-NULL_INDEX = 0
-UNSEEN_INDEX = 1
-RESERVED_INDICES = 2
 LABEL_NAME = "label"
 TEACHER_COLUMN = "teacher"
 TASKS = ("classification", "regression")
 # What a transfer row (no label; see the module doc) stores as its label, by task.
 MISSING_LABEL = {"classification": -1, "regression": float("nan")}
 DTYPES = ("float32", "int32", "int64")
-NULL_SHARE = "null_share"  # a feature record's share of nulls on train (see the module doc)
-FEATURE_KINDS = ("numeric", "categorical", "arrays")  # the manifest's ``features`` sections, in column order
 
 
 @dataclass(frozen=True)
@@ -188,20 +184,16 @@ class TeacherRecord:
     temperature: float
     task: str
     num_classes: int | None
-    numeric: tuple[str, ...]
-    categorical: tuple[str, ...]
-    arrays: tuple[tuple[str, tuple[int, ...]], ...]
+    features: dict  # {kind name: the kind's teacher entries}, as recorded (``FeatureSpec.teacher_features``)
     record: dict = field(compare=False, repr=False)
 
     @classmethod
     def from_record(cls, record: dict) -> "TeacherRecord":
         """A teacher record of the shape ``_validate_teacher`` checks (the shard job types its own
         record before ``build_manifest`` validates it)."""
-        features = record["features"]
         return cls(uri=record["uri"], fingerprint=record["fingerprint"], temperature=float(record["temperature"]),
                    task=record["task"], num_classes=record.get("num_classes"),
-                   numeric=tuple(features.get("numeric") or []), categorical=tuple(features.get("categorical") or []),
-                   arrays=tuple((a["name"], tuple(a["shape"])) for a in features.get("arrays") or []),
+                   features={kind.name: list(record["features"].get(kind.name) or []) for kind in KINDS},
                    record=copy.deepcopy(record))
 
     @property
@@ -215,221 +207,6 @@ class TeacherRecord:
 
     def to_record(self) -> dict:
         return copy.deepcopy(self.record)
-
-
-class FeatureSpec:
-    """Fitted preprocessing: statistics and vocabularies, from the train split only.
-
-    ``max_category_bytes``: the longest category (UTF-8 bytes) the shard job took, its
-    features.max_category_bytes (a published model records it: ``LoadedModel``); where unknown,
-    the ceiling no shard job goes beyond (``common.rows.MAX_CATEGORY_BYTES``). A longer category
-    is refused by the row rules (``too_long``) rather than scored as unseen."""
-
-    def __init__(self, spec: dict, max_category_bytes: int | None = None):
-        self.spec = spec
-        self.max_category_bytes = MAX_CATEGORY_BYTES if max_category_bytes is None else int(max_category_bytes)
-        self.numeric = [f["name"] for f in spec.get("numeric", [])]
-        self.categorical = [f["name"] for f in spec.get("categorical", [])]
-        self.arrays = {f["name"]: tuple(f["shape"]) for f in spec.get("arrays", [])}
-        self._num = {f["name"]: f for f in spec.get("numeric", [])}
-        self._vocab = {f["name"]: {v: i + RESERVED_INDICES for i, v in enumerate(f["vocab"])}
-                       for f in spec.get("categorical", [])}
-        # Each feature's share of nulls on train, where the spec records one (not before it was).
-        self.null_shares = {f["name"]: float(f[NULL_SHARE]) for kind in FEATURE_KINDS
-                            for f in spec.get(kind, []) if NULL_SHARE in f}
-
-    @property
-    def columns(self) -> list[str]:
-        return self.numeric + self.categorical + list(self.arrays)
-
-    @property
-    def encoding(self) -> dict:
-        """The spec without what describes the train data rather than how a value is encoded (the
-        null shares): two specs encode every row alike exactly when these are equal, whether or
-        not they were written before null shares were recorded."""
-        return {kind: [{k: v for k, v in f.items() if k != NULL_SHARE} for f in records]
-                for kind, records in self.spec.items()}
-
-    def num_embeddings(self, name: str) -> int:
-        return len(self._vocab[name]) + RESERVED_INDICES
-
-    def transform(self, frame: Any) -> dict[str, np.ndarray]:
-        """Raw rows (pandas DataFrame or pyarrow Table) -> the arrays training saw.
-
-        Returns {"numeric": float32 [n, len(numeric)], "categorical": int64 [n, len(categorical)],
-        <array name>: float32 [n, *shape]}; a missing column raises DatasetError naming it.
-
-        Whole columns at once: an Arrow table stays Arrow (what scoring's mapInArrow gets), a
-        pandas column is taken as Arrow where that converts it exactly; the values are the ones
-        a row-by-row conversion gives, to the bit (tests/scoring/test_transform_columns.py).
-        """
-        self.require_columns(frame)
-        n = len(frame) if not hasattr(frame, "num_rows") else frame.num_rows
-        out: dict[str, np.ndarray] = {}
-        num = np.zeros((n, len(self.numeric)), dtype=np.float32)
-        for j, name in enumerate(self.numeric):
-            num[:, j] = self.encode_numeric(name, _float64_column(frame[name]))
-        out["numeric"] = num
-        cat = np.zeros((n, len(self.categorical)), dtype=np.int64)
-        for j, name in enumerate(self.categorical):
-            cat[:, j] = self.encode_categorical(name, _arrow_strings(frame[name]))
-        out["categorical"] = cat
-        for name, shape in self.arrays.items():
-            out[name] = _stacked_arrays(frame[name], n, shape)
-        return out
-
-    def require_columns(self, frame: Any) -> None:
-        """Every feature column is in ``frame`` (pandas or Arrow), else a DatasetError naming them."""
-        names = list(frame.column_names if hasattr(frame, "column_names") else frame.columns)
-        missing = [c for c in self.columns if c not in names]
-        if missing:
-            raise DatasetError(f"input is missing feature column(s) {missing}; it has {names}")
-
-    # The one implementation of the fitted encodings: the shard job stores what these return
-    # (pipelines/shard_writer.py) and a loaded model applies them to raw rows (``transform``).
-
-    def encode_numeric(self, name: str, values: np.ndarray) -> np.ndarray:
-        """Standardized float32: (value - mean) / std in float64, then rounded once to float32; a
-        missing value (NaN, also what a null becomes) and +/-inf take the fill first."""
-        stats = self._num[name]
-        values = np.where(np.isfinite(values), values, stats["fill"])
-        return ((values - stats["mean"]) / stats["std"]).astype(np.float32)
-
-    def encode_categorical(self, name: str, values: Any) -> np.ndarray:
-        """int64 codes: a null is NULL_INDEX, a value outside the vocabulary UNSEEN_INDEX, the
-        vocabulary's i-th value RESERVED_INDICES + i. Arrow string arrays (what Spark's string
-        casts give) are looked up at once; other values one by one, as their string forms."""
-        import pyarrow as pa
-
-        if isinstance(values, (pa.Array, pa.ChunkedArray)) and (pa.types.is_string(values.type)
-                                                                or pa.types.is_large_string(values.type)):
-            import pyarrow.compute as pc
-
-            if isinstance(values, pa.ChunkedArray):
-                values = values.combine_chunks()
-            # The dictionary's own codes, by position of its keys: the same code the dictionary
-            # gives a value, even for a vocabulary listing one value twice (the later position wins).
-            vocab = self._vocab[name]
-            codes_of = np.array([UNSEEN_INDEX, *vocab.values()], dtype=np.int64)
-            keys = pa.array(list(vocab), type=values.type)
-            index = pc.fill_null(pc.index_in(values, value_set=keys), -1).to_numpy(zero_copy_only=False)
-            codes = codes_of[index.astype(np.int64) + 1]
-            codes[pc.is_null(values).to_numpy(zero_copy_only=False)] = NULL_INDEX
-            return codes
-        if isinstance(values, _PandasStrings):
-            return self._encode_pandas_strings(name, values)
-        if isinstance(values, (pa.Array, pa.ChunkedArray)):
-            values = values.to_pylist()
-        vocab = self._vocab[name]
-        return np.array([NULL_INDEX if _is_null(v) else _lookup(vocab, v) for v in values], dtype=np.int64)
-
-    def _encode_pandas_strings(self, name: str, values: "_PandasStrings") -> np.ndarray:
-        """A pandas column of strings and missing values: the strings looked up at once; each
-        missing one (None, NaN, pd.NA, ...) coded as it would be on its own, one by one."""
-        codes = self.encode_categorical(name, values.arrow)
-        gaps = np.flatnonzero(codes == NULL_INDEX)
-        if len(gaps):
-            codes[gaps] = self.encode_categorical(name, values.series.iloc[gaps])
-        return codes
-
-
-class _PandasStrings:
-    """A pandas column whose non-missing values are all str, with its Arrow string array."""
-
-    def __init__(self, series: Any, arrow: Any):
-        self.series = series
-        self.arrow = arrow
-
-
-def _arrow_strings(column: Any) -> Any:
-    """A categorical column as what ``encode_categorical`` looks up at once where that is exact: an
-    Arrow column as it is; a pandas column of str and missing values as _PandasStrings; any other
-    pandas column (numbers, booleans, mixed) as it is, for the value-by-value string forms."""
-    import pyarrow as pa
-
-    if isinstance(column, (pa.Array, pa.ChunkedArray)) or getattr(column, "dtype", None) is None:
-        return column
-    if column.dtype.kind not in "OSU" and str(column.dtype) not in ("string", "str"):
-        return column
-    try:
-        arrow = pa.array(column, from_pandas=True)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
-        return column
-    if not pa.types.is_string(arrow.type) and not pa.types.is_large_string(arrow.type):
-        return column  # e.g. an object column of ints: each takes its own string form
-    return _PandasStrings(column, arrow)
-
-
-def _float64_column(column: Any) -> np.ndarray:
-    """A numeric column as float64 with NaN for a null: what ``np.asarray(pandas column, float64)``
-    gives. Arrow floating columns convert directly (a null is NaN); other Arrow types go through
-    their pandas conversion, so integers, booleans and decimals round exactly as before."""
-    import pyarrow as pa
-
-    if isinstance(column, (pa.Array, pa.ChunkedArray)):
-        if pa.types.is_floating(column.type):
-            return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
-        column = column.to_pandas()
-    return np.asarray(column, dtype=np.float64)
-
-
-def _stacked_arrays(column: Any, n: int, shape: tuple[int, ...]) -> np.ndarray:
-    """An array feature as float32 [n, *shape]: an Arrow list column with every row present and of
-    length prod(shape) is flattened and reshaped once; a pandas column of equal-length rows is
-    stacked by numpy at once. Anything else (a null row, a row of another length) takes the
-    row-by-row path, which raises the same error it always did."""
-    import pyarrow as pa
-
-    width = math.prod(shape)
-    if isinstance(column, (pa.Array, pa.ChunkedArray)):
-        whole = _flat_lists(column, n, width)
-        if whole is not None:
-            return whole.reshape((n, *shape))
-        column = column.to_pandas()
-    else:
-        try:
-            whole = np.asarray(list(column), dtype=np.float32)
-        except (ValueError, TypeError):
-            whole = None
-        if whole is not None and whole.ndim >= 1 and len(whole) == n and whole.size == n * width:
-            return whole.reshape((n, *shape))
-    rows = [np.asarray(v, dtype=np.float32).reshape(shape) for v in column]
-    return np.stack(rows) if rows else np.zeros((0, *shape), dtype=np.float32)
-
-
-def _flat_lists(column: Any, n: int, width: int) -> np.ndarray | None:
-    """An Arrow list column's elements as one float32 vector, or None unless every row is present
-    and holds exactly ``width`` elements (a null element is NaN, as in its pandas conversion)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
-            or pa.types.is_fixed_size_list(column.type)):
-        return None
-    if column.null_count or (n and not pc.all(pc.equal(pc.list_value_length(column), width)).as_py()):
-        return None
-    values = column.flatten()
-    if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
-        return None  # booleans, strings, nested lists: their pandas conversion decides
-    # A copy: a view of Arrow's buffer is read-only, and torch warns on (and must not write to) one.
-    return np.array(values.to_numpy(zero_copy_only=False), dtype=np.float32)
-
-
-def _is_null(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and np.isnan(value))
-
-
-def _lookup(vocab: dict[str, int], value: Any) -> int:
-    # Vocabularies hold strings (Spark casts the column to string). A pandas column of integers
-    # with nulls arrives as floats, so 3.0 must also find "3".
-    if isinstance(value, (bool, np.bool_)):
-        value = "true" if value else "false"  # Spark's CAST(boolean AS STRING), not Python's str(True)
-    index = vocab.get(str(value))
-    if index is None and isinstance(value, (float, np.floating)) and float(value).is_integer():
-        index = vocab.get(str(int(value)))
-    return UNSEEN_INDEX if index is None else index
 
 
 class Manifest:
@@ -644,8 +421,7 @@ def validate_manifest(data: dict, where: str) -> None:
     if data.get("row_index_column", ROW_INDEX) != ROW_INDEX:
         raise DatasetError(f"{where}: field 'row_index_column' is {data['row_index_column']!r}, expected {ROW_INDEX!r}")
     stored = {col["name"] for col in data["schema"]}
-    feature_names = [f.get("name") for kind in FEATURE_KINDS
-                     for f in data["features"].get(kind, [])]
+    feature_names = [f.get("name") for kind in KINDS for f in data["features"].get(kind.name, [])]
     missing = [name for name in [*feature_names, data["label"]["name"], ROW_INDEX] if name not in stored]
     if missing:
         raise DatasetError(f"{where}: field 'schema' lacks column(s) {missing} that 'features'/'label' name")
@@ -692,24 +468,14 @@ def _validate_label(label: Any, where: str) -> None:
 
 
 def _validate_features(features: Any, where: str) -> None:
-    if not isinstance(features, dict) or not any(features.get(k) for k in FEATURE_KINDS):
+    if not isinstance(features, dict) or not any(features.get(kind.name) for kind in KINDS):
         raise DatasetError(f"{where}: field 'features' declares no feature columns")
-    for spec in features.get("numeric", []):
-        for key in ("name", "mean", "std", "fill"):
-            if key not in spec:
-                raise DatasetError(f"{where}: field 'features.numeric[{spec.get('name')}].{key}' is missing")
-    for spec in features.get("categorical", []):
-        if not isinstance(spec.get("vocab"), list):
-            raise DatasetError(f"{where}: field 'features.categorical[{spec.get('name')}].vocab' is missing")
-    for spec in features.get("arrays", []):
-        shape = spec.get("shape")
-        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
-            raise DatasetError(f"{where}: field 'features.arrays[{spec.get('name')}].shape' is {shape!r}")
-    for kind in FEATURE_KINDS:
-        for spec in features.get(kind, []):
+    for kind in KINDS:
+        for spec in features.get(kind.name, []):
+            kind.check_record(spec, where)
             share = spec.get(NULL_SHARE, 0.0)  # optional: absent from manifests written before
             if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
-                raise DatasetError(f"{where}: field 'features.{kind}[{spec.get('name')}].{NULL_SHARE}' is "
+                raise DatasetError(f"{where}: field 'features.{kind.name}[{spec.get('name')}].{NULL_SHARE}' is "
                                    f"{share!r}; expected a fraction in [0, 1]")
 
 
@@ -758,15 +524,17 @@ def teacher_differences(teacher: TeacherRecord, features: dict, label: LabelSpec
     elif label.classification and teacher.num_classes != label.num_classes:
         found.append(f"num_classes is {teacher.num_classes}, but the dataset's label.num_classes is "
                      f"{label.num_classes}")
-    for kind, theirs in (("numeric", teacher.numeric), ("categorical", teacher.categorical)):
-        mine = sorted(f["name"] for f in features.get(kind, []))
-        if sorted(theirs) != mine:
-            found.append(f"{kind} features are {sorted(theirs)}, but the dataset's are {mine}")
-    their_arrays = {name: list(shape) for name, shape in teacher.arrays}
-    our_arrays = {a["name"]: list(a["shape"]) for a in features.get("arrays", [])}
-    if their_arrays != our_arrays:
-        found.append(f"array features are {their_arrays}, but the dataset's are {our_arrays}")
+    for kind in KINDS:
+        theirs = kind.teacher_names(teacher.features.get(kind.name) or [])
+        mine = kind.teacher_names(kind(features.get(kind.name) or [], 0).teacher_entries())
+        if theirs != mine:
+            found.append(f"{kind.name} features are {_listed(theirs)}, but the dataset's are {_listed(mine)}")
     return found
+
+
+def _listed(names: dict) -> Any:
+    """A kind's teacher entries as a message shows them: sorted names, or {name: shape}."""
+    return sorted(names) if all(v is None for v in names.values()) else names
 
 
 def _validate_splits(splits: Any, where: str) -> None:
@@ -805,9 +573,7 @@ def _validate_file_path(path: Any, field: str) -> None:
 
 def stored_schema(features: dict, label: dict, teacher: dict | None = None) -> list[dict]:
     """The stored columns, in file order, that a feature, label (and teacher) spec imply (see the module doc)."""
-    cols = [{"name": f["name"], "dtype": "float32", "shape": []} for f in features.get("numeric", [])]
-    cols += [{"name": f["name"], "dtype": "int32", "shape": []} for f in features.get("categorical", [])]
-    cols += [{"name": f["name"], "dtype": "float32", "shape": list(f["shape"])} for f in features.get("arrays", [])]
+    cols = FeatureSpec(features).stored_columns()
     cols.append({"name": label["name"], "dtype": "int64" if label["task"] == "classification" else "float32",
                  "shape": []})
     if teacher is not None:

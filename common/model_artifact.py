@@ -42,7 +42,8 @@ from typing import Callable
 
 import numpy as np
 
-from common.dataset import FeatureSpec, LabelSpec
+from common.dataset import LabelSpec
+from common.features import FeatureSpec
 from common.errors import DatasetError, InputDataError, StorageError, first_line
 from common.model_registry import is_registry_uri
 from common.rows import MAX_CATEGORY_BYTES, MEANING, Refusals, frame_refusals
@@ -155,7 +156,7 @@ class LoadedModel:
 
         if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature > 0):
             raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-        if len(arrays["numeric"]) == 0:  # no rows: a network's reshape of 0 elements has no size to infer
+        if len(next(iter(arrays.values()))) == 0:  # no rows: a network's reshape of 0 elements has no size to infer
             return np.zeros((0, self.label.num_classes) if self.label.classification else (0,), dtype=np.float32)
         batch = {name: torch.from_numpy(np.ascontiguousarray(value)).to(self.device) for name, value in arrays.items()}
         with torch.no_grad():
@@ -227,24 +228,15 @@ def _read_committed(loc: Location, program: bool, build_network) -> LoadedModel:
     return _checked_against_network(loc, LoadedModel(module, meta, fingerprint, PROGRAM if program else WEIGHTS))
 
 
-def _probe_batch(spec: FeatureSpec) -> dict:
-    """Two rows of the inputs the network takes: zeros, then each category's largest index (an
-    embedding table smaller than model.json's vocabulary fails on it)."""
-    categorical = np.zeros((2, len(spec.categorical)), dtype=np.int64)
-    categorical[1] = [spec.num_embeddings(name) - 1 for name in spec.categorical]
-    return {"numeric": np.zeros((2, len(spec.numeric)), dtype=np.float32), "categorical": categorical,
-            **{name: np.zeros((2, *shape), dtype=np.float32) for name, shape in spec.arrays.items()}}
-
-
 def _checked_against_network(loc: Location, model: LoadedModel) -> LoadedModel:
     """``model``, after checking that its network takes model.json's features and gives what
     model.json's label says. A forward pass rather than the weights' shapes: it holds for a
     plug-in's TorchScript program as for the built-in MLP."""
     where = f"{loc.uri}/{META}"
     try:
-        out = model.predict_arrays(_probe_batch(model.features))
+        out = model.predict_arrays(model.features.probe(2))
     except Exception as exc:  # noqa: BLE001 - the network's own error on inputs of the wrong shape
-        raise DatasetError(f"{where}: field 'features' ({_feature_summary(model.features)}) does not match the "
+        raise DatasetError(f"{where}: field 'features' ({model.features.summary()}) does not match the "
                            f"inputs the network takes ({type(exc).__name__}: {first_line(exc)}); the file was edited "
                            "or damaged: re-train, or re-publish the model") from None
     label = model.label
@@ -261,12 +253,6 @@ def _checked_against_network(loc: Location, model: LoadedModel) -> LoadedModel:
         raise DatasetError(f"{where}: field 'label.task' is 'regression', but {found} (one value per row "
                            "expected); the file was edited or damaged: re-train, or re-publish the model")
     return model
-
-
-def _feature_summary(spec: FeatureSpec) -> str:
-    arrays = ", ".join(f"{name} {list(shape)}" for name, shape in spec.arrays.items())
-    return (f"{len(spec.numeric)} numeric, {len(spec.categorical)} categorical"
-            + (f", arrays {arrays}" if arrays else ""))
 
 
 def read_meta(loc: Location) -> dict:

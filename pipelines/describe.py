@@ -10,6 +10,7 @@ shows the same with charts: rows per shard and split, quarantine counts by reaso
 from __future__ import annotations
 
 from common.dataset import LabelSpec, Manifest, read_manifest, row_bytes
+from common.features import FeatureSpec
 
 
 # Measured with benchmarks/loader_throughput.py (2 cores, tabular rows of 88 bytes): the training
@@ -44,10 +45,9 @@ def _label_and_features(label: LabelSpec, feats: dict) -> list[str]:
     else:
         lines = [f"label     {label.name}: regression; train mean {_or_nan(label.train_mean):.4g}, "
                  f"std {_or_nan(label.train_std):.4g}"]
-    lines.append(f"features  {len(feats.get('numeric', []))} numeric, {len(feats.get('categorical', []))} categorical"
-                 + "".join(f", {a['name']} {tuple(a['shape'])}" for a in feats.get("arrays", [])))
-    for cat in feats.get("categorical", []):
-        lines.append(f"          {cat['name']}: vocabulary of {len(cat['vocab'])} (+2 reserved: null, unseen)")
+    spec = FeatureSpec(feats)
+    lines.append(f"features  {spec.summary()}")
+    lines += [f"          {line}" for kind in spec.kinds for line in kind.detail_lines()]
     return lines
 
 
@@ -209,19 +209,9 @@ def _html_label(label: LabelSpec) -> list[str]:
 
 
 def _html_features(features: dict) -> list[str]:
-    from common.html_report import paragraph, table
+    from common.html_report import paragraph
 
-    parts = []
-    if features.get("numeric"):
-        parts.append(table(["numeric feature", "train mean", "train std", "null filled with"],
-                           [[f["name"], f.get("mean"), f.get("std"), f.get("fill")] for f in features["numeric"]]))
-    if features.get("categorical"):
-        parts.append(table(["categorical feature", "vocabulary", "embedding rows", "most frequent values"],
-                           [[f["name"], len(f["vocab"]), f.get("num_embeddings"), ", ".join(map(str, f["vocab"][:8]))]
-                            for f in features["categorical"]]))
-    if features.get("arrays"):
-        parts.append(table(["array feature", "shape"], [[f["name"], "x".join(map(str, f["shape"]))]
-                                                        for f in features["arrays"]]))
+    parts = [part for kind in FeatureSpec(features).kinds if (part := kind.html_table()) is not None]
     return parts or [paragraph("No feature columns.", note=True)]
 
 

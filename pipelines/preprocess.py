@@ -34,44 +34,30 @@ from typing import Callable
 
 from pipelines.balance import split_index_sql
 from common.errors import InputDataError, first_line
-from common.rows import (FLOAT_MAX, array_reasons, array_value, category_reasons, encoding_reasons, numeric_reasons,
-                         numeric_value)
+from common.features import KINDS, FeatureSpec
+from common.features.spec import NULL_SHARE
+from common.features.base import TrainSummary
+from common.rows import FLOAT_MAX, encoding_reasons
 from common.sql import quote_identifier as q
-from common.dataset import LABEL_NAME, NULL_SHARE, RESERVED_INDICES, ROW_INDEX, TeacherRecord
+from common.dataset import LABEL_NAME, ROW_INDEX, TeacherRecord
 from common.dataset import stored_schema as dataset_schema
 from pipelines.shard_config import ShardConfig
-from pipelines.summary import Summary, top_values
+from pipelines.summary import Summary
 
 RESERVED_NAMES = {LABEL_NAME, ROW_INDEX}
 
 
-# The typed copies of the features, by column name (Arrow tables, dict keys); SQL text names them
-# through q(), like every other column: a feature may be called "price-usd" or "first name". The
-# name itself is escaped where Spark's DataFrame API would parse it (a backtick, a dot: pyspark's
-# mapInArrow looks its input columns up by name), so the staging pass can take any feature name.
-
-def _typed_name(prefix: str, name: str) -> str:
-    return prefix + name.replace("%", "%25").replace("`", "%60").replace(".", "%2E")
-
-
-def num_col(name: str) -> str:
-    return _typed_name("_n_", name)
-
-
-def cat_col(name: str) -> str:
-    return _typed_name("_c_", name)
-
-
-def arr_col(name: str) -> str:
-    return _typed_name("_a_", name)
+def configured_features(cfg: ShardConfig) -> FeatureSpec:
+    """The config's features, one instance of each kind, before anything is fitted: what the row
+    rules, the typed columns and ``fit`` loop over."""
+    feats = cfg.features
+    return FeatureSpec({kind.name: kind.configured(feats) for kind in KINDS}, feats.max_category_bytes)
 
 
 def typed_features(cfg: ShardConfig) -> tuple[tuple[str, str], ...]:
     """(feature name, typed column) of every feature: the columns whose nulls on train the
     summary counts (``fit``'s null shares)."""
-    feats = cfg.features
-    return (*((n, num_col(n)) for n in feats.numeric), *((n, cat_col(n)) for n in feats.categorical),
-            *((n, arr_col(n)) for n in feats.arrays))
+    return tuple((name, kind.typed(name)) for kind in configured_features(cfg).kinds for name in kind.names)
 
 
 def check_table(table, cfg: ShardConfig, where: str) -> None:
@@ -84,8 +70,8 @@ def check_table(table, cfg: ShardConfig, where: str) -> None:
     if clash:
         raise InputDataError(f"feature column(s) {clash} use a name the dataset reserves ({sorted(RESERVED_NAMES)}); "
                              f"rename them in the query")
-    wanted = [(c, "features.numeric") for c in feats.numeric] + [(c, "features.categorical") for c in feats.categorical]
-    wanted += [(c, f"features.arrays.{c}") for c in feats.arrays]
+    kinds = configured_features(cfg).kinds
+    wanted = [(name, kind.config_key(name)) for kind in kinds for name in kind.names]
     if cfg.label.column is not None:
         wanted.append((cfg.label.column, "label.column"))
     for column, key in wanted:
@@ -93,15 +79,10 @@ def check_table(table, cfg: ShardConfig, where: str) -> None:
             raise InputDataError(f"column {column!r} ({key}) is not in {where}; it has columns {sorted(fields)}")
 
     scalar = (T.NumericType, T.BooleanType, T.StringType)
-    for column in feats.numeric:
-        _require_type(isinstance(fields[column], scalar), column, "features.numeric", fields[column], "float", where)
-    for column in feats.categorical:
-        ok = isinstance(fields[column], T.AtomicType) and not isinstance(fields[column], T.BinaryType)
-        _require_type(ok, column, "features.categorical", fields[column], "a category (string)", where)
-    for column in feats.arrays:
-        dt = fields[column]
-        ok = isinstance(dt, T.ArrayType) and isinstance(dt.elementType, (T.NumericType, T.BooleanType))
-        _require_type(ok, column, f"features.arrays.{column}", dt, "array<float>", where)
+    for kind in kinds:
+        for column in kind.names:
+            _require_type(kind.spark_type_ok(fields[column]), column, kind.config_key(column), fields[column],
+                          kind.wanted(), where)
     if cfg.label.column is not None:
         _require_type(isinstance(fields[cfg.label.column], scalar), cfg.label.column, "label.column",
                       fields[cfg.label.column], "a number", where)
@@ -156,7 +137,8 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     cols.append(f"xxhash64({seed + 2}, {key}, {', '.join(used)}) AS _tiebreak")
 
     reasons = []
-    text = [c for c in [*feats.numeric, *feats.categorical, *([label.column] if label.column else [])]
+    kinds = configured_features(cfg).kinds
+    text = [c for c in [*(n for kind in kinds if kind.text for n in kind.names), *([label.column] if label.column else [])]
             if isinstance(fields[c], T.StringType)]
     reasons += encoding_reasons(text)
     label_d = f"try_cast({label_raw} AS DOUBLE)"
@@ -176,51 +158,38 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     reasons.append(f"WHEN {label_raw} IS NOT NULL AND ({invalid}) THEN 'invalid_label'" if transfer
                    else f"WHEN {invalid} THEN 'invalid_label'")
 
-    for name in feats.numeric:
-        reasons += numeric_reasons(name, fields[name])
-        cols.append(f"{numeric_value(name)} AS {q(num_col(name))}")
-    for name in feats.categorical:
-        reasons += category_reasons(name, feats.max_category_bytes)
-        cols.append(f"CAST({q(name)} AS STRING) AS {q(cat_col(name))}")
-    for name, shape in feats.arrays.items():
-        reasons += array_reasons(name, shape)
-        cols.append(f"{array_value(name)} AS {q(arr_col(name))}")
+    for kind in kinds:
+        for name in kind.names:
+            reasons += kind.sql_reasons(name, fields[name])
+            cols.append(f"{kind.typed_sql(name)} AS {q(kind.typed(name))}")
     cols.append(f"CASE {' '.join(reasons)} END AS _reason")
     return cols
 
 
 @dataclass
 class FittedStats:
-    numeric: list[dict]       # manifest entries: name, mean, std, fill, null_share
-    categorical: list[dict]   # name, vocab, num_embeddings, null_share
-    arrays: list[dict]        # name, shape, null_share
+    features: dict            # the manifest's ``features``: each kind's records (statistics, null_share)
     label: dict               # manifest label spec
 
 
 def fit(clean_train: Callable, cfg: ShardConfig, summary: Summary) -> FittedStats:
-    """Statistics and vocabularies of the train split's clean rows from the shard job's one scan
-    of them (``summary``: exact moments of ``moment_values(cfg)``, value counts, class counts). A
-    categorical feature the scan left uncounted (too many distinct values) is ranked by a Spark
-    aggregation over ``clean_train()`` (those rows as a DataFrame, made only then) instead.
-    Each feature's ``null_share`` is its nulls over the train rows the summary counted: the
-    typed value is null exactly where the raw one is (a value that does not cast is quarantined),
-    and an array's is 0 (a null array is quarantined)."""
+    """Statistics and vocabularies of the train split's clean rows, each kind fitting its own
+    (``FeatureKind.fit``) from the shard job's one scan of them (``summary``: exact moments of
+    ``scan_columns(cfg)``, value counts, class counts; ``clean_train()``: those rows as a
+    DataFrame, made only where a kind asks for it). Each feature's ``null_share`` is its nulls
+    over the train rows the summary counted: the typed value is null exactly where the raw one is
+    (a value that does not cast is quarantined), and an array's is 0 (a null array is quarantined)."""
     moments = list(summary.moments)
     label_moments = moments.pop() if cfg.label.task == "regression" else None
-    feats = cfg.features
-    vocabularies = {name: top_values(counts, feats.min_count, feats.max_vocab)
-                    for name, counts in summary.value_counts.items() if counts is not None}
-    wide = [name for name in feats.categorical if name not in vocabularies]
-    if wide:
-        vocabularies.update(spark_vocabularies(clean_train(), wide, feats.min_count, feats.max_vocab))
+    kinds = configured_features(cfg).kinds
+    named = [name for kind in kinds for name, _ in kind.moment_columns()]
+    train = TrainSummary(moments=dict(zip(named, moments)), value_counts=summary.value_counts, frame=clean_train)
     shares = _null_shares(summary)
-    numeric = _numeric_stats(cfg.features, moments)
-    categorical = _categorical_stats(cfg.features, vocabularies)
-    arrays = [{"name": n, "shape": list(s)} for n, s in feats.arrays.items()]
-    for record in [*numeric, *categorical, *arrays]:
-        record[NULL_SHARE] = shares[record["name"]]
-    return FittedStats(numeric=numeric, categorical=categorical, arrays=arrays,
-                       label=_label_stats(cfg.label, summary.class_counts, label_moments))
+    features = {kind.name: kind.fit(cfg.features, train) for kind in kinds}
+    for records in features.values():
+        for record in records:
+            record[NULL_SHARE] = shares[record["name"]]
+    return FittedStats(features=features, label=_label_stats(cfg.label, summary.class_counts, label_moments))
 
 
 def _null_shares(summary: Summary) -> dict[str, float]:
@@ -229,41 +198,14 @@ def _null_shares(summary: Summary) -> dict[str, float]:
     return {name: nulls / rows if rows else 0.0 for name, nulls in summary.null_counts.items()}
 
 
-def _numeric_stats(feats, moments: list[tuple[int, float, float]]) -> list[dict]:
-    """Mean, std and fill of each numeric feature from its train moments."""
-    numeric = []
-    for name, (count, mean, m2) in zip(feats.numeric, moments):
-        std = math.sqrt(m2 / count) if count else 0.0
-        mean = mean if count else 0.0
-        # A constant (or all-null) column must not divide by zero: it standardizes to 0.
-        std = std if std > 0 else 1.0
-        fill = float(feats.impute[name]) if name in feats.impute else mean
-        numeric.append({"name": name, "mean": mean, "std": std, "fill": fill})
-    return numeric
-
-
-def spark_vocabularies(clean_train, names: list[str], min_count: int, max_vocab: int) -> dict[str, list[str]]:
-    """Vocabularies of ``names`` by one Spark aggregation, (column, value) -> count, then the top
-    values per column by a window: for features with too many distinct values to count on the
-    driver. The same order as ``summary.top_values``: most frequent first, ties by value, at
-    most max_vocab values seen at least min_count times."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import Window
-
-    stacked = [F.struct(F.lit(name).alias("column"), F.col(q(cat_col(name))).alias("value")) for name in names]
-    counts = (clean_train.select(F.explode(F.array(*stacked)).alias("e")).select("e.column", "e.value")
-              .where(F.col("value").isNotNull()).groupBy("column", "value").count())
-    rank = F.row_number().over(Window.partitionBy("column").orderBy(F.desc("count"), F.asc("value")))
-    top = counts.where(F.col("count") >= min_count).withColumn("rank", rank).where(F.col("rank") <= max_vocab)
-    ranked: dict[str, list[tuple[int, str]]] = {name: [] for name in names}
-    for row in top.collect():  # at most max_vocab values per column
-        ranked[row["column"]].append((int(row["rank"]), row["value"]))
-    return {name: [v for _, v in sorted(values)] for name, values in ranked.items()}
-
-
-def _categorical_stats(feats, vocabularies: dict[str, list[str]]) -> list[dict]:
-    return [{"name": name, "vocab": vocabularies[name], "num_embeddings": len(vocabularies[name]) + RESERVED_INDICES}
-            for name in feats.categorical]
+def scan_columns(cfg: ShardConfig) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """What the shard job's scan of the train split computes for ``fit``: the typed columns whose
+    moments the kinds need (then a regression label's, ``_label``), and (feature, typed column)
+    of those whose values they count."""
+    kinds = configured_features(cfg).kinds
+    moments = tuple(col for kind in kinds for _, col in kind.moment_columns())
+    moments += ("_label",) if cfg.label.task == "regression" else ()
+    return moments, tuple(pair for kind in kinds for pair in kind.counted_columns())
 
 
 def _label_stats(label, class_counts: list[int], label_moments: tuple[int, float, float] | None) -> dict:
@@ -277,19 +219,8 @@ def _label_stats(label, class_counts: list[int], label_moments: tuple[int, float
     return spec
 
 
-def moment_values(cfg: ShardConfig) -> list[str]:
-    """The SQL values whose train-split moments ``fit`` needs: numeric features, a regression label."""
-    values = [q(num_col(n)) for n in cfg.features.numeric]
-    if cfg.label.task == "regression":
-        values.append("CAST(_label AS DOUBLE)")
-    return values
-
-
 def stored_schema(cfg: ShardConfig, teacher: TeacherRecord | None = None) -> list[dict]:
     """The manifest's schema for this config (and teacher record): stored columns in file order
     (common.dataset decides it)."""
-    features = {"numeric": [{"name": n} for n in cfg.features.numeric],
-                "categorical": [{"name": n} for n in cfg.features.categorical],
-                "arrays": [{"name": n, "shape": s} for n, s in cfg.features.arrays.items()]}
-    return dataset_schema(features, {"name": LABEL_NAME, "task": cfg.label.task},
+    return dataset_schema(configured_features(cfg).spec, {"name": LABEL_NAME, "task": cfg.label.task},
                           None if teacher is None else teacher.to_record())

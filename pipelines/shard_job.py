@@ -74,7 +74,7 @@ from common.spark import default_parallelism
 from common.sql import quote_identifier as q
 from common.sql import quote_string
 from common.sources import CORRUPT_COLUMN, MALFORMED, check_table_inputs, read_sources, source_bytes, source_fingerprint
-from pipelines.preprocess import (arr_col, cat_col, check_table, fit, moment_values, num_col, row_columns, stored_schema,
+from pipelines.preprocess import (check_table, configured_features, fit, row_columns, scan_columns, stored_schema,
                                   typed_features)
 from pipelines.shard_config import ShardConfig
 from pipelines import summary as summary_module
@@ -186,7 +186,6 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         _quality_gate(cfg, counts)
         for i, name in enumerate(split_names):
             check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
-        _check_numeric_coverage(cfg, counts)
 
         train = split_names.index("train")
         with spark_errors("fitting statistics and vocabularies on the train split"):
@@ -195,7 +194,7 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         transfer_rows = _transfer_rows(cfg, counts.split_rows.get(train, 0), summary)
         if cfg.label.unlabeled == "transfer":
             stats.label.update(unlabeled="transfer", train_transfer_rows=transfer_rows)
-        features = {"numeric": stats.numeric, "categorical": stats.categorical, "arrays": stats.arrays}
+        features = stats.features
 
         columns = stored_schema(cfg, teacher)
         rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
@@ -388,10 +387,8 @@ def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scor
 def _write_staged(rows, cfg: ShardConfig, staging_uri: str, parts: int) -> tuple[StagedRows, RowCounts, Summary]:
     num_splits = len(cfg.split.fractions)
     label = cfg.label
-    scan = ScanSpec(split="_split", bucket="_bucket", reason="_reason",
-                    moments=tuple(num_col(n) for n in cfg.features.numeric) + (
-                        ("_label",) if label.task == "regression" else ()),
-                    categorical=tuple((n, cat_col(n)) for n in cfg.features.categorical),
+    moments, counted = scan_columns(cfg)
+    scan = ScanSpec(split="_split", bucket="_bucket", reason="_reason", moments=moments, categorical=counted,
                     label="_label" if label.task == "classification" else None, num_classes=label.num_classes or 0,
                     selected=list(cfg.split.fractions).index("train"), num_splits=num_splits, bucket_bits=BUCKET_BITS,
                     max_distinct=summary_module.MAX_DISTINCT_PER_PARTITION, nulls=typed_features(cfg))
@@ -401,7 +398,7 @@ def _write_staged(rows, cfg: ShardConfig, staging_uri: str, parts: int) -> tuple
                         num_splits=num_splits)
     if len(staged.files) != len(written):
         raise AccountingError("two staging tasks wrote the same staging key; the driver's partition keys are wrong")
-    summary = scan.merge([r["summary"] for r in written], names=moment_values(cfg))
+    summary = scan.merge([r["summary"] for r in written], names=list(moments))
     return staged, _counts(summary), summary
 
 
@@ -499,7 +496,7 @@ class RowCounts:
     by_reason: dict[str, int]
     table_rows: int
     malformed: int
-    train_moments: list[tuple[int, float, float]]  # (count, mean, m2) per preprocess.moment_values
+    train_moments: list[tuple[int, float, float]]  # (count, mean, m2) per preprocess.scan_columns
 
     @property
     def quarantined(self) -> int:
@@ -549,17 +546,6 @@ def _quality_gate(cfg: ShardConfig, counts: RowCounts) -> None:
             f"{counts.quarantined} of {total} input rows ({fraction:.2%}) are bad, above "
             f"quality.max_bad_fraction={cfg.quality.max_bad_fraction:g}: {reasons}. Nothing was written; fix the "
             "input, or raise quality.max_bad_fraction to publish the good rows and quarantine the rest")
-
-
-def _check_numeric_coverage(cfg: ShardConfig, counts: RowCounts) -> None:
-    """A numeric feature with no value in any train row has nothing to learn statistics from:
-    storing it as all zeros would hide a broken input, unless the user says what to fill."""
-    empty = [name for name, (count, _, _) in zip(cfg.features.numeric, counts.train_moments)
-             if count == 0 and name not in cfg.features.impute]
-    if empty:
-        raise InputDataError(
-            f"numeric feature column(s) {empty} (features.numeric) have no value in any train row (all null); fix the input, remove the column from features.numeric, or give features.impute.{empty[0]} "
-            "a value to store")
 
 
 def _partition_keys(num_partitions: int) -> list[int]:
@@ -713,14 +699,11 @@ def _shard_plans(staged: StagedRows, counts: RowCounts, num_splits: int, n: int)
 
 
 def _encoding(cfg: ShardConfig, features: dict, columns: list[dict]) -> Encoding:
-    """Each stored column's staged source: numeric and categorical features encoded with the
-    fitted statistics, arrays and the teacher's soft targets copied as staged, the label too (a
-    transfer row's null as ``MISSING_LABEL``)."""
-    feats = cfg.features
-    how = {**{n: ("numeric", num_col(n)) for n in feats.numeric},
-           **{n: ("categorical", cat_col(n)) for n in feats.categorical},
-           **{n: ("copy", arr_col(n)) for n in feats.arrays},
-           LABEL_NAME: ("label", "_label"), TEACHER_COLUMN: ("copy", TEACHER_COLUMN)}
+    """Each stored column's staged source: features as their kinds store them (with the fitted
+    statistics), the teacher's soft targets copied as staged, the label too (a transfer row's null
+    as ``MISSING_LABEL``)."""
+    how = {name: ("feature", kind.typed(name)) for kind in configured_features(cfg).kinds for name in kind.names}
+    how.update({LABEL_NAME: ("label", "_label"), TEACHER_COLUMN: ("copy", TEACHER_COLUMN)})
     return Encoding(features=features,
                     columns=tuple((c["name"], *how[c["name"]]) for c in columns if c["name"] != ROW_INDEX),
                     task=cfg.label.task)

@@ -34,7 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.dataset import MISSING_LABEL, ROW_INDEX, FeatureSpec, is_list_type, value_type
+from common.dataset import MISSING_LABEL, ROW_INDEX, is_list_type, value_type
+from common.features import FeatureSpec
 from common.storage import resolve, storage_errors
 from pipelines.summary import ScanSpec, chunks
 
@@ -260,7 +261,7 @@ class ShardPlan:
 @dataclass(frozen=True)
 class Encoding:
     """How each stored column comes from the staged ones: (stored name, how, staged column),
-    how = ``numeric`` or ``categorical`` (``FeatureSpec`` of ``features``, the manifest's),
+    how = ``feature`` (stored as its kind stores it: ``FeatureSpec`` of ``features``, the manifest's),
     ``label`` (nulls become ``MISSING_LABEL[task]``) or ``copy``; ``_row`` is the rank."""
 
     features: dict
@@ -388,10 +389,8 @@ def _encoded(rows: pa.Table, spec: FeatureSpec, encoding: Encoding, first_rank: 
     columns = {}
     for name, how, source in encoding.columns:
         values = rows.column(source).combine_chunks()
-        if how == "numeric":
-            columns[name] = spec.encode_numeric(name, values.to_numpy(zero_copy_only=False).astype(np.float64))
-        elif how == "categorical":
-            columns[name] = spec.encode_categorical(name, values).astype(np.int32)
+        if how == "feature":
+            columns[name] = spec.stored_values(name, values)
         elif how == "label":  # a transfer row's null label becomes the marker the readers pass on
             columns[name] = pc.fill_null(values, pa.scalar(MISSING_LABEL[encoding.task], values.type))
         else:

@@ -371,10 +371,3 @@ def exact_moments(rows, values: list[str], condition: str) -> list[tuple[int, fl
                      label=None, num_classes=0, selected=condition, num_splits=1, bucket_bits=0).moments
 
 
-def top_values(counts: dict[str, int], min_count: int, max_vocab: int) -> list[str]:
-    """The vocabulary from value counts: values seen at least ``min_count`` times, most frequent
-    first, ties by value (the order of Spark's ``ORDER BY count DESC, value``: UTF-8 bytes order
-    as code points do), at most ``max_vocab``."""
-    kept = [(-n, v) for v, n in counts.items() if n >= min_count]
-    kept.sort()
-    return [v for _, v in kept[:max_vocab]]

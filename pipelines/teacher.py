@@ -33,7 +33,7 @@ from typing import Callable
 from common.dataset import LABEL_NAME, TEACHER_COLUMN, LabelSpec, TeacherRecord, teacher_differences
 from common.errors import ConfigError, InputDataError
 from common.sql import quote_identifier as q
-from pipelines.preprocess import arr_col, cat_col, num_col
+from pipelines.preprocess import configured_features, typed_features
 from pipelines.shard_config import ShardConfig
 
 
@@ -81,9 +81,7 @@ def teacher_record(cfg: ShardConfig, scorer: TeacherScorer | None) -> TeacherRec
 
 
 def _dataset_features(cfg: ShardConfig) -> dict:
-    feats = cfg.features
-    return {"numeric": [{"name": n} for n in feats.numeric], "categorical": [{"name": n} for n in feats.categorical],
-            "arrays": [{"name": n, "shape": list(s)} for n, s in feats.arrays.items()]}
+    return configured_features(cfg).spec
 
 
 def _dataset_label(cfg: ShardConfig) -> LabelSpec:
@@ -114,9 +112,7 @@ def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None, record: T
 def _feature_inputs(cfg: ShardConfig, present: list[str]) -> dict[str, str]:
     """Feature name -> select expression naming its typed copy as the feature (only features the
     rows do not already carry under their own name)."""
-    feats = cfg.features
-    typed = {**{n: num_col(n) for n in feats.numeric}, **{n: cat_col(n) for n in feats.categorical},
-             **{n: arr_col(n) for n in feats.arrays}}
+    typed = dict(typed_features(cfg))
     return {name: f"{q(col)} AS {q(name)}" for name, col in typed.items() if name not in present}
 
 

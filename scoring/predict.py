@@ -42,6 +42,7 @@ The model's weights digest travels with the task: a worker that finds another mo
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -203,31 +204,16 @@ def _reason_branches(fields: dict, spec, encoded: bool) -> list[str]:
 
     reasons = []
     if not encoded:
-        reasons += rows.encoding_reasons([n for n in [*spec.numeric, *spec.categorical]
+        reasons += rows.encoding_reasons([n for kind in spec.kinds if kind.text for n in kind.names
                                           if isinstance(fields[n], T.StringType)])
-    for name in spec.numeric:
-        if encoded:  # stored values were imputed by the shard job: a gap means the data is not its output
-            reasons.append(f"WHEN {q(name)} IS NULL OR isnan(try_cast({q(name)} AS DOUBLE)) "
-                           f"THEN {rows.reason('bad_value', name)}")
-        reasons += rows.numeric_reasons(name, fields[name])
-    for name in spec.categorical:
-        if encoded:
-            reasons.append(f"WHEN {q(name)} IS NULL OR {q(name)} < 0 OR {q(name)} >= {spec.num_embeddings(name)} "
-                           f"THEN {rows.reason('bad_value', name)}")
-        else:
-            reasons += rows.category_reasons(name, spec.max_category_bytes)
-    for name, shape in spec.arrays.items():
-        reasons += rows.array_reasons(name, shape)
-    return reasons
+    return reasons + [branch for kind in spec.kinds for n in kind.names
+                      for branch in kind.sql_reasons(n, fields[n], stored=encoded)]
 
 
 def _typed_features(fields: dict, spec, encoded: bool) -> list[str]:
-    """The shard job's typing of each feature (``common.rows``, as preprocess.row_columns applies
-    it), in FeatureSpec order."""
-    arrays = [rows.array_value(n) for n in spec.arrays]
-    if encoded:
-        return [f"CAST({q(n)} AS FLOAT)" for n in spec.numeric] + [f"CAST({q(n)} AS INT)" for n in spec.categorical] + arrays
-    return [rows.numeric_value(n) for n in spec.numeric] + [f"CAST({q(n)} AS STRING)" for n in spec.categorical] + arrays
+    """The shard job's typing of each feature (its kind's, as preprocess.row_columns applies it),
+    in FeatureSpec order."""
+    return [kind.typed_sql(n, stored=encoded) for kind in spec.kinds for n in kind.names]
 
 
 def _check_keep_columns(df, keep: list[str]) -> None:
@@ -248,17 +234,8 @@ def check_feature_types(fields: dict, spec, encoded: bool) -> None:
     """Every feature the model reads is there, with a type its preprocessing can take (exit 2).
     Runs before any SQL is built from the features (``reason_sql``), so the user sees the column,
     the type it has and the type wanted, never an analysis error."""
-    from pyspark.sql import types as T
-
-    scalar = (T.NumericType, T.BooleanType) if encoded else (T.NumericType, T.BooleanType, T.StringType)
-    wanted = [(n, lambda dt: isinstance(dt, scalar), "a number") for n in spec.numeric]
-    if encoded:
-        wanted += [(n, lambda dt: isinstance(dt, T.IntegralType), "a category index") for n in spec.categorical]
-    else:
-        wanted += [(n, lambda dt: isinstance(dt, T.AtomicType) and not isinstance(dt, T.BinaryType),
-                    "a category (string)") for n in spec.categorical]
-    wanted += [(n, lambda dt: isinstance(dt, T.ArrayType) and isinstance(dt.elementType, (T.NumericType, T.BooleanType)),
-                "array<float>") for n in spec.arrays]
+    wanted = [(n, functools.partial(kind.spark_type_ok, stored=encoded), kind.wanted(encoded))
+              for kind in spec.kinds for n in kind.names]
     for name, ok, want in wanted:
         if name not in fields:
             raise InputDataError(f"the input lacks the model's feature column {name!r} ({want}); it has "
@@ -382,18 +359,9 @@ def _scatter_lists(values: np.ndarray, ok: np.ndarray, width: int):
 
 def _encoded_arrays(table, spec) -> dict:
     """A dataset's stored encodings, stacked the way the network takes them (no preprocessing)."""
-    n = table.num_rows
-
-    def column(name, dtype):
-        return table.column(name).to_numpy().astype(dtype, copy=False)
-
-    out = {"numeric": np.stack([column(c, np.float32) for c in spec.numeric], axis=1) if spec.numeric
-           else np.zeros((n, 0), dtype=np.float32),
-           "categorical": np.stack([column(c, np.int64) for c in spec.categorical], axis=1) if spec.categorical
-           else np.zeros((n, 0), dtype=np.int64)}
-    for name, shape in spec.arrays.items():
-        flat = table.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        out[name] = flat.astype(np.float32, copy=False).reshape((n, *shape))
+    out = {}
+    for kind in spec.kinds:
+        out.update(kind.stored_batch(table, table.num_rows))
     return out
 
 

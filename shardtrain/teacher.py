@@ -26,8 +26,7 @@ def describe_teacher(model_uri: str) -> dict:
     label, spec = model.label, model.features
     return {"fingerprint": model.fingerprint, "task": label.task,
             **({"num_classes": int(label.num_classes)} if label.classification else {}),
-            "features": {"numeric": list(spec.numeric), "categorical": list(spec.categorical),
-                         "arrays": [{"name": n, "shape": list(s)} for n, s in spec.arrays.items()]}}
+            "features": spec.teacher_features()}
 
 
 def score_teacher(rows, model_uri: str, temperature: float, fingerprint: str | None = None):

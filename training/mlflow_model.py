@@ -57,7 +57,8 @@ import numpy as np
 import pandas as pd
 
 from common import __version__
-from common.dataset import FeatureSpec, LabelSpec, NULL_INDEX, RESERVED_INDICES, read_manifest
+from common.dataset import LabelSpec, read_manifest
+from common.features import FeatureSpec
 from common.errors import first_line
 from common.model_artifact import PREDICTION, PROBABILITIES, REASON
 from common.model_registry import ARTIFACT_KEY, check_reachable, mlflow_uris
@@ -67,7 +68,6 @@ log = logging.getLogger("shardtrain.train")
 PYFUNC_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mlflow_pyfunc_code.py")
 LOGGED_MODEL_NAME = "model"
 EXAMPLE_ROWS = 5
-UNSEEN_EXAMPLE = "<unseen category>"  # a word outside every vocabulary: index UNSEEN_INDEX
 REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "safetensors", "fsspec", "pyyaml")
 # The pyfunc's model_config from now on: refused rows marked (module docstring). A model logged
 # before has none, and predicts as load_model's predict does by default.
@@ -94,12 +94,9 @@ class ShardtrainPyfunc(mlflow.pyfunc.PythonModel):
 def signature(meta: dict):
     """The model's MLflow signature: every raw feature column (module docstring) -> ``output_schema``."""
     from mlflow.models.signature import ModelSignature
-    from mlflow.types import ColSpec, DataType, Schema
-    from mlflow.types.schema import AnyType, Array
+    from mlflow.types import Schema
 
-    spec = FeatureSpec(meta["features"])
-    inputs = ([ColSpec(AnyType(), name) for name in [*spec.numeric, *spec.categorical]]
-              + [ColSpec(Array(DataType.double), name) for name in spec.arrays])
+    inputs = [column for kind in FeatureSpec(meta["features"]).kinds for column in kind.signature_columns()]
     return ModelSignature(inputs=Schema(inputs), outputs=output_schema(LabelSpec.from_record(meta["label"])))
 
 
@@ -124,17 +121,7 @@ def input_example(meta: dict, dataset_uri: str, splits: list[str], rows: int = E
     with manifest.root.open(entry.path, "rb") as fh:
         table = pq.ParquetFile(fh).read_row_group(0).slice(0, rows)
     spec = FeatureSpec(meta["features"])
-    columns = {}
-    for field in meta["features"].get("numeric", []):
-        stored = table.column(field["name"]).to_numpy().astype(np.float64)
-        columns[field["name"]] = stored * field["std"] + field["mean"]
-    for field in meta["features"].get("categorical", []):
-        codes = table.column(field["name"]).to_numpy()
-        columns[field["name"]] = [None if c == NULL_INDEX else field["vocab"][c - RESERVED_INDICES]
-                                  if c >= RESERVED_INDICES else UNSEEN_EXAMPLE for c in codes]
-    for name, shape in spec.arrays.items():
-        flat = table.column(name).to_pylist()
-        columns[name] = [np.asarray(v, dtype=np.float32) for v in flat]
+    columns = {name: spec.kind_of(name).raw_example(name, table.column(name)) for name in spec.columns}
     return pd.DataFrame(columns)[spec.columns]
 
 

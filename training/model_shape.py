@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from common.dataset import RESERVED_INDICES
+from common.features.categorical import RESERVED_INDICES
 from common.errors import ConfigError
 
 # The largest single machines sold (24 TiB of memory): no rank anywhere gets more.

@@ -30,7 +30,8 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.plugins import load_callable
-from common.dataset import RESERVED_INDICES, LabelSpec
+from common.dataset import LabelSpec
+from common.features.categorical import RESERVED_INDICES
 from training.config import ModelConfig
 
 

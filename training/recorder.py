@@ -22,6 +22,7 @@ import torch
 
 from common.config import dump_yaml
 from common.dataset import ROW_INDEX, TEACHER_COLUMN
+from common.features import FeatureSpec
 from common.model_artifact import ROW_RULES
 from common.storage import resolve, writing_under
 from training.data import check_manifest_unchanged, read_first_rows
@@ -82,8 +83,7 @@ class Recorder:
         meta = {"model": {"name": model_cfg.name, "arguments": arguments}, **provenance,
                 "features": plan.feature_spec, "label": plan.label_spec.to_record(), "metrics": history,
                 ROW_RULES: {"max_category_bytes": plan.max_category_bytes},
-                "inputs": {"numeric": list(plan.columns.numeric), "categorical": list(plan.columns.categorical),
-                           "arrays": {name: list(shape) for name, shape in plan.columns.arrays}}}
+                "inputs": FeatureSpec(plan.feature_spec).inputs()}
         # Last word before publishing: the model was trained on the dataset the plan pinned, all of it.
         check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)
         for layout in filter(None, (plan.train, plan.val)):

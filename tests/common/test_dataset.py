@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from common.errors import DatasetError
-from common.dataset import NULL_INDEX, UNSEEN_INDEX, FeatureSpec
+from common.features import FeatureSpec
+from common.features.categorical import NULL_INDEX, UNSEEN_INDEX, Categorical
 
 # Marked stack, test by test: transform on pandas frames and Arrow columns; not the manifest's JSON.
 
@@ -51,11 +52,11 @@ def test_arrow_strings_are_looked_up_at_once_with_the_same_codes():
 
     spec = FeatureSpec({"categorical": [{"name": "c", "vocab": ["b", "", "é", "a\ufffd", "😀"]}]})
     values = ["b", None, "", "B", "é", "e\u0301", "😀", "a\ufffd", "zz", None, "b"]
-    looked_up = spec.encode_categorical("c", pa.array(values, type=pa.string()))
+    looked_up = spec.of(Categorical).encode_column("c", pa.array(values, type=pa.string()))
     assert looked_up.tolist() == [2, NULL_INDEX, 3, UNSEEN_INDEX, 4, UNSEEN_INDEX, 6, 5, UNSEEN_INDEX, NULL_INDEX, 2]
-    assert looked_up.tolist() == spec.encode_categorical("c", pd.Series(values, dtype=object)).tolist()
+    assert looked_up.tolist() == spec.of(Categorical).encode_column("c", pd.Series(values, dtype=object)).tolist()
     chunked = pa.chunked_array([pa.array(values[:4], type=pa.large_string()), pa.array(values[4:], type=pa.large_string())])
-    assert spec.encode_categorical("c", chunked).tolist() == looked_up.tolist()
+    assert spec.of(Categorical).encode_column("c", chunked).tolist() == looked_up.tolist()
 
 
 @pytest.mark.stack  # pandas' frames
@@ -207,7 +208,7 @@ def test_read_manifest_types_the_label_teacher_and_splits_and_gives_back_their_r
 
     t = m.teacher
     assert (t.uri, t.temperature, t.task, t.num_classes, t.shape) == ("s3://m/t", 2.0, "classification", 3, (3,))
-    assert (t.numeric, t.categorical, t.arrays) == (("x",), (), (("img", (2, 2)),))
+    assert t.features == {"numeric": ["x"], "categorical": [], "arrays": [{"name": "img", "shape": [2, 2]}]}
     assert json.dumps(t.to_record()) == json.dumps(teacher)
 
     assert m.splits == {"train": SplitEntry(rows=7, files=(FileEntry(entry["path"], 7, (4, 3), 9, "0" * 64),))}

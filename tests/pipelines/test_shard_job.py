@@ -72,7 +72,7 @@ def test_row_index_and_stored_encodings(generated):
         assert labels.min() >= 0 and labels.max() < 3
         for name in data.categorical:
             idx = np.asarray(table.column(name))
-            assert idx.min() >= 0 and idx.max() < manifest.features.num_embeddings(name)
+            assert idx.min() >= 0 and idx.max() < manifest.features.kind_of(name).num_embeddings(name)
     assert [c["name"] for c in manifest.data["schema"]] == ["x0", "x1", "x2", "x3", "id", "c0", "c1", "image",
                                                             "label", "_row"]
     train = read_split(result.uri, "train")

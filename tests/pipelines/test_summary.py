@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from pipelines.preprocess import cat_col, spark_vocabularies
-from pipelines.summary import ScanSpec, summarize, top_values
+from common.features.categorical import Categorical, top_values
+from pipelines.summary import ScanSpec, summarize
 
 pytestmark = [pytest.mark.spark, pytest.mark.stack]
 
@@ -161,10 +161,11 @@ def test_vocabulary_from_counts_equals_sparks_ranking(frames):
     counted = _summary(frame)
     wide = _summary(frame, max_distinct=5)  # more than 5 values in a partition: left to Spark
     assert counted.value_counts["a"] is not None and wide.value_counts["a"] is None
-    train = frame.where("r IS NULL AND s = 0").withColumnRenamed("a", cat_col("a"))
+    kind = Categorical([{"name": "a", "vocab": []}], 1024)
+    train = frame.where("r IS NULL AND s = 0").withColumnRenamed("a", kind.typed("a"))
     for min_count, max_vocab in ((1, 100), (2, 100), (1, 5), (10, 3)):
         from_counts = top_values(counted.value_counts["a"], min_count, max_vocab)
-        from_spark = spark_vocabularies(train, ["a"], min_count, max_vocab)["a"]
+        from_spark = kind.spark_vocabularies(train, ["a"], min_count, max_vocab)["a"]
         assert from_counts == from_spark
         assert len(from_counts) == min(max_vocab, sum(n >= min_count for n in counted.value_counts["a"].values()))
     vocab = top_values(counted.value_counts["a"], 1, 100)

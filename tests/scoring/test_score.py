@@ -590,15 +590,16 @@ def test_score_job_writes_the_same_bytes_as_before(spark, models, tmp_path, caps
 def test_reason_values_are_every_reason_the_sql_gives():
     """The job counts rows by the reasons read off reason_sql's own branches: every one of them,
     in order, for names that hold a quote, a backslash and the words the branches are built of."""
-    from types import SimpleNamespace
-
     from pyspark.sql import types as T
 
+    from common.features import FeatureSpec
     from scoring.predict import reason_sql, reason_values
 
     odd = "x THEN 'y\\' END"
-    spec = SimpleNamespace(numeric=[odd, "n"], categorical=["c"], arrays={"a'": [2]}, num_embeddings=lambda name: 5,
-                           max_category_bytes=1024)
+    stats = {"mean": 0.0, "std": 1.0, "fill": 0.0}
+    spec = FeatureSpec({"numeric": [{"name": odd, **stats}, {"name": "n", **stats}],
+                        "categorical": [{"name": "c", "vocab": ["p", "q", "r"]}],  # 5 embeddings
+                        "arrays": [{"name": "a'", "shape": [2]}]}, max_category_bytes=1024)
     fields = {odd: T.StringType(), "n": T.DoubleType(), "c": T.IntegerType(), "a'": T.ArrayType(T.FloatType())}
     assert reason_values(fields, spec) == ["bad_encoding", f"bad_value:{odd}", f"non_finite:{odd}", "non_finite:n",
                                            "too_long:c", "bad_shape:a'", "non_finite:a'"]

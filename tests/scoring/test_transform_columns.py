@@ -14,7 +14,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from common.dataset import NULL_INDEX, UNSEEN_INDEX, FeatureSpec
+from common.features import FeatureSpec
+from common.features.categorical import NULL_INDEX, UNSEEN_INDEX, Categorical
 
 pytestmark = pytest.mark.stack
 
@@ -45,8 +46,8 @@ def reference(frame: pd.DataFrame) -> dict:
     numeric = []
     for row in frame.itertuples(index=False):
         out = []
-        for name in SPEC.numeric:
-            stats = SPEC._num[name]
+        for stats in SPEC.spec["numeric"]:
+            name = stats["name"]
             value = getattr(row, name)
             value = math.nan if value is None else float(value)
             if not math.isfinite(value):
@@ -54,7 +55,7 @@ def reference(frame: pd.DataFrame) -> dict:
             with np.errstate(over="ignore"):  # beyond float32 rounds to inf, as the shard job stores it
                 out.append(np.float32((value - stats["mean"]) / stats["std"]))
         numeric.append(out)
-    categorical = [[category_code(name, getattr(row, name)) for name in SPEC.categorical]
+    categorical = [[category_code(name, getattr(row, name)) for name in SPEC.of(Categorical).names]
                    for row in frame.itertuples(index=False)]
     img = [np.asarray(v, dtype=np.float32).reshape(2, 3) for v in frame["img"]]
     return {"numeric": np.array(numeric, dtype=np.float32).reshape(len(frame), 2),
@@ -63,7 +64,7 @@ def reference(frame: pd.DataFrame) -> dict:
 
 
 def category_code(name: str, value) -> int:
-    codes = {v: i + 2 for i, v in enumerate(SPEC.spec["categorical"][SPEC.categorical.index(name)]["vocab"])}
+    codes = {v: i + 2 for i, v in enumerate(next(f["vocab"] for f in SPEC.spec["categorical"] if f["name"] == name))}
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return NULL_INDEX
     if isinstance(value, (bool, np.bool_)):

@@ -16,7 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.dataset import FeatureSpec, build_manifest, file_entry, write_manifest
+from common.dataset import build_manifest, file_entry, write_manifest
+from common.features import FeatureSpec
 from common.storage import MARKER, resolve
 
 CITIES = ["paris", "lyon", "nice", "lille", "nantes"]
@@ -107,8 +108,8 @@ def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "cl
     for split, files in layout.items():
         raw = raws[split]
         stored = spec.transform(raw)
-        columns = {name: stored["numeric"][:, j] for j, name in enumerate(spec.numeric)}
-        columns.update({name: stored["categorical"][:, j].astype(np.int32) for j, name in enumerate(spec.categorical)})
+        # Each scalar feature as the shard writer stores it (its kind decides); the array as a list column.
+        columns = {name: spec.stored_values(name, raw[name]) for name in spec.columns if name != "image"}
         if array_shape:
             flat = stored["image"].reshape(len(raw), -1)
             columns["image"] = pa.ListArray.from_arrays(

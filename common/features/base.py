@@ -1,0 +1,204 @@
+"""What a feature kind is: one ``FeatureKind`` subclass per kind of column (``common.features``
+registers them), owning everything about that kind that more than one stage needs.
+
+An instance holds one dataset's (or model's) features of that kind: their manifest records, in
+order, as the shard job fitted them on the train split. The class answers what needs no records
+(the manifest section's name, a record's checks); the instance answers, for its features:
+
+* the manifest: a record's checks (``check_record``), the stored columns (``stored_columns``), the
+  contract a teacher records (``teacher_entries`` / ``teacher_names``);
+* the row rules on a pandas or Arrow frame (``frame_checks``; the Spark SQL forms are the shard
+  job's and scoring's, built from the same ``common.rows`` rules);
+* serving: raw values to the encoded arrays training saw (``encode_column``, ``batch``), whole
+  columns at once;
+* the model input: the batch entries a network receives (``batch_keys``), a probe batch that
+  exercises every input (``probe``), the MLflow signature's columns (``signature_columns``);
+* what ``inspect`` says (``summary_part``, ``detail_lines``).
+
+The code that uses kinds loops over ``common.features.KINDS`` and never names one. A kind module
+imports numpy at most at import time; pyarrow, pandas, pyspark and mlflow inside the method that
+needs them (driver code imports this without them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from common.errors import DatasetError
+
+
+def typed_name(prefix: str, name: str) -> str:
+    return prefix + name.replace("%", "%25").replace("`", "%60").replace(".", "%2E")
+
+
+@dataclass
+class TrainSummary:
+    """What the shard job's one scan of the train split's clean rows gives the kinds' ``fit``:
+    exact moments (count, mean, m2) and value counts by feature (None: too many distinct values
+    to count on the driver), and ``frame()``, those rows as a DataFrame (made only when called)."""
+    moments: dict[str, tuple[int, float, float]]
+    value_counts: dict[str, dict[str, int] | None]
+    frame: Callable[[], Any]
+
+
+def stacked_scalars(table: Any, names: list[str], n: int, dtype) -> np.ndarray:
+    """Scalar stored columns of an Arrow table side by side: [n, len(names)] of ``dtype``."""
+    if not names:
+        return np.zeros((n, 0), dtype=dtype)
+    return np.stack([table.column(name).to_numpy().astype(dtype, copy=False) for name in names], axis=1)
+
+
+class FeatureKind:
+    """One kind of feature column. Subclasses set ``name`` (the manifest's section and the shard
+    config's key under ``features``), ``text`` (whether a raw value may be text, so the
+    ``bad_encoding`` rule applies) and ``required`` (the keys every record holds)."""
+
+    name: ClassVar[str]
+    text: ClassVar[bool] = False
+    required: ClassVar[tuple[str, ...]] = ("name",)
+
+    def __init__(self, records: list[dict], max_category_bytes: int):
+        self.records = list(records)
+        self.names = [r["name"] for r in self.records]
+        self.max_category_bytes = max_category_bytes
+
+    # --- the shard job: config, typing, statistics fitted on the train split ---------------------
+
+    typed_prefix: ClassVar[str]  # the typed copy's column name is this + the feature's (escaped) name
+
+    @staticmethod
+    def config_key(name: str) -> str:
+        """The shard config key that declares feature ``name`` (what a message names)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def spark_type_ok(dtype, stored: bool = False) -> bool:
+        """Whether a Spark column of ``dtype`` can be typed as this kind's raw value (``stored``:
+        as its stored value, when scoring an already-encoded table)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def wanted(stored: bool = False) -> str:
+        """What ``spark_type_ok`` wants, as a message says it."""
+        raise NotImplementedError
+
+    def sql_reasons(self, name: str, dtype, stored: bool = False) -> list[str]:
+        """The row rules of feature ``name`` (a column of Spark type ``dtype``) as SQL CASE branches,
+        in order (``stored``: the checks of a stored value instead)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def typed_sql(name: str, stored: bool = False) -> str:
+        """SQL typing feature ``name``'s raw value (``stored``: its stored value) as the kind takes it."""
+        raise NotImplementedError
+
+    @classmethod
+    def configured(cls, features_cfg) -> list[dict]:
+        """This kind's features in the shard config (its ``features.<name>`` list), as records
+        without statistics."""
+        return [{"name": name} for name in getattr(features_cfg, cls.name)]
+
+    def typed(self, name: str) -> str:
+        """The column holding a feature's typed value in the shard job's checked rows. SQL names
+        it through quote_identifier, like every other column; the name itself is escaped where
+        Spark's DataFrame API would parse it (a backtick, a dot: pyspark's mapInArrow looks its
+        input columns up by name), so a feature may be called "price-usd" or "first name"."""
+        return typed_name(self.typed_prefix, name)
+
+    def moment_columns(self) -> list[tuple[str, str]]:
+        """(feature, typed column) whose exact train moments ``fit`` needs (pipelines/summary.py)."""
+        return []
+
+    def counted_columns(self) -> list[tuple[str, str]]:
+        """(feature, typed column) whose train value counts ``fit`` needs (pipelines/summary.py)."""
+        return []
+
+    def fit(self, features_cfg, train: "TrainSummary") -> list[dict]:
+        """The manifest records of these features, fitted on the train split's clean rows."""
+        return [dict(r) for r in self.records]
+
+    # --- the manifest ---------------------------------------------------------------------------
+
+    @classmethod
+    def check_record(cls, record: dict, where: str) -> None:
+        """A DatasetError naming ``where`` and the field when ``record`` lacks what readers use."""
+        for key in cls.required:
+            if key not in record:
+                raise DatasetError(f"{where}: field 'features.{cls.name}[{record.get('name')}].{key}' is missing")
+
+    def stored_columns(self) -> list[dict]:
+        """The stored column of each feature, in order: {"name", "dtype", "shape"}."""
+        raise NotImplementedError
+
+    def teacher_entries(self) -> list:
+        """What a teacher record lists for these features (the raw columns it reads)."""
+        return list(self.names)
+
+    def input_entry(self) -> Any:
+        """model.json's ``inputs`` entry for these features (the columns, as the network takes them)."""
+        return list(self.names)
+
+    @classmethod
+    def teacher_names(cls, entries: list) -> dict:
+        """A teacher record's entries for this kind as {name: what must match}."""
+        return {name: None for name in entries}
+
+    # --- row rules on a frame -------------------------------------------------------------------
+
+    def frame_checks(self, columns: dict, n: int) -> list[tuple[str, str, np.ndarray]]:
+        """(reason, column, mask) for each rule of each feature, in rule order (common.rows)."""
+        return []
+
+    # --- serving and the model input ------------------------------------------------------------
+
+    def encode_column(self, name: str, values: Any) -> np.ndarray:
+        """One feature's raw values (an Arrow or pandas column) as stored in the dataset."""
+        raise NotImplementedError
+
+    def stored_values(self, name: str, values: Any) -> Any:
+        """One feature's typed values (an Arrow column, as the shard job's SQL typed them) as the
+        shard writer stores them."""
+        return self.encode_column(name, values)
+
+    def stored_batch(self, table: Any, n: int) -> dict[str, np.ndarray]:
+        """The batch entries of ``n`` stored rows (an Arrow table of the dataset's columns)."""
+        raise NotImplementedError
+
+    def batch(self, frame: Any, n: int) -> dict[str, np.ndarray]:
+        """The batch entries these features give for ``n`` raw rows of ``frame``."""
+        raise NotImplementedError
+
+    def batch_keys(self) -> list[str]:
+        """The keys of the batch entries these features give (none when there are no features of
+        the kind, except where a network always takes the entry)."""
+        raise NotImplementedError
+
+    def probe(self, rows: int) -> dict[str, np.ndarray]:
+        """``rows`` rows of the batch entries (zeros, and for a lookup its largest index in the
+        last row), for checking that a network takes these inputs."""
+        raise NotImplementedError
+
+    def signature_columns(self) -> list:
+        """The MLflow signature's ColSpec of each feature's raw column."""
+        raise NotImplementedError
+
+    def raw_example(self, name: str, stored: Any) -> Any:
+        """A feature's stored values (an Arrow column) back as raw ones: an MLflow input example."""
+        raise NotImplementedError
+
+    # --- inspect --------------------------------------------------------------------------------
+
+    def summary_part(self) -> str:
+        """This kind's part of ``inspect``'s one-line feature summary."""
+        return f"{len(self.names)} {self.name}"
+
+    def detail_lines(self) -> list[str]:
+        """``inspect``'s lines under the summary, one per feature that has something to say."""
+        return []
+
+    def html_table(self):
+        """``inspect --html``'s table of these features, or None where there are none."""
+        return None
