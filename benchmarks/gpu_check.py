@@ -65,8 +65,9 @@ def replicate(uri: str, copies: int, workdir: str) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from common.commit_marker import is_committed
     from common.dataset import ROW_INDEX, build_manifest, file_entry, read_manifest, write_manifest
-    from common.storage import is_committed, publish
+    from common.publish import publish
 
     target = os.path.join(workdir, f"data-x{copies}")
     if is_committed(target):

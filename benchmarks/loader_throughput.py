@@ -28,8 +28,9 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 warnings.filterwarnings("ignore")
 
+from common.commit_marker import MARKER  # noqa: E402
 from common.dataset import build_manifest, file_entry, read_manifest, write_manifest  # noqa: E402
-from common.storage import MARKER, resolve  # noqa: E402
+from common.storage import resolve  # noqa: E402
 from pipelines.shard_writer import COMPRESSION_SAMPLE_ROWS, writer_options  # noqa: E402
 
 

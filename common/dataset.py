@@ -92,10 +92,12 @@ from typing import Any
 import numpy as np
 
 from common import __version__
+from common.commit_marker import is_committed
 from common.errors import DatasetError, StorageError, StorageIOError
 from common.features import KINDS, FeatureSpec
 from common.features.spec import NULL_SHARE
-from common.storage import Location, is_committed, require_committed, resolve, storage_errors
+from common.publish import require_committed
+from common.storage import Location, resolve, storage_errors
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT = "shardtrain.dataset"

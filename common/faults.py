@@ -8,7 +8,7 @@ fires only while that file does not exist, and the process first writes its pid 
 relaunched process passes the same point unharmed, and the test knows which pid it was.
 
 The points (each named where it is called):
-- ``commit:before-aside`` / ``commit:after-aside`` / ``commit:after-swap``: ``common.storage.commit``.
+- ``commit:before-aside`` / ``commit:after-aside`` / ``commit:after-swap``: ``common.publish.commit``.
 - ``table:before-swap`` / ``table:after-aside`` / ``table:after-swap``: ``common.tables.swap_in``.
 - ``rank<N>:after-run``: rank N's run returned (model published, run report written), before its
   last report to the driver (``training.launchers.rank_entry``).

@@ -5,7 +5,7 @@ live lease unless ``output.ignore_readers: true``).
 A lease is one small JSON file per reader in a hidden directory beside the dataset,
 ``.<name>._readers/<token>.json``: host, pid, started_at, heartbeat_at, token, uri. Several
 training runs may read one dataset at once, each holding its own lease; the writer lock
-(``common.storage.output_lock``) is another file and is not involved. The holder rewrites its
+(``common.writer_lock.output_lock``) is another file and is not involved. The holder rewrites its
 ``heartbeat_at`` every ``HEARTBEAT_S`` seconds while it runs and removes its file when it ends.
 
 Which leases count (``active_readers``), without guessing where it can be checked:
@@ -35,7 +35,8 @@ import time
 import uuid
 from typing import Iterator
 
-from common.storage import Location, beside, pid_alive, remove_tree, resolve, storage_errors, write_whole
+from common.storage import Location, beside, remove_tree, resolve, storage_errors, write_whole
+from common.writer_lock import pid_alive
 
 READERS_TAG = "._readers"
 HEARTBEAT_S = 60.0

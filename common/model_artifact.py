@@ -42,12 +42,14 @@ from typing import Callable
 
 import numpy as np
 
+from common.commit_marker import KIND_MODEL, MARKER
 from common.dataset import LabelSpec
 from common.features import FeatureSpec
 from common.errors import DatasetError, InputDataError, StorageError, first_line
 from common.model_registry import is_registry_uri
 from common.rows import MAX_CATEGORY_BYTES, MEANING, Refusals, frame_refusals
-from common.storage import KIND_MODEL, MARKER, Location, read_marker, require_committed, storage_errors
+from common.publish import read_marker, require_committed
+from common.storage import Location, storage_errors
 
 MODEL_FORMAT = KIND_MODEL
 MODEL_FORMAT_VERSION = 2  # 2: model.json records each file's sha256; the marker records model.json's

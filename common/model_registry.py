@@ -22,7 +22,7 @@ Errors name the URI: a malformed one or a name, version or alias the registry do
 exit 2 (``DatasetError``); a registry that cannot be reached is exit 1 (``StorageIOError``:
 retrying may help), found in seconds by a connection attempt rather than MLflow's minutes of
 retries. This module imports mlflow only when a ``models:/`` URI is used, and nothing of training
-or of common.storage (which asks it about ``models:/`` URIs).
+or of common.storage and common.output_guard (which ask it about ``models:/`` URIs).
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ score job's scores), decided before any work, under the output's writer lock:
 * nothing there: go on;
 * ``error``: refuse (exit 2);
 * ``overwrite`` and ``skip_if_exists``: only an output of the job's own kind may be there
-  (``storage.check_replaceable``: never a user's files, another kind of output, or a regular
+  (``output_guard.check_replaceable``: never a user's files, another kind of output, or a regular
   file);
-* ``overwrite``: go on (``storage.publish`` replaces it atomically);
+* ``overwrite``: go on (``publish.publish`` replaces it atomically);
 * ``skip_if_exists``: the output must be committed and its marker must record the same input
   fingerprint; then the job returns what is there without work, else it refuses (exit 2).
 
@@ -20,15 +20,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.commit_marker import is_committed
 from common.errors import OutputExistsError
-from common.storage import Location, check_replaceable, is_committed, read_marker
+from common.output_guard import check_replaceable
+from common.publish import read_marker
+from common.storage import Location
 
 
 @dataclass(frozen=True)
 class OutputWords:
     """How a job's output is named in the mode check's messages."""
 
-    kind: str  # the marker's kind (common.storage.KIND_*): what overwrite may replace
+    kind: str  # the marker's kind (common.commit_marker.KIND_*): what overwrite may replace
     identical: str  # "an identical dataset": what skip_if_exists keeps
     committed: str  # "a committed dataset"
     other: str  # "a different dataset": what is there when the fingerprints differ

@@ -210,7 +210,7 @@ def _table_fingerprint(name: str, cfg: SourceConfig, spark) -> dict:
 def check_table_inputs(output_uri: str, output_key: str, sources_fp: dict) -> None:
     """An output may not be, contain or sit inside a table source's location (exit 2): the
     path sources are checked before any work, a table's location is known from its fingerprint."""
-    from common.storage import check_disjoint
+    from common.output_guard import check_disjoint
 
     locations = {f"source {name!r} (sources.{name}.table {fp['table']})": fp.get("location")
                  for name, fp in sources_fp.items() if "table" in fp and fp.get("location")}

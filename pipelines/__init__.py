@@ -21,7 +21,8 @@ def shard_dataset(config, overrides=None, spark=None, teacher_scorer=None):
     ``teacher_scorer``: runs the config's ``teacher`` (``shardtrain.teacher.teacher_scorer()``)."""
     from common.config import from_dict
     from common.spark import get_or_create_session
-    from common.storage import check_uri, output_lock, resolve
+    from common.storage import check_uri, resolve
+    from common.writer_lock import output_lock
     from pipelines.shard_config import ShardConfig, load_shard_config
     from pipelines.shard_job import check_output_path, run_shard_job
 

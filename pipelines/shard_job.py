@@ -13,7 +13,7 @@ a failure removes):
    ``overwrite`` none that a training run reads (a live reader lease, ``common.leases``, unless
    ``output.ignore_readers``; checked again before the commit);
 2. read sources, build the table (query, transform), check columns and types;
-3. inside ``storage.publish`` (a staging directory, removed on any failure), pass one over the
+3. inside ``publish.publish`` (a staging directory, removed on any failure), pass one over the
    rows: evaluate the row expressions once, send each checked row (split, keys, typed values,
    reason; malformed records too) to its staging partition, a split's range of buckets or the
    bad rows (one shuffle), and there write it as Parquet under the staging directory and take
@@ -83,9 +83,12 @@ from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, 
                                     QuarantinePlan, ShardPlan, stage_partition, write_empty, write_partition,
                                     write_shards)
 from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
+from common.commit_marker import KIND_DATASET
 from common.output_mode import REPLACE, SAME, OutputWords, existing_output
-from common.storage import (KIND_DATASET, check_disjoint, check_output_uri, clean_stale_staging, output_lock, publish,
-                            resolve, storage_errors)
+from common.output_guard import check_disjoint, check_output_uri
+from common.publish import clean_stale_staging, publish
+from common.storage import resolve, storage_errors
+from common.writer_lock import output_lock
 
 log = logging.getLogger("shardtrain.shard")
 

@@ -16,7 +16,7 @@ file, notebooks). Nothing is written until every check that can fail has passed:
    and every file against its manifest sha256;
 3. every feature the model reads is checked against the input's schema (present, of a type its
    preprocessing takes: exit 2 naming the column);
-4. inside ``storage.publish``: the clean rows are scored (``predict_frame``) and written as
+4. inside ``publish.publish``: the clean rows are scored (``predict_frame``) and written as
    Parquet at the output's root; that same pass counts every row by quarantine reason
    (``scoring.predict.reason_sql``, observed as it reads the rows: no counting job of its own). An
    empty input is refused then (nothing published), and each feature's nulls, counted by the
@@ -60,8 +60,11 @@ from common.output_mode import SAME, OutputWords, existing_output
 from common.model_registry import is_registry_uri, resolve_registry_model
 from common.tables import (FINGERPRINT_PROPERTY, KIND_PROPERTY, clean_stale_tables, swap_in, table_exists,
                            quote_table, table_properties, write_staging_table)
-from common.storage import (KIND_SCORES, check_disjoint, check_output_uri, clean_stale_staging, is_committed,
-                            output_lock, publish, read_marker, resolve)
+from common.commit_marker import KIND_SCORES, is_committed
+from common.output_guard import check_disjoint, check_output_uri
+from common.publish import clean_stale_staging, publish, read_marker
+from common.storage import resolve
+from common.writer_lock import output_lock
 from scoring.config import ScoreConfig
 from scoring.predict import REASON, check_feature_types, predict_frame, reason_sql, reason_values
 from scoring.quality import compare_null_shares, observe_nulls
@@ -238,8 +241,8 @@ def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResu
 
 def _model_marker(uri: str) -> dict:
     """The model's marker (kind checked; its model.json digest goes into the input fingerprint)."""
+    from common.commit_marker import KIND_MODEL
     from common.errors import StorageError
-    from common.storage import KIND_MODEL
 
     try:
         marker = read_marker(uri)

@@ -99,7 +99,8 @@ def distill(cfg: DistillRunConfig, spark=None) -> DistillResult:
 def _check_paths(cfg: DistillRunConfig) -> None:
     """No stage's output may be, contain or sit inside what another stage reads (exit 2, up front:
     not after the teacher has trained for an hour)."""
-    from common.storage import check_disjoint, check_output_uri, check_uri
+    from common.output_guard import check_disjoint, check_output_uri
+    from common.storage import check_uri
     from training.api import check_outputs
 
     for uri in [*cfg.shard.uris, cfg.soft_targets.path, cfg.teacher.output.model_path, cfg.student.output.model_path]:

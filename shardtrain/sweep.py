@@ -194,7 +194,8 @@ def sweep(cfg: SweepConfig, spark=None) -> SweepResult:
     """Shard (if ``cfg.shard``), then run the study's remaining trials, publish the best model and
     write sweep.html. One Spark application, built from ``shard.spark`` (else ``train.spark``)."""
     from common.dataset import read_manifest
-    from common.storage import output_lock, resolve
+    from common.storage import resolve
+    from common.writer_lock import output_lock
 
     _check_paths(cfg)
     needs_spark = cfg.shard is not None or cfg.train.launch.mode == "spark"
@@ -241,7 +242,8 @@ def sweep(cfg: SweepConfig, spark=None) -> SweepResult:
 # --- checks before anything runs ---------------------------------------------------------------
 
 def _check_paths(cfg: SweepConfig) -> None:
-    from common.storage import check_disjoint, check_uri
+    from common.output_guard import check_disjoint
+    from common.storage import check_uri
     from training.api import check_outputs
 
     uris = [cfg.output.path, cfg.output.model_path, *([] if cfg.shard is None else cfg.shard.uris)]
@@ -264,7 +266,9 @@ def _check_paths(cfg: SweepConfig) -> None:
 
 def _check_model_path(cfg: SweepConfig, fingerprint: str) -> None:
     """With output.mode=error, output.model_path may hold only this study's own best model."""
-    from common.storage import KIND_MODEL, check_replaceable, resolve
+    from common.commit_marker import KIND_MODEL
+    from common.output_guard import check_replaceable
+    from common.storage import resolve
 
     if cfg.output.mode == "error" and resolve(cfg.output.model_path).exists():
         published = _published_sweep(cfg)
@@ -645,7 +649,9 @@ def _overview(cfg, study_name, fingerprint, where, records, best) -> list[tuple[
 
 def _published_sweep(cfg: SweepConfig) -> dict | None:
     """The sweep record of the model at output.model_path, if a sweep published it."""
-    from common.storage import is_committed, read_marker, resolve
+    from common.commit_marker import is_committed
+    from common.publish import read_marker
+    from common.storage import resolve
 
     loc = resolve(cfg.output.model_path)
     if not is_committed(loc):
@@ -656,7 +662,8 @@ def _published_sweep(cfg: SweepConfig) -> dict | None:
 def _publish_best(cfg: SweepConfig, best: TrialRecord, fingerprint: str, study_name: str) -> str:
     """The best trial's model at output.model_path, atomically: its files, its marker plus the
     study, and sweep.json. Already there (a rerun of a finished sweep): nothing to do."""
-    from common.storage import publish, read_marker, resolve, storage_errors
+    from common.publish import publish, read_marker
+    from common.storage import resolve, storage_errors
 
     mine = {"study_name": study_name, "fingerprint": fingerprint, "trial": best.number}
     published = _published_sweep(cfg)

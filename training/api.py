@@ -8,12 +8,12 @@ Driver-only orchestration: read and check the manifest (``plan.build_plan``), ho
 path's writer lock and a reader lease on the dataset for the whole run, refuse an existing
 output, launch the ranks, turn their results into a ``TrainResult`` or one typed error.
 
-The writer lock (``common.storage.output_lock``) is the driver's, from before the run directory
+The writer lock (``common.writer_lock.output_lock``) is the driver's, from before the run directory
 or any checkpoint is touched until the ranks have returned. The publish itself happens on rank 0,
 which on Horovod and TorchDistributor is another process (a Spark task's, maybe on another
 host): a lock cannot move between processes (locally it is an ``flock`` of the driver's), so the
 driver passes its record in the plan (``RankPlan.writer_lock``) and rank 0 publishes under it
-(``common.storage.writing_under``: the lock must still hold that token; the holder releases it).
+(``common.writer_lock.writing_under``: the lock must still hold that token; the holder releases it).
 In-process, the driver is rank 0 and its ``output_lock`` is simply re-entrant. If the driver dies
 its lock goes with it (flock) while orphaned ranks may still run: their publish then finds the
 token gone and refuses, so a model is only published while its run's driver holds the lock.
@@ -29,10 +29,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from common.commit_marker import KIND_MODEL
 from common.config import with_absolute_paths
 from common.errors import OutputExistsError
 from common.leases import reader_lease
-from common.storage import KIND_MODEL, check_disjoint, check_replaceable, output_lock, replaced_copy, resolve
+from common.output_guard import check_disjoint, check_replaceable
+from common.publish import replaced_copy
+from common.storage import resolve
+from common.writer_lock import output_lock
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
 from training.data import check_manifest_unchanged
@@ -113,7 +117,7 @@ def train(cfg: TrainConfig, spark=None, *, on_step=None, on_epoch=None) -> Train
     # checkpoint is touched: a second run on this model path fails now (exit 1, naming this one)
     # instead of sharing them. The reader lease: a shard job will not overwrite the dataset.
     with output_lock(plan.model_path) as lock, reader_lease(plan.dataset_uri):
-        # Rank 0 publishes under this lock, in whatever process it runs (common.storage.writing_under).
+        # Rank 0 publishes under this lock, in whatever process it runs (common.writer_lock.writing_under).
         plan = dataclasses.replace(plan, writer_lock=lock)
         # The plan was read before the lease was taken: the dataset must still be that one.
         check_manifest_unchanged(plan.dataset_uri, plan.fingerprint)

@@ -6,7 +6,7 @@ the last step; each independently of the other). Every rank calls it, because ``
 collectives (the loop's non-finite check, which raises rather than let NaN weights be saved, and
 the per-rank RNG gather); only the writer (rank 0) writes.
 
-Layout: ``<path>/step-000000120/state.pt`` published with common.storage.publish (staging,
+Layout: ``<path>/step-000000120/state.pt`` published with common.publish.publish (staging,
 rename, ``_COMMITTED`` marker last, carrying the file's sha256 and ``kind: shardtrain.checkpoint``).
 The kind is what lets a save replace only a checkpoint and ``check_checkpoint_root`` (on the
 driver, before launching) refuse a ``checkpoint.path`` that holds another output. ``state.pt``
@@ -25,9 +25,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from common.commit_marker import KIND_CHECKPOINT, MARKER, is_committed, output_kind, read_record
 from common.errors import CorruptCheckpoint, OutputExistsError, StorageError
-from common.storage import (KIND_CHECKPOINT, MARKER, STAGING_TAG, is_committed, list_names, output_kind,
-                            parse_sibling, publish, read_record, remove_tree, resolve, storage_errors)
+from common.publish import STAGING_TAG, parse_sibling, publish
+from common.storage import list_names, remove_tree, resolve, storage_errors
 
 log = logging.getLogger("shardtrain.checkpoint")
 

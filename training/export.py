@@ -1,6 +1,6 @@
 """Publishing a trained model, and loading it back with the built-in architecture.
 
-``publish_model`` writes, atomically (common.storage.publish: staging, rename, marker last), the
+``publish_model`` writes, atomically (common.publish.publish: staging, rename, marker last), the
 layout ``common.model_artifact`` reads:
 
 * ``model.safetensors``: the weights (no pickle);
@@ -39,12 +39,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.commit_marker import KIND_MODEL, is_committed
 from common.config import config_fingerprint
 from common.dataset import LabelSpec
 from common.errors import DatasetError
 from common.model_artifact import (META, MODEL_FORMAT, MODEL_FORMAT_VERSION, PROGRAM, WEIGHTS, LoadedModel,
                                    read_meta, read_model, verified_bytes)
-from common.storage import KIND_MODEL, Location, is_committed, publish, read_marker, resolve, storage_errors
+from common.publish import publish, read_marker
+from common.storage import Location, resolve, storage_errors
 
 log = logging.getLogger("shardtrain.train")
 

@@ -52,7 +52,7 @@ class RankPlan:
     # One per train() call, kept across relaunches (a launcher outside Spark gives its own: one per
     # launch); recorded with the published model (``provenance``).
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    # The model path's writer lock as the driver took it (``common.storage.output_lock``'s record):
+    # The model path's writer lock as the driver took it (``common.writer_lock.output_lock``'s record):
     # rank 0 publishes under it (``writing_under``), from whichever process it runs in.
     writer_lock: dict | None = None
 

@@ -24,7 +24,8 @@ from common.config import dump_yaml
 from common.dataset import ROW_INDEX, TEACHER_COLUMN
 from common.features import FeatureSpec
 from common.model_artifact import ROW_RULES
-from common.storage import resolve, writing_under
+from common.storage import resolve
+from common.writer_lock import writing_under
 from training.data import check_manifest_unchanged, read_first_rows
 from training.export import publish_model, published_by, serving_model
 from training.models import built_in_arguments

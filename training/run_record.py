@@ -200,7 +200,7 @@ def _check_record(uri: str, number: int, record, required: tuple[str, ...]) -> N
 
 
 def _checkpoints(run: Location) -> list[tuple[str, bool]]:
-    from common.storage import MARKER
+    from common.commit_marker import MARKER
 
     root = run.join("checkpoints")
     if not root.exists():

@@ -67,7 +67,7 @@ def test_missing_feature_column_is_named():
 
 def _dataset(tmp_path, row_groups_per_file: list[list[int]]):
     from common.dataset import build_manifest, read_manifest, write_manifest
-    from common.storage import publish
+    from common.publish import publish
 
     # Only the manifest matters to describe_dataset; no Parquet file is read.
     files = [{"path": f"train/part-{i:05d}.parquet", "rows": sum(g), "row_groups": g, "bytes": 1, "sha256": "0" * 64}
@@ -184,7 +184,7 @@ def test_read_manifest_types_the_label_teacher_and_splits_and_gives_back_their_r
 
     from common.dataset import (FileEntry, LabelSpec, SplitEntry, build_manifest, read_manifest,
                                 write_manifest)
-    from common.storage import publish
+    from common.publish import publish
 
     features = {"numeric": [{"name": "x", "mean": 0.0, "std": 1.0, "fill": 0.0}]}
     label = {"name": "label", "task": "classification", "num_classes": 3, "train_class_counts": [5, 0, 2],

@@ -1,6 +1,6 @@
 """``output.mode`` means the same for every job that publishes under an input fingerprint
 (common/output_mode.py; the shard and score jobs' own tests run it end to end): real outputs
-published with ``common.storage.publish`` in a temporary directory, no Spark. Each refusal is
+published with ``common.publish.publish`` in a temporary directory, no Spark. Each refusal is
 exit 2, names the path and the mode that would go on, and leaves what is there untouched."""
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from common.commit_marker import KIND_DATASET, KIND_SCORES, MARKER, PUBLISHING
 from common.errors import OutputExistsError
 from common.output_mode import ABSENT, REPLACE, SAME, OutputWords, existing_output
-from common.storage import KIND_DATASET, KIND_SCORES, MARKER, PUBLISHING, publish, resolve
+from common.publish import publish
+from common.storage import resolve
 
 WORDS = {KIND_DATASET: OutputWords(kind=KIND_DATASET, identical="an identical one", committed="a committed dataset",
                                    other="a different dataset", inputs="the config or the source files"),

@@ -17,12 +17,15 @@ import textwrap
 
 import pytest
 
-from common import storage
+from common.commit_marker import (KIND_CHECKPOINT, KIND_DATASET, KIND_MODEL, KIND_SCORES, MARKER, PUBLISHING,
+                                  is_committed)
 from common.errors import ConfigError, OutputExistsError, OutputLockedError, StorageError, StorageIOError
 from common.faults import FAULT_ENV
-from common.storage import (KIND_CHECKPOINT, KIND_DATASET, KIND_MODEL, KIND_SCORES, MARKER, REPLACED_TAG,
-                            STAGING_TAG, check_disjoint, check_replaceable, is_committed, lock_location, output_lock,
-                            publish, require_committed, resolve, siblings)
+from common.output_guard import check_disjoint, check_replaceable
+from common.publish import (REPLACED_TAG, STAGING_TAG, clean_stale_staging, publish, read_marker, require_committed,
+                            siblings)
+from common.storage import beside, objects_under, resolve
+from common.writer_lock import lock_location, output_lock
 
 
 def _publish(uri: str, kind: str | None, files=("a.txt",), mode="overwrite"):
@@ -39,7 +42,7 @@ def test_overwrite_replaces_an_output_of_the_same_kind(tmp_path):
     _publish(target, KIND_DATASET, ["old.txt"])
     _publish(target, KIND_DATASET, ["new.txt"])
     assert sorted(os.listdir(target)) == [MARKER, "new.txt"]
-    assert storage.read_marker(target)["kind"] == KIND_DATASET
+    assert read_marker(target)["kind"] == KIND_DATASET
 
 
 def test_overwrite_refuses_a_regular_file(tmp_path):
@@ -61,7 +64,7 @@ def test_overwrite_refuses_a_user_directory_even_one_that_looks_empty(tmp_path):
     # A truly empty directory holds nothing to lose: it is replaced.
     (target / ".keep").unlink()
     _publish(str(target), KIND_DATASET)
-    assert storage.is_committed(str(target))
+    assert is_committed(str(target))
 
 
 def test_overwrite_refuses_an_output_of_another_kind(tmp_path):
@@ -79,8 +82,8 @@ def test_a_commit_that_died_half_way_is_ours_to_replace(tmp_path):
     target = tmp_path / "ds"
     target.mkdir()
     (target / "part.parquet").write_bytes(b"half")
-    (target / storage.PUBLISHING).write_text(json.dumps({"kind": KIND_DATASET}))
-    assert not storage.is_committed(str(target))
+    (target / PUBLISHING).write_text(json.dumps({"kind": KIND_DATASET}))
+    assert not is_committed(str(target))
     _publish(str(target), KIND_DATASET, ["new.txt"])
     assert sorted(os.listdir(target)) == [MARKER, "new.txt"]
 
@@ -111,7 +114,7 @@ def test_overlap_sees_through_globs_and_symlinks(tmp_path):
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from common.storage import output_lock
+    from common.writer_lock import output_lock
     with output_lock(sys.argv[1]):
         print("held", flush=True)
         sys.stdin.readline()  # held until the test closes stdin (or kills us)
@@ -149,20 +152,20 @@ def test_second_writer_is_refused_naming_the_holder_and_a_dead_holder_is_taken_o
     with output_lock(uri) as record:
         assert json.loads(open(lock).read())["token"] == record["token"]
         _publish(uri, KIND_DATASET)  # re-entrant: publish inside the job's own lock
-    assert storage.is_committed(uri)
+    assert is_committed(uri)
     assert not os.path.exists(lock)  # released
 
 
 @pytest.mark.process
 def test_staging_left_by_a_killed_writer_is_removed_by_the_next_run_but_not_while_a_writer_lives(tmp_path):
     uri = str(tmp_path / "ds")
-    stale = tmp_path / f".ds{storage.STAGING_TAG}20260101-dead"
+    stale = tmp_path / f".ds{STAGING_TAG}20260101-dead"
     stale.mkdir()
     (stale / "part.parquet").write_bytes(b"x")
     holder = _start_holder(uri)
     try:
         with pytest.raises(OutputLockedError):
-            storage.clean_stale_staging(uri)  # a live writer may own it
+            clean_stale_staging(uri)  # a live writer may own it
         assert stale.exists()
     finally:
         _kill(holder)
@@ -175,7 +178,7 @@ def test_staging_left_by_a_killed_writer_is_removed_by_the_next_run_but_not_whil
 
 STAGER = textwrap.dedent("""
     import sys
-    from common.storage import publish
+    from common.publish import publish
     with publish(sys.argv[1], mode="overwrite", marker={"kind": sys.argv[2]}) as staging:
         with staging.open("part-0", "wb") as fh:
             fh.write(b"neighbour")
@@ -213,7 +216,7 @@ def _check_a_glob_named_output_spares_a_live_neighbour(base: str, name: str, nei
     target, other = f"{base}/{name}", f"{base}/{neighbour}"
     _publish(target, KIND_SCORES, ["old.txt"])
     final = resolve(target)
-    dead = storage.beside(final, f"{STAGING_TAG}20260101T000000-dead")  # left by a killed writer of target
+    dead = beside(final, f"{STAGING_TAG}20260101T000000-dead")  # left by a killed writer of target
     dead.write_text("part-0", "dead")
     stager = _Stager(other, KIND_SCORES)
     try:
@@ -224,9 +227,9 @@ def _check_a_glob_named_output_spares_a_live_neighbour(base: str, name: str, nei
         neighbour_lock = lock_location(other)
         assert neighbour_lock.fs.exists(neighbour_lock.path)
 
-        assert storage.clean_stale_staging(target) == [dead.path]  # its own dead staging, and only that
+        assert clean_stale_staging(target) == [dead.path]  # its own dead staging, and only that
         _publish(target, KIND_SCORES, ["new.txt"])  # overwrite: cleans again, then commits
-        assert is_committed(target) and storage.read_marker(target)["kind"] == KIND_SCORES
+        assert is_committed(target) and read_marker(target)["kind"] == KIND_SCORES
         assert sorted(p.rsplit("/", 1)[-1] for p in final.fs.find(final.path)) == [MARKER, "new.txt"]
 
         assert stager.proc.poll() is None and stager.staged_bytes() == b"neighbour"
@@ -302,7 +305,7 @@ OLD_FILES = ("old-a.txt", "sub/old-b.txt")
 OVERWRITER = textwrap.dedent("""
     import sys
     from common.cli import run_command
-    from common.storage import publish
+    from common.publish import publish
 
     def overwrite(_args):
         kind = sys.argv[2] if len(sys.argv) > 2 else "shardtrain.scores"
@@ -319,7 +322,7 @@ def _digests(loc) -> dict[str, str]:
     loc = resolve(loc) if isinstance(loc, str) else loc
     loc.fs.invalidate_cache()  # S3: another process changed it; list and read it afresh
     return {path[len(loc.path) + 1:]: hashlib.sha256(loc.fs.cat_file(path)).hexdigest()
-            for path in storage._objects(loc)}
+            for path in objects_under(loc)}
 
 
 def _overwriter(uri: str, fault: str | None = None, kind: str = KIND_SCORES) -> subprocess.Popen:
@@ -332,7 +335,7 @@ def _overwriter(uri: str, fault: str | None = None, kind: str = KIND_SCORES) -> 
 def _check_new_output(uri: str) -> None:
     resolve(uri).fs.invalidate_cache()
     final = require_committed(uri)
-    assert sorted(_digests(final)) == [MARKER, "new.txt"] and storage.read_marker(uri)["kind"] == KIND_SCORES
+    assert sorted(_digests(final)) == [MARKER, "new.txt"] and read_marker(uri)["kind"] == KIND_SCORES
     assert not siblings(final, STAGING_TAG) and not siblings(final, REPLACED_TAG)  # nothing left beside it
 
 
@@ -353,7 +356,7 @@ def _check_killed_overwrite(base: str, step: str) -> None:
         assert len(aside) == 1 and _digests(aside[0]) == old and not final.exists()
         with pytest.raises(StorageError, match=r"an overwrite of it was interrupted, and the previous output is kept"):
             require_committed(target)
-        assert storage.clean_stale_staging(target)  # what the next job writing it does first, under its lock
+        assert clean_stale_staging(target)  # what the next job writing it does first, under its lock
         assert _digests(require_committed(target)) == old
     else:  # after-swap: the new output is committed; the replaced one is removed by the next writer
         assert len(aside) == 1 and _digests(aside[0]) == old
@@ -425,7 +428,7 @@ def test_a_rename_the_file_system_refuses_leaves_the_old_output_and_a_retry_succ
                         error)
     if not final.exists():  # non-root: the read-only parent refused the move back too; the old output is aside
         assert _digests(siblings(final, REPLACED_TAG)[0]) == old
-        storage.clean_stale_staging(target)  # what the next job writing it does first
+        clean_stale_staging(target)  # what the next job writing it does first
     assert _digests(require_committed(target)) == old  # the old output, committed and intact
     _publish(target, KIND_SCORES, ["new.txt"])  # the retry is not refused, and replaces it
     _check_new_output(target)
@@ -472,7 +475,7 @@ def test_overwrite_through_a_symlink_replaces_its_target_and_the_link_stays_a_li
     check_replaceable(str(alias), KIND_SCORES)  # the check sees what the link points at
     _publish(str(alias), KIND_SCORES, ["new.txt"])
     assert alias.is_symlink() and os.readlink(alias) == str(real)
-    assert sorted(_digests(str(real))) == [MARKER, "new.txt"] and storage.read_marker(str(alias))["kind"] == KIND_SCORES
+    assert sorted(_digests(str(real))) == [MARKER, "new.txt"] and read_marker(str(alias))["kind"] == KIND_SCORES
     assert sorted(os.listdir(tmp_path)) == ["alias", "real_scores"]  # nothing left beside either
     holder = _start_holder(str(alias))  # one output, one lock, whichever way it is spelt
     try:
@@ -505,7 +508,7 @@ def test_s3_lock_is_a_conditional_create(s3_bucket, s3_endpoint):
         _kill(holder)
     # Same host, pid gone: taken over.
     _publish(uri, KIND_DATASET)
-    assert storage.is_committed(uri)
+    assert is_committed(uri)
     assert not lock.fs.exists(lock.path)
     # A holder on another host cannot be checked: refused, with how to clear it.
     with lock.fs.open(lock.path, "wb") as fh:

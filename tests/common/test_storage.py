@@ -9,8 +9,11 @@ import socket
 import pytest
 
 from common import storage
+from common.commit_marker import KIND_SCORES, MARKER, is_committed, output_kind
 from common.errors import OutputExistsError, StorageError
-from common.storage import KIND_SCORES, MARKER, check_uri, is_committed, publish, require_committed, resolve
+from common.output_guard import check_replaceable
+from common.publish import STAGING_TAG, clean_stale_staging, publish, read_marker, require_committed
+from common.storage import check_uri, resolve
 
 
 def test_resolve_schemes(tmp_path):
@@ -105,13 +108,13 @@ def _check_publish_protocol(base_uri):
     with pytest.raises(StorageError, match="no such output"):
         require_committed(target)
     parent = loc.path.rsplit("/", 1)[0]
-    assert not [p for p in loc.fs.glob(parent + "/.*") if storage.STAGING_TAG in p]
+    assert not [p for p in loc.fs.glob(parent + "/.*") if STAGING_TAG in p]
 
     with publish(target, marker={"files": 2}) as staging:
         _write_files(staging, ["a.txt", "sub/b.txt"])
         assert not is_committed(target)  # nothing visible before commit
     assert is_committed(target)
-    assert storage.read_marker(target)["files"] == 2
+    assert read_marker(target)["files"] == 2
     assert sorted(p.rsplit("/", 1)[-1] for p in loc.fs.find(loc.path)) == sorted([MARKER, "a.txt", "b.txt"])
 
     with pytest.raises(OutputExistsError, match="already exists; set output.mode=overwrite"):
@@ -135,8 +138,8 @@ def test_publish_protocol_local(tmp_path):
 
 
 def test_stale_staging_is_cleaned(tmp_path):
-    (tmp_path / f".out{storage.STAGING_TAG}20260101-dead").mkdir()
-    removed = storage.clean_stale_staging(str(tmp_path / "out"))
+    (tmp_path / f".out{STAGING_TAG}20260101-dead").mkdir()
+    removed = clean_stale_staging(str(tmp_path / "out"))
     assert len(removed) == 1 and not list(tmp_path.iterdir())
 
 
@@ -174,7 +177,7 @@ def test_a_damaged_marker_is_one_error_naming_the_file(tmp_path, raw, problem):
     (out / "part-0.parquet").write_bytes(b"rows")
     (out / MARKER).write_bytes(raw)
     message = rf"^{out}/{MARKER} {problem}.*: the marker is damaged; restore it, or move {out} away"
-    for call in (storage.read_marker, storage.output_kind, lambda uri: storage.check_replaceable(uri, KIND_SCORES)):
+    for call in (read_marker, output_kind, lambda uri: check_replaceable(uri, KIND_SCORES)):
         with pytest.raises(StorageError, match=message) as err:
             call(str(out))
         assert err.value.exit_code == 2 and "\n" not in str(err.value)

@@ -1,4 +1,4 @@
-"""``storage.writing_under``: another process of a job writes under the writer lock its driver
+"""``writer_lock.writing_under``: another process of a job writes under the writer lock its driver
 holds (training's rank 0 publishing from an executor), and only while that holder lives."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import sys
 import pytest
 
 from common.errors import OutputLockedError
-from common.storage import lock_location, output_lock, publish, writing_under
+from common.publish import publish
+from common.writer_lock import lock_location, output_lock, writing_under
 
 pytestmark = pytest.mark.process  # a holder process and a second writer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HOLDER = ("import json, sys\nfrom common.storage import output_lock\n"
+HOLDER = ("import json, sys\nfrom common.writer_lock import output_lock\n"
           "with output_lock(sys.argv[1]) as record:\n    print(json.dumps(record), flush=True)\n    sys.stdin.read()\n")
 
 

@@ -98,7 +98,8 @@ def params(workdir, **more) -> dict:
 
 
 def test_the_dag_shards_trains_scores_and_publishes(airflow_home, workdir):
-    from common.storage import MARKER, read_marker
+    from common.commit_marker import MARKER
+    from common.publish import read_marker
     from training import load_model
 
     proc = dags_test(airflow_home, params(workdir, score_config="conf/score.yaml",
@@ -139,7 +140,7 @@ def test_a_bad_config_fails_the_task_without_retries(airflow_home, workdir):
 
 
 def test_a_retryable_failure_is_retried(airflow_home, workdir):
-    from common.storage import output_lock
+    from common.writer_lock import output_lock
 
     # A real second writer: this test holds the dataset's writer lock, so every shard attempt
     # exits 1 ("is being written by pid ..."), which Airflow must retry.

@@ -115,7 +115,7 @@ def connect():
                                                               reason=connect_available() or "")]),
 ])
 def test_the_notebook_runs_end_to_end(request, tmp_path, session, backend):
-    from common.storage import MARKER
+    from common.commit_marker import MARKER
     from training import load_model
 
     # What a user types into the widgets: a work folder, fewer rows and one epoch (kept small for

@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
+from common.commit_marker import KIND_DATASET
 from common.dataset import read_manifest, verify_dataset
-from common.storage import KIND_DATASET, lock_location, output_lock, read_marker
+from common.publish import read_marker
+from common.writer_lock import lock_location, output_lock
 from pipelines.generate import generate_dataset
 from polling import wait_for
 from shardtrain.cli import main

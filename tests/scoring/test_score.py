@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from common.commit_marker import MARKER
 from common.dataset import read_manifest
 from common.errors import InputDataError
 from common.spark import EXECUTOR_SHARDTRAIN_FIX
-from common.storage import MARKER
 from scoring.predict import predict_frame
 from tabular_data import raw_frame, write_dataset
 from train_configs import train_config
@@ -726,7 +726,7 @@ def test_a_model_replaced_after_the_job_recorded_it_is_refused(spark, models, tm
     scores' marker, a dataset's teacher record): a model replaced at the URI in between is
     refused, so one model's outputs are never published under another's fingerprint."""
     from common.errors import DatasetError
-    from common.storage import read_marker
+    from common.publish import read_marker
     from shardtrain.teacher import describe_teacher, score_teacher
 
     uri = str(tmp_path / "model")

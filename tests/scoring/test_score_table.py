@@ -36,7 +36,7 @@ import yaml
 
 from common.errors import ConfigError, OutputExistsError
 from common.faults import FAULT_ENV, FAULT_ONCE_ENV
-from common.storage import read_marker
+from common.publish import read_marker
 from common.tables import FINGERPRINT_PROPERTY, KIND_PROPERTY, table_properties
 from hive_table_reader import hive_conf, read_metastore
 from polling import wait_for

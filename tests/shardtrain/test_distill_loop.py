@@ -17,7 +17,7 @@ import pytest
 
 from common.dataset import read_manifest
 from common.errors import EXIT_USAGE, ConfigError, InputDataError
-from common.storage import read_marker
+from common.publish import read_marker
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # distill_transforms, named by a shard config
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from common.errors import EXIT_RUNTIME, EXIT_USAGE, ConfigError, TrainingError
-from common.storage import read_marker
+from common.publish import read_marker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)

@@ -16,9 +16,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from common.commit_marker import MARKER
 from common.dataset import build_manifest, file_entry, write_manifest
 from common.features import FeatureSpec
-from common.storage import MARKER, resolve
+from common.storage import resolve
 
 CITIES = ["paris", "lyon", "nice", "lille", "nantes"]
 

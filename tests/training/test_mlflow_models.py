@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from common.commit_marker import MARKER
 from common.errors import ConfigError, DatasetError, InputDataError
-from common.storage import MARKER
 from spark_cluster import refused_port
 from tabular_data import raw_frame, write_dataset
 from train_configs import train_overrides
