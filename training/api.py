@@ -35,10 +35,10 @@ from common.leases import reader_lease
 from common.storage import KIND_MODEL, check_disjoint, check_replaceable, output_lock, replaced_copy, resolve
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
-from training.data import check_manifest_unchanged
 from training.launchers import backend_for, coordinates_run, launch, launch_run_id, needs_spark
 from training.plan import RankPlan, build_plan
 from training.run_record import SUMMARY, record_restart
+from training.split_layout import check_manifest_unchanged
 
 log = logging.getLogger("shardtrain.train")
 

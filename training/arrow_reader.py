@@ -14,8 +14,8 @@ release the GIL for the bulk of that work, so it overlaps the training step inst
 it. Local files (and dbfs:/ through its mount) are opened by path: pyarrow's own reads, no Python
 file object taking the GIL per read (a third less decode CPU, benchmarks/RESULTS.md); other
 schemes through their ``common.storage`` file system. This module owns reading row groups and
-running the caller's pipeline beside it, nothing else: which columns make a batch, shuffling rows
-and batching stay in ``training.data``.
+running the caller's pipeline beside it, nothing else: which columns make a batch
+(``training.columns``), shuffling rows and batching stay in ``training.data``.
 """
 
 from __future__ import annotations

@@ -24,11 +24,12 @@ from common.config import dump_yaml
 from common.dataset import ROW_INDEX, TEACHER_COLUMN
 from common.model_artifact import ROW_RULES
 from common.storage import resolve, writing_under
-from training.data import check_manifest_unchanged, read_first_rows
+from training.data import read_first_rows
 from training.export import publish_model, published_by, serving_model
 from training.models import built_in_arguments
 from training.plan import RankPlan
 from training.run_record import METRICS, REPORT, SUMMARY, write_run_info, write_steps
+from training.split_layout import check_manifest_unchanged
 
 log = logging.getLogger("shardtrain.train")
 

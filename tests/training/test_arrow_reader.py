@@ -14,7 +14,9 @@ from common.dataset import read_manifest
 from common.errors import DatasetError
 from tabular_data import write_dataset
 from training.arrow_reader import row_group_order
-from training.data import BufferMemory, RankLoader, SplitLayout, columns_for
+from training.columns import columns_for
+from training.data import BufferMemory, RankLoader
+from training.split_layout import SplitLayout
 
 pytestmark = pytest.mark.stack
 
@@ -201,7 +203,9 @@ def test_arrow_path_never_imports_petastorm(uneven):
     ds, _ = uneven
     code = ("import sys; sys.path.insert(0, 'tests/training')\n"
             "from common.dataset import read_manifest\n"
-            "from training.data import BufferMemory, RankLoader, SplitLayout, columns_for\n"
+            "from training.columns import columns_for\n"
+            "from training.data import RankLoader\n"
+            "from training.split_layout import SplitLayout\n"
             f"m = read_manifest({ds.uri!r})\n"
             "loader = RankLoader(SplitLayout.from_manifest(m, 'train'), columns_for(m), 0, 2, 32, reader='arrow')\n"
             "assert sum(1 for _ in loader.epoch(0)) == loader.batches_per_epoch\n"
