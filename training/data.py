@@ -6,6 +6,7 @@ together is its own module beside it:
 * ``training.split_layout``: the split's files as planned, their integrity and pinning checks;
 * ``training.arrow_reader`` / ``training.petastorm_reader``: the two readers (``data.reader``),
   the same Arrow tables in the same order;
+* ``training.shuffle_buffers``: row groups -> shuffle buffers in batch order, and their memory;
 * ``training.columns``: which columns make a batch and the Arrow -> numpy conversion.
 
 Why not petastorm's own sharding (``cur_shard=rank, shard_count=size``): it deals whole row
@@ -38,7 +39,6 @@ on the ranks, when a loader yields batches.
 from __future__ import annotations
 
 import posixpath
-import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -47,8 +47,9 @@ import numpy as np
 from common.errors import DatasetError
 from common.dataset import ROW_INDEX
 from common.storage import resolve, storage_errors
-from training.columns import Columns, table_to_arrays, tables_to_arrays
+from training.columns import Columns, table_to_arrays
 from training.epoch_steps import epoch_seed, rank_row_range, steps_per_epoch
+from training.shuffle_buffers import BufferMemory, ShuffleBuffers
 from training.split_layout import SplitLayout
 
 
@@ -80,7 +81,6 @@ class RankLoader:
         self.layout, self.columns = layout, columns
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.grad_accum, self.seed, self.shuffle = batch_size, grad_accum, seed, shuffle
-        self.shuffle_buffer_rows = max(shuffle_buffer_rows, batch_size)
         self.reader_workers, self.prefetch_row_groups = reader_workers, prefetch_row_groups
         self.reader = reader  # "petastorm" or "arrow" (training.*_reader): the same tables in the same order
         self.lo, self.hi = rank_row_range(layout.rows, rank, world_size)
@@ -91,6 +91,7 @@ class RankLoader:
         # The shuffle buffers' memory, used again from epoch to epoch; loaders that never build
         # buffers at the same time (a rank's training and validation) can share one.
         self.memory = memory if memory is not None else BufferMemory()
+        self.buffers = ShuffleBuffers(columns, batch_size, shuffle_buffer_rows, shuffle, self.memory, self._mask)
 
     def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
         """Exactly ``batches_per_epoch - skip_batches`` batches; the first ``skip_batches`` of the
@@ -169,12 +170,12 @@ class RankLoader:
     def _batches(self, epoch: int, stats: EpochStats, keep_last: bool = False) -> Iterator[dict]:
         """Full batches of numpy arrays in this epoch's order (and the partial rest, if ``keep_last``).
 
-        The shuffle buffers (``_buffers``) are made in the arrow reader's own thread, or here for
+        The shuffle buffers (``self.buffers``) are made in the arrow reader's own thread, or here for
         petastorm; each arrives already in batch order, so a batch is a slice of it (a view).
         """
         rng = np.random.default_rng(epoch_seed(self.seed, epoch, self.rank))
         reader = self._open_reader(epoch, rng)
-        buffers = reader if self.reader == "arrow" else self._buffers(reader, rng)
+        buffers = reader if self.reader == "arrow" else self.buffers.from_tables(reader, rng)
         size = self.batch_size
         last = None
         try:
@@ -188,49 +189,6 @@ class RankLoader:
             reader.stop()
             reader.join()
 
-
-    def _buffers(self, tables: Iterator, rng: np.random.Generator) -> Iterator["_Buffer"]:
-        """Row groups -> shuffle buffers in batch order.
-
-        Each row group is masked to this rank's rows. A buffer takes the rows the previous one
-        left over (fewer than a batch), then rows of the row groups in order up to exactly
-        ``shuffle_buffer_rows``: a row group larger than what is missing is cut (a zero-copy
-        slice), and its other rows open the next buffer. So a buffer's memory and the wait for the
-        first batch follow ``shuffle_buffer_rows``, not the size of the row groups. Its rows are
-        converted once into arrays and, when shuffling, permuted as a whole with the epoch's
-        generator (one draw per buffer, in order). The buffer's own left-over rows (its last
-        ``total % batch_size``) open the next buffer.
-        """
-        group, group_rows, rows_read = [], 0, 0
-        rest = None
-        for table in tables:
-            rows_read += table.num_rows
-            table = self._mask(table)
-            while table.num_rows:
-                missing = self.shuffle_buffer_rows - (len(rest[ROW_INDEX]) if rest else 0) - group_rows
-                taken = min(table.num_rows, missing)
-                group.append(table if taken == table.num_rows else table.slice(0, taken))
-                group_rows += taken
-                table = table.slice(taken)
-                if taken < missing:
-                    break  # the buffer is not full yet: the next row group
-                buffer = self._buffer(group, rest, rows_read, rng)
-                # The tables are let go before waiting to hand the buffer over.
-                rest, group, group_rows, rows_read = buffer.rest, [], 0, 0
-                yield buffer
-        if group or rest or rows_read:
-            yield self._buffer(group, rest, rows_read, rng)
-
-    def _buffer(self, tables: list, rest: dict | None, rows_read: int, rng: np.random.Generator) -> "_Buffer":
-        total = (len(rest[ROW_INDEX]) if rest else 0) + sum(table.num_rows for table in tables)
-        order = rng.permutation(total) if self.shuffle and total else None
-        # Converted into batch order once, for the whole buffer: a batch is then a slice of it.
-        arrays = tables_to_arrays(tables, self.columns, lead=rest, order=order, empty=self.memory.empty)
-        full = total // self.batch_size * self.batch_size
-        return _Buffer(arrays=arrays, full=full, rows_read=rows_read,
-                       rest={name: value[full:] for name, value in arrays.items()} if full < total else None)
-
-
     def _open_reader(self, epoch: int, rng: np.random.Generator):
         self.layout.verify_files(self.files)  # both readers: no row of a damaged file is ever used
         uris, seed = [f.uri for f in self.files], epoch_seed(self.seed, epoch, self.rank)
@@ -238,7 +196,7 @@ class RankLoader:
             from training.arrow_reader import ArrowRowGroupReader
 
             return ArrowRowGroupReader(uris, self.columns.stored, self.shuffle, seed, self.prefetch_row_groups,
-                                       pipeline=lambda tables: self._buffers(tables, rng))
+                                       pipeline=lambda tables: self.buffers.from_tables(tables, rng))
         from training.petastorm_reader import open_petastorm_reader
 
         return open_petastorm_reader(uris, self.columns.stored, self.shuffle, seed, self.prefetch_row_groups,
@@ -252,74 +210,6 @@ class RankLoader:
         import pyarrow as pa
 
         return table.filter(pa.array(keep))
-
-
-@dataclass
-class _Buffer:
-    """One shuffle buffer of batch arrays in batch order, made off the training thread where the
-    reader allows: batch k is rows [k * batch_size, (k + 1) * batch_size) of ``arrays``, for k
-    below ``full / batch_size``; ``rest``: the rows after ``full`` (views), which open the next
-    buffer, or end the epoch's rows for validation."""
-
-    arrays: dict[str, np.ndarray]
-    full: int
-    rows_read: int  # rows decoded for it, including those masked out
-    rest: dict[str, np.ndarray] | None
-
-
-class BufferMemory:
-    """The memory of a loader's shuffle buffers, used again once nothing refers to it.
-
-    A buffer of the default 65,536 rows of the benchmark's tabular rows is about 6 MB of arrays
-    and 5 MB of scratch. Taken fresh from malloc for every buffer, that memory came back from the
-    kernel page by page, and the page faults cost about as much as the conversion itself
-    (benchmarks/RESULTS.md, "Buffers cut to size, their memory reused"). So ``empty`` hands out a
-    view of an array it made before when no one else refers to that array any more, and a new
-    one otherwise.
-
-    "No one else" is CPython's reference count of the array: a batch tensor (``torch.from_numpy``
-    of a slice), the slice and the buffer's left-over rows each hold a reference to it, so an array
-    still in use, by the training step or by a batch a caller kept, is never handed out again.
-    Only the thread that builds buffers calls ``empty``; other threads only drop references, which
-    can only make an array free later, never in use again. What it keeps is what the next epoch
-    needs again: about three buffers (the one being built, the one waiting, the one being read).
-
-    Several loaders can share one as long as they never build buffers at the same time (a
-    rank's training and validation loaders: each epoch's reader thread is joined before the
-    next pass starts), so what it holds is the larger of their needs, not the sum.
-    """
-
-    def __init__(self, keep: int = 32):
-        self._arrays: list[np.ndarray] = []
-        self._keep = keep  # arrays kept; beyond that the oldest is left to its holders
-        self.reused = 0  # arrays handed out again (benchmarks and tests read it)
-        probe = np.empty(0)
-        self._free_refs = _refs(probe)  # the count of an array only this code refers to
-
-    def empty(self, shape: tuple, dtype) -> np.ndarray:
-        """An uninitialized array of ``shape`` and ``dtype`` (a view of a reused one, or new)."""
-        dtype = np.dtype(dtype)
-        rows, tail = shape[0], tuple(shape[1:])
-        smaller = []
-        for index in range(len(self._arrays)):
-            array = self._arrays[index]
-            if array.dtype != dtype or array.shape[1:] != tail or _refs(array) > self._free_refs + 1:
-                continue  # another kind, or in use (+ 1: the list holds it)
-            if array.shape[0] >= rows:
-                self.reused += 1
-                return array[:rows]
-            smaller.append(index)
-        for index in reversed(smaller):  # free but too small: a new one takes its place
-            del self._arrays[index]
-        array = np.empty((rows, *tail), dtype=dtype)
-        self._arrays.append(array)
-        if len(self._arrays) > self._keep:
-            del self._arrays[0]  # left to whoever still holds it
-        return array
-
-
-def _refs(array: np.ndarray) -> int:
-    return sys.getrefcount(array)
 
 
 def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[str, np.ndarray]:
@@ -348,4 +238,4 @@ def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[s
     return table_to_arrays(pa.concat_tables(tables), columns)
 
 
-__all__ = ["BufferMemory", "EpochStats", "RankLoader", "read_first_rows"]
+__all__ = ["EpochStats", "RankLoader", "read_first_rows"]

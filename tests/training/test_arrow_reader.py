@@ -15,7 +15,8 @@ from common.errors import DatasetError
 from tabular_data import write_dataset
 from training.arrow_reader import row_group_order
 from training.columns import columns_for
-from training.data import BufferMemory, RankLoader
+from training.data import RankLoader
+from training.shuffle_buffers import BufferMemory
 from training.split_layout import SplitLayout
 
 pytestmark = pytest.mark.stack
@@ -83,7 +84,7 @@ def test_a_shuffle_buffer_holds_shuffle_buffer_rows_whatever_the_row_groups(unev
     files = [pq.ParquetFile(uri) for uri in manifest.file_uris("train")]
     tables = [f.read_row_group(g, columns=loader.columns.stored) for f in files for g in range(f.num_row_groups)]
     assert max(t.num_rows for t in tables) > 64
-    buffers = list(loader._buffers(iter(tables), np.random.default_rng(0)))
+    buffers = list(loader.buffers.from_tables(iter(tables), np.random.default_rng(0)))
     sizes = [len(b.arrays["_row"]) for b in buffers]
     assert all(size == 64 for size in sizes[:-1]) and 0 < sizes[-1] <= 64
     rows = np.concatenate([b.arrays["_row"][:b.full] for b in buffers] + [buffers[-1].rest["_row"]])
