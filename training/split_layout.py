@@ -27,6 +27,7 @@ from common.errors import DatasetChangedError, DatasetError
 from common.dataset import Manifest, current_fingerprint, file_identity, verify_digest
 from common.storage import resolve
 
+# The data path's logger, kept when this moved out of training.data: the same records under the same name.
 log = logging.getLogger("shardtrain.data")
 
 
