@@ -126,7 +126,7 @@ def test_accuracy(model_uri: str, dataset_uri: str) -> float:
     import pyarrow.parquet as pq
 
     from common.dataset import read_manifest
-    from training.data import columns_for, table_to_arrays
+    from training.columns import columns_for, table_to_arrays
     from training.export import load_model
 
     manifest = read_manifest(dataset_uri)

@@ -79,7 +79,7 @@ class Lines(logging.Handler):
 def probe(timeout: float) -> dict:
     from tabular_data import write_dataset
     from training import load_train_config, train
-    from training.data import steps_per_epoch
+    from training.epoch_steps import steps_per_epoch
 
     work = tempfile.mkdtemp(prefix="elastic-probe-")
     layout = {"train": [[4000], [4000], [4000]], "val": [[300]]}

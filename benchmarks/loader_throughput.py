@@ -73,7 +73,7 @@ def limit(manifest, columns, batch: int) -> tuple[float, int]:
     """pyarrow row groups -> the same tensors with torch.from_numpy; no shuffle, no petastorm."""
     import torch
 
-    from training.data import table_to_arrays
+    from training.columns import table_to_arrays
 
     rows = 0
     start = time.perf_counter()
@@ -95,7 +95,8 @@ def ours(manifest, columns, batch: int, workers: int = 1, buffer: int = 65_536, 
          reader: str = "petastorm") -> tuple[float, int]:
     """One epoch of RankLoader. Without the sha256 check (data.verify): a run makes it once per
     file, not per epoch, and the stock loader makes none; ``verify_seconds`` reports it alone."""
-    from training.data import RankLoader, SplitLayout
+    from training.data import RankLoader
+    from training.split_layout import SplitLayout
 
     loader = RankLoader(SplitLayout.from_manifest(manifest, "train", verify=False), columns, 0, 1, batch,
                         reader_workers=workers, shuffle_buffer_rows=buffer, shuffle=shuffle, reader=reader)
@@ -151,7 +152,7 @@ def petastorm_stock(manifest, columns, batch: int, buffer: int = 65_536) -> tupl
 
 def verify_seconds(manifest) -> float:
     """What data.verify costs once per run: the sha256 of every train file."""
-    from training.data import SplitLayout
+    from training.split_layout import SplitLayout
 
     layout = SplitLayout.from_manifest(manifest, "train")
     start = time.perf_counter()
@@ -186,7 +187,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from training.data import columns_for
+    from training.columns import columns_for
 
     torch.set_num_threads(1)
     # Removed at the end: each run writes ~370 MB of Parquet (the runs of earlier sessions had left 13 GB in /tmp).

@@ -29,7 +29,8 @@ from loader_throughput import write  # noqa: E402
 
 
 def epoch_seconds(manifest, columns, batch: int, verify: bool) -> float:
-    from training.data import RankLoader, SplitLayout
+    from training.data import RankLoader
+    from training.split_layout import SplitLayout
 
     layout = SplitLayout.from_manifest(manifest, "train", verify=verify)
     loader = RankLoader(layout, columns, 0, 1, batch)
@@ -66,7 +67,7 @@ def main() -> None:
 
     from common.dataset import read_manifest, verify_dataset
     from pipelines.balance import rows_per_row_group
-    from training.data import columns_for
+    from training.columns import columns_for
 
     torch.set_num_threads(1)
     width = 16 * 4 + 2 * 4 + 8 + 8

@@ -39,10 +39,10 @@ from common.storage import resolve
 from common.writer_lock import output_lock
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
-from training.data import check_manifest_unchanged
 from training.launchers import backend_for, coordinates_run, launch, launch_run_id, needs_spark
 from training.plan import RankPlan, build_plan
 from training.run_record import SUMMARY, record_restart
+from training.split_layout import check_manifest_unchanged
 
 log = logging.getLogger("shardtrain.train")
 

@@ -8,14 +8,15 @@ does), so for the same seed, epoch and rank both readers give identical batches 
 resumes on either. Files are opened through ``common.storage`` (local, s3, hdfs, dbfs).
 
 One background thread decodes the row groups and, given ``pipeline``, a second one runs it over
-that stream of tables (``training.data`` passes the mask to the rank's rows, the grouping into
-shuffle buffers, their conversion to batch arrays and their permutations): pyarrow and numpy
-release the GIL for the bulk of that work, so it overlaps the training step instead of adding to
-it. Local files (and dbfs:/ through its mount) are opened by path: pyarrow's own reads, no Python
-file object taking the GIL per read (a third less decode CPU, benchmarks/RESULTS.md); other
-schemes through their ``common.storage`` file system. This module owns reading row groups and
-running the caller's pipeline beside it, nothing else: which columns make a batch, shuffling rows
-and batching stay in ``training.data``.
+that stream of tables (``training.data`` passes ``training.shuffle_buffers``: the mask to the
+rank's rows, the grouping into shuffle buffers, their conversion to batch arrays and their
+permutations): pyarrow and numpy release the GIL for the bulk of that work, so it overlaps the
+training step instead of adding to it. Local files (and dbfs:/ through its mount) are opened by
+path: pyarrow's own reads, no Python file object taking the GIL per read (a third less decode CPU,
+benchmarks/RESULTS.md); other schemes through their ``common.storage`` file system. This module
+owns reading row groups and running the caller's pipeline beside it, nothing else: which columns
+make a batch (``training.columns``), shuffling rows (``training.shuffle_buffers``) and batching
+(``training.data``) stay with the loader.
 """
 
 from __future__ import annotations

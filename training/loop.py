@@ -45,12 +45,14 @@ from common.errors import ConfigError, NonFiniteLossError
 from common.dataset import MISSING_LABEL, TEACHER_COLUMN, LabelSpec
 from training.checkpoint import CheckpointManager
 from training.config import DistillConfig, TrainLoopConfig
-from training.data import BufferMemory, RankLoader, check_manifest_unchanged
+from training.data import RankLoader
 from training.distributed import LocalGroup, set_threads, spark_gpu_addresses
 from training.export import target_scaling
 from training.models import build_model
 from training.plan import RankPlan
 from training.recorder import Recorder
+from training.shuffle_buffers import BufferMemory
+from training.split_layout import check_manifest_unchanged
 from training.strategies import build_strategy
 
 log = logging.getLogger("shardtrain.train")

@@ -7,9 +7,10 @@ few shards or rows for the ranks, ``train.distill`` without soft targets or with
 features or classes differ from the dataset's -> DatasetError naming the manifest field (exit status 2).
 
 The ``RankPlan`` it returns pins the dataset (the manifest's fingerprint and each shard file's
-version, compared on every open, at each epoch start and before publishing: ``training.data``),
-and it is all a rank gets: the typed ``TrainConfig``, strings, numbers, lists and small frozen
-dataclasses, so it pickles to executors without dragging a SparkSession, a file handle or torch along.
+version, compared on every open, at each epoch start and before publishing:
+``training.split_layout``), and it is all a rank gets: the typed ``TrainConfig``, strings, numbers,
+lists and small frozen dataclasses, so it pickles to executors without dragging a SparkSession, a
+file handle or torch along.
 
 Driver-only; imports neither torch nor horovod.
 """
@@ -25,8 +26,10 @@ from dataclasses import dataclass, field
 from common.config import to_dict
 from common.errors import DatasetError
 from common.dataset import MANIFEST_NAME, TEACHER_COLUMN, LabelSpec, Manifest, read_manifest, teacher_differences
+from training.columns import Columns, columns_for
 from training.config import TrainConfig
-from training.data import Columns, SplitLayout, columns_for, skipped_rows_per_epoch, steps_per_epoch
+from training.epoch_steps import skipped_rows_per_epoch, steps_per_epoch
+from training.split_layout import SplitLayout
 from training.strategies import ranks_per_replica
 
 log = logging.getLogger("shardtrain.train")

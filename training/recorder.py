@@ -26,11 +26,12 @@ from common.features import FeatureSpec
 from common.model_artifact import ROW_RULES
 from common.storage import resolve
 from common.writer_lock import writing_under
-from training.data import check_manifest_unchanged, read_first_rows
+from training.data import read_first_rows
 from training.export import publish_model, published_by, serving_model
 from training.models import built_in_arguments
 from training.plan import RankPlan
 from training.run_record import METRICS, REPORT, SUMMARY, write_run_info, write_steps
+from training.split_layout import check_manifest_unchanged
 
 log = logging.getLogger("shardtrain.train")
 

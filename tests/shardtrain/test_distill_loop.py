@@ -80,7 +80,7 @@ def test_manifest_records_the_teacher(loop):
 def test_every_split_stores_the_teachers_predictions_at_t(loop):
     """The same rows, balance and accounting as the plain dataset; each row's teacher column is the
     teacher's softmax(logits / T) on that row's features (to 1e-6, float32)."""
-    from training.data import columns_for, table_to_arrays
+    from training.columns import columns_for, table_to_arrays
     from training.export import load_model
 
     plain, soft = loop["plain"], loop["soft"]

@@ -137,7 +137,9 @@ def test_both_readers_carry_the_missing_label_marker(loop, reader):
         pytest.importorskip("petastorm")
     import torch
 
-    from training.data import RankLoader, SplitLayout, columns_for
+    from training.columns import columns_for
+    from training.data import RankLoader
+    from training.split_layout import SplitLayout
 
     manifest = loop["transfer"]
     stored = _split_table(manifest, "train").column("label").to_numpy()

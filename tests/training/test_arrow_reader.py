@@ -14,7 +14,10 @@ from common.dataset import read_manifest
 from common.errors import DatasetError
 from tabular_data import write_dataset
 from training.arrow_reader import row_group_order
-from training.data import BufferMemory, RankLoader, SplitLayout, columns_for
+from training.columns import columns_for
+from training.data import RankLoader
+from training.shuffle_buffers import BufferMemory
+from training.split_layout import SplitLayout
 
 pytestmark = pytest.mark.stack
 
@@ -81,7 +84,7 @@ def test_a_shuffle_buffer_holds_shuffle_buffer_rows_whatever_the_row_groups(unev
     files = [pq.ParquetFile(uri) for uri in manifest.file_uris("train")]
     tables = [f.read_row_group(g, columns=loader.columns.stored) for f in files for g in range(f.num_row_groups)]
     assert max(t.num_rows for t in tables) > 64
-    buffers = list(loader._buffers(iter(tables), np.random.default_rng(0)))
+    buffers = list(loader.buffers.from_tables(iter(tables), np.random.default_rng(0)))
     sizes = [len(b.arrays["_row"]) for b in buffers]
     assert all(size == 64 for size in sizes[:-1]) and 0 < sizes[-1] <= 64
     rows = np.concatenate([b.arrays["_row"][:b.full] for b in buffers] + [buffers[-1].rest["_row"]])
@@ -201,7 +204,9 @@ def test_arrow_path_never_imports_petastorm(uneven):
     ds, _ = uneven
     code = ("import sys; sys.path.insert(0, 'tests/training')\n"
             "from common.dataset import read_manifest\n"
-            "from training.data import BufferMemory, RankLoader, SplitLayout, columns_for\n"
+            "from training.columns import columns_for\n"
+            "from training.data import RankLoader\n"
+            "from training.split_layout import SplitLayout\n"
             f"m = read_manifest({ds.uri!r})\n"
             "loader = RankLoader(SplitLayout.from_manifest(m, 'train'), columns_for(m), 0, 2, 32, reader='arrow')\n"
             "assert sum(1 for _ in loader.epoch(0)) == loader.batches_per_epoch\n"

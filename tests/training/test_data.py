@@ -11,8 +11,10 @@ import pytest
 
 from common.dataset import read_manifest
 from tabular_data import write_dataset
-from training.data import (RankLoader, SplitLayout, columns_for, rank_row_range, read_first_rows,
-                           skipped_rows_per_epoch, steps_per_epoch)
+from training.columns import columns_for
+from training.data import RankLoader, read_first_rows
+from training.epoch_steps import rank_row_range, skipped_rows_per_epoch, steps_per_epoch
+from training.split_layout import SplitLayout
 
 UNEVEN = {"train": [[300, 77], [13], [500, 111, 2], [0], [250]], "val": [[90], [33]]}
 

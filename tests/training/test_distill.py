@@ -19,10 +19,12 @@ from plugin_models import Wrap
 from tabular_data import write_dataset
 from train_configs import train_config
 from training import train
+from training.columns import columns_for
 from training.config import DistillConfig
-from training.data import RankLoader, SplitLayout, columns_for
+from training.data import RankLoader
 from training.distributed import LocalGroup
 from training.loop import Objective, loss_fn
+from training.split_layout import SplitLayout
 from training.strategies.single import SingleProcess
 from training.precision import Precision
 

@@ -427,7 +427,7 @@ def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_
     import subprocess
     import sys
 
-    from training.data import steps_per_epoch
+    from training.epoch_steps import steps_per_epoch
 
     marker = uuid.uuid4().hex
     tracking = mlflow_store(tmp_path)  # an empty, migrated store: the session migrates one for all

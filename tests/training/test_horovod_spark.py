@@ -17,7 +17,7 @@ from torch_ranks import run_loop
 from torch_uneven import UNEVEN
 from train_configs import train_config, train_overrides
 from training import load_model, train
-from training.data import rank_row_range
+from training.epoch_steps import rank_row_range
 from common.errors import RankFailedError
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -23,7 +23,7 @@ from resume_from import copy_checkpoint
 from torch_ranks import values
 from torch_uneven import UNEVEN, torch_config
 from training import load_model, train
-from training.data import rank_row_range
+from training.epoch_steps import rank_row_range
 
 # `spark` on the tests that launch on the suite's session; the rank-loop launches need none.
 pytestmark = [pytest.mark.timeout(600), pytest.mark.ranks]

@@ -144,7 +144,7 @@ def test_a_shard_removed_mid_run_is_one_line_naming_it(tmp_path, reader):
     def remove_a_shard(step):
         if step == 3:  # epoch 1 of 2: the file was read and verified once already
             os.remove(victim)
-    with pytest.raises(DatasetChangedError) as err:  # the dataset changed under the run (training.data: pinning)
+    with pytest.raises(DatasetChangedError) as err:  # the dataset changed under the run (training.split_layout: pinning)
         train(_cfg(ds.uri, tmp_path, "train.epochs=2", f"data.reader={reader}"), on_step=remove_a_shard)
     assert not os.path.exists(victim)  # the file really went away mid-run
     message = str(err.value)
