@@ -82,7 +82,7 @@ def limit(manifest, columns, batch: int) -> tuple[float, int]:
         for i in range(pf.num_row_groups):
             # pyarrow's fastest read of this layout: threaded by column unless a list column is read
             # (then single-threaded is 2-3x faster; training/arrow_reader.py makes the same choice).
-            table = pf.read_row_group(i, columns=columns.stored, use_threads=not columns.arrays)
+            table = pf.read_row_group(i, columns=columns.stored, use_threads=not any(e.shape for e in columns.features))
             arrays = table_to_arrays(table, columns)
             n = len(arrays["label"])
             for s in range(0, n - batch + 1, batch):
@@ -124,10 +124,12 @@ def petastorm_default(manifest, columns, batch: int) -> tuple[float, int]:
         for chunk in reader:
             d = chunk._asdict()
             n = len(d["label"])
-            num = np.stack([d[c] for c in columns.numeric], axis=1)
+            num = np.stack([d[c] for e in columns.features if not e.shape and e.dtype == "float32" for c in e.columns],
+                           axis=1)
             for s in range(0, n - batch + 1, batch):
                 tensors = [torch.from_numpy(num[s:s + batch]), torch.from_numpy(d["label"][s:s + batch])]
-                tensors += [torch.from_numpy(np.ascontiguousarray(d[name][s:s + batch])) for name, _ in columns.arrays]
+                tensors += [torch.from_numpy(np.ascontiguousarray(d[name][s:s + batch])) for e in columns.features if e.shape
+                            for name in e.columns]
                 rows += batch
     return rows / (time.perf_counter() - start), rows
 

@@ -1,8 +1,8 @@
 """Which stored columns make up a batch (``Columns``, from the manifest's feature and label spec)
 and the conversion of Arrow tables of those columns into the batch's numpy arrays.
 
-A batch is ``numeric`` float32 [n, n_numeric] and ``categorical`` int64 [n, n_categorical] (the
-flat columns stacked), each array feature float32 [n, *shape], ``label`` (int64 or float32 [n]),
+A batch holds each feature kind's entries (``FeatureSpec.batch_layout``: scalar columns stacked
+side by side into one [n, k] entry, or a list column as [n, *shape]), ``label`` (int64 or float32 [n]),
 ``teacher`` (the soft targets, when read) and ``_row`` int64 [n]. The conversion reads the Arrow
 buffers directly, never through pandas or Python per row, and can permute the rows and reuse
 memory (``empty``) on the way, so a shuffle buffer is converted once, already in batch order.
@@ -17,15 +17,14 @@ import numpy as np
 
 from common.errors import DatasetError
 from common.dataset import ROW_INDEX, TEACHER_COLUMN, Manifest
+from common.features.base import BatchEntry
 
 
 @dataclass(frozen=True)
 class Columns:
     """Which stored columns make up a batch, and how (from the manifest's feature/label spec)."""
 
-    numeric: tuple[str, ...]
-    categorical: tuple[str, ...]
-    arrays: tuple[tuple[str, tuple[int, ...]], ...]
+    features: tuple[BatchEntry, ...]  # the feature kinds' batch entries, in order
     label: str
     label_dtype: str  # "int64" (classification) or "float32" (regression)
     # The teacher's soft targets (a batch's ``teacher``): their shape per row, () for regression;
@@ -35,15 +34,13 @@ class Columns:
     @property
     def stored(self) -> list[str]:
         teacher = [TEACHER_COLUMN] if self.teacher is not None else []
-        return [*self.numeric, *self.categorical, *(n for n, _ in self.arrays), self.label, *teacher, ROW_INDEX]
+        return [*(c for entry in self.features for c in entry.columns), self.label, *teacher, ROW_INDEX]
 
 
 def columns_for(manifest: Manifest, teacher: bool = False) -> Columns:
     """The batch columns; ``teacher``: with the soft targets (the manifest must record a teacher)."""
     features, label = manifest.features, manifest.label
-    return Columns(numeric=tuple(features.numeric), categorical=tuple(features.categorical),
-                   arrays=tuple((name, tuple(shape)) for name, shape in features.arrays.items()),
-                   label=label.name, label_dtype="int64" if label.classification else "float32",
+    return Columns(features=tuple(features.batch_layout()), label=label.name, label_dtype="int64" if label.classification else "float32",
                    teacher=manifest.teacher.shape if teacher else None)
 
 
@@ -63,19 +60,20 @@ def tables_to_arrays(tables: list, columns: Columns, lead: dict | None = None,
     """
     rows = (len(lead[ROW_INDEX]) if lead else 0) + sum(t.num_rows for t in tables)
     out: dict[str, np.ndarray] = {
-        key: _in_order(_stacked(tables, names, dtype, lead and lead[key], empty), order, empty)
-        for key, names, dtype in (("numeric", columns.numeric, np.float32),
-                                  ("categorical", columns.categorical, np.int64))
+        entry.key: _in_order(_stacked(tables, entry.columns, np.dtype(entry.dtype), lead and lead[entry.key], empty),
+                             order, empty)
+        for entry in columns.features if not entry.shape
     }
-    lists = list(columns.arrays)
+    lists = [(entry.key, entry.columns[0], entry.shape, np.dtype(entry.dtype)) for entry in columns.features
+             if entry.shape]
     scalars = [(columns.label, "label", np.dtype(columns.label_dtype)), (ROW_INDEX, ROW_INDEX, np.int64)]
     if columns.teacher:  # class probabilities: a list column
-        lists.append((TEACHER_COLUMN, columns.teacher))
+        lists.append((TEACHER_COLUMN, TEACHER_COLUMN, columns.teacher, np.float32))
     elif columns.teacher is not None:  # a regression teacher's value
         scalars.append((TEACHER_COLUMN, TEACHER_COLUMN, np.float32))
-    for name, shape in lists:
-        parts = ([lead[name]] if lead else []) + [_list_column(table, name, shape) for table in tables]
-        out[name] = _gathered(parts, (rows, *shape), np.float32, order, empty)
+    for key, name, shape, dtype in lists:
+        parts = ([lead[key]] if lead else []) + [_list_column(table, name, shape) for table in tables]
+        out[key] = _gathered(parts, (rows, *shape), dtype, order, empty)
     for name, key, dtype in scalars:
         parts = ([lead[key]] if lead else []) + [chunk.to_numpy() for table in tables
                                                  for chunk in _non_null(table, name).chunks]

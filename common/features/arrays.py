@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import DatasetError
-from common.features.base import FeatureKind
+from common.features.base import BatchEntry, FeatureKind
 from common.rows import FLOAT_MAX, beyond_float32, is_missing, mask, reason, reason_text
 from common.sql import quote_identifier as q
 
@@ -106,6 +106,9 @@ class Arrays(FeatureKind):
 
     def stored_values(self, name: str, values: Any) -> Any:
         return values  # stored as typed: ARRAY<FLOAT>, checked by the row rules
+
+    def batch_layout(self) -> list[BatchEntry]:
+        return [BatchEntry(name, (name,), "float32", shape) for name, shape in self.shapes.items()]
 
     def stored_batch(self, table: Any, n: int) -> dict[str, np.ndarray]:
         out = {}

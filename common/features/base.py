@@ -44,6 +44,17 @@ class TrainSummary:
     frame: Callable[[], Any]
 
 
+@dataclass(frozen=True)
+class BatchEntry:
+    """One entry of the batch a network receives, and the stored columns it is read from: with
+    ``shape`` () the scalar ``columns`` side by side as [rows, len(columns)]; otherwise the one
+    list column in ``columns`` as [rows, *shape]. ``dtype`` is the entry's numpy dtype."""
+    key: str
+    columns: tuple[str, ...]
+    dtype: str
+    shape: tuple[int, ...] = ()
+
+
 def stacked_scalars(table: Any, names: list[str], n: int, dtype) -> np.ndarray:
     """Scalar stored columns of an Arrow table side by side: [n, len(names)] of ``dtype``."""
     if not names:
@@ -162,6 +173,11 @@ class FeatureKind:
         """One feature's typed values (an Arrow column, as the shard job's SQL typed them) as the
         shard writer stores them."""
         return self.encode_column(name, values)
+
+    def batch_layout(self) -> list[BatchEntry]:
+        """The batch entries these features give, and the stored columns each is read from: what
+        training's loader converts stored rows by (training/columns.py)."""
+        raise NotImplementedError
 
     def stored_batch(self, table: Any, n: int) -> dict[str, np.ndarray]:
         """The batch entries of ``n`` stored rows (an Arrow table of the dataset's columns)."""

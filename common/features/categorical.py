@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import DatasetError
-from common.features.base import FeatureKind, stacked_scalars
+from common.features.base import BatchEntry, FeatureKind, stacked_scalars
 from common.rows import each, is_missing, mask, reason, reason_text
 from common.sql import quote_identifier as q
 
@@ -179,6 +179,9 @@ class Categorical(FeatureKind):
 
     def stored_values(self, name: str, values: Any) -> np.ndarray:
         return self.encode_column(name, values).astype(np.int32)
+
+    def batch_layout(self) -> list[BatchEntry]:
+        return [BatchEntry(self.name, tuple(self.names), "int64")]
 
     def stored_batch(self, table: Any, n: int) -> dict[str, np.ndarray]:
         return {self.name: stacked_scalars(table, self.names, n, np.int64)}

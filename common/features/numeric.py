@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import InputDataError
-from common.features.base import FeatureKind, stacked_scalars
+from common.features.base import BatchEntry, FeatureKind, stacked_scalars
 from common.rows import FLOAT_MAX, beyond_float32, decoded, is_missing, mask, reason, reason_text
 from common.sql import quote_identifier as q
 
@@ -121,6 +121,9 @@ class Numeric(FeatureKind):
         values = _float64_column(values)
         values = np.where(np.isfinite(values), values, stats["fill"])
         return ((values - stats["mean"]) / stats["std"]).astype(np.float32)
+
+    def batch_layout(self) -> list[BatchEntry]:
+        return [BatchEntry(self.name, tuple(self.names), "float32")]
 
     def stored_batch(self, table: Any, n: int) -> dict[str, np.ndarray]:
         return {self.name: stacked_scalars(table, self.names, n, np.float32)}

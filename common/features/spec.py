@@ -86,6 +86,10 @@ class FeatureSpec:
             out.update(kind.batch(frame, n))
         return out
 
+    def batch_layout(self) -> list:
+        """Every kind's batch entries and the stored columns they come from (``BatchEntry``)."""
+        return [entry for kind in self.kinds for entry in kind.batch_layout()]
+
     def batch_keys(self) -> list[str]:
         return [key for kind in self.kinds for key in kind.batch_keys()]
 
