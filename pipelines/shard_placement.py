@@ -2,7 +2,7 @@
 runs (``JobShape``), which staging partition holds which checked rows (``StagedRows``), and which
 buckets each output file reads and which block of ranks it keeps (``shard_plans``), computed on the
 driver from pass one's counts (``RowCounts``) and the balanced blocks of pipelines/balance.py.
-pipelines/shard_job.py runs the passes; this module runs nothing and writes nothing.
+pipelines/shard_job.py runs the passes; this module decides, on the driver, and writes nothing.
 
 Ranking and placement without a global sort or a driver collect: the shuffle key's top 12 bits
 form 4096 buckets per split; the counts per (split, bucket) come from pass one, so each bucket's
