@@ -162,7 +162,8 @@ def sweep_config(work: str, name: str, data: str, space: dict, trials: int, epoc
 def run_sweep(path: str) -> dict:
     """Run the sweep config at ``path`` (a fresh study: an earlier run's directory is removed)
     and return its best trial: params, val_accuracy, and every trial's."""
-    from shardtrain.sweep import load_sweep_config, sweep
+    from shardtrain.sweep import sweep
+    from shardtrain.sweep_config import load_sweep_config
 
     cfg = load_sweep_config(path)
     shutil.rmtree(cfg.output.path, ignore_errors=True)

@@ -15,7 +15,7 @@ The points (each named where it is called):
 - ``rank<N>:step-<k>``: rank N starts training step k; passed only by a test's plug-in model
   (tests/training/plugin_models.py, ``stops_itself``), never by the product.
 - ``sweep:after-trial``: a sweep's trial ended and its outcome is in the study, before the next
-  trial is drawn (``shardtrain.sweep``); without the once-file, each run of the sweep dies at its first.
+  trial is drawn (``shardtrain.sweep_runner``); without the once-file, each run of the sweep dies at its first.
 
 Unset (as always outside tests), nothing happens. Nothing else in the product reads test hooks.
 """

@@ -107,7 +107,7 @@ class OutputConfig:
     mode: Literal["error", "overwrite", "skip_if_exists"] = "error"
     # Partitions per split of the job's staging pass (how it runs, not what it writes: the files
     # are the same for any value). Default: num_shards, times what it takes to give every core of
-    # the cluster a task, or 1 for sources under 8 MiB (pipelines/shard_job.py, staging_parts).
+    # the cluster a task, or 1 for sources under 8 MiB (pipelines/shard_placement.py, staging_parts).
     # With a teacher, always num_shards.
     staging_partitions: int | None = None
     # overwrite: replace the dataset even while training runs hold reader leases on it (they then

@@ -30,29 +30,20 @@ a failure removes):
    commit.
 
 A small job (sources under ``SMALL_INPUT_BYTES``) runs the same steps in fewer Spark jobs and
-tasks, since there each one's fixed cost outweighs the parallelism (``_JobShape``): one staging
+tasks, since there each one's fixed cost outweighs the parallelism (``JobShape``): one staging
 partition per split, its row count checked from pass one's counts, and pass two's files, the
 quarantine's among them, written by at most one task per core in one job. The bytes written are
 the same either way (tests/pipelines/test_shard_job.py, benchmarks/shard_small.py).
 
-Ranking and placement without a global sort or a driver collect: the shuffle key's top 12 bits
-form 4096 buckets per split; the counts per (split, bucket) come from pass one, so each bucket's
-range of ranks is known, and shards are contiguous blocks of ranks, so each bucket belongs to a
-known file (the few that straddle a shard boundary are read by both files). A file's task thus
-reads whole buckets, a contiguous range of ranks; sorted by the shuffle key, a row's rank is the
-range's start plus its position, and the file keeps its own block. The staging partitions are
-ranges of buckets of each split (``output.staging_partitions`` of them: by default num_shards, or
-a multiple where the cluster has more cores), so a file's buckets lie in one or a few staged
-files (with fewer partitions than shards, each file reads a larger part of its split).
-
-Placement without hash collisions: ``repartition(n, k)`` sends key k to ``pmod(murmur3(k), n)``,
-so for each staging key we find a k that lands exactly in its own partition (Spark's Murmur3,
-computed on the driver), rather than hoping hash buckets spread evenly (they do not).
+Where rows and work go (staging keys, partition keys, each file's buckets and block of ranks,
+the small job's tasks) is pipelines/shard_placement.py's, computed on the driver from pass one's
+counts: ranking and placement need no global sort, no driver collect and one shuffle. The checks
+of steps 4 and 5 on the counts and the written files are pipelines/shard_checks.py's; this module
+runs the steps in order.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import hashlib
 import json
@@ -62,26 +53,26 @@ import time
 from dataclasses import dataclass
 
 from common import __version__
-from pipelines.balance import (BUCKET_BITS, check_input_rows, check_split_rows, rows_per_row_group, shard_sizes,
-                               shard_starts)
+from pipelines.balance import BUCKET_BITS, check_input_rows, rows_per_row_group
 from common.config import dump_yaml, to_dict
 from common.plugins import load_callable
-from common.errors import AccountingError, InputDataError, OutputLockedError, QualityGateError, first_line
+from common.errors import AccountingError, InputDataError, OutputLockedError, first_line
 from common.leases import active_readers, describe_reader, readers_location
 from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUMN, Manifest, TeacherRecord,
                             arrow_schema, build_manifest, read_manifest, row_bytes, write_manifest)
-from common.spark import default_parallelism
 from common.sql import quote_identifier as q
 from common.sql import quote_string
-from common.sources import CORRUPT_COLUMN, MALFORMED, check_table_inputs, read_sources, source_bytes, source_fingerprint
+from common.sources import CORRUPT_COLUMN, MALFORMED, check_table_inputs, read_sources, source_fingerprint
 from pipelines.preprocess import (check_table, configured_features, fit, row_columns, scan_columns, stored_schema,
                                   typed_features)
+from pipelines.shard_checks import check_accounting, check_counts, count_transfer_rows, split_entries
 from pipelines.shard_config import ShardConfig
+from pipelines.shard_placement import (JobShape, RowCounts, StagedRows, deal_to_tasks, partition_key_sql,
+                                       shard_plans, stage_key_sql, staging_parts)
 from pipelines import summary as summary_module
 from pipelines.summary import ScanSpec, Summary
 from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, TARGET_COLUMN, Encoding,
-                                    QuarantinePlan, ShardPlan, stage_partition, write_empty, write_partition,
-                                    write_shards)
+                                    QuarantinePlan, stage_partition, write_empty, write_partition, write_shards)
 from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
 from common.commit_marker import KIND_DATASET
 from common.output_mode import REPLACE, SAME, OutputWords, existing_output
@@ -95,11 +86,6 @@ log = logging.getLogger("shardtrain.shard")
 QUARANTINE_DIR = "_quarantine"
 QUARANTINE_ROWS_PER_FILE = 1_000_000
 CONFIG_NAME = "config.yaml"
-# Sources of fewer bytes than this are a small job: there a Spark task's fixed cost (a Python
-# worker round trip, a file) and a Spark job's (scheduling, planning) outweigh what parallel
-# tasks save, so the job runs the fewest of both (``_JobShape``; benchmarks/shard_small.py). It
-# decides how the job runs, never what it writes (tests/pipelines/test_shard_job.py).
-SMALL_INPUT_BYTES = 8 << 20
 
 
 @dataclass
@@ -155,25 +141,18 @@ def _run_locked(spark, cfg: ShardConfig, out, teacher_scorer: TeacherScorer | No
 
 def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp: str, teacher: TeacherRecord | None,
                 teacher_scorer: TeacherScorer | None) -> ShardResult:
-    from pyspark.sql import functions as F
-
     from common.spark import spark_errors
 
     table, where = _build_table(spark, cfg, frames)
     check_table(table, cfg, where)
-    shape = _JobShape.of(spark, cfg, sources_fp)
+    shape = JobShape.of(spark, cfg, sources_fp)
     # One source's table is checked for num_shards rows before the split checks: a query's or a
     # transform's table may cost a whole pass to count, so there the split check below decides.
     check_rows_first = cfg.query is None and cfg.transform is None
     if check_rows_first and not shape.small:
-        # A scan that reads no column and stops at num_shards rows: cheap, and it spares a large
-        # input's whole first pass. A small input's first pass counts its rows anyway (below).
-        with spark_errors("counting the input's first rows"):
-            seen = table.select(F.lit(1)).limit(cfg.output.num_shards).count()
-        check_input_rows(where, seen, cfg.output.num_shards)
+        _check_first_rows(table, cfg, where)
     with spark_errors("building the row checks and split columns"):
         checked = _checked_rows(table, cfg, frames)
-    split_names = list(cfg.split.fractions)
     timer = _PhaseTimer()
     mode = "overwrite" if cfg.output.mode == "overwrite" else "error"
     # Everything from here on happens inside the staging directory: a failed check (quality gate,
@@ -186,32 +165,12 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         timer.done("read, check, stage and count rows", counts.input_rows)
         if check_rows_first and shape.small:
             check_input_rows(where, min(counts.table_rows, cfg.output.num_shards), cfg.output.num_shards)
-        _quality_gate(cfg, counts)
-        for i, name in enumerate(split_names):
-            check_split_rows(name, counts.split_rows.get(i, 0), cfg.output.num_shards)
-
-        train = split_names.index("train")
-        with spark_errors("fitting statistics and vocabularies on the train split"):
-            stats = fit(lambda: staged.frame(spark, staged.split_paths(train)), cfg, summary)
-        timer.done("fit statistics and vocabularies on train", counts.split_rows.get(train, 0))
-        transfer_rows = _transfer_rows(cfg, counts.split_rows.get(train, 0), summary)
-        if cfg.label.unlabeled == "transfer":
-            stats.label.update(unlabeled="transfer", train_transfer_rows=transfer_rows)
-        features = stats.features
-
+        check_counts(cfg, counts)
+        stats, features, transfer_rows = _fit_train(spark, cfg, staged, counts, summary, timer)
         columns = stored_schema(cfg, teacher)
         rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
-        with spark_errors("writing the balanced shards"):
-            files, qfiles = _write_shards(spark, staged, cfg, counts, features, columns, rpg, shape)
-        timer.done("write balanced shards", sum(counts.split_rows.values()))
-        if qfiles is None:
-            with spark_errors("writing the quarantine"):
-                qfiles = _write_quarantine(spark, staged, counts)
-            timer.done("write quarantine", counts.quarantined)
-        _remove_staged_rows(staging)
-        _remove_temporaries(staging, [*split_names, QUARANTINE_DIR])
-        splits = _split_entries(split_names, files, counts, cfg.output.num_shards)
-        accounting = _check_accounting(counts, splits, qfiles)
+        splits, qfiles = _pass_two(spark, staging, staged, cfg, counts, features, columns, rpg, shape, timer)
+        accounting = check_accounting(counts, splits, qfiles)
         if cfg.label.unlabeled == "transfer":
             accounting["transfer_rows"] = transfer_rows  # published, in the train split
         manifest = build_manifest(
@@ -230,6 +189,55 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
     log.info("published %s: %s%s", out.uri, ", ".join(f"{s}={v['rows']}" for s, v in splits.items()),
              f" ({transfer_rows} of train without a label: the transfer set)" if transfer_rows else "")
     return ShardResult(uri=out.uri, manifest=read_manifest(out.uri), skipped=False)
+
+
+def _check_first_rows(table, cfg: ShardConfig, where: str) -> None:
+    """A scan that reads no column and stops at num_shards rows: cheap, and it spares a large
+    input's whole first pass. A small input's first pass counts its rows anyway (_run_passes)."""
+    from pyspark.sql import functions as F
+
+    from common.spark import spark_errors
+
+    with spark_errors("counting the input's first rows"):
+        seen = table.select(F.lit(1)).limit(cfg.output.num_shards).count()
+    check_input_rows(where, seen, cfg.output.num_shards)
+
+
+def _fit_train(spark, cfg: ShardConfig, staged: StagedRows, counts: RowCounts, summary: Summary, timer: "_PhaseTimer"):
+    """(the statistics and vocabularies fitted on the train split, the manifest's features from
+    them, the train rows without a label): from pass one's summary, the staged train rows read
+    only where it is not enough (``preprocess.fit``)."""
+    from common.spark import spark_errors
+
+    train = list(cfg.split.fractions).index("train")
+    with spark_errors("fitting statistics and vocabularies on the train split"):
+        stats = fit(lambda: staged.frame(spark, staged.split_paths(train)), cfg, summary)
+    timer.done("fit statistics and vocabularies on train", counts.split_rows.get(train, 0))
+    transfer_rows = count_transfer_rows(cfg, counts.split_rows.get(train, 0), summary)
+    if cfg.label.unlabeled == "transfer":
+        stats.label.update(unlabeled="transfer", train_transfer_rows=transfer_rows)
+    features = stats.features
+    return stats, features, transfer_rows
+
+
+def _pass_two(spark, staging, staged: StagedRows, cfg: ShardConfig, counts: RowCounts, features: dict,
+              columns: list[dict], rpg: int, shape: JobShape, timer: "_PhaseTimer") -> tuple[dict, list[dict]]:
+    """(the splits' manifest entries, the quarantine's files): the balanced shards and the
+    quarantine written into the staging directory, the staged rows and what killed write attempts
+    left removed, and each split's files checked against their planned sizes."""
+    from common.spark import spark_errors
+
+    split_names = list(cfg.split.fractions)
+    with spark_errors("writing the balanced shards"):
+        files, qfiles = _write_shards(spark, staged, cfg, counts, features, columns, rpg, shape)
+    timer.done("write balanced shards", sum(counts.split_rows.values()))
+    if qfiles is None:
+        with spark_errors("writing the quarantine"):
+            qfiles = _write_quarantine(spark, staged, counts)
+        timer.done("write quarantine", counts.quarantined)
+    _remove_staged_rows(staging)
+    _remove_temporaries(staging, [*split_names, QUARANTINE_DIR])
+    return split_entries(split_names, files, counts, cfg.output.num_shards), qfiles
 
 
 # Not hidden (_ or .): Spark warns about, then reads, a path it would skip when listing.
@@ -279,81 +287,8 @@ def _kept_columns(checked, table_columns: list[str], reason: str, raw: str, sour
         f"{reason} AS _reason", f"{raw} AS _raw", f"CASE WHEN {reason} IS NOT NULL THEN {source} END AS _source")
 
 
-@dataclass
-class StagedRows:
-    """The checked rows as the staging pass wrote them: one Parquet file per staging key under
-    ``uri`` (the publish staging directory). Key ``s * parts + r`` holds split s's clean rows of
-    bucket range r (the buckets b with ``b * parts >> BUCKET_BITS == r``), keys ``num_splits *
-    parts + r`` the bad rows, spread by a hash of reason and raw text (a job whose rows are all
-    bad still stages them in parallel before its quality gate fails); a key no row took has no
-    file."""
-
-    uri: str
-    files: dict[int, str]
-    parts: int
-    num_splits: int
-
-    def bad_paths(self) -> list[str]:
-        first = self.num_splits * self.parts
-        return [self.files[k] for k in range(first, first + self.parts) if k in self.files]
-
-    def split_paths(self, split: int, buckets: tuple[int, int] = (0, (1 << BUCKET_BITS) - 1)) -> list[str]:
-        """The files holding split ``split``'s clean rows of buckets ``buckets`` (first, last)."""
-        first, last = ((b * self.parts) >> BUCKET_BITS for b in buckets)
-        keys = (split * self.parts + r for r in range(first, last + 1))
-        return [self.files[k] for k in keys if k in self.files]
-
-    def frame(self, spark, paths: list[str]):
-        """Those files as a Spark DataFrame (the vocabulary fallback, the quarantine)."""
-        from common.spark import to_spark_path
-
-        return spark.read.parquet(*[to_spark_path(resolve(self.uri).join(p).uri) for p in paths])
-
-
-@dataclass(frozen=True)
-class _JobShape:
-    """How many Spark tasks the job runs, decided before pass one; never what it writes.
-
-    ``small``: the sources hold fewer than SMALL_INPUT_BYTES. Then each split is staged in one
-    partition (unless ``output.staging_partitions`` says otherwise), its row count is checked
-    from pass one's counts rather than by a Spark job of its own, and pass two writes the shard
-    files and the quarantine in at most ``cores`` tasks, in one job. ``cores``: the cluster's
-    default parallelism (under Spark Connect too: common.spark.default_parallelism)."""
-
-    small: bool
-    cores: int
-
-    @classmethod
-    def of(cls, spark, cfg: ShardConfig, sources_fp: dict) -> "_JobShape":
-        sizes = [source_bytes(source) for source in sources_fp.values()]
-        size = SMALL_INPUT_BYTES if None in sizes else sum(sizes)  # unknown (a Delta table's): not small
-        return cls(small=size < SMALL_INPUT_BYTES and cfg.teacher is None, cores=default_parallelism(spark))
-
-
-def staging_parts(cfg: ShardConfig, shape: _JobShape) -> int:
-    """Staging partitions per split: ``output.staging_partitions``, else num_shards times the
-    smallest factor that gives every core of the cluster a task (pass one's writes and scans run
-    in num_splits x parts tasks), or for a small job one. With a teacher, always num_shards: its
-    soft targets are computed in these partitions, and their last bits depend on the batches
-    (pipelines/teacher.py). The shard files do not depend on it (tests/pipelines/test_shard_job.py)."""
-    n = cfg.output.num_shards
-    if cfg.teacher is not None:
-        return n
-    if cfg.output.staging_partitions is not None:
-        return cfg.output.staging_partitions
-    if shape.small:
-        return 1
-    return n * max(1, math.ceil(shape.cores / (len(cfg.split.fractions) * n)))
-
-
-def stage_key_sql(num_splits: int, parts: int) -> str:
-    """A checked row's staging key (``StagedRows``)."""
-    return (f"CAST(CASE WHEN _reason IS NOT NULL THEN {num_splits * parts} + pmod(xxhash64(_reason, _raw), {parts}) "
-            f"ELSE _split * {parts} + ((_bucket * {parts}) DIV {1 << BUCKET_BITS}) END AS INT)")
-
-
 def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scorer: TeacherScorer | None,
-                teacher: TeacherRecord | None, shape: _JobShape) -> tuple[StagedRows, RowCounts, Summary]:
+                teacher: TeacherRecord | None, shape: JobShape) -> tuple[StagedRows, RowCounts, Summary]:
     """Pass one over the rows: evaluate the row checks once, send each row to its staging key's
     partition (one shuffle), and there write the rows as one Parquet file and take their summary
     (pipelines/summary.py), in the same task. Returns the files, the counts and the summary.
@@ -371,9 +306,9 @@ def _stage_rows(spark, checked, cfg: ShardConfig, staging_uri: str, teacher_scor
     from pyspark.sql import functions as F
 
     num_splits, parts = len(cfg.split.fractions), staging_parts(cfg, shape)
-    keys = _partition_keys((num_splits + 1) * parts)
+    num_partitions = (num_splits + 1) * parts
     rows = checked.selectExpr("*", f"{stage_key_sql(num_splits, parts)} AS {STAGE_COLUMN}")
-    placed = rows.repartition(len(keys), F.expr(f"element_at({_literal_array(keys)}, {STAGE_COLUMN} + 1)"))
+    placed = rows.repartition(num_partitions, F.expr(partition_key_sql(num_partitions, STAGE_COLUMN)))
     if cfg.teacher is not None:
         from pyspark import StorageLevel
 
@@ -492,24 +427,6 @@ def _build_table(spark, cfg: ShardConfig, frames):
     return table, where
 
 
-@dataclass
-class RowCounts:
-    split_rows: dict[int, int]               # clean rows per split index
-    bucket_rows: dict[tuple[int, int], int]  # clean rows per (split index, bucket)
-    by_reason: dict[str, int]
-    table_rows: int
-    malformed: int
-    train_moments: list[tuple[int, float, float]]  # (count, mean, m2) per preprocess.scan_columns
-
-    @property
-    def quarantined(self) -> int:
-        return sum(self.by_reason.values())
-
-    @property
-    def input_rows(self) -> int:
-        return self.table_rows + self.malformed
-
-
 def _counts(summary: Summary) -> RowCounts:
     """Rows per split, (split, bucket) and reason, from the staging pass's summary."""
     split_rows: dict[int, int] = {}
@@ -521,106 +438,8 @@ def _counts(summary: Summary) -> RowCounts:
     return RowCounts(split_rows, summary.bucket_rows, by_reason, table_rows, malformed, summary.moments)
 
 
-def _transfer_rows(cfg: ShardConfig, train_rows: int, summary: Summary) -> int:
-    """Train rows without a label (``label.unlabeled: transfer``): the train rows the summary's
-    label statistics did not count (class counts, or a regression label's moments, skip nulls).
-    Refuses a train split with no labelled row, and (a check on the row rules) any unlabelled
-    row under ``quarantine``."""
-    labelled = (sum(summary.class_counts) if cfg.label.task == "classification" else summary.moments[-1][0])
-    transfer = train_rows - labelled
-    if cfg.label.unlabeled != "transfer" and transfer:
-        raise AccountingError(f"{transfer} train rows have no label although label.unlabeled=quarantine should have "
-                              "quarantined them; nothing was published")
-    if cfg.label.unlabeled == "transfer" and labelled == 0:
-        raise InputDataError(f"the train split has no labelled row (all {train_rows} are transfer rows, "
-                             "label.unlabeled=transfer): there is nothing to learn the label from; check "
-                             f"label.{'column' if cfg.label.column else 'expr'}")
-    return transfer
-
-
-def _quality_gate(cfg: ShardConfig, counts: RowCounts) -> None:
-    total = counts.input_rows
-    if total == 0:
-        raise InputDataError(f"the input has no rows (sources: {', '.join(s.location for s in cfg.sources.values())})")
-    fraction = counts.quarantined / total
-    if fraction > cfg.quality.max_bad_fraction:
-        reasons = ", ".join(f"{r}={n}" for r, n in sorted(counts.by_reason.items(), key=lambda kv: (-kv[1], kv[0])))
-        raise QualityGateError(
-            f"{counts.quarantined} of {total} input rows ({fraction:.2%}) are bad, above "
-            f"quality.max_bad_fraction={cfg.quality.max_bad_fraction:g}: {reasons}. Nothing was written; fix the "
-            "input, or raise quality.max_bad_fraction to publish the good rows and quarantine the rest")
-
-
-def _partition_keys(num_partitions: int) -> list[int]:
-    """For each partition p, the smallest bigint k >= 0 with pmod(hash(k), n) == p, so that
-    repartition(n, k) puts k in p. Spark's ``hash`` is Murmur3 (x86, 32-bit, seed 42); computing
-    it here spares a Spark job per placement (tests/pipelines/test_shard_balance.py checks the
-    keys against Spark's own ``hash``, and the writer fails on a partition holding two files)."""
-    keys: dict[int, int] = {}
-    k = 0
-    while len(keys) < num_partitions:
-        keys.setdefault(spark_hash_long(k) % num_partitions, k)  # Python's % is pmod for n > 0
-        k += 1
-    return [keys[p] for p in range(num_partitions)]
-
-
-def _rotl32(x: int, r: int) -> int:
-    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
-
-
-def _mix(h1: int, word: int) -> int:
-    k1 = _rotl32((word * 0xCC9E2D51) & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
-    return (_rotl32(h1 ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
-
-
-def spark_hash_long(value: int, seed: int = 42) -> int:
-    """Spark SQL's ``hash(CAST(value AS BIGINT))`` (Murmur3_x86_32.hashLong), as a signed int."""
-    value &= 0xFFFFFFFFFFFFFFFF
-    h1 = _mix(_mix(seed, value & 0xFFFFFFFF), value >> 32)
-    h1 ^= 8
-    h1 ^= h1 >> 16
-    h1 = (h1 * 0x85EBCA6B) & 0xFFFFFFFF
-    h1 ^= h1 >> 13
-    h1 = (h1 * 0xC2B2AE35) & 0xFFFFFFFF
-    h1 ^= h1 >> 16
-    return h1 - (1 << 32) if h1 & 0x80000000 else h1
-
-
-def _shard_layout(counts: RowCounts, num_splits: int, n: int) -> tuple[list[tuple[int, int, int]], list[int]]:
-    """(split, bucket, file) for each output file a bucket's ranks fall into, and per file the
-    first rank of its first bucket.
-
-    A bucket's rows take a contiguous range of its split's ranks (buckets in order), and shards
-    take contiguous blocks of ranks, so a bucket meets one shard, or two or more where it straddles
-    a boundary: those few buckets are read by each file they meet. A file thus reads whole
-    buckets, a contiguous range of ranks from its start on, and keeps its own block of them.
-    """
-    layout = []
-    file_starts = [0] * (num_splits * n)
-    for s in range(num_splits):
-        starts = shard_starts(counts.split_rows.get(s, 0), n)
-        offset = 0
-        first_rank: dict[int, int] = {}
-        for b in sorted(b for (si, b) in counts.bucket_rows if si == s):
-            size = counts.bucket_rows[(s, b)]
-            first = bisect.bisect_right(starts, offset) - 1
-            last = bisect.bisect_right(starts, offset + size - 1) - 1
-            for k in range(first, last + 1):
-                first_rank.setdefault(k, offset)
-                layout.append((s, b, s * n + k))
-            offset += size
-        for k, rank in first_rank.items():
-            file_starts[s * n + k] = rank
-    return layout, file_starts
-
-
-def _literal_array(values: list[int]) -> str:
-    """A SQL array<bigint> literal."""
-    return "array(" + ", ".join(f"{v}L" for v in values) + ")"
-
-
 def _write_shards(spark, staged: StagedRows, cfg: ShardConfig, counts: RowCounts, features: dict,
-                  columns: list[dict], rpg: int, shape: _JobShape) -> tuple[list[dict], list[dict] | None]:
+                  columns: list[dict], rpg: int, shape: JobShape) -> tuple[list[dict], list[dict] | None]:
     """Pass two: one task per output file reads its buckets' staged rows, ranks, encodes and
     writes them (shard_writer.write_shards); no shuffle. A small job runs at most ``cores`` tasks,
     the files dealt out by size, and writes the quarantine in the same job (then returned as the
@@ -628,11 +447,11 @@ def _write_shards(spark, staged: StagedRows, cfg: ShardConfig, counts: RowCounts
     n = cfg.output.num_shards
     split_names = list(cfg.split.fractions)
     targets = [f"{split}/part-{s:05d}.parquet" for split in split_names for s in range(n)]
-    plans = _shard_plans(staged, counts, len(split_names), n)
+    plans = shard_plans(staged, counts, len(split_names), n)
     quarantine = _quarantine_plan(staged, counts) if shape.small else None
     sizes = [plan.bucket_rows for plan in plans] + ([quarantine.rows] if quarantine is not None else [])
     tasks = min(len(sizes), shape.cores) if shape.small else len(sizes)
-    assignments = _deal(sizes, tasks)
+    assignments = deal_to_tasks(sizes, tasks)
     writer = functools.partial(write_shards, root_uri=staged.uri, plans=plans, targets=targets,
                                encoding=_encoding(cfg, features, columns), schema=arrow_schema(columns),
                                rows_per_row_group=rpg, assignments=assignments, quarantine=quarantine)
@@ -653,21 +472,6 @@ def _write_shards(spark, staged: StagedRows, cfg: ShardConfig, counts: RowCounts
     return files, qfiles
 
 
-def _deal(sizes: list[int], tasks: int) -> list[tuple[int, ...]]:
-    """The items (indexes into ``sizes``) each of ``tasks`` tasks writes: largest first, each to
-    the task with the fewest rows so far, so tasks finish together. One task per item when
-    there are as many tasks as items (a large job: one file per task, in file order)."""
-    if tasks >= len(sizes):
-        return [(i,) for i in range(len(sizes))]
-    load = [0] * tasks
-    dealt: list[list[int]] = [[] for _ in range(tasks)]
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        t = min(range(tasks), key=lambda t: (load[t], t))
-        dealt[t].append(i)
-        load[t] += sizes[i]
-    return [tuple(items) for items in dealt]
-
-
 def _quarantine_plan(staged: StagedRows, counts: RowCounts) -> QuarantinePlan | None:
     """The quarantine as a file for pass two's job to write: when it has rows and they fit one
     file (an empty one is written on the driver, a larger one by ``_write_quarantine``)."""
@@ -679,26 +483,6 @@ def _quarantine_plan(staged: StagedRows, counts: RowCounts) -> QuarantinePlan | 
     return QuarantinePlan(path=f"{QUARANTINE_DIR}/part-00000.parquet", inputs=tuple(staged.bad_paths()),
                           rows=counts.quarantined, schema=_quarantine_schema(),
                           rows_per_row_group=QUARANTINE_ROWS_PER_FILE)
-
-
-def _shard_plans(staged: StagedRows, counts: RowCounts, num_splits: int, n: int) -> list[ShardPlan]:
-    """Per output file: its buckets, the first rank among them, its block of ranks, the staged
-    files that hold those buckets, and how many rows they must yield (``_shard_layout``)."""
-    layout, file_starts = _shard_layout(counts, num_splits, n)
-    buckets: dict[int, list[int]] = {}
-    for s, b, f in layout:
-        buckets.setdefault(f, []).append(b)
-    starts = [shard_starts(counts.split_rows.get(s, 0), n) for s in range(num_splits)]
-    sizes = [shard_sizes(counts.split_rows.get(s, 0), n) for s in range(num_splits)]
-    plans = []
-    for f in range(num_splits * n):
-        s, k = divmod(f, n)
-        lo, hi = min(buckets[f]), max(buckets[f])
-        plans.append(ShardPlan(
-            target=f, buckets=(lo, hi), first_rank=file_starts[f], start=starts[s][k], rows=sizes[s][k],
-            inputs=tuple(staged.split_paths(s, (lo, hi))),
-            bucket_rows=sum(counts.bucket_rows.get((s, b), 0) for b in range(lo, hi + 1))))
-    return plans
 
 
 def _encoding(cfg: ShardConfig, features: dict, columns: list[dict]) -> Encoding:
@@ -731,43 +515,15 @@ def _write_quarantine(spark, staged: StagedRows, counts: RowCounts) -> list[dict
     rows = staged.frame(spark, staged.bad_paths())
     bad = rows.selectExpr("_reason AS reason", "_source AS source", "_raw AS raw")
     num_files = max(1, math.ceil(counts.quarantined / QUARANTINE_ROWS_PER_FILE))
-    keys = _partition_keys(num_files)
     targets = [f"{QUARANTINE_DIR}/part-{i:05d}.parquet" for i in range(num_files)]
     writer = functools.partial(write_partition, root_uri=staging_uri, targets=targets, schema=schema,
                                rows_per_row_group=QUARANTINE_ROWS_PER_FILE)
     placed = bad.selectExpr("reason", "source", "raw",
                             f"CAST(pmod(xxhash64(reason, source, raw), {num_files}) AS INT) AS {TARGET_COLUMN}")
-    placed = placed.selectExpr("*", f"element_at({_literal_array(keys)}, {TARGET_COLUMN} + 1) AS _pkey")
+    placed = placed.selectExpr("*", f"{partition_key_sql(num_files, TARGET_COLUMN)} AS _pkey")
     written = (placed.repartition(num_files, "_pkey").sortWithinPartitions("reason", "source", "raw")
                .select("reason", "source", "raw", TARGET_COLUMN).mapInArrow(writer, RESULT_DDL).collect())
     return sorted((r.asDict(recursive=True) for r in written), key=lambda f: f["path"])
-
-
-def _split_entries(split_names: list[str], files: list[dict], counts: RowCounts, num_shards: int) -> dict:
-    by_path = {f["path"]: f for f in files}
-    splits = {}
-    for i, name in enumerate(split_names):
-        entries = [by_path[f"{name}/part-{s:05d}.parquet"] for s in range(num_shards)]
-        want = shard_sizes(counts.split_rows[i], num_shards)
-        got = [f["rows"] for f in entries]
-        if got != want:
-            raise AccountingError(f"split {name!r}: shard sizes {got} differ from the planned {want}; nothing was published")
-        splits[name] = {"rows": sum(got), "files": [
-            {"path": f["path"], "rows": f["rows"], "row_groups": list(f["row_groups"]), "bytes": f["bytes"],
-             "sha256": f["sha256"]} for f in entries]}
-    return splits
-
-
-def _check_accounting(counts: RowCounts, splits: dict, qfiles: list[dict]) -> dict:
-    published = sum(info["rows"] for info in splits.values())
-    quarantined = sum(f["rows"] for f in qfiles)
-    record = {"input_rows": counts.input_rows, "published_rows": published, "quarantined_rows": quarantined}
-    if published + quarantined != counts.input_rows or quarantined != counts.quarantined:
-        raise AccountingError(
-            f"row accounting does not balance: input {counts.input_rows} != published {published} + quarantined "
-            f"{quarantined} (counted {counts.quarantined} bad rows earlier). The input changed while the job ran, or "
-            "a transform is not deterministic; nothing was published")
-    return record
 
 
 class _PhaseTimer:

@@ -57,7 +57,7 @@ from common.sources import check_table_inputs
 from common.sql import quote_identifier
 from common.errors import AccountingError, ConfigError, DatasetError, InputDataError, OutputExistsError, first_line
 from common.output_mode import SAME, OutputWords, existing_output
-from common.model_registry import is_registry_uri, resolve_registry_model
+from common.model_registry import RegistryModel, is_registry_uri, resolve_registry_model
 from common.tables import (FINGERPRINT_PROPERTY, KIND_PROPERTY, clean_stale_tables, swap_in, table_exists,
                            quote_table, table_properties, write_staging_table)
 from common.commit_marker import KIND_SCORES, is_committed
@@ -134,28 +134,82 @@ def check_output_path(cfg: ScoreConfig) -> None:
 
 
 def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResult:
-    from common.spark import spark_errors
-    from training import load_model
-
-    # A registered model is resolved once, here: the whole job scores with that one version.
-    registered = resolve_registry_model(cfg.model) if is_registry_uri(cfg.model) else None
-    if registered is None:
-        model_uri, registry_uri, loaded = cfg.model, None, None
-        model_marker = _model_marker(cfg.model)
-    else:
-        model_uri, registry_uri = registered.pinned_uri, registered.registry_uri
-        if registered.location is not None:  # its artifacts on a file system: the marker, as for a path
-            loaded, model_marker = None, _model_marker(registered.location)
-        else:  # downloaded once, here, for its identity
-            loaded = load_model(model_uri, program=cfg.program, registry_uri=registry_uri)
-            model_marker = {"model_json_sha256": loaded.fingerprint}
-        log.info("%s is version %s of %s in %s", cfg.model, registered.version, registered.name, registry_uri)
+    model = _resolve_model(cfg)
     tables = any(src.table is not None for src in cfg.sources.values())
     input_record = _input_record(cfg, session() if tables else None)  # a table's fingerprint is its catalog's
     if "sources" in input_record:
         check_table_inputs(cfg.output.path, "output.path", input_record["sources"])
-    input_fp = input_fingerprint(cfg, input_record, model_marker)
+    input_fp = input_fingerprint(cfg, input_record, model.marker)
+    mode = _output_mode(session, cfg, out, model, input_record, input_fp)
+    existing = _check_existing(out, cfg, input_fp, mode)
+    if existing is not None:
+        log.info("%s already holds these scores (input fingerprint %s); skipping", out.uri, input_fp[:12])
+        return existing
+
+    spark = session()
+    scoring = _checked_input(spark, cfg, model.load(cfg).features)
+    marker = {"kind": KIND_SCORES, "input_fingerprint": input_fp, "model": cfg.model,
+              "model_json_sha256": model.sha256, **model.version_record()}
+    mode = "overwrite" if mode == "overwrite" else "error"
+    with publish(out.uri, mode=mode, marker=marker) as staging:
+        counted = _score_into(staging, spark, cfg, out, model, scoring, {"input_fingerprint": input_fp,
+                                                                          "input": input_record})
+    result = ScoreResult(uri=out.uri, input_rows=counted.input_rows, scored_rows=counted.clean_rows,
+                         quarantined_rows=counted.quarantined, by_reason=dict(sorted(counted.by_reason.items())),
+                         table=cfg.output.table)
+    log.info("%s", result.summary())
+    return result
+
+
+@dataclass
+class _Model:
+    """The model the whole job scores with: a registered one (``models:/``) resolved to one version, once."""
+
+    uri: str  # what is loaded: the path, or the registered version's pinned models:/NAME/VERSION
+    registry_uri: str | None
+    marker: dict  # its commit marker (or, downloaded, its model.json digest): the input fingerprint's part
+    registered: RegistryModel | None = None
+    loaded: object | None = None  # a registered model downloaded for its identity, kept for the job
+
+    @property
+    def sha256(self) -> str | None:
+        return self.marker.get("model_json_sha256")
+
+    def version_record(self) -> dict:
+        """The registered version, as the marker and ``_scores.json`` record it ({} for a path)."""
+        return {"model_version": self.registered.record()} if self.registered is not None else {}
+
+    def load(self, cfg: ScoreConfig):
+        from training import load_model
+
+        return self.loaded or load_model(self.uri, program=cfg.program, registry_uri=self.registry_uri)
+
+
+def _resolve_model(cfg: ScoreConfig) -> _Model:
+    """cfg.model as the job's one model: a registered model is resolved once, here, so the whole
+    job scores with that one version."""
+    from training import load_model
+
+    if not is_registry_uri(cfg.model):
+        return _Model(cfg.model, None, _model_marker(cfg.model))
+    registered = resolve_registry_model(cfg.model)
+    model_uri, registry_uri = registered.pinned_uri, registered.registry_uri
+    if registered.location is not None:  # its artifacts on a file system: the marker, as for a path
+        model = _Model(model_uri, registry_uri, _model_marker(registered.location), registered)
+    else:  # downloaded once, here, for its identity
+        loaded = load_model(model_uri, program=cfg.program, registry_uri=registry_uri)
+        model = _Model(model_uri, registry_uri, {"model_json_sha256": loaded.fingerprint}, registered, loaded)
+    log.info("%s is version %s of %s in %s", cfg.model, registered.version, registered.name, registry_uri)
+    return model
+
+
+def _output_mode(session: _SessionWhenNeeded, cfg: ScoreConfig, out, model: _Model, input_record: dict,
+                 input_fp: str) -> str:
+    """output.mode as this run applies it: ``skip_if_exists`` becomes ``overwrite`` where the
+    alias the model was named by has moved since the scores were written, or where output.table
+    (checked here, against the mode) does not hold the scores the path records."""
     mode = cfg.output.mode
+    registered = model.registered
     if registered is not None and registered.alias and mode == "skip_if_exists" and _alias_moved(out, cfg, input_record,
                                                                                                    input_fp):
         log.info("%s holds scores of another version than %s now names (version %s): the alias moved, so the input "
@@ -163,13 +217,26 @@ def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResu
         mode = "overwrite"
     if cfg.output.table is not None:
         mode = _check_table(session(), cfg, out, input_fp, mode)
-    existing = _check_existing(out, cfg, input_fp, mode)
-    if existing is not None:
-        log.info("%s already holds these scores (input fingerprint %s); skipping", out.uri, input_fp[:12])
-        return existing
+    return mode
 
-    spark = session()
-    spec = (loaded or load_model(model_uri, program=cfg.program, registry_uri=registry_uri)).features
+
+@dataclass
+class _Scoring:
+    """The input as the scoring pass reads it: ``checked`` is ``table`` with each row's quarantine
+    reason; ``spec`` the model's features, which ``encoded`` (a dataset's split) holds encoded."""
+
+    table: object
+    malformed: list  # the sources' malformed-record frames, quarantined beside the bad rows
+    bad_records: int  # their rows
+    fields: dict
+    spec: object
+    encoded: bool
+    checked: object
+
+
+def _checked_input(spark, cfg: ScoreConfig, spec) -> _Scoring:
+    from common.spark import spark_errors
+
     encoded = cfg.dataset is not None
     table, malformed = _dataset_table(spark, cfg, spec) if encoded else _sources_table(spark, cfg)
     fields = {f.name: f.dataType for f in table.schema.fields}
@@ -181,62 +248,105 @@ def _run_locked(session: _SessionWhenNeeded, cfg: ScoreConfig, out) -> ScoreResu
     checked = table.selectExpr("*", f"{reason} AS {REASON}")
     with spark_errors("counting malformed records"):
         bad_records = sum(frame.count() for frame in malformed)
+    return _Scoring(table, malformed, bad_records, fields, spec, encoded, checked)
 
-    version = {"model_version": registered.record()} if registered is not None else {}
-    marker = {"kind": KIND_SCORES, "input_fingerprint": input_fp, "model": cfg.model,
-              "model_json_sha256": model_marker.get("model_json_sha256"), **version}
-    mode = "overwrite" if mode == "overwrite" else "error"
-    with publish(out.uri, mode=mode, marker=marker) as staging:
-        # The scoring pass counts every row by reason as it reads them (an observation: no pass of its own).
-        reasons = reason_values(fields, spec, encoded)
-        observed, counting = _observe_reasons(checked, reasons)
-        observed, null_counting = observe_nulls(observed, spec, encoded)  # the same pass counts each feature's nulls
-        scored = predict_frame(observed.where(f"{REASON} IS NULL"), model_uri, batch_size=cfg.batch_size,
-                               temperature=cfg.temperature, keep_columns=cfg.output.keep_columns,
-                               encoded=encoded, program=cfg.program, registry_uri=registry_uri,
-                               fingerprint=model_marker.get("model_json_sha256")).drop(REASON)
-        staged_table = None
-        try:
-            target = out.uri if cfg.output.table is None else f"table {cfg.output.table}"
-            # The output first: what fails here is mostly the write (a full disk), seldom the model.
-            with spark_errors(f"writing the scores to {target} (model {cfg.model})"):
-                if cfg.output.table is None:
-                    _write(scored, staging.uri)
-                else:
-                    staged_table = write_staging_table(scored, cfg.output.table,
-                                                       {KIND_PROPERTY: KIND_SCORES, FINGERPRINT_PROPERTY: input_fp})
-            by_reason, clean_rows = _counts(counting, reasons, bad_records)
-            input_rows = clean_rows + sum(by_reason.values())
-            if input_rows == 0:
-                raise InputDataError(f"the input has no rows ({_describe_input(cfg)})")  # nothing is published
-            null_share = compare_null_shares(spec, null_counting, cfg.quality)  # may refuse: nothing is published
-            quarantine = _quarantine_rows(cfg, checked, table.columns, malformed)
-            if not by_reason:  # nothing to find in another pass over the input: the same empty file, from no rows
-                quarantine = quarantine.limit(0)
-            with spark_errors(f"writing the quarantine to {out.uri}/{QUARANTINE_DIR}"):
-                _write(quarantine, staging.join(QUARANTINE_DIR).uri)
-            table_rows = None if staged_table is None else spark.table(staged_table).count()
-            accounting = _check_accounting(staging, input_rows, clean_rows, sum(by_reason.values()), table_rows)
-            summary = {"format": KIND_SCORES, "shardtrain_version": __version__, "model": cfg.model,
-                       "model_json_sha256": model_marker.get("model_json_sha256"), **version,
-                       "input_fingerprint": input_fp, "input": input_record, "columns": scored.columns,
-                       **({"table": cfg.output.table} if cfg.output.table else {}), "accounting": accounting,
-                       "quarantine": {"path": QUARANTINE_DIR, "by_reason": dict(sorted(by_reason.items()))},
-                       "null_share": null_share, "config": to_dict(cfg)}
-            staging.write_text(SUMMARY_NAME, json.dumps(summary, indent=2, default=str) + "\n")
-            staging.write_text(CONFIG_NAME, dump_yaml(cfg))
-            if staged_table is not None:
-                with spark_errors(f"publishing the scores as table {cfg.output.table}"):
-                    swap_in(spark, staged_table, cfg.output.table, "output.table")
-                staged_table = None
-        finally:
-            if staged_table is not None:  # a check failed: the staging table goes with the staging directory
-                spark.sql(f"DROP TABLE IF EXISTS {quote_table(staged_table)}")
-    result = ScoreResult(uri=out.uri, input_rows=input_rows, scored_rows=clean_rows,
-                         quarantined_rows=sum(by_reason.values()), by_reason=dict(sorted(by_reason.items())),
-                         table=cfg.output.table)
-    log.info("%s", result.summary())
-    return result
+
+@dataclass
+class _Counted:
+    """What the scoring pass counted: rows per quarantine reason, clean rows, each feature's null share."""
+
+    by_reason: dict[str, int]
+    clean_rows: int
+    null_share: dict
+
+    @property
+    def quarantined(self) -> int:
+        return sum(self.by_reason.values())
+
+    @property
+    def input_rows(self) -> int:
+        return self.clean_rows + self.quarantined
+
+
+def _score_into(staging, spark, cfg: ScoreConfig, out, model: _Model, scoring: _Scoring, identity: dict) -> _Counted:
+    """Inside the output's staging directory: score the clean rows and write them (to the path, or
+    to a staging table), in the one pass that also counts every row by reason and each feature's
+    nulls; then refuse an empty or too-null input, write the quarantine, check the accounting, write
+    ``_scores.json`` and the config, and swap a staging table in. ``identity``: the input's
+    fingerprint and record."""
+    from common.spark import spark_errors
+
+    # The scoring pass counts every row by reason as it reads them (an observation: no pass of its own).
+    reasons = reason_values(scoring.fields, scoring.spec, scoring.encoded)
+    observed, counting = _observe_reasons(scoring.checked, reasons)
+    # The same pass counts each feature's nulls.
+    observed, null_counting = observe_nulls(observed, scoring.spec, scoring.encoded)
+    scored = predict_frame(observed.where(f"{REASON} IS NULL"), model.uri, batch_size=cfg.batch_size,
+                           temperature=cfg.temperature, keep_columns=cfg.output.keep_columns,
+                           encoded=scoring.encoded, program=cfg.program, registry_uri=model.registry_uri,
+                           fingerprint=model.sha256).drop(REASON)
+    staged_table = None
+    try:
+        staged_table = _write_scores(scored, staging, cfg, out, identity["input_fingerprint"])
+        counted = _counted(cfg, scoring, counting, reasons, null_counting)
+        _write_quarantine(staging, cfg, out, scoring, counted)
+        table_rows = None if staged_table is None else spark.table(staged_table).count()
+        accounting = _check_accounting(staging, counted.input_rows, counted.clean_rows, counted.quarantined, table_rows)
+        summary = _scores_summary(cfg, model, identity, scored.columns, accounting, counted)
+        staging.write_text(SUMMARY_NAME, json.dumps(summary, indent=2, default=str) + "\n")
+        staging.write_text(CONFIG_NAME, dump_yaml(cfg))
+        if staged_table is not None:
+            with spark_errors(f"publishing the scores as table {cfg.output.table}"):
+                swap_in(spark, staged_table, cfg.output.table, "output.table")
+            staged_table = None
+    finally:
+        if staged_table is not None:  # a check failed: the staging table goes with the staging directory
+            spark.sql(f"DROP TABLE IF EXISTS {quote_table(staged_table)}")
+    return counted
+
+
+def _write_scores(scored, staging, cfg: ScoreConfig, out, input_fp: str) -> str | None:
+    """The scores written to the staging directory, or to a staging table (its name returned)."""
+    from common.spark import spark_errors
+
+    target = out.uri if cfg.output.table is None else f"table {cfg.output.table}"
+    # The output first: what fails here is mostly the write (a full disk), seldom the model.
+    with spark_errors(f"writing the scores to {target} (model {cfg.model})"):
+        if cfg.output.table is None:
+            _write(scored, staging.uri)
+            return None
+        return write_staging_table(scored, cfg.output.table,
+                                   {KIND_PROPERTY: KIND_SCORES, FINGERPRINT_PROPERTY: input_fp})
+
+
+def _counted(cfg: ScoreConfig, scoring: _Scoring, counting, reasons: list[str], null_counting) -> _Counted:
+    """The scoring pass's counts, once it has run: an input with no rows is refused, and so is one
+    whose features' nulls grew past ``quality.fail_null_increase`` (nothing is published)."""
+    by_reason, clean_rows = _counts(counting, reasons, scoring.bad_records)
+    if clean_rows + sum(by_reason.values()) == 0:
+        raise InputDataError(f"the input has no rows ({_describe_input(cfg)})")  # nothing is published
+    null_share = compare_null_shares(scoring.spec, null_counting, cfg.quality)  # may refuse: nothing is published
+    return _Counted(by_reason, clean_rows, null_share)
+
+
+def _write_quarantine(staging, cfg: ScoreConfig, out, scoring: _Scoring, counted: _Counted) -> None:
+    from common.spark import spark_errors
+
+    quarantine = _quarantine_rows(cfg, scoring.checked, scoring.table.columns, scoring.malformed)
+    if not counted.by_reason:  # nothing to find in another pass over the input: the same empty file, from no rows
+        quarantine = quarantine.limit(0)
+    with spark_errors(f"writing the quarantine to {out.uri}/{QUARANTINE_DIR}"):
+        _write(quarantine, staging.join(QUARANTINE_DIR).uri)
+
+
+def _scores_summary(cfg: ScoreConfig, model: _Model, identity: dict, columns: list[str], accounting: dict,
+                    counted: _Counted) -> dict:
+    """``_scores.json``: the model, the input, the columns, the accounting, the quarantine, the null shares."""
+    return {"format": KIND_SCORES, "shardtrain_version": __version__, "model": cfg.model,
+            "model_json_sha256": model.sha256, **model.version_record(), **identity, "columns": columns,
+            **({"table": cfg.output.table} if cfg.output.table else {}), "accounting": accounting,
+            "quarantine": {"path": QUARANTINE_DIR, "by_reason": dict(sorted(counted.by_reason.items()))},
+            "null_share": counted.null_share, "config": to_dict(cfg)}
 
 
 def _model_marker(uri: str) -> dict:

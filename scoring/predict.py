@@ -105,28 +105,8 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     missing or named like an output column; ValueError for a bad batch_size or temperature.
     Lazy: nothing runs until the result is written or collected.
     """
-    from common.model_registry import is_registry_uri, resolve_registry_model
-    from training import load_model
-
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    # What the workers load: the path itself, or the version the driver resolved. A registered
-    # version whose artifacts lie on a file system is read there (common.model_registry), so the
-    # workers import no MLflow and ask no registry.
-    worker_uri, worker_registry = model_uri, registry_uri
-    if is_registry_uri(model_uri):
-        registered = resolve_registry_model(model_uri, registry_uri)
-        model_uri, registry_uri = registered.pinned_uri, registered.registry_uri
-        worker_uri, worker_registry = ((registered.location, None) if registered.location is not None
-                                       else (model_uri, registry_uri))
-    # Verified once on the driver: a bad model fails here.
-    model = load_model(model_uri, program=program, registry_uri=registry_uri)
-    if fingerprint is not None and model.fingerprint != fingerprint:
-        raise DatasetError(f"{model_uri}: the model was replaced while this job ran (its model.json sha256 is now "
-                           f"{model.fingerprint[:12]}, the job recorded {fingerprint[:12]}); nothing was published: "
-                           "run the job again")
+    _check_options(batch_size, temperature)
+    model, worker_uri, worker_registry = _driver_model(model_uri, program, registry_uri, fingerprint)
     keep = list(df.columns) if keep_columns is None else list(keep_columns)
     _check_keep_columns(df, keep)
     fields = {f.name: f.dataType for f in df.schema.fields}
@@ -137,17 +117,55 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
         model_uri=worker_uri, program=program,
         weights_sha256=model.weights_sha256,
         task=model.task, num_classes=int(model.label.num_classes or 0),
-        keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))), features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
+        keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))),
+        features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
         encoded=encoded, temperature=float(temperature), batch_size=batch_size, registry_uri=worker_registry)
-    typed = [f"{expr} AS {private}" for (name, private), expr in
-             zip(task.features, _typed_features(fields, spec, encoded))]
-    reason = reason_sql(fields, spec, encoded)
-    kept = [f"{q(c)} AS {private}" for c, private in zip(keep, task.keep_columns)]
-    prepared = df.selectExpr(*kept, *typed, f"{reason} AS {REASON}")
+    prepared = _prepared(df, task, keep, fields, spec, encoded)
     schema = output_schema(df, keep, model.task)
     private = [*task.keep_columns, *schema.fieldNames()[len(keep):]]
     scored = prepared.mapInArrow(_Scorer(task), _renamed(schema, private))
     return scored.toDF(*schema.fieldNames())  # toDF renames without parsing the names
+
+
+def _check_options(batch_size, temperature) -> None:
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+
+
+def _driver_model(model_uri: str, program: bool, registry_uri: str | None, fingerprint: str | None):
+    """(the model, the URI and the registry its workers load it from). The model is loaded and
+    verified once, here on the driver, so a bad model fails before any task runs; a registered one
+    is resolved to one version first."""
+    from common.model_registry import is_registry_uri, resolve_registry_model
+    from training import load_model
+
+    # What the workers load: the path itself, or the version the driver resolved. A registered
+    # version whose artifacts lie on a file system is read there (common.model_registry), so the
+    # workers import no MLflow and ask no registry.
+    worker_uri, worker_registry = model_uri, registry_uri
+    if is_registry_uri(model_uri):
+        registered = resolve_registry_model(model_uri, registry_uri)
+        model_uri, registry_uri = registered.pinned_uri, registered.registry_uri
+        worker_uri, worker_registry = ((registered.location, None) if registered.location is not None
+                                       else (model_uri, registry_uri))
+    model = load_model(model_uri, program=program, registry_uri=registry_uri)
+    if fingerprint is not None and model.fingerprint != fingerprint:
+        raise DatasetError(f"{model_uri}: the model was replaced while this job ran (its model.json sha256 is now "
+                           f"{model.fingerprint[:12]}, the job recorded {fingerprint[:12]}); nothing was published: "
+                           "run the job again")
+    return model, worker_uri, worker_registry
+
+
+def _prepared(df, task: ScoreTask, keep: list[str], fields: dict, spec, encoded: bool):
+    """``df`` as the workers read it: the kept columns and the typed features under their private
+    names (``task``), and each row's quarantine reason."""
+    typed = [f"{expr} AS {private}" for (name, private), expr in
+             zip(task.features, _typed_features(fields, spec, encoded))]
+    reason = reason_sql(fields, spec, encoded)
+    kept = [f"{q(c)} AS {private}" for c, private in zip(keep, task.keep_columns)]
+    return df.selectExpr(*kept, *typed, f"{reason} AS {REASON}")
 
 
 def _renamed(schema, names: list[str]):

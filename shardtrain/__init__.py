@@ -17,7 +17,8 @@ _NAMES = {
     "train": "training", "load_model": "training", "load_train_config": "training", "TrainConfig": "training",
     "run": "shardtrain.run", "load_run_config": "shardtrain.run", "RunConfig": "shardtrain.run",
     "RunResult": "shardtrain.run",
-    "sweep": "shardtrain.sweep", "load_sweep_config": "shardtrain.sweep", "SweepConfig": "shardtrain.sweep",
+    "sweep": "shardtrain.sweep", "load_sweep_config": "shardtrain.sweep_config",
+    "SweepConfig": "shardtrain.sweep_config",
 }
 
 __all__ = ["__version__", *_NAMES]

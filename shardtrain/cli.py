@@ -159,7 +159,7 @@ def _job_config(args):
 
         return load_run_config(args.config, args.overrides)
     if args.command == "sweep":
-        from shardtrain.sweep import load_sweep_config
+        from shardtrain.sweep_config import load_sweep_config
 
         return load_sweep_config(args.config, args.overrides)
     if args.command == "distill":

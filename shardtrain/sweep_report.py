@@ -3,7 +3,7 @@ table (state, objective, parameters, epochs, run directory, error), the objectiv
 (with the best so far), and the objective against each searched parameter. Charts are
 matplotlib's, embedded as PNG, as in a run's report.html (common.html_report).
 
-It knows nothing of Optuna: ``shardtrain.sweep`` turns the study's trials into ``TrialRecord``s.
+It knows nothing of Optuna: ``shardtrain.sweep_study`` turns the study's trials into ``TrialRecord``s.
 """
 
 from __future__ import annotations

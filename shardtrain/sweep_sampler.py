@@ -7,8 +7,8 @@ startup trials the draw also depends on the finished trials' results, which TPE 
 study. A sweep stopped at any trial boundary and resumed therefore draws what one uninterrupted
 run would have drawn, and no trial draws from another trial's stream.
 
-Driver-only. It imports Optuna at module level, so ``shardtrain.sweep`` imports this module only
-where it makes the study (Optuna is an optional dependency).
+Driver-only. It imports Optuna at module level, so ``shardtrain.sweep_study`` imports this module
+only where it makes the study (Optuna is an optional dependency).
 """
 
 from __future__ import annotations

@@ -32,14 +32,14 @@ PAIRS = [(rows, n) for n in range(1, 13) for rows in range(n, n + 81)] + [(1001,
 
 
 def test_each_shard_file_keeps_its_block_of_ranks_from_whole_buckets():
-    """The job's placement (shard_job._shard_layout, then the writer keeping ranks [start, start +
+    """The job's placement (shard_placement.shard_layout, then the writer keeping ranks [start, start +
     rows) of the buckets it reads): bucket b's rows take the next ranks after the buckets before
     it, so, with random bucket sizes (empty buckets absent, as in the summary's counts), file k of
     a split reads a run of whole buckets that holds shard k's block, every bucket it reads meets
     that block, and the blocks kept give each rank 0..rows-1 exactly once, in shard order."""
     import random
 
-    from pipelines.shard_job import RowCounts, _shard_layout
+    from pipelines.shard_placement import RowCounts, shard_layout
 
     draw = random.Random(7)
     for rows, n in PAIRS:
@@ -51,7 +51,7 @@ def test_each_shard_file_keeps_its_block_of_ranks_from_whole_buckets():
                 for b, size in zip(used, [hi - lo for lo, hi in zip([0, *cuts], [*cuts, rows])]):
                     bucket_rows[(s, b)] = size
             counts = RowCounts({s: rows for s in range(s_splits)}, bucket_rows, {}, rows * s_splits, 0, [])
-            layout, file_starts = _shard_layout(counts, s_splits, n)
+            layout, file_starts = shard_layout(counts, s_splits, n)
             for s in range(s_splits):
                 offsets, offset = {}, 0  # each bucket's first rank
                 for b in sorted(b for (si, b) in bucket_rows if si == s):
@@ -80,14 +80,14 @@ KEYS = 200_000
 def test_driver_partition_keys_land_in_their_own_spark_partition(spark):
     """The placement's partition keys are computed with a copy of Spark's Murmur3 on the driver:
     each must hash, in Spark, to its own partition, and the copy must equal Spark's hash."""
-    from pipelines.shard_job import _partition_keys, spark_hash_long
+    from pipelines.shard_placement import partition_keys, spark_hash_long
 
     values = [0, 1, -1, 42, 2 ** 31 - 1, -2 ** 31, 2 ** 32, 2 ** 63 - 1, -2 ** 63, 123_456_789_012_345]
     got = {r["v"]: r["h"] for r in spark.createDataFrame([(v,) for v in values], "v BIGINT")
            .selectExpr("v", "hash(v) AS h").collect()}
     assert {v: spark_hash_long(v) for v in values} == got
     for n in (1, 2, 3, 12, 37, 300):
-        keys = _partition_keys(n)
+        keys = partition_keys(n)
         rows = spark.createDataFrame([(p, k) for p, k in enumerate(keys)], "p INT, k BIGINT")
         landed = rows.repartition(n, "k").selectExpr("p", "spark_partition_id() AS q").collect()
         assert sorted((r["p"], r["q"]) for r in landed) == [(p, p) for p in range(n)]

@@ -245,12 +245,12 @@ def test_rerun_is_byte_identical_and_independent_of_partitioning(generated, spar
     # rely on the files, so both paths write the same bytes (every kind of bad row in the quarantine,
     # an array column), an equal manifest apart from timestamps, and the same config.
     from common.sources import source_fingerprint
-    from pipelines import shard_job
+    from pipelines import shard_placement
 
-    assert shard_job._JobShape.of(spark, cfg, {"raw": source_fingerprint("raw", cfg.sources["raw"])}).small
+    assert shard_placement.JobShape.of(spark, cfg, {"raw": source_fingerprint("raw", cfg.sources["raw"])}).small
     before = manifest_without_timestamps(result.uri)
     config_before = Path(result.uri, "config.yaml").read_bytes()
-    monkeypatch.setattr(shard_job, "SMALL_INPUT_BYTES", 0)  # every input is large now
+    monkeypatch.setattr(shard_placement, "SMALL_INPUT_BYTES", 0)  # every input is large now
     cfg.output.mode = "overwrite"
     try:
         run_shard_job(spark, cfg)
@@ -597,19 +597,19 @@ def test_a_small_job_writes_the_bytes_of_a_large_one(spark, tmp_path, monkeypatc
     # large job's path writes for the same rows: quarantine (every kind of bad row, malformed
     # records among them for CSV), shards, manifest and config.
     from common.sources import source_fingerprint
-    from pipelines import shard_job
+    from pipelines import shard_placement
 
     data = generate_dataset(spark, str(tmp_path / "raw"), 2000, seed=3, format=fmt, bad_rows=25,
                             array_shape=[3] if fmt == "parquet" else None)
     cfg = from_dict(ShardConfig, data.shard_config(str(tmp_path / "out"), output={"num_shards": 3},
                                                    quality={"max_bad_fraction": 0.05}))
-    assert shard_job._JobShape.of(spark, cfg, {"raw": source_fingerprint("raw", cfg.sources["raw"])}).small
+    assert shard_placement.JobShape.of(spark, cfg, {"raw": source_fingerprint("raw", cfg.sources["raw"])}).small
     small = run_shard_job(spark, cfg)
     small_files, small_manifest = file_hashes(small.uri), manifest_without_timestamps(small.uri)
     small_config = Path(small.uri, "config.yaml").read_bytes()
     assert len(quarantine(small.uri)) == 25 and small.manifest.data["quarantine"]["by_reason"] == data.bad_by_reason
 
-    monkeypatch.setattr(shard_job, "SMALL_INPUT_BYTES", 0)  # every input is large now
+    monkeypatch.setattr(shard_placement, "SMALL_INPUT_BYTES", 0)  # every input is large now
     cfg.output.mode = "overwrite"
     large = run_shard_job(spark, cfg)
     assert file_hashes(large.uri) == small_files
@@ -624,10 +624,10 @@ def test_a_small_job_writes_the_bytes_of_a_large_one(spark, tmp_path, monkeypatc
 def test_fewer_rows_than_shards_is_the_same_refusal_however_the_job_runs(spark, tmp_path, monkeypatch, small):
     # A small job counts its rows in its first pass instead of a Spark job of its own: the same
     # error, before anything is published, and it comes before the quality gate (3 of 5 bad rows).
-    from pipelines import shard_job
+    from pipelines import shard_placement
 
     if not small:
-        monkeypatch.setattr(shard_job, "SMALL_INPUT_BYTES", 0)
+        monkeypatch.setattr(shard_placement, "SMALL_INPUT_BYTES", 0)
     rows = simple_rows(5)
     rows["y"] = [0, 1, None, None, None]
     src = write_parquet(tmp_path / "in", rows)

@@ -67,7 +67,7 @@ def sweep_yaml(dataset, out, space, *, trials, parallel=1, pruner="none", enqueu
 def load(data: dict, *overrides: str):
     from common.config import from_dict
     from common.config import apply_overrides
-    from shardtrain.sweep import SweepConfig
+    from shardtrain.sweep_config import SweepConfig
 
     return from_dict(SweepConfig, apply_overrides(data, list(overrides)))
 
@@ -76,7 +76,7 @@ def study(cfg):
     """The study as Optuna reads it back from the sweep's journal."""
     import optuna
 
-    from shardtrain.sweep import study_storage
+    from shardtrain.sweep_study import study_storage
 
     storage, _ = study_storage(cfg)
     summaries = optuna.get_all_study_summaries(storage)
@@ -145,7 +145,7 @@ def test_parallel_trials_that_cannot_run_together_are_exit_2_naming_the_keys(tmp
 
 def test_a_space_key_is_overridden_on_the_command_line_whole_or_one_field(tmp_path, dataset):
     """An override's key splits at every dot, a space's keys hold dots: both forms still reach the key."""
-    from shardtrain.sweep import load_sweep_config
+    from shardtrain.sweep_config import load_sweep_config
 
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep_yaml(dataset, tmp_path, {"train.lr": LR, "model.hidden": {
@@ -178,7 +178,7 @@ def test_a_sqlite_storage_in_a_missing_directory_is_exit_2_naming_the_key_and_th
 
 
 def test_a_journal_on_object_storage_is_refused_asking_for_a_url(tmp_path, dataset):
-    from shardtrain.sweep import study_storage
+    from shardtrain.sweep_study import study_storage
 
     cfg = load(sweep_yaml(dataset, tmp_path, {"train.lr": LR}, trials=2), "sweep.storage=s3://bucket/study.journal")
     with pytest.raises(ConfigError, match="sweep.storage: .*object storage.*RDB URL"):

@@ -1,0 +1,130 @@
+"""The ``shardtrain sweep`` config: the ``sweep`` section (space, trials, seed, retries, objective,
+pruner, enqueued trials, the study's storage and name), the ``output`` section (the sweep
+directory and the best model's path), and the checks that tie them to the ``train`` and ``shard``
+sections, all before anything runs (exit 2, naming the key).
+
+Config only: it reads no dataset, opens no study and starts nothing (shardtrain.sweep runs it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from common.config import load_config, require, storage_path
+from pipelines.shard_config import ShardConfig
+from shardtrain.sweep_space import check_fixed, check_space, parse_space
+from training.config import TrainConfig, TrainOutputConfig
+
+METRICS = {"val_loss": "minimize", "val_accuracy": "maximize", "val_mae": "minimize"}
+
+
+@dataclass
+class ObjectiveConfig:
+    metric: str = "val_loss"  # a per-epoch validation metric: val_loss, val_accuracy, val_mae
+    direction: Literal["minimize", "maximize"] | None = None  # null: maximize val_accuracy, minimize the others
+
+    def __post_init__(self):
+        require(self.metric in METRICS, "metric", f"must be one of {', '.join(METRICS)} (a validation metric every "
+                f"epoch reports), got {self.metric!r}")
+        if self.direction is None:
+            self.direction = METRICS[self.metric]
+
+
+@dataclass
+class PrunerConfig:
+    """Which trials end early, from each one's objective at every epoch end (Optuna's pruners)."""
+
+    type: Literal["none", "median", "successive_halving", "hyperband"] = "median"
+    startup_trials: int = 2  # median: trials that finish before any is pruned
+    warmup_epochs: int = 0  # median: epochs every trial runs before it may be pruned
+    min_epochs: int = 1  # successive_halving / hyperband: the first rung (Optuna's min_resource)
+    reduction_factor: int = 3  # successive_halving / hyperband: 1 in this many trials goes on at each rung
+
+    def __post_init__(self):
+        require(self.startup_trials >= 0, "startup_trials", f"must be >= 0, got {self.startup_trials}")
+        require(self.warmup_epochs >= 0, "warmup_epochs", f"must be >= 0, got {self.warmup_epochs}")
+        require(self.min_epochs >= 1, "min_epochs", f"must be >= 1, got {self.min_epochs}")
+        require(self.reduction_factor >= 2, "reduction_factor", f"must be >= 2, got {self.reduction_factor}")
+
+
+@dataclass
+class SweepSection:
+    # train.* / model.* key -> distribution (shardtrain.sweep_space). Any, not ParamSpec: an override
+    # `sweep.space.train.lr={...}` nests the key at its dots, which parse_space joins back.
+    space: dict[str, Any]
+    trials: int = 8  # trials in the study, finished ones of earlier runs of this sweep included
+    parallel_trials: int = 1  # trials training at once, each launch.num_proc ranks
+    seed: int = 0  # the sampler's (TPE): trial N draws from a stream seeded by (seed, N)
+    retries: int = 1  # times a rerun runs again a trial that failed with an exit-1-class error
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    pruner: PrunerConfig = field(default_factory=PrunerConfig)
+    enqueue: list[dict[str, Any]] = field(default_factory=list)  # trials to run first, before drawn ones
+    storage: str | None = storage_path(default=None)  # Optuna RDB URL or journal file; null: output.path/study.journal
+    study_name: str | None = None  # null: shardtrain-sweep-<study fingerprint>
+
+    def __post_init__(self):
+        self.space = parse_space(self.space)
+        require(1 <= self.trials <= 100_000, "trials", f"must be in [1, 100000], got {self.trials}")
+        require(0 <= self.retries <= 100, "retries", f"must be in [0, 100], got {self.retries}")
+        require(1 <= self.parallel_trials <= 1024, "parallel_trials",
+                f"must be in [1, 1024], got {self.parallel_trials}")
+        require(self.storage is None or bool(self.storage.strip()), "storage", "must not be empty (null: a journal "
+                "file beside the sweep)")
+        for i, params in enumerate(self.enqueue):
+            check_fixed(params, self.space, f"enqueue[{i}]")
+
+
+@dataclass
+class SweepOutputConfig:
+    # The sweep directory: trials/NNNN (each trial's model and run directory), sweep.html, sweep.json.
+    path: str = storage_path()
+    model_path: str = storage_path()  # the best trial's model, published at the end
+    mode: Literal["error", "overwrite"] = "error"  # of model_path; this sweep's own best model is always replaced
+
+    def __post_init__(self):
+        require(bool(self.path), "path", "must not be empty")
+        require(bool(self.model_path), "model_path", "must not be empty")
+
+
+@dataclass
+class SweepConfig:
+    sweep: SweepSection
+    output: SweepOutputConfig
+    train: TrainConfig = field(default_factory=TrainConfig)  # every trial's config before its draw
+    shard: ShardConfig | None = None  # run first (as `shardtrain run`); null: train.data.path is published
+
+    def __post_init__(self):
+        if self.shard is not None:
+            if self.train.data.path is None:
+                self.train.data.path = self.shard.output.path
+            require(self.train.data.path == self.shard.output.path, "train.data.path",
+                    f"must be the shard output ({self.shard.output.path}) or unset, got {self.train.data.path}")
+        require(self.train.data.path is not None, "train.data.path",
+                "is required without a shard section: the URI of a dataset published by `shardtrain shard`")
+        placed = {"train.output.model_path": self.train.output.model_path != TrainOutputConfig().model_path,
+                  "train.output.run_dir": self.train.output.run_dir is not None,
+                  "train.checkpoint.path": self.train.checkpoint.path is not None}
+        for key, is_set in placed.items():
+            require(not is_set, key, "must be unset: the sweep puts each trial's model, run directory and checkpoints "
+                    "under output.path/trials/NNNN, and the best model at output.model_path")
+        require(self.train.data.val_split is not None, "train.data.val_split",
+                f"must name a split: the objective ({self.sweep.objective.metric}) and the pruner read validation")
+        # Parallel trials are threads of the driver, each launching its ranks.
+        launch, parallel = self.train.launch, self.sweep.parallel_trials
+        require(parallel == 1 or launch.mode == "spark", "sweep.parallel_trials",
+                f"is {parallel} with train.launch.mode=in_process: the trials would train in threads of one process, "
+                "where torch's tracer (the model's TorchScript export) is not thread-safe and fails them; set "
+                "sweep.parallel_trials=1, or train.launch.mode=spark")
+        require(parallel == 1 or launch.backend != "horovod", "sweep.parallel_trials",
+                f"is {parallel} with train.launch.backend=horovod: Horovod-on-Spark launches only from the driver's "
+                "main thread (it installs signal handlers); set train.launch.backend=torch_tasks (or torch: "
+                "TorchDistributor), or sweep.parallel_trials=1")
+        check_space(self.sweep.space, self.train)
+
+
+def load_sweep_config(path=None, overrides=None, defaults: dict | None = None) -> SweepConfig:
+    return load_config(SweepConfig, path, overrides, defaults)
+
+
+__all__ = ["ObjectiveConfig", "PrunerConfig", "SweepConfig", "SweepOutputConfig", "SweepSection", "load_sweep_config"]
