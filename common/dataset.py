@@ -4,14 +4,14 @@ one way to build it (``build_manifest``), and the one validation every reader ru
 ``_manifest.json`` sits at the root of a published dataset, beside the ``_COMMITTED`` marker::
 
     {
-      "format": "shardtrain.dataset", "format_version": 1,
+      "format": "shardtrain.dataset", "format_version": 2,
       "shardtrain_version": "0.1.0", "created_at": "2026-11-29T22:00:00Z",
       "schema": [{"name": "x", "dtype": "float32", "shape": []}, ...],    # stored columns
-      "features": {
-        "numeric":     [{"name": "x", "mean": 0.1, "std": 1.2, "fill": 0.1, "null_share": 0.0123}],
-        "categorical": [{"name": "city", "vocab": ["paris", ...], "num_embeddings": 12, "null_share": 0.0}],
-        "arrays":      [{"name": "image", "shape": [28, 28], "null_share": 0.0}]
-      },
+      "features": [                                         # in stored-column order; each kind's fields
+        {"name": "x", "kind": "numeric", "mean": 0.1, "std": 1.2, "fill": 0.1, "null_share": 0.0123},
+        {"name": "city", "kind": "categorical", "vocab": ["paris", ...], "num_embeddings": 12, "null_share": 0.0},
+        {"name": "image", "kind": "arrays", "shape": [28, 28], "null_share": 0.0}
+      ],
       "label": {"name": "label", "task": "classification", "num_classes": 2,
                 "train_class_counts": [600, 400]}        # regression: "train_mean", "train_std"
       "row_index_column": "_row",
@@ -29,7 +29,8 @@ Optional, written by a shard job with a ``teacher`` (knowledge distillation)::
 
       "teacher": {"uri": "s3://models/teacher", "fingerprint": "<sha256 of its model.json>",
                   "temperature": 2.0, "column": "teacher", "task": "classification", "num_classes": 2,
-                  "features": {"numeric": ["x"], "categorical": ["city"], "arrays": [{"name": "image", "shape": [28, 28]}]}}
+                  "features": [{"name": "x", "kind": "numeric"}, {"name": "city", "kind": "categorical"},
+                               {"name": "image", "kind": "arrays", "shape": [28, 28]}]}
 
   The stored column ``teacher`` holds the teacher's soft targets for every row of every split:
   float32 class probabilities at ``temperature`` (shape [num_classes]) for classification, the
@@ -59,10 +60,13 @@ compares). The quarantine is Parquet with string columns ``reason``, ``source`` 
 or "query") and ``raw`` (the malformed line, or the table row as JSON). ``config.yaml`` beside the
 manifest holds the same resolved config.
 
-Stored encodings: numeric features are float32, already imputed and standardized; categorical
-features are int32 indices (0 = null, 1 = unseen, vocabulary from 2 in train-frequency order);
-arrays are float32 lists of length prod(shape); the label is int64 (classification) or float32
-(regression); ``_row`` is the row's position in the split (files in order, rows in order).
+Each feature's ``kind`` names the module that owns it (``common.features``: what its record
+holds, how it is fitted, stored, checked and served). Version 1 (datasets written before)
+holds ``features`` (and a teacher's) as a dict by kind, ``{"numeric": [records], ...}``;
+``common.features.v1`` reads it as the same list. Stored encodings are the kinds' (numeric
+features float32, imputed and standardized; categorical ones int32 indices; arrays float32 lists
+of length prod(shape)); the label is int64 (classification) or float32 (regression); ``_row`` is
+the row's position in the split (files in order, rows in order).
 
 File paths are relative to the dataset root and stay inside it (``validate_manifest`` refuses
 absolute paths and ``..``). Every file's sha256 is recorded; readers check a file against it
@@ -95,13 +99,15 @@ from common import __version__
 from common.commit_marker import is_committed
 from common.errors import DatasetError, StorageError, StorageIOError
 from common.features import KINDS, FeatureSpec
+from common.features.v1 import KIND, listed
 from common.features.spec import NULL_SHARE
 from common.publish import require_committed
 from common.storage import Location, resolve, storage_errors
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT = "shardtrain.dataset"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: ``features`` is one ordered list of records naming their kind
+READABLE_VERSIONS = (1, 2)  # 1: ``features`` by kind (common.features.v1 reads it)
 ROW_INDEX = "_row"
 LABEL_NAME = "label"
 TEACHER_COLUMN = "teacher"
@@ -186,7 +192,7 @@ class TeacherRecord:
     temperature: float
     task: str
     num_classes: int | None
-    features: dict  # {kind name: the kind's teacher entries}, as recorded (``FeatureSpec.teacher_features``)
+    features: tuple[dict, ...]  # each feature's contract, naming its kind (``FeatureSpec.teacher_features``)
     record: dict = field(compare=False, repr=False)
 
     @classmethod
@@ -195,7 +201,7 @@ class TeacherRecord:
         record before ``build_manifest`` validates it)."""
         return cls(uri=record["uri"], fingerprint=record["fingerprint"], temperature=float(record["temperature"]),
                    task=record["task"], num_classes=record.get("num_classes"),
-                   features={kind.name: list(record["features"].get(kind.name) or []) for kind in KINDS},
+                   features=tuple(_listed(record["features"])),
                    record=copy.deepcopy(record))
 
     @property
@@ -410,20 +416,20 @@ def validate_manifest(data: dict, where: str) -> None:
     if data.get("format") != FORMAT:
         raise DatasetError(f"{where}: field 'format' is {data.get('format')!r}, expected {FORMAT!r}")
     version = data.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise DatasetError(
-            f"{where}: field 'format_version' is {version!r}; this shardtrain reads version {FORMAT_VERSION}. "
-            "Re-shard the data with this version of shardtrain")
+            f"{where}: field 'format_version' is {version!r}; this shardtrain reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}. Re-shard the data with this version of shardtrain")
     for key in ("schema", "features", "label", "splits", "fingerprint"):
         if key not in data:
             raise DatasetError(f"{where}: required field {key!r} is missing")
     _validate_schema(data["schema"], where)
     _validate_label(data["label"], where)
-    _validate_features(data["features"], where)
+    _validate_features(data["features"], version, where)
     if data.get("row_index_column", ROW_INDEX) != ROW_INDEX:
         raise DatasetError(f"{where}: field 'row_index_column' is {data['row_index_column']!r}, expected {ROW_INDEX!r}")
     stored = {col["name"] for col in data["schema"]}
-    feature_names = [f.get("name") for kind in KINDS for f in data["features"].get(kind.name, [])]
+    feature_names = [f.get("name") for f in _listed(data["features"])]
     missing = [name for name in [*feature_names, data["label"]["name"], ROW_INDEX] if name not in stored]
     if missing:
         raise DatasetError(f"{where}: field 'schema' lacks column(s) {missing} that 'features'/'label' name")
@@ -469,16 +475,34 @@ def _validate_label(label: Any, where: str) -> None:
             raise DatasetError(f"{where}: field 'label.num_classes' is {num_classes!r}; classification needs >= 2")
 
 
-def _validate_features(features: Any, where: str) -> None:
-    if not isinstance(features, dict) or not any(features.get(kind.name) for kind in KINDS):
+def _validate_features(features: Any, version: int, where: str) -> None:
+    """The features record: by kind in version 1, an ordered list of records naming their kind since."""
+    if version == 1 and not isinstance(features, dict) or version != 1 and not isinstance(features, list):
+        raise DatasetError(f"{where}: field 'features' must be a {'mapping' if version == 1 else 'list'} of "
+                           f"feature records (format_version {version}), got {type(features).__name__}")
+    records = _listed(features)
+    if not records:
         raise DatasetError(f"{where}: field 'features' declares no feature columns")
-    for kind in KINDS:
-        for spec in features.get(kind.name, []):
-            kind.check_record(spec, where)
-            share = spec.get(NULL_SHARE, 0.0)  # optional: absent from manifests written before
-            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
-                raise DatasetError(f"{where}: field 'features.{kind.name}[{spec.get('name')}].{NULL_SHARE}' is "
-                                   f"{share!r}; expected a fraction in [0, 1]")
+    names = {kind.name: kind for kind in KINDS}
+    for record in records:
+        kind = names.get(record.get(KIND)) if isinstance(record, dict) else None
+        if kind is None:
+            raise DatasetError(f"{where}: field 'features[{_record_name(record)}].kind' is "
+                               f"{record.get(KIND) if isinstance(record, dict) else None!r}; expected one of {sorted(names)}")
+        kind.check_record(record, where)
+        share = record.get(NULL_SHARE, 0.0)  # optional: absent from manifests written before
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise DatasetError(f"{where}: field 'features.{kind.name}[{record.get('name')}].{NULL_SHARE}' is "
+                               f"{share!r}; expected a fraction in [0, 1]")
+
+
+def _record_name(record: Any) -> Any:
+    return record.get("name") if isinstance(record, dict) else record
+
+
+def _listed(features: Any) -> list:
+    """A features record (or a teacher's) as the ordered list, whichever version wrote it."""
+    return listed(features) if isinstance(features, dict) else list(features or [])
 
 
 def _validate_teacher(teacher: Any, schema: list[dict], where: str) -> None:
@@ -493,7 +517,7 @@ def _validate_teacher(teacher: Any, schema: list[dict], where: str) -> None:
         raise DatasetError(f"{where}: field 'teacher.temperature' is {temperature!r}; expected a number > 0")
     if teacher.get("column") != TEACHER_COLUMN:
         raise DatasetError(f"{where}: field 'teacher.column' is {teacher.get('column')!r}, expected {TEACHER_COLUMN!r}")
-    if not isinstance(teacher.get("features"), dict):
+    if not isinstance(teacher.get("features"), (dict, list)):
         raise DatasetError(f"{where}: field 'teacher.features' is missing (the raw columns the teacher reads)")
     shape = teacher_shape(teacher, where)
     column = next((c for c in schema if c["name"] == TEACHER_COLUMN), None)
@@ -526,15 +550,16 @@ def teacher_differences(teacher: TeacherRecord, features: dict, label: LabelSpec
     elif label.classification and teacher.num_classes != label.num_classes:
         found.append(f"num_classes is {teacher.num_classes}, but the dataset's label.num_classes is "
                      f"{label.num_classes}")
+    ours = FeatureSpec(features).teacher_features()
     for kind in KINDS:
-        theirs = kind.teacher_names(teacher.features.get(kind.name) or [])
-        mine = kind.teacher_names(kind(features.get(kind.name) or [], 0).teacher_entries())
+        theirs = kind.teacher_names([e for e in teacher.features if e.get(KIND) == kind.name])
+        mine = kind.teacher_names([e for e in ours if e[KIND] == kind.name])
         if theirs != mine:
-            found.append(f"{kind.name} features are {_listed(theirs)}, but the dataset's are {_listed(mine)}")
+            found.append(f"{kind.name} features are {_shown(theirs)}, but the dataset's are {_shown(mine)}")
     return found
 
 
-def _listed(names: dict) -> Any:
+def _shown(names: dict) -> Any:
     """A kind's teacher entries as a message shows them: sorted names, or {name: shape}."""
     return sorted(names) if all(v is None for v in names.values()) else names
 
@@ -614,6 +639,7 @@ def build_manifest(splits: dict, features: dict, label: dict, teacher: dict | No
     adds the producer's own fields (config, accounting, sources, ...)."""
     import datetime as _dt
 
+    features = FeatureSpec(features).spec  # the ordered list (a dict by kind is listed)
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "shardtrain_version": __version__,
         "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -52,7 +52,10 @@ from common.publish import read_marker, require_committed
 from common.storage import Location, storage_errors
 
 MODEL_FORMAT = KIND_MODEL
-MODEL_FORMAT_VERSION = 2  # 2: model.json records each file's sha256; the marker records model.json's
+MODEL_FORMAT_VERSION = 3  # 3: ``features`` is the ordered list of records naming their kind (as a dataset's)
+# 2: model.json records each file's sha256 (the marker records model.json's); ``features`` by kind,
+# as common.features.v1 reads it.
+MODEL_READABLE_VERSIONS = (2, 3)
 WEIGHTS, PROGRAM, META = "model.safetensors", "model.torchscript.pt", "model.json"
 ROW_RULES = "row_rules"  # model.json's record of the shard job's row rules: {"max_category_bytes": 1024}
 # The output columns, named as ``shardtrain score`` names them (scoring.predict).
@@ -282,9 +285,9 @@ def _read_meta(loc: Location) -> tuple[dict, str]:
     if not isinstance(meta, dict):
         raise DatasetError(f"{loc.uri}/{META}: holds a JSON {type(meta).__name__}, not the object a model.json is; "
                            "re-train, or re-publish the model")
-    if meta.get("format") != MODEL_FORMAT or meta.get("format_version") != MODEL_FORMAT_VERSION:
+    if meta.get("format") != MODEL_FORMAT or meta.get("format_version") not in MODEL_READABLE_VERSIONS:
         raise DatasetError(f"{loc.uri}/{META}: format {meta.get('format')!r} version {meta.get('format_version')!r} "
-                           f"is not a model this shardtrain reads ({MODEL_FORMAT} v{MODEL_FORMAT_VERSION}); re-train "
+                           f"is not a model this shardtrain reads ({MODEL_FORMAT} v{'/'.join(map(str, MODEL_READABLE_VERSIONS))}); re-train "
                            "it with this version")
     if not recorded:
         raise DatasetError(f"{loc.uri}: its {MARKER} marker records no sha256 for {META}; re-publish the model")

@@ -168,7 +168,7 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
 
 @dataclass
 class FittedStats:
-    features: dict            # the manifest's ``features``: each kind's records (statistics, null_share)
+    features: list[dict]      # the manifest's ``features``: a record per feature (its kind, statistics, null_share)
     label: dict               # manifest label spec
 
 
@@ -185,10 +185,9 @@ def fit(clean_train: Callable, cfg: ShardConfig, summary: Summary) -> FittedStat
     named = [name for kind in kinds for name, _ in kind.moment_columns()]
     train = TrainSummary(moments=dict(zip(named, moments)), value_counts=summary.value_counts, frame=clean_train)
     shares = _null_shares(summary)
-    features = {kind.name: kind.fit(cfg.features, train) for kind in kinds}
-    for records in features.values():
-        for record in records:
-            record[NULL_SHARE] = shares[record["name"]]
+    features = FeatureSpec({kind.name: kind.fit(cfg.features, train) for kind in kinds}).spec
+    for record in features:
+        record[NULL_SHARE] = shares[record["name"]]
     return FittedStats(features=features, label=_label_stats(cfg.label, summary.class_counts, label_moments))
 
 

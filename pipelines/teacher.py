@@ -43,8 +43,8 @@ class TeacherScorer:
 
     ``describe(model_uri)``: the model's identity and contract, without Spark: a dict with
     ``fingerprint`` (changes whenever the model does), ``task``, ``num_classes`` (classification)
-    and ``features`` ({"numeric": [names], "categorical": [names], "arrays": [{"name", "shape"}]}:
-    the raw columns it reads).
+    and ``features`` (``FeatureSpec.teacher_features``: each raw column it reads, with its kind
+    and what its kind says a reader must match).
 
     ``score(rows, model_uri, temperature, fingerprint)``: the Spark DataFrame ``rows`` with a
     ``teacher`` column added (lazily): array<float> of class probabilities at ``temperature``, or

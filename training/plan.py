@@ -40,7 +40,7 @@ class RankPlan:
     config: TrainConfig  # resolved and validated (a copy); ranks read it typed: plan.config.train.seed
     dataset_uri: str
     fingerprint: str
-    feature_spec: dict
+    feature_spec: dict  # the features by kind (FeatureSpec.by_kind): what the built-in models and a plug-in factory read
     label_spec: LabelSpec
     columns: Columns
     train: SplitLayout
@@ -147,7 +147,7 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
 
     return RankPlan(
         config=copy.deepcopy(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
-        feature_spec=manifest.features.spec, label_spec=manifest.label,
+        feature_spec=manifest.features.by_kind(), label_spec=manifest.label,
         max_category_bytes=manifest.features.max_category_bytes,
         columns=columns_for(manifest, teacher=cfg.train.distill is not None),
         train=train, val=val, world_size=world, steps_per_epoch=steps,

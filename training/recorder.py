@@ -83,7 +83,7 @@ class Recorder:
         arguments = built_in_arguments(model_cfg, plan.feature_spec, plan.label_spec.to_record())
         provenance = plan.provenance()  # run_id, config, dataset
         meta = {"model": {"name": model_cfg.name, "arguments": arguments}, **provenance,
-                "features": plan.feature_spec, "label": plan.label_spec.to_record(), "metrics": history,
+                "features": FeatureSpec(plan.feature_spec).spec, "label": plan.label_spec.to_record(), "metrics": history,
                 ROW_RULES: {"max_category_bytes": plan.max_category_bytes},
                 "inputs": FeatureSpec(plan.feature_spec).inputs()}
         # Last word before publishing: the model was trained on the dataset the plan pinned, all of it.

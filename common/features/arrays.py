@@ -78,8 +78,8 @@ class Arrays(FeatureKind):
     def stored_columns(self) -> list[dict]:
         return [{"name": name, "dtype": "float32", "shape": list(shape)} for name, shape in self.shapes.items()]
 
-    def teacher_entries(self) -> list:
-        return [{"name": name, "shape": list(shape)} for name, shape in self.shapes.items()]
+    def contract(self, record: dict) -> dict:
+        return {"name": record["name"], "shape": list(record["shape"])}
 
     def input_entry(self) -> dict:
         return {name: list(shape) for name, shape in self.shapes.items()}

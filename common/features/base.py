@@ -6,7 +6,7 @@ order, as the shard job fitted them on the train split. The class answers what n
 (the manifest section's name, a record's checks); the instance answers, for its features:
 
 * the manifest: a record's checks (``check_record``), the stored columns (``stored_columns``), the
-  contract a teacher records (``teacher_entries`` / ``teacher_names``);
+  contract a teacher records (``contract`` / ``teacher_names``);
 * the row rules on a pandas or Arrow frame (``frame_checks``; the Spark SQL forms are the shard
   job's and scoring's, built from the same ``common.rows`` rules);
 * serving: raw values to the encoded arrays training saw (``encode_column``, ``batch``), whole
@@ -144,9 +144,9 @@ class FeatureKind:
         """The stored column of each feature, in order: {"name", "dtype", "shape"}."""
         raise NotImplementedError
 
-    def teacher_entries(self) -> list:
-        """What a teacher record lists for these features (the raw columns it reads)."""
-        return list(self.names)
+    def contract(self, record: dict) -> dict:
+        """What a reader of this feature's raw column must match (a teacher record lists it)."""
+        return {"name": record["name"]}
 
     def input_entry(self) -> Any:
         """model.json's ``inputs`` entry for these features (the columns, as the network takes them)."""
@@ -154,8 +154,8 @@ class FeatureKind:
 
     @classmethod
     def teacher_names(cls, entries: list) -> dict:
-        """A teacher record's entries for this kind as {name: what must match}."""
-        return {name: None for name in entries}
+        """Contracts (``contract``) as {name: what else must match}, for a message."""
+        return {e["name"]: None for e in entries}
 
     # --- row rules on a frame -------------------------------------------------------------------
 

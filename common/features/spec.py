@@ -15,6 +15,7 @@ import numpy as np
 from common.errors import DatasetError
 from common.features.base import FeatureKind
 from common.features.registry import KINDS
+from common.features.v1 import KIND, by_kind, listed
 from common.rows import MAX_CATEGORY_BYTES
 
 NULL_SHARE = "null_share"  # a feature record's share of nulls on train (common.dataset's module doc)
@@ -30,24 +31,30 @@ class FeatureSpec:
     (``common.rows.MAX_CATEGORY_BYTES``). A longer category is refused by the row rules
     (``too_long``) rather than scored as unseen."""
 
-    def __init__(self, spec: dict, max_category_bytes: int | None = None):
-        self.spec = spec
+    def __init__(self, spec: list[dict] | dict, max_category_bytes: int | None = None):
+        # The ordered list of records, each naming its kind; a dict by kind is the version-1 form.
+        self.spec = listed(spec) if isinstance(spec, dict) else spec
         self.max_category_bytes = MAX_CATEGORY_BYTES if max_category_bytes is None else int(max_category_bytes)
-        self.kinds: list[FeatureKind] = [kind(spec.get(kind.name) or [], self.max_category_bytes) for kind in KINDS]
+        known = {kind.name for kind in KINDS}
+        unknown = [(r.get("name"), r.get(KIND)) for r in self.spec if r.get(KIND) not in known]
+        if unknown:
+            raise DatasetError(f"feature {unknown[0][0]!r} is of kind {unknown[0][1]!r}; this shardtrain knows "
+                               f"the kinds {sorted(known)}")
+        grouped = by_kind(self.spec)
+        self.kinds: list[FeatureKind] = [kind(grouped[kind.name], self.max_category_bytes) for kind in KINDS]
         self._owner = {name: kind for kind in self.kinds for name in kind.names}
         # Each feature's share of nulls on train, where the spec records one (not before it was).
         self.null_shares = {r["name"]: float(r[NULL_SHARE]) for kind in self.kinds for r in kind.records
                             if NULL_SHARE in r}
 
-    @classmethod
-    def of_names(cls, names_by_kind: dict[str, list], max_category_bytes: int | None = None) -> "FeatureSpec":
-        """A spec of unfitted features (the shard config's): {kind name: [record without statistics]}."""
-        return cls(names_by_kind, max_category_bytes)
-
     @property
     def columns(self) -> list[str]:
         """Every feature's raw column, in stored order."""
-        return [name for kind in self.kinds for name in kind.names]
+        return [r["name"] for r in self.spec]
+
+    def by_kind(self) -> dict[str, list[dict]]:
+        """The records as ``{kind name: [records]}``: what a model's factory receives (``common.features.v1``)."""
+        return by_kind(self.spec)
 
     def kind_of(self, name: str) -> FeatureKind:
         """The kind instance that holds feature ``name``."""
@@ -62,15 +69,17 @@ class FeatureSpec:
         """The spec without what describes the train data rather than how a value is encoded (the
         null shares): two specs encode every row alike exactly when these are equal, whether or
         not they were written before null shares were recorded."""
-        return {kind: [{k: v for k, v in f.items() if k != NULL_SHARE} for f in records]
-                for kind, records in self.spec.items()}
+        return [{k: v for k, v in f.items() if k != NULL_SHARE} for f in self.spec]
 
     def stored_columns(self) -> list[dict]:
-        return [column for kind in self.kinds for column in kind.stored_columns()]
+        """The stored column of each feature, in the spec's order."""
+        by_name = {c["name"]: c for kind in self.kinds for c in kind.stored_columns()}
+        return [by_name[name] for name in self.columns]
 
-    def teacher_features(self) -> dict:
-        """What a teacher record lists as the raw columns it reads, by kind."""
-        return {kind.name: kind.teacher_entries() for kind in self.kinds}
+    def teacher_features(self) -> list[dict]:
+        """What a teacher record lists as the raw columns it reads: each feature's contract
+        (its name, kind and what else its kind says a reader must match, e.g. an array's shape)."""
+        return [{**kind.contract(r), KIND: kind.name} for kind in self.kinds for r in kind.records]
 
     def inputs(self) -> dict:
         """model.json's ``inputs``: each kind's raw columns as the network takes them."""

@@ -3,6 +3,8 @@ pandas rows (the values Spark saw, in the types pandas gives them)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -120,7 +122,10 @@ def test_build_manifest_derives_the_schema_and_fingerprint():
     assert [(c["name"], c["dtype"], c["shape"]) for c in m["schema"]] == [
         ("x", "float32", []), ("c", "int32", []), ("img", "float32", [2, 3]), ("label", "float32", []),
         ("_row", "int64", [])]
-    assert m["fingerprint"] == fingerprint(splits, features, label)
+    assert m["format_version"] == 2 and m["features"] == [  # one ordered list, each record naming its kind
+        {"name": "x", "kind": "numeric", "mean": 0.0, "std": 1.0, "fill": 0.0},
+        {"name": "c", "kind": "categorical", "vocab": ["a"]}, {"name": "img", "kind": "arrays", "shape": [2, 3]}]
+    assert m["fingerprint"] == fingerprint(splits, m["features"], label)
     bad = {"train": {"rows": 4, "files": splits["train"]["files"]}}
     with pytest.raises(DatasetError, match=r"field 'splits.train.rows' is 4, but its files hold 3 rows"):
         build_manifest(bad, features, label)
@@ -142,7 +147,7 @@ def test_null_shares_are_optional_checked_and_no_part_of_the_encoding():
     build_manifest(splits, before, label)
     assert FeatureSpec(features).null_shares == {"x": 0.25, "c": 0.0, "img": 0.0}
     assert FeatureSpec(before).null_shares == {}
-    assert FeatureSpec(features).encoding == FeatureSpec(before).encoding == before
+    assert FeatureSpec(features).encoding == FeatureSpec(before).encoding == FeatureSpec(before).spec
     assert FeatureSpec(features).encoding != FeatureSpec(dict(before, numeric=[dict(before["numeric"][0], std=2.0)])).encoding
     for bad in (1.5, -0.1, "0.2", True):
         features["categorical"][0]["null_share"] = bad
@@ -208,7 +213,7 @@ def test_read_manifest_types_the_label_teacher_and_splits_and_gives_back_their_r
 
     t = m.teacher
     assert (t.uri, t.temperature, t.task, t.num_classes, t.shape) == ("s3://m/t", 2.0, "classification", 3, (3,))
-    assert t.features == {"numeric": ["x"], "categorical": [], "arrays": [{"name": "img", "shape": [2, 2]}]}
+    assert t.features == ({"name": "x", "kind": "numeric"}, {"name": "img", "kind": "arrays", "shape": [2, 2]})
     assert json.dumps(t.to_record()) == json.dumps(teacher)
 
     assert m.splits == {"train": SplitEntry(rows=7, files=(FileEntry(entry["path"], 7, (4, 3), 9, "0" * 64),))}
@@ -238,3 +243,27 @@ def test_a_manifest_of_the_wrong_shape_or_bytes_is_one_line_naming_it_with_exit_
     assert main(["inspect", str(tmp_path / "ds")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"shardtrain: error: {path}: {says}"), err
+
+
+def test_a_version_1_manifest_reads_as_the_version_2_manifest_of_the_same_dataset(tmp_path):
+    """Datasets published before the features became one list (format_version 1: features by kind)
+    still read, to the same features, stored columns and batch layout; each version's own form
+    is required of it, and a record of a kind this shardtrain does not know is refused, naming it."""
+    from common.dataset import MANIFEST_NAME, read_manifest
+
+    new = _dataset(tmp_path / "v2", [[10]])
+    root = tmp_path / "v2" / "ds"
+    assert new.data["format_version"] == 2 and isinstance(new.data["features"], list)
+    old = dict(new.data, format_version=1, features=FeatureSpec(new.data["features"]).by_kind())
+    (root / MANIFEST_NAME).write_text(json.dumps(old))
+    read = read_manifest(str(root))
+    assert read.features.spec == new.features.spec and read.features.stored_columns() == new.features.stored_columns()
+    assert read.features.batch_layout() == new.features.batch_layout() and read.data["format_version"] == 1
+
+    for version, features, message in (
+            (1, new.data["features"], r"field 'features' must be a mapping of feature records \(format_version 1\)"),
+            (2, old["features"], r"field 'features' must be a list of feature records \(format_version 2\)"),
+            (2, [dict(new.data["features"][0], kind="audio")], r"field 'features\[.*\]\.kind' is 'audio'; expected one of")):
+        (root / MANIFEST_NAME).write_text(json.dumps(dict(new.data, format_version=version, features=features)))
+        with pytest.raises(DatasetError, match=message):
+            read_manifest(str(root))

@@ -46,7 +46,7 @@ def reference(frame: pd.DataFrame) -> dict:
     numeric = []
     for row in frame.itertuples(index=False):
         out = []
-        for stats in SPEC.spec["numeric"]:
+        for stats in SPEC.by_kind()["numeric"]:
             name = stats["name"]
             value = getattr(row, name)
             value = math.nan if value is None else float(value)
@@ -64,7 +64,7 @@ def reference(frame: pd.DataFrame) -> dict:
 
 
 def category_code(name: str, value) -> int:
-    codes = {v: i + 2 for i, v in enumerate(next(f["vocab"] for f in SPEC.spec["categorical"] if f["name"] == name))}
+    codes = {v: i + 2 for i, v in enumerate(next(f["vocab"] for f in SPEC.by_kind()["categorical"] if f["name"] == name))}
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return NULL_INDEX
     if isinstance(value, (bool, np.bool_)):

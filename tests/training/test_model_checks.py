@@ -68,16 +68,20 @@ def _set(path: str, value):
     return edit
 
 
+def _of_kind(meta, kind):
+    return [f for f in meta["features"] if f["kind"] == kind]
+
+
 def _drop_numeric(meta):
-    meta["features"]["numeric"].pop()
+    meta["features"].remove(_of_kind(meta, "numeric")[-1])
 
 
 def _grow_vocab(meta):
-    meta["features"]["categorical"][0]["vocab"] += [f"extra-{i}" for i in range(40)]
+    _of_kind(meta, "categorical")[0]["vocab"] += [f"extra-{i}" for i in range(40)]
 
 
 def _reshape_array(meta):
-    meta["features"]["arrays"][0]["shape"] = [5]
+    _of_kind(meta, "arrays")[0]["shape"] = [5]
 
 
 EDITS = [
