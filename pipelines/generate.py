@@ -22,6 +22,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from common.features.arrays import Arrays
+from common.features.categorical import Categorical
+from common.features.numeric import Numeric
 from common.errors import ConfigError
 
 ARRAY_COLUMN = "image"
@@ -63,8 +66,8 @@ class GeneratedDataset:
             label["num_classes"] = self.num_classes
         cfg = {
             "sources": {"raw": source},
-            "features": {"numeric": list(self.numeric), "categorical": list(self.categorical),
-                         "arrays": {k: list(v) for k, v in self.arrays.items()}},
+            "features": {Numeric.name: list(self.numeric), Categorical.name: list(self.categorical),
+                         Arrays.name: {k: list(v) for k, v in self.arrays.items()}},
             "label": label,
             "split": {"key": "id", "fractions": {"train": 0.8, "val": 0.1, "test": 0.1}, "seed": 0},
             "output": {"path": output_path, "num_shards": 4},

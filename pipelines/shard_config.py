@@ -7,12 +7,12 @@ never rename them. Load with ``load_shard_config(path, overrides)``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, make_dataclass
+from typing import Literal, get_origin
 
 from common.config import SparkConfig, load_config, require, storage_path
 from common.dataset import TEACHER_COLUMN
-from common.rows import MAX_CATEGORY_BYTES
+from common.features import KINDS
 from common.sql import quote_identifier
 from common.sources import SourceConfig, check_sources_and_query
 
@@ -20,44 +20,40 @@ from common.sources import SourceConfig, check_sources_and_query
 # job's partition keys, every feature's array, the manifest's vocabularies). Far above what a
 # dataset needs, low enough that a typo (num_shards=1000000000000) fails at once, not after hours.
 MAX_SHARDS = 10_000  # shard files per split
-MAX_ARRAY_VALUES = 1 << 24  # float32 values per row of one array feature (64 MiB)
-MAX_VOCAB = 10_000_000  # entries of one categorical vocabulary, each stored in the manifest
-# MAX_CATEGORY_BYTES (the longest category, UTF-8 bytes) is common.rows': serving refuses beyond it.
+# The features' own ceilings are their kinds' (common.features: MAX_ARRAY_VALUES, MAX_VOCAB, and
+# MAX_CATEGORY_BYTES, common.rows', which serving refuses beyond).
 
 
-@dataclass
-class FeaturesConfig:
-    numeric: list[str] = field(default_factory=list)
-    categorical: list[str] = field(default_factory=list)
-    # column -> fixed shape, e.g. {image: [28, 28]}; stored flattened as float32.
-    arrays: dict[str, list[int]] = field(default_factory=dict)
-    # numeric column -> value used for nulls instead of the train mean.
-    impute: dict[str, float] = field(default_factory=dict)
-    max_vocab: int = 100_000
-    min_count: int = 1
-    # A categorical value longer than this (UTF-8 bytes) is quarantined as too_long:<column>: such
-    # values are almost always a broken record, and each vocabulary entry lives in the manifest.
-    max_category_bytes: int = 1024
+def _features_config() -> type:
+    """The ``features`` section: each registered kind's keys (``FeatureKind.columns_type`` under
+    its name, then its ``options``), checked by the kinds, and no column declared twice."""
+    def setting_of(default, help_text):
+        kwargs = {"default_factory": default} if callable(default) else {"default": default}
+        return field(metadata={"help": help_text}, **kwargs)
+
+    # A kind's own key is empty by default: an empty list or mapping (its type's origin).
+    keys = [(kind.name, kind.columns_type, setting_of(get_origin(kind.columns_type), kind.columns_help))
+            for kind in KINDS]
+    keys += [(key, type_, setting_of(default, help_text)) for kind in KINDS for key, type_, default, help_text in kind.options]
 
     def __post_init__(self):
-        names = self.numeric + self.categorical + list(self.arrays)
+        names = self.all_columns
         dup = sorted({n for n in names if names.count(n) > 1})
         require(not dup, "features", f"lists column(s) {dup} more than once")
-        for name, shape in self.arrays.items():
-            require(bool(shape) and all(isinstance(d, int) and d > 0 for d in shape),
-                    f"arrays.{name}", f"must be a list of positive integers, got {shape}")
-            require(math.prod(shape) <= MAX_ARRAY_VALUES, f"arrays.{name}",
-                    f"holds {math.prod(shape):,} values per row, more than the limit of {MAX_ARRAY_VALUES:,}")
-        for name in self.impute:
-            require(name in self.numeric, f"impute.{name}", "names a column that is not in features.numeric")
-        require(1 <= self.max_vocab <= MAX_VOCAB, "max_vocab", f"must be in [1, {MAX_VOCAB:,}], got {self.max_vocab}")
-        require(self.min_count >= 1, "min_count", "must be >= 1")
-        require(1 <= self.max_category_bytes <= MAX_CATEGORY_BYTES, "max_category_bytes",
-                f"must be in [1, {MAX_CATEGORY_BYTES:,}], got {self.max_category_bytes}")
+        for kind in KINDS:
+            kind.check_config(self)
 
-    @property
     def all_columns(self) -> list[str]:
-        return self.numeric + self.categorical + list(self.arrays)
+        return [name for kind in KINDS for name in getattr(self, kind.name)]
+
+    cls = make_dataclass("FeaturesConfig", keys,
+                         namespace={"__post_init__": __post_init__, "all_columns": property(all_columns),
+                                    "__doc__": "The features section: which columns are features, of which kind."})
+    cls.__module__ = __name__  # pickled by reference (a config travels to Spark's workers)
+    return cls
+
+
+FeaturesConfig = _features_config()
 
 
 @dataclass

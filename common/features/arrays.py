@@ -16,16 +16,22 @@ from typing import Any
 
 import numpy as np
 
+from common.config import require
 from common.errors import DatasetError
 from common.features.base import BatchEntry, FeatureKind
 from common.rows import FLOAT_MAX, beyond_float32, is_missing, mask, reason, reason_text
 from common.sql import quote_identifier as q
 
 
+MAX_ARRAY_VALUES = 1 << 24  # float32 values per row of one array feature (64 MiB): a typo fails at once
+
+
 class Arrays(FeatureKind):
     name = "arrays"
     required = ("name", "shape")
     typed_prefix = "_a_"
+    columns_type = dict[str, list[int]]
+    columns_help = "column -> its fixed shape, e.g. {image: [28, 28]}; stored flattened as float32"
 
     def __init__(self, records: list[dict], max_category_bytes: int):
         super().__init__(records, max_category_bytes)
@@ -38,6 +44,14 @@ class Arrays(FeatureKind):
             raise DatasetError(f"{where}: field 'features.arrays[{record.get('name')}].shape' is {shape!r}")
 
     # --- the shard config and Spark -------------------------------------------------------------
+
+    @classmethod
+    def check_config(cls, features_cfg) -> None:
+        for name, shape in features_cfg.arrays.items():
+            require(bool(shape) and all(isinstance(d, int) and d > 0 for d in shape),
+                    f"arrays.{name}", f"must be a list of positive integers, got {shape}")
+            require(math.prod(shape) <= MAX_ARRAY_VALUES, f"arrays.{name}",
+                    f"holds {math.prod(shape):,} values per row, more than the limit of {MAX_ARRAY_VALUES:,}")
 
     @classmethod
     def configured(cls, features_cfg) -> list[dict]:

@@ -79,6 +79,15 @@ class FeatureKind:
     # --- the shard job: config, typing, statistics fitted on the train split ---------------------
 
     typed_prefix: ClassVar[str]  # the typed copy's column name is this + the feature's (escaped) name
+    # The shard config's keys under ``features`` this kind owns: its own (``name``: which columns,
+    # of type ``columns_type``, empty by default), then ``options``: (key, type, default, help).
+    columns_type: ClassVar[Any] = list[str]
+    columns_help: ClassVar[str] = ""
+    options: ClassVar[tuple[tuple[str, Any, Any, str], ...]] = ()
+
+    @classmethod
+    def check_config(cls, features_cfg) -> None:
+        """This kind's checks of its keys (``common.config.require``: a ConfigError naming the key)."""
 
     @staticmethod
     def config_key(name: str) -> str:

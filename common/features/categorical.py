@@ -20,15 +20,17 @@ from typing import Any
 
 import numpy as np
 
+from common.config import require
 from common.errors import DatasetError
 from common.features.base import BatchEntry, FeatureKind, stacked_scalars
-from common.rows import each, is_missing, mask, reason, reason_text
+from common.rows import MAX_CATEGORY_BYTES, each, is_missing, mask, reason, reason_text
 from common.sql import quote_identifier as q
 
 NULL_INDEX = 0
 UNSEEN_INDEX = 1
 RESERVED_INDICES = 2
 UNSEEN_EXAMPLE = "<unseen category>"  # a word outside every vocabulary: index UNSEEN_INDEX
+MAX_VOCAB = 10_000_000  # entries of one vocabulary, each stored in the manifest: a typo fails at once
 # No number's string form is longer (an int64 has 20 characters, a float64's repr at most 24).
 _NUMBER_FORM_BYTES = 32
 
@@ -38,6 +40,11 @@ class Categorical(FeatureKind):
     text = True
     required = ("name", "vocab")
     typed_prefix = "_c_"
+    columns_help = "columns read as categories, stored as indices into a vocabulary fitted on train"
+    options = (("max_vocab", int, 100_000, "the most values a vocabulary keeps (the most frequent on train)"),
+               ("min_count", int, 1, "the fewest train rows a value needs to enter the vocabulary"),
+               # Such values are almost always a broken record, and each vocabulary entry lives in the manifest.
+               ("max_category_bytes", int, 1024, "a longer category (UTF-8 bytes) is quarantined as too_long:<column>"))
 
     def __init__(self, records: list[dict], max_category_bytes: int):
         super().__init__(records, max_category_bytes)
@@ -53,6 +60,14 @@ class Categorical(FeatureKind):
         return len(self._vocab[name]) + RESERVED_INDICES
 
     # --- the shard config and Spark -------------------------------------------------------------
+
+    @classmethod
+    def check_config(cls, features_cfg) -> None:
+        require(1 <= features_cfg.max_vocab <= MAX_VOCAB, "max_vocab",
+                f"must be in [1, {MAX_VOCAB:,}], got {features_cfg.max_vocab}")
+        require(features_cfg.min_count >= 1, "min_count", "must be >= 1")
+        require(1 <= features_cfg.max_category_bytes <= MAX_CATEGORY_BYTES, "max_category_bytes",
+                f"must be in [1, {MAX_CATEGORY_BYTES:,}], got {features_cfg.max_category_bytes}")
 
     @staticmethod
     def config_key(name: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from common.config import require
 from common.errors import InputDataError
 from common.features.base import BatchEntry, FeatureKind, stacked_scalars
 from common.rows import FLOAT_MAX, beyond_float32, decoded, is_missing, mask, reason, reason_text
@@ -30,12 +31,20 @@ class Numeric(FeatureKind):
     text = True
     required = ("name", "mean", "std", "fill")
     typed_prefix = "_n_"
+    columns_help = "columns read as numbers, stored standardized (train mean and std)"
+    options = (("impute", dict[str, float], dict,
+                "numeric column -> the value stored for its nulls, instead of the train mean"),)
 
     def __init__(self, records: list[dict], max_category_bytes: int):
         super().__init__(records, max_category_bytes)
         self._stats = {r["name"]: r for r in self.records}
 
     # --- the shard config and Spark -------------------------------------------------------------
+
+    @classmethod
+    def check_config(cls, features_cfg) -> None:
+        for name in features_cfg.impute:
+            require(name in features_cfg.numeric, f"impute.{name}", "names a column that is not in features.numeric")
 
     @staticmethod
     def config_key(name: str) -> str:
