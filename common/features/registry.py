@@ -1,4 +1,11 @@
-"""``KINDS``: the registered feature kinds, in stored-column and row-rule order."""
+"""``KINDS``: the registered feature kinds, in stored-column and row-rule order.
+
+Adding a kind is its module and one entry here. The list is the one object every user of kinds
+reads (they import it, never copy it), so a kind appended to it at run time takes part in
+everything that reads features: manifests, row rules, serving, the loader (a test registers one
+that way: tests/common/test_feature_kinds.py). The shard config's keys are made from it once, at
+import (pipelines/shard_config.py).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ from common.features.base import FeatureKind
 from common.features.categorical import Categorical
 from common.features.numeric import Numeric
 
-KINDS: tuple[type[FeatureKind], ...] = (Numeric, Categorical, Arrays)
+KINDS: list[type[FeatureKind]] = [Numeric, Categorical, Arrays]
 
 
 def kind_named(name: str) -> type[FeatureKind]:
