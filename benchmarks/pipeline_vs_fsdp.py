@@ -41,7 +41,7 @@ def _rank(rank: int, port: int, out: str, layout: str, args) -> None:
     from training.config import PipelineConfig
     from training.distributed import TorchGroup
     from common.dataset import LabelSpec
-    from training.loop import Objective
+    from training.tasks import Objective
     from training.models import TabularMLP
     from training.precision import Precision
 

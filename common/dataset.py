@@ -44,7 +44,7 @@ Optional, written by a shard job with a ``teacher`` (knowledge distillation)::
   and moments are the labelled rows'), ``accounting`` adds ``"transfer_rows"`` (part of the
   published rows), and those rows store ``MISSING_LABEL``: -1 as the class (classification),
   NaN (regression). A marker in the label column itself, so every Parquet reader passes it on
-  unchanged; the training loss masks those rows out of the label term (``training.loop.loss_fn``).
+  unchanged; the training loss masks those rows out of the label term (``training.tasks.base.Task.loss``).
 
 ``null_share`` (each feature's null values over the train split's clean rows, a fraction in
 [0, 1]; an array's is 0: a null array is quarantined) is what the score job compares an input's

@@ -51,6 +51,7 @@ from shardtrain.sweep_space import trial_config
 from shardtrain.sweep_study import (best_trial, claim_directory, no_trial_finished, open_study, study_fingerprint,
                                     study_storage, trial_records)
 from shardtrain.sweep_tracking import SweepTracker
+from training.tasks import validation_metrics
 
 log = logging.getLogger("shardtrain.sweep")
 
@@ -169,11 +170,11 @@ def _check_slots(cfg: SweepConfig, spark) -> None:
 
 def _check_objective(cfg: SweepConfig, task: str) -> None:
     metric = cfg.sweep.objective.metric
-    wrong = {"val_accuracy": "regression", "val_mae": "classification"}.get(metric)
-    if wrong == task:
-        other = "val_mae" if metric == "val_accuracy" else "val_accuracy"
-        raise ConfigError(f"sweep.objective.metric: {metric} is not reported for a {task} label; use {other} or "
-                          "val_loss")
+    reported = validation_metrics(task)
+    if metric not in reported:
+        own = [name for name in reported if name != "val_loss"]
+        raise ConfigError(f"sweep.objective.metric: {metric} is not reported for a {task} label; use "
+                          f"{' or '.join(own)} or val_loss")
 
 
 def _overview(cfg, study_name, fingerprint, where, records, best) -> list[tuple[str, object]]:

@@ -15,8 +15,9 @@ from common.config import load_config, require, storage_path
 from pipelines.shard_config import ShardConfig
 from shardtrain.sweep_space import check_fixed, check_space, parse_space
 from training.config import TrainConfig, TrainOutputConfig
+from training.tasks import validation_metrics
 
-METRICS = {"val_loss": "minimize", "val_accuracy": "maximize", "val_mae": "minimize"}
+METRICS = validation_metrics()  # every task's, with its direction: val_loss, val_accuracy, val_mae
 
 
 @dataclass

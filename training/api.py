@@ -43,6 +43,7 @@ from training.launchers import backend_for, coordinates_run, launch, launch_run_
 from training.plan import RankPlan, build_plan
 from training.run_record import SUMMARY, record_restart
 from training.split_layout import check_manifest_unchanged
+from training.tasks import all_metrics
 
 log = logging.getLogger("shardtrain.train")
 
@@ -51,7 +52,7 @@ log = logging.getLogger("shardtrain.train")
 class TrainResult:
     model_uri: str
     run_dir: str
-    metrics: list[dict]  # per epoch: train_loss, val_loss, val_accuracy|val_mae, baseline_*, ...
+    metrics: list[dict]  # per epoch: train_loss, val_loss, the task's val_* and baseline_* (training.tasks), ...
     steps_per_rank: list[int]
     steps_per_epoch: int
     skipped_rows_per_epoch: int
@@ -78,11 +79,10 @@ class TrainResult:
         final = self.final
         lines = [f"trained {len(self.metrics)} epoch(s) on {self.world_size} rank(s), "
                  f"{self.steps_per_epoch} steps/epoch on every rank, in {self.seconds:.1f}s"]
-        for name in ("accuracy", "mae"):
-            if f"val_{name}" in final:
-                better = "higher" if name == "accuracy" else "lower"
-                lines.append(f"validation {name}: {final[f'val_{name}']:.4f} (trivial baseline "
-                             f"{final[f'baseline_{name}']:.4f}; {better} is better)")
+        for metric in all_metrics():
+            if metric.key in final:
+                lines.append(f"validation {metric.name}: {final[metric.key]:.4f} (trivial baseline "
+                             f"{final[metric.baseline_key]:.4f}; {metric.better} is better)")
         if "train_loss" in final:
             lines.append(f"train loss: {self.metrics[0]['train_loss']:.4f} (epoch 1) -> {final['train_loss']:.4f}")
         if self.resumed_from:

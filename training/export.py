@@ -47,6 +47,7 @@ from common.model_artifact import (META, MODEL_FORMAT, MODEL_FORMAT_VERSION, PRO
                                    read_meta, read_model, verified_bytes)
 from common.publish import publish, read_marker
 from common.storage import Location, resolve, storage_errors
+from training.tasks import task_for
 
 log = logging.getLogger("shardtrain.train")
 
@@ -67,17 +68,9 @@ class ServingModel(nn.Module):
         return torch.softmax(out.float(), dim=-1)
 
 
-def target_scaling(label_spec: LabelSpec) -> tuple[float, float]:
-    """Regression targets are trained standardized (mean 0, std 1) for a well-scaled loss."""
-    if label_spec.classification:
-        return 0.0, 1.0
-    std = label_spec.train_std or 1.0
-    return label_spec.train_mean or 0.0, std if std > 0 else 1.0
-
-
 def serving_model(net: nn.Module, label_spec: LabelSpec) -> ServingModel:
-    mean, std = target_scaling(label_spec)
-    return ServingModel(net, not label_spec.classification, mean, std)
+    """``net`` as served: its output made what the label's task serves (``training.tasks``)."""
+    return ServingModel(net, **task_for(label_spec).serving_arguments(label_spec))
 
 
 def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch: dict) -> str:
@@ -206,5 +199,4 @@ def _built_in_network(loc: Location, meta: dict) -> ServingModel:
     return serving_model(net, LabelSpec.from_record(meta["label"]))
 
 
-__all__ = ["LoadedModel", "ServingModel", "load_model", "publish_model", "published_by", "serving_model",
-           "target_scaling"]
+__all__ = ["LoadedModel", "ServingModel", "load_model", "publish_model", "published_by", "serving_model"]

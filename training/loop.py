@@ -1,6 +1,10 @@
 """One rank's training, torchtitan-style: ``run_rank`` orchestrates, ``train_epoch`` runs one
-epoch's steps, the strategy's ``train_step`` does one optimizer step, ``evaluate`` one validation
-pass over every validation row. How the model is trained in parallel is the strategy's
+epoch's steps, the strategy's ``train_step`` does one optimizer step, ``evaluate``
+(``training.validation``) one validation pass over every validation row. This module is the step
+loop only; what it calls lives beside it: the loss and its distillation terms are the task's
+(``training.tasks``), the optimizer and LR schedule ``training.optimizer``'s, the NaN guard
+``training.non_finite``'s, the timer ``training.step_timer``'s, which checkpoint a launch resumes
+from ``training.restore``'s. How the model is trained in parallel is the strategy's
 (``training.strategies``); everything rank 0 writes is the recorder's (``training.recorder``);
 data, precision and checkpoints live in their own modules. This loop is the only one: every
 backend, strategy and launch (Horovod elastic included) runs it.
@@ -27,7 +31,6 @@ checkpoints and model.json keep it as plain data.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
@@ -36,24 +39,23 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from common.config import to_dict
-from common.errors import ConfigError, NonFiniteLossError
-from common.dataset import MISSING_LABEL, TEACHER_COLUMN, LabelSpec
 from training.checkpoint import CheckpointManager
-from training.config import DistillConfig, TrainLoopConfig
 from training.data import RankLoader
 from training.distributed import LocalGroup, set_threads, spark_gpu_addresses
-from training.export import target_scaling
 from training.models import build_model
+from training.non_finite import NonFiniteGuard
+from training.optimizer import make_optimizer, set_lr
 from training.plan import RankPlan
 from training.recorder import Recorder
+from training.restore import restore, rng_state, run_identity, saved_rank
 from training.shuffle_buffers import BufferMemory
 from training.split_layout import check_manifest_unchanged
+from training.step_timer import StepTimer
 from training.strategies import build_strategy
+from training.tasks import Objective
+from training.validation import evaluate
 
 log = logging.getLogger("shardtrain.train")
 
@@ -166,12 +168,12 @@ class RankRun:
     model: torch.nn.Module  # the plain module: state dicts, validation and export, the same on every strategy
     step_model: torch.nn.Module  # what a training step calls: DDP/FSDP on the torch backend, else ``model``
     optimizer: torch.optim.Optimizer
-    objective: "Objective"
+    objective: Objective
     checkpoints: CheckpointManager
-    guard: "NonFiniteGuard"
+    guard: NonFiniteGuard
     launch_identity: dict  # the identity of the launch's own plan: what a checkpoint to resume must match
     meta: dict = field(default_factory=dict)  # the identity written into this plan's checkpoints
-    timer: "StepTimer" = field(default_factory=lambda: StepTimer())
+    timer: StepTimer = field(default_factory=StepTimer)
     recorder: Recorder | None = None  # rank 0 only
     restored: dict = field(default_factory=lambda: {"uri": None, "step": 0, "problems": []})
 
@@ -187,9 +189,15 @@ class RankRun:
     def total_steps(self) -> int:
         return self.plan.config.train.epochs * self.plan.steps_per_epoch
 
+    def on_device(self, batch: dict) -> dict:
+        """``batch`` on this rank's device (as is on the CPU)."""
+        if self.device.type == "cpu":
+            return batch
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
     def start(self) -> "TrainState":
         """The state the launch starts from: the newest good checkpoint of this run, or step 0."""
-        outcome = _restore(self.plan, self.group, self.checkpoints, self.launch_identity)
+        outcome = restore(self.plan, self.group, self.checkpoints, self.launch_identity)
         self.restored = {"uri": outcome["uri"], "step": outcome["step"], "problems": outcome["problems"]}
         return TrainState.resume(outcome["state"], self) if outcome["state"] else TrainState.fresh(self.device)
 
@@ -200,7 +208,7 @@ class RankRun:
     def adopt(self, plan: RankPlan, start_step: int) -> None:
         """Train by ``plan`` from ``start_step`` on (after a Horovod elastic reset: the new rank and size)."""
         self.plan = plan
-        self.meta = _run_identity(plan)
+        self.meta = run_identity(plan)
         self.checkpoints.steps_per_epoch = plan.steps_per_epoch
         self.checkpoints.is_writer = self.group.rank == 0
         self.recorder = Recorder(plan) if self.group.rank == 0 else None
@@ -233,7 +241,7 @@ class TrainState:
         """Load a checkpoint's model, optimizer, scaler and this rank's RNG; the state it was saved at."""
         run.strategy.load_state_dicts(run.model, run.optimizer, saved["model"], saved["optimizer"])
         run.precision.load_state_dict(saved["scaler"])
-        mine = _saved_rank(saved["ranks"], run.group, run.strategy.dp_rank)
+        mine = saved_rank(saved["ranks"], run.group, run.strategy.dp_rank)
         run.strategy.load_rank_state(mine.get("strategy", {}), run.model, run.optimizer)
         torch.set_rng_state(mine["rng"]["cpu"])
         if "cuda" in mine["rng"] and torch.cuda.is_available():
@@ -262,7 +270,7 @@ class TrainState:
         """The checkpoint state; every rank calls it (collectives). Refuses, on every rank together,
         to produce one from a non-finite loss or non-finite weights, so a retry never resumes poison."""
         run.guard.check(run.group, model=run.model, step=self.step)
-        mine = {"rng": _rng_state(run.device), "epoch_loss": float(self.epoch_loss_sum),
+        mine = {"rng": rng_state(run.device), "epoch_loss": float(self.epoch_loss_sum),
                 "epoch_non_finite": int(self.epoch_non_finite), "dp_rank": run.strategy.dp_rank}
         strategy_state = run.strategy.rank_state(run.model, run.optimizer)
         if strategy_state:  # only strategies whose replicas differ between syncs (periodic sync)
@@ -286,8 +294,8 @@ def train_epoch(run: RankRun, state: TrainState, loader: RankLoader, epoch: int,
     started, first_step, timer_start = time.perf_counter(), state.step, run.timer.snapshot()
     batches = run.timer.timed(loader.epoch(epoch, skip_batches=done * t.grad_accum))
     for micro_batches in _grouped(batches, t.grad_accum):
-        _set_lr(run.optimizer, plan.lr, state.step, run.total_steps, t)
-        loss = strategy.train_step(run.step_model, [_to_device(b, run.device) for b in micro_batches], run.optimizer,
+        set_lr(run.optimizer, plan.lr, state.step, run.total_steps, t)
+        loss = strategy.train_step(run.step_model, [run.on_device(b) for b in micro_batches], run.optimizer,
                                    run.objective, t.clip_norm, timer=run.timer)
         state.add_step(loss)
         strategy.after_step(state.step, run.model, run.optimizer)
@@ -345,227 +353,17 @@ def _build(plan: RankPlan, group) -> RankRun:
     torch.manual_seed(t.seed)
     model = build_model(cfg.model, plan.feature_spec, plan.label_spec).to(group.device)
     step_model = strategy.wrap(model)
-    optimizer = strategy.optimizer(_make_optimizer(model, t, plan.lr), model, t.grad_accum)
+    optimizer = strategy.optimizer(make_optimizer(model, t, plan.lr), model, t.grad_accum)
     checkpoints = CheckpointManager(plan.checkpoint_uri, plan.steps_per_epoch, cfg.checkpoint.every_steps,
                                     cfg.checkpoint.every_epochs, cfg.checkpoint.keep, is_writer=group.rank == 0)
-    identity = _run_identity(plan)
+    identity = run_identity(plan)
     return RankRun(plan=plan, group=group, strategy=strategy, model=model, step_model=step_model, optimizer=optimizer,
                    objective=Objective(plan.label_spec, t.distill), checkpoints=checkpoints,
                    guard=NonFiniteGuard(t.max_skipped_steps if t.precision == "fp16" else 0),
                    launch_identity=identity, meta=identity)
 
 
-@dataclass(frozen=True)
-class Objective:
-    """The training loss of one micro-batch, as the strategy's step calls it: ``loss_fn`` with the
-    label (its task and scaling) and, with ``train.distill``, the teacher's soft targets."""
-
-    label_spec: LabelSpec
-    distill: DistillConfig | None = None
-
-    def __call__(self, output: torch.Tensor, batch: dict) -> torch.Tensor:
-        return loss_fn(output, batch["label"], self.label_spec, self.distill, batch.get(TEACHER_COLUMN))
-
-
-def loss_fn(output: torch.Tensor, label: torch.Tensor, label_spec: LabelSpec,
-            distill: DistillConfig | None = None, teacher: torch.Tensor | None = None) -> torch.Tensor:
-    """The training loss, in float32 whatever the autocast dtype (a bf16/fp16 log-softmax loses
-    the small probabilities the teacher term is about). With ``distill``, Hinton et al.'s mix:
-    alpha * T^2 * KL(teacher || student at T) + (1 - alpha) * the label loss; the T^2 keeps the
-    soft term's gradients on the label term's scale. Regression: the MSE to the teacher's value
-    (standardized like the label) in place of the KL term; T does not apply.
-
-    A dataset with transfer rows (``label_spec.transfer_rows``: train rows without a label, whose
-    label column holds ``MISSING_LABEL``) masks them out of the label term: it is the sum of the
-    labelled rows' losses over all B rows of the batch, so a transfer row adds exactly zero to it
-    and every row keeps the weight 1/B in both terms (a batch of transfer rows only: the teacher
-    term alone). The mask is ``ignore_index`` (classification) or a 0/1 factor on a target whose
-    marker was zeroed (regression): the marker never enters the loss as a label."""
-    output = output.float()
-    mean, std = target_scaling(label_spec)
-    if label_spec.transfer_rows:
-        rows = max(int(output.shape[0]), 1)
-        if label_spec.classification:
-            hard = F.cross_entropy(output, label, ignore_index=MISSING_LABEL["classification"], reduction="sum") / rows
-        else:
-            labelled = ~torch.isnan(label)
-            target = (torch.nan_to_num(label.float(), nan=0.0) - mean) / std
-            hard = (labelled.float() * (output - target) ** 2).sum() / rows
-    elif label_spec.classification:
-        hard = F.cross_entropy(output, label)
-    else:
-        hard = F.mse_loss(output, (label.float() - mean) / std)
-    if distill is None:
-        return hard
-    if label_spec.classification:
-        temperature = distill.temperature
-        # kl_div(log q, p) = sum p (log p - log q), with 0 log 0 = 0 for classes the teacher rules out.
-        soft = temperature ** 2 * F.kl_div(F.log_softmax(output / temperature, dim=-1), teacher.float(),
-                                           reduction="batchmean")
-    else:
-        soft = F.mse_loss(output, (teacher.float() - mean) / std)
-    return distill.alpha * soft + (1 - distill.alpha) * hard
-
-
-def evaluate(run: RankRun, loader: RankLoader, on_batch: Callable[[int | None], None] | None = None) -> dict:
-    """Validation metrics over every row of the split (each rank its own range, the last batch
-    partial), and the trivial baseline on the same rows; one allreduce of sums at the end.
-    ``on_batch(n)``: n batches done so far (0 at the start), then ``None`` once the pass is over:
-    the supervisor's measure of progress here, as the step is in training."""
-    model, precision, group, plan, device = run.model, run.precision, run.group, run.plan, run.device
-    on_batch = on_batch or (lambda batches: None)
-    on_batch(0)
-    done = 0
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, metric, rows, baseline metric
-    classification = plan.task == "classification"
-    if classification:
-        counts = plan.label_spec.train_class_counts or [0]
-        majority = int(np.argmax(counts))
-    mean, std = target_scaling(plan.label_spec)
-    with torch.no_grad():
-        for batch in loader.every_row():
-            batch = _to_device(batch, device)
-            label = batch["label"]
-            with precision.autocast():
-                output = run.strategy.evaluate_forward(model, batch)
-            if output is None:  # a pipeline's earlier stages: the last stage counts this batch
-                done += 1
-                on_batch(done)
-                continue
-            rows = label.shape[0]
-            sums[0] += loss_fn(output, label, plan.label_spec).double() * rows
-            if classification:
-                sums[1] += (output.argmax(dim=-1) == label).sum()
-                sums[3] += (label == majority).sum()
-            else:
-                sums[1] += ((output.float() * std + mean) - label).abs().sum()
-                sums[3] += (label - mean).abs().sum()
-            sums[2] += rows
-            done += 1
-            on_batch(done)
-    model.train()
-    total = group.allreduce_sum(sums.cpu())
-    on_batch(None)
-    loss, metric, rows, baseline = (float(v) for v in total)
-    name = "accuracy" if classification else "mae"
-    return {"val_loss": loss / rows, f"val_{name}": metric / rows, f"baseline_{name}": baseline / rows,
-            "val_rows": int(rows)}
-
-
-class NonFiniteGuard:
-    """Notices a NaN/inf loss without a CPU-GPU sync per step; ``check`` (a collective, called at
-    the same steps on every rank) stops all ranks together, naming the first bad step and rank.
-    Given the model, ``check`` also refuses non-finite weights (checked before every checkpoint:
-    an update can poison the weights at a step whose loss was still finite).
-
-    fp16 tolerates ``tolerate`` consecutive non-finite losses: the GradScaler skips those steps
-    and lowers the scale. More than that means the model itself diverged.
-    """
-
-    def __init__(self, tolerate: int):
-        self.tolerate = tolerate
-        self.run = None
-        self.first_bad = None
-
-    def observe(self, loss: torch.Tensor, step: int) -> None:
-        bad = ~torch.isfinite(loss.detach())
-        if self.run is None:
-            self.run = torch.zeros((), dtype=torch.int64, device=loss.device)
-            self.first_bad = torch.full((), -1, dtype=torch.int64, device=loss.device)
-        self.run = torch.where(bad, self.run + 1, torch.zeros_like(self.run))
-        tripped = (self.run > self.tolerate) & (self.first_bad < 0)
-        self.first_bad = torch.where(tripped, torch.full_like(self.first_bad, step), self.first_bad)
-
-    def check(self, group, model: torch.nn.Module | None = None, step: int = 0) -> None:
-        first = -1 if self.first_bad is None else int(self.first_bad)
-        # Smallest (step, rank) over ranks, each encoded in one float64 so a single Min allreduce finds both.
-        codes = torch.tensor([first * group.size + group.rank if first >= 0 else math.inf,
-                              step * group.size + group.rank if model is not None and not _all_finite(model)
-                              else math.inf], dtype=torch.float64)
-        loss_code, weights_code = (float(v) for v in group.allreduce_min(codes))
-        if math.isfinite(loss_code):
-            bad_step, rank = divmod(int(loss_code), group.size)
-            extra = (f" ({self.tolerate + 1} consecutive non-finite losses: the fp16 loss scale could not recover)"
-                     if self.tolerate else "")
-            raise NonFiniteLossError(
-                f"loss became non-finite (NaN or inf) at optimizer step {bad_step} on rank {rank}{extra}; "
-                "lower train.lr, set train.clip_norm, or try train.precision=bf16/fp32")
-        if math.isfinite(weights_code):
-            bad_step, rank = divmod(int(weights_code), group.size)
-            raise NonFiniteLossError(
-                f"model weights became non-finite (NaN or inf) by optimizer step {bad_step} on rank {rank}, before "
-                "the loss showed it; its checkpoint was not written. Lower train.lr, set train.clip_norm, "
-                "or try train.precision=bf16/fp32")
-
-
-def _all_finite(model: torch.nn.Module) -> bool:
-    # Under FSDP each rank checks its own shard (DTensor.to_local); the check is a collective anyway.
-    tensors = [getattr(t, "to_local", lambda t=t: t)() for t in model.state_dict().values() if t.is_floating_point()]
-    # One reduction and one read (a CPU-GPU sync point), only at checkpoint steps.
-    return not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
-
-
-class StepTimer:
-    """Host wall time the loop spends blocked in the loader's ``next()`` and waiting for the part
-    of the gradient allreduce that backward did not hide (``group.allreduce_wait``: Horovod's
-    ``optimizer.synchronize()``; under DDP, the wait inside backward after its last bucket started).
-
-    Only ``time.perf_counter`` around host calls: no CUDA event or synchronize is added. On a
-    GPU the host runs ahead of the device, so ``data_wait_seconds`` is time the host could not
-    queue work; when it is small the GPU was never starved by the loader.
-    """
-
-    def __init__(self):
-        self.data_wait_seconds = 0.0
-        self.allreduce_wait_seconds = 0.0
-
-    def timed(self, iterable):
-        iterator = iter(iterable)
-        try:
-            while True:
-                started = time.perf_counter()
-                try:
-                    item = next(iterator)
-                except StopIteration:
-                    return
-                finally:
-                    self.data_wait_seconds += time.perf_counter() - started
-                yield item
-        finally:
-            close = getattr(iterator, "close", None)
-            if close:
-                close()  # stops the loader's reader now, as iterating the loader directly would
-
-    def snapshot(self) -> tuple[float, float]:
-        return self.data_wait_seconds, self.allreduce_wait_seconds
-
-    def since(self, snapshot: tuple[float, float]) -> dict:
-        return {"data_wait_seconds": round(self.data_wait_seconds - snapshot[0], 4),
-                "allreduce_wait_seconds": round(self.allreduce_wait_seconds - snapshot[1], 4)}
-
-
 # --- helpers -----------------------------------------------------------------------------------
-
-def _make_optimizer(model, t: TrainLoopConfig, lr: float):
-    if t.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=t.weight_decay)
-
-
-def _set_lr(optimizer, base_lr: float, step: int, total_steps: int, t: TrainLoopConfig) -> None:
-    # A pure function of the step: nothing to checkpoint, identical after a resume.
-    warmup = t.warmup_steps
-    if warmup and step < warmup:
-        lr = base_lr * (step + 1) / warmup
-    elif t.schedule == "cosine":
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        lr = base_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-    else:
-        lr = base_lr
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
 
 def _grouped(batches, size: int):
     group = []
@@ -574,12 +372,6 @@ def _grouped(batches, size: int):
         if len(group) == size:
             yield group
             group = []
-
-
-def _to_device(batch: dict, device) -> dict:
-    if device.type == "cpu":
-        return batch
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def loaders(plan: RankPlan, strategy) -> tuple[RankLoader, RankLoader | None]:
@@ -598,61 +390,6 @@ def loaders(plan: RankPlan, strategy) -> tuple[RankLoader, RankLoader | None]:
     return loader(plan.train, t.grad_accum, True), loader(plan.val, 1, False) if plan.val else None
 
 
-def _run_identity(plan: RankPlan) -> dict:
-    """What a checkpoint must match to be resumed by this run (plain data, as checkpoints hold it)."""
-    t = plan.config.train
-    # The data-parallel size, not the world size: a pipeline's stages share their rows, so a run
-    # on 2 stages and one in a single process train on the same rows in the same steps.
-    return {"fingerprint": plan.fingerprint, "data_parallel_size": plan.data_parallel_size, "batch_size": t.batch_size,
-            "grad_accum": t.grad_accum, "steps_per_epoch": plan.steps_per_epoch, "seed": t.seed,
-            "model": json.dumps(plan.config.model.identity(), sort_keys=True), "precision": t.precision,
-            **({"distill": to_dict(t.distill)} if t.distill is not None else {})}
-
-
-def _restore(plan: RankPlan, group, checkpoints: CheckpointManager, meta: dict) -> dict:
-    """Rank 0 finds the newest good checkpoint and checks it belongs to this run; all ranks get it."""
-    outcome = {"state": None, "uri": None, "step": 0, "problems": [], "error": None}
-    if group.rank == 0 and plan.config.checkpoint.resume == "auto":
-        found = checkpoints.restore_latest()
-        if found:
-            outcome.update(problems=found.problems)
-            for problem in found.problems:
-                log.warning("resume: %s", problem)
-        if found and found.state:
-            theirs = found.state.get("meta", {})
-            # Written before pipeline stages: the world size was the data-parallel size.
-            theirs = {"data_parallel_size": theirs.get("world_size"), **theirs}
-            different = [k for k in meta if theirs.get(k) != meta[k]]
-            if different:
-                key = different[0]
-                outcome["error"] = (f"checkpoint {found.uri} was written by a different run ({key}: {theirs.get(key)!r} "
-                                    f"there, {meta[key]!r} now); set checkpoint.resume=never or a new checkpoint.path")
-            else:
-                outcome.update(state=found.state, uri=found.uri, step=found.step)
-                log.info("resuming from %s (step %d)", found.uri, found.step)
-    outcome = group.broadcast_object(outcome)
-    if outcome["error"]:
-        raise ConfigError(outcome["error"])
-    return outcome
-
-
-def _saved_rank(saved: list[dict], group, dp_rank: int) -> dict:
-    """This rank's entry of a checkpoint's per-rank states: its own where the checkpoint has one
-    per rank of this world, else (a layout of other pipeline stages, same data-parallel size) the
-    first of its data-parallel rank, whose loss sums are its replica's. Entries written before
-    pipeline stages carry no dp_rank: each rank was its own replica."""
-    if len(saved) == group.size:
-        return saved[group.rank]
-    return next(entry for i, entry in enumerate(saved) if entry.get("dp_rank", i) == dp_rank)
-
-
-def _rng_state(device) -> dict:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
 def _quiet_libraries() -> None:
     # petastorm on pyarrow 14 warns on every reader about deprecated legacy-dataset calls.
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -665,5 +402,4 @@ def _quiet_libraries() -> None:
     logging.getLogger("petastorm").setLevel(logging.WARNING)
 
 
-__all__ = ["Hooks", "NonFiniteGuard", "Objective", "OneAttempt", "RankRun", "StepTimer", "TrainState", "evaluate",
-           "loaders", "loss_fn", "run_rank", "train_epoch"]
+__all__ = ["Hooks", "OneAttempt", "RankRun", "TrainState", "loaders", "run_rank", "train_epoch"]

@@ -16,6 +16,7 @@ from common.errors import first_line
 from common.html_report import Page, key_values, line_chart, paragraph, preformatted, table, write_page
 from common.storage import resolve
 from training.run_record import REPORT, RunRecord, epoch_rates, read_run
+from training.tasks import Metric, all_metrics
 
 log = logging.getLogger("shardtrain.train")
 
@@ -73,11 +74,9 @@ def _launch(record: RunRecord) -> str:
     return f"Spark tasks, backend {launch.get('backend', '?')}"
 
 
-def _metric_name(epochs: list[dict]) -> str | None:
-    for name in ("accuracy", "mae"):
-        if any(f"val_{name}" in e for e in epochs):
-            return name
-    return None
+def _metrics(epochs: list[dict]) -> list[Metric]:
+    """The validation metrics the epochs report: their task's (``training.tasks``), in its order."""
+    return [metric for metric in all_metrics() if any(metric.key in e for e in epochs)]
 
 
 def _epoch_charts(record: RunRecord) -> list[str]:
@@ -87,22 +86,23 @@ def _epoch_charts(record: RunRecord) -> list[str]:
     if with_val:
         losses["validation loss"] = ([e["epoch"] for e in with_val], [e["val_loss"] for e in with_val])
     charts = [line_chart("Loss per epoch", "epoch", losses, "loss")]
-    name = _metric_name(record.epochs)
-    if name:
-        scored = [e for e in record.epochs if f"val_{name}" in e]
+    metrics = _metrics(record.epochs)
+    for metric in metrics:
+        name = metric.name
+        scored = [e for e in record.epochs if metric.key in e]
         xs = [e["epoch"] for e in scored]
         charts.append(line_chart(f"Validation {name} per epoch", "epoch",
-                                 {f"validation {name}": (xs, [e[f"val_{name}"] for e in scored]),
-                                  "trivial baseline": (xs, [e[f"baseline_{name}"] for e in scored])}, name))
-    else:
+                                 {f"validation {name}": (xs, [e[metric.key] for e in scored]),
+                                  "trivial baseline": (xs, [e[metric.baseline_key] for e in scored])}, name))
+    if not metrics:
         charts.append(paragraph("No validation metric: the run had no validation split (data.val_split).", note=True))
     return charts
 
 
 def _epoch_table(record: RunRecord) -> str:
-    name = _metric_name(record.epochs)
+    metrics = _metrics(record.epochs)
     headers = ["epoch", "step", "train loss", "val loss"]
-    headers += [f"val {name}", f"baseline {name}"] if name else []
+    headers += [heading for metric in metrics for heading in (f"val {metric.name}", f"baseline {metric.name}")]
     headers += ["seconds", "steps/s", "samples/s", "data wait", "allreduce wait"]
     # Periodic synchronisation (train.sync) records its rounds, what each rank sent and the drift.
     synced = any("sync_rounds" in e for e in record.epochs)
@@ -114,7 +114,7 @@ def _epoch_table(record: RunRecord) -> str:
     for e in record.epochs:
         rates = epoch_rates(e, record.samples_per_step)
         row = [e["epoch"], e.get("step"), e.get("train_loss"), e.get("val_loss")]
-        row += [e.get(f"val_{name}"), e.get(f"baseline_{name}")] if name else []
+        row += [value for metric in metrics for value in (e.get(metric.key), e.get(metric.baseline_key))]
         row += [e.get("seconds"), rates.get("steps_per_s"), rates.get("samples_per_s"),
                 _percent(rates.get("data_wait_fraction")), _percent(rates.get("allreduce_wait_fraction"))]
         row += [e.get("sync_rounds"), e.get("sync_bytes_per_sample"), e.get("sync_drift")] if synced else []

@@ -12,7 +12,7 @@ import torch
 
 from common.dataset import LabelSpec
 from training.config import PipelineConfig
-from training.loop import Objective
+from training.tasks import Objective
 from training.models import FTTransformer, TabularMLP
 from training.precision import Precision
 from training.strategies.base import initialise_optimizer_state

@@ -23,13 +23,18 @@ from training.columns import columns_for
 from training.config import DistillConfig
 from training.data import RankLoader
 from training.distributed import LocalGroup
-from training.loop import Objective, loss_fn
 from training.split_layout import SplitLayout
+from training.tasks import Objective, task_for
 from training.strategies.single import SingleProcess
 from training.precision import Precision
 
 LAYOUT = {"train": [[300, 100], [240]], "val": [[90], [70]]}
 CLASSES_2 = LabelSpec(name="label", task="classification", num_classes=2)
+
+def loss_fn(output, label, spec, distill=None, teacher=None):
+    """The training loss of one micro-batch, as the label's task computes it."""
+    return task_for(spec).loss(output, label, spec, distill, teacher)
+
 
 def train_step(model, micro_batches, optimizer, precision, clip_norm, distill=None):
     """One optimizer step of the one-process strategy, as the rank loop takes it."""
@@ -114,7 +119,7 @@ def test_transfer_rows_add_exactly_zero_to_the_label_term():
     logits = rng.normal(0, 2, (rows, classes))
     teacher = _softmax(rng.normal(0, 2, (rows, classes)) / 2.0)
     label = rng.integers(0, classes, rows)
-    label[[1, 4, 5, 9]] = -1  # MISSING_LABEL["classification"]
+    label[[1, 4, 5, 9]] = -1  # the classification task's missing_label
     labelled = label >= 0
     alpha, temperature = 0.4, 2.0
     spec = LabelSpec.from_record({"name": "label", "task": "classification", "num_classes": classes,

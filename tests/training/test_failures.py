@@ -259,7 +259,7 @@ def _diloco_run_and_resume(group, resume_at: int, steps: int, spe: int) -> dict:
     from common.dataset import LabelSpec
     from plugin_models import Wrap
     from training.config import LaunchConfig, SyncConfig, TrainConfig, TrainLoopConfig
-    from training.loop import Objective
+    from training.tasks import Objective
     from training.precision import Precision
     from training.strategies import strategy_class, technique
     from training.strategies.periodic import flatten

@@ -16,7 +16,7 @@ from common.errors import EXIT_USAGE, ConfigError
 from torch_ranks import values
 from plugin_models import Wrap
 from training.config import LaunchConfig, SyncConfig, TrainConfig, TrainLoopConfig
-from training.loop import Objective
+from training.tasks import Objective
 
 STEPS, BATCH = 12, 16
 CLASSES_2 = LabelSpec(name="label", task="classification", num_classes=2)

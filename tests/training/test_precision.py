@@ -7,7 +7,7 @@ import torch
 from common.dataset import LabelSpec
 from plugin_models import Wrap
 from training.distributed import LocalGroup
-from training.loop import Objective
+from training.tasks import Objective
 from training.strategies.single import SingleProcess
 from training.precision import Precision
 

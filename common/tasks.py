@@ -1,0 +1,50 @@
+"""What every stage knows of a task (``label.task``): the label contract the shard job writes,
+training reads and scoring serves, one ``LabelTask`` per task in ``LABEL_TASKS``.
+
+A task's label contract is: whether the label is a class index (``classes``: then
+``label.num_classes`` >= 2 is required, the shard job counts the train split's classes, the
+network gives one score per class and serving a probability per class, at a temperature), the
+stored label column's type, and what a transfer row (no label) stores in its place.
+
+Callers ask the task's ``LabelTask`` (``label_task(name)``) these facts; none compares a task's
+name. How a task trains and serves (loss, distillation terms, metrics, baseline, target scaling,
+the serving head) is training's: ``training.tasks``, one module per task, each naming its
+``LabelTask`` here. This module is the piece below training that the shard job, the manifest,
+model.json and scoring share: it imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LabelTask:
+    name: str
+    classes: bool  # the label is a class index in [0, num_classes) (see the module doc)
+    label_dtype: str  # the stored label column's type (common.dataset DTYPES)
+    missing_label: int | float  # what a transfer row stores as its label (common.dataset's module doc)
+
+    def output_shape(self, num_classes: int | None) -> tuple[int, ...]:
+        """One row's output (served, and a teacher's stored soft target): a probability per class,
+        or one value."""
+        return (int(num_classes),) if self.classes else ()
+
+
+CLASSIFICATION = LabelTask("classification", classes=True, label_dtype="int64", missing_label=-1)
+REGRESSION = LabelTask("regression", classes=False, label_dtype="float32", missing_label=float("nan"))
+LABEL_TASKS = {task.name: task for task in (CLASSIFICATION, REGRESSION)}
+
+
+def label_task(name: str) -> LabelTask:
+    """The task of a validated label record (``common.dataset``, model.json) or config."""
+    return LABEL_TASKS[name]
+
+
+def task_names(quote: bool = False) -> str:
+    """The tasks in words, for a message: "classification or regression"."""
+    names = [f"'{name}'" if quote else name for name in LABEL_TASKS]
+    return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+__all__ = ["CLASSIFICATION", "LABEL_TASKS", "LabelTask", "REGRESSION", "label_task", "task_names"]
