@@ -42,9 +42,10 @@ Optional, written by a shard job with a ``teacher`` (knowledge distillation)::
   a label (a transfer set: they teach through the soft targets only). Then ``label`` adds
   ``"unlabeled": "transfer", "train_transfer_rows": 900`` (of the train split's rows; class counts
   and moments are the labelled rows'), ``accounting`` adds ``"transfer_rows"`` (part of the
-  published rows), and those rows store ``MISSING_LABEL``: -1 as the class (classification),
-  NaN (regression). A marker in the label column itself, so every Parquet reader passes it on
-  unchanged; the training loss masks those rows out of the label term (``training.tasks.base.Task.loss``).
+  published rows), and those rows store their task's ``missing_label`` (``common.tasks``): -1 as
+  the class (classification), NaN (regression). A marker in the label column itself, so every
+  Parquet reader passes it on unchanged; the training loss masks those rows out of the label term
+  (``training.tasks.base.Task.loss``).
 
 ``null_share`` (each feature's null values over the train split's clean rows, a fraction in
 [0, 1]; an array's is 0: a null array is quarantined) is what the score job compares an input's
@@ -103,6 +104,7 @@ from common.features.v1 import KIND, listed
 from common.features.spec import NULL_SHARE
 from common.publish import require_committed
 from common.storage import Location, resolve, storage_errors
+from common.tasks import LABEL_TASKS, LabelTask, label_task, task_names
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT = "shardtrain.dataset"
@@ -111,9 +113,6 @@ READABLE_VERSIONS = (1, 2)  # 1: ``features`` by kind (common.features.v1 reads 
 ROW_INDEX = "_row"
 LABEL_NAME = "label"
 TEACHER_COLUMN = "teacher"
-TASKS = ("classification", "regression")
-# What a transfer row (no label; see the module doc) stores as its label, by task.
-MISSING_LABEL = {"classification": -1, "regression": float("nan")}
 DTYPES = ("float32", "int32", "int64")
 
 
@@ -171,7 +170,13 @@ class LabelSpec:
 
     @property
     def classification(self) -> bool:
-        return self.task == "classification"
+        """A class label (its task's ``LabelTask.classes``, ``common.tasks``)."""
+        return label_task(self.task).classes
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """One row's served output: (num_classes,) (probabilities) or () (a value)."""
+        return label_task(self.task).output_shape(self.num_classes)
 
     @property
     def transfer_rows(self) -> int:
@@ -206,12 +211,13 @@ class TeacherRecord:
 
     @property
     def classification(self) -> bool:
-        return self.task == "classification"
+        """A teacher of class probabilities (its task's ``LabelTask.classes``, ``common.tasks``)."""
+        return label_task(self.task).classes
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The stored soft-target column's shape: (num_classes,) (probabilities) or () (a value)."""
-        return (self.num_classes,) if self.classification else ()
+        return label_task(self.task).output_shape(self.num_classes)
 
     def to_record(self) -> dict:
         return copy.deepcopy(self.record)
@@ -466,13 +472,19 @@ def _validate_schema(schema: Any, where: str) -> None:
 def _validate_label(label: Any, where: str) -> None:
     if not isinstance(label, dict) or not label.get("name"):
         raise DatasetError(f"{where}: field 'label.name' is missing")
-    task = label.get("task")
-    if task not in TASKS:
-        raise DatasetError(f"{where}: field 'label.task' is {task!r}; expected classification or regression")
-    if task == "classification":
+    task = _task_of(label, "label", where)
+    if task.classes:
         num_classes = label.get("num_classes")
         if not isinstance(num_classes, int) or num_classes < 2:
-            raise DatasetError(f"{where}: field 'label.num_classes' is {num_classes!r}; classification needs >= 2")
+            raise DatasetError(f"{where}: field 'label.num_classes' is {num_classes!r}; {task.name} needs >= 2")
+
+
+def _task_of(record: dict, section: str, where: str) -> LabelTask:
+    """The task a label or teacher record names (``common.tasks``); a DatasetError if none."""
+    task = record.get("task")
+    if task not in LABEL_TASKS:
+        raise DatasetError(f"{where}: field '{section}.task' is {task!r}; expected {task_names()}")
+    return label_task(task)
 
 
 def _validate_features(features: Any, version: int, where: str) -> None:
@@ -528,16 +540,12 @@ def _validate_teacher(teacher: Any, schema: list[dict], where: str) -> None:
 
 def teacher_shape(teacher: dict, where: str = "the manifest being built") -> list[int]:
     """The stored soft-target column's shape: [num_classes] (probabilities) or [] (a value)."""
-    task = teacher.get("task")
-    if task not in TASKS:
-        raise DatasetError(f"{where}: field 'teacher.task' is {task!r}; expected classification or regression")
-    if task == "regression":
-        return []
+    task = _task_of(teacher, "teacher", where)
     num_classes = teacher.get("num_classes")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise DatasetError(f"{where}: field 'teacher.num_classes' is {num_classes!r}; a classification teacher "
+    if task.classes and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2):
+        raise DatasetError(f"{where}: field 'teacher.num_classes' is {num_classes!r}; a {task.name} teacher "
                            "needs >= 2")
-    return [num_classes]
+    return list(task.output_shape(num_classes))
 
 
 def teacher_differences(teacher: TeacherRecord, features: dict, label: LabelSpec) -> list[str]:
@@ -601,8 +609,8 @@ def _validate_file_path(path: Any, field: str) -> None:
 def stored_schema(features: dict, label: dict, teacher: dict | None = None) -> list[dict]:
     """The stored columns, in file order, that a feature, label (and teacher) spec imply (see the module doc)."""
     cols = FeatureSpec(features).stored_columns()
-    cols.append({"name": label["name"], "dtype": "int64" if label["task"] == "classification" else "float32",
-                 "shape": []})
+    task = _task_of(label, "label", "the manifest being built")
+    cols.append({"name": label["name"], "dtype": task.label_dtype, "shape": []})
     if teacher is not None:
         cols.append({"name": TEACHER_COLUMN, "dtype": "float32", "shape": teacher_shape(teacher)})
     cols.append({"name": ROW_INDEX, "dtype": "int64", "shape": []})

@@ -50,6 +50,7 @@ from common.model_registry import is_registry_uri
 from common.rows import MAX_CATEGORY_BYTES, MEANING, Refusals, frame_refusals
 from common.publish import read_marker, require_committed
 from common.storage import Location, storage_errors
+from common.tasks import LABEL_TASKS, label_task, task_names
 
 MODEL_FORMAT = KIND_MODEL
 MODEL_FORMAT_VERSION = 3  # 3: ``features`` is the ordered list of records naming their kind (as a dataset's)
@@ -162,7 +163,7 @@ class LoadedModel:
         if not (isinstance(temperature, (int, float)) and np.isfinite(temperature) and temperature > 0):
             raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
         if len(next(iter(arrays.values()))) == 0:  # no rows: a network's reshape of 0 elements has no size to infer
-            return np.zeros((0, self.label.num_classes) if self.label.classification else (0,), dtype=np.float32)
+            return np.zeros((0, *self.label.output_shape), dtype=np.float32)
         batch = {name: torch.from_numpy(np.ascontiguousarray(value)).to(self.device) for name, value in arrays.items()}
         with torch.no_grad():
             if self.label.classification and temperature != 1:
@@ -248,14 +249,14 @@ def _checked_against_network(loc: Location, model: LoadedModel) -> LoadedModel:
     found = f"the network outputs shape {list(out.shape)} for 2 rows"
     if label.classification:
         if out.ndim != 2:
-            raise DatasetError(f"{where}: field 'label.task' is 'classification', but {found} (values, not class "
+            raise DatasetError(f"{where}: field 'label.task' is '{label.task}', but {found} (values, not class "
                                "probabilities); the file was edited or damaged: re-train, or re-publish the model")
         if out.shape[1] != label.num_classes:
             raise DatasetError(f"{where}: field 'label.num_classes' is {label.num_classes}, but {found} "
                                f"({out.shape[1]} classes); the file was edited or damaged: re-train, or re-publish "
                                "the model")
     elif out.ndim != 1:
-        raise DatasetError(f"{where}: field 'label.task' is 'regression', but {found} (one value per row "
+        raise DatasetError(f"{where}: field 'label.task' is '{label.task}', but {found} (one value per row "
                            "expected); the file was edited or damaged: re-train, or re-publish the model")
     return model
 
@@ -298,12 +299,12 @@ def _read_meta(loc: Location) -> tuple[dict, str]:
 def _check_meta_fields(where: str, meta: dict) -> None:
     """The fields loading and scoring read, of the types they need (named when they are not)."""
     label = meta.get("label")
-    if not isinstance(label, dict) or label.get("task") not in ("classification", "regression"):
+    if not isinstance(label, dict) or label.get("task") not in LABEL_TASKS:
         task = label.get("task") if isinstance(label, dict) else None
-        raise DatasetError(f"{where}: field 'label.task' is {task!r}, not 'classification' or 'regression'; "
+        raise DatasetError(f"{where}: field 'label.task' is {task!r}, not {task_names(quote=True)}; "
                            "re-train, or re-publish the model")
     classes = label.get("num_classes")
-    if label["task"] == "classification" and not (type(classes) is int and classes >= 2):
+    if label_task(label["task"]).classes and not (type(classes) is int and classes >= 2):
         raise DatasetError(f"{where}: field 'label.num_classes' is {classes!r}; a classifier has an integer >= 2 "
                            "classes: re-train, or re-publish the model")
     rules = meta.get(ROW_RULES, {})  # absent from models published before it was recorded

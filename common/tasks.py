@@ -30,10 +30,15 @@ class LabelTask:
         or one value."""
         return (int(num_classes),) if self.classes else ()
 
+    def output_width(self, num_classes: int | None) -> int:
+        """The network's last layer: a logit per class, or one value (squeezed to ``output_shape``)."""
+        return int(num_classes) if self.classes else 1
+
 
 CLASSIFICATION = LabelTask("classification", classes=True, label_dtype="int64", missing_label=-1)
 REGRESSION = LabelTask("regression", classes=False, label_dtype="float32", missing_label=float("nan"))
 LABEL_TASKS = {task.name: task for task in (CLASSIFICATION, REGRESSION)}
+TASK_NAMES = tuple(LABEL_TASKS)  # a config's ``Literal[TASK_NAMES]``: the choices its error names
 
 
 def label_task(name: str) -> LabelTask:
@@ -47,4 +52,4 @@ def task_names(quote: bool = False) -> str:
     return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-__all__ = ["CLASSIFICATION", "LABEL_TASKS", "LabelTask", "REGRESSION", "label_task", "task_names"]
+__all__ = ["CLASSIFICATION", "LABEL_TASKS", "LabelTask", "REGRESSION", "TASK_NAMES", "label_task", "task_names"]

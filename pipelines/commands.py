@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from common.cli import add_config_arguments
+from common.tasks import LABEL_TASKS
 
 
 def register_commands(subparsers, teacher_scorer=None) -> None:
@@ -27,7 +28,7 @@ def register_commands(subparsers, teacher_scorer=None) -> None:
     p.add_argument("--vocab-size", type=int, default=20, help="distinct values per categorical column")
     p.add_argument("--array-shape", default=None, metavar="DxD",
                    help="add an array column 'image' of this shape, e.g. 8 or 4x4 (not for csv)")
-    p.add_argument("--task", choices=["classification", "regression"], default="classification")
+    p.add_argument("--task", choices=list(LABEL_TASKS), default="classification")
     p.add_argument("--num-classes", type=int, default=2)
     p.add_argument("--null-fraction", type=float, default=0.05)
     p.add_argument("--bad-rows", type=int, default=0, help="inject this many bad rows (for quarantine tests)")

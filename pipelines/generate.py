@@ -26,6 +26,7 @@ from common.features.arrays import Arrays
 from common.features.categorical import Categorical
 from common.features.numeric import Numeric
 from common.errors import ConfigError
+from common.tasks import LABEL_TASKS, TASK_NAMES, label_task, task_names
 
 ARRAY_COLUMN = "image"
 LABEL_COLUMN = "label"
@@ -62,7 +63,7 @@ class GeneratedDataset:
         if self.format == "csv":
             source["options"] = {"header": True}
         label = {"column": self.label, "task": self.task}
-        if self.task == "classification":
+        if label_task(self.task).classes:
             label["num_classes"] = self.num_classes
         cfg = {
             "sources": {"raw": source},
@@ -79,7 +80,7 @@ def generate_dataset(spark, path: str, rows: int, *, seed: int = 0,
                      format: Literal["parquet", "csv", "json"] = "parquet",
                      numeric: int = 4, categorical: int = 2, vocab_size: int = 20,
                      array_shape: list[int] | tuple[int, ...] | None = None,
-                     task: Literal["classification", "regression"] = "classification", num_classes: int = 2,
+                     task: Literal[TASK_NAMES] = "classification", num_classes: int = 2,
                      null_fraction: float = 0.05, bad_rows: int = 0, partitions: int | None = None,
                      mode: Literal["error", "overwrite"] = "error") -> GeneratedDataset:
     """Write a synthetic dataset to ``path`` (any URI common.storage accepts) with Spark."""
@@ -107,7 +108,7 @@ def generate_dataset(spark, path: str, rows: int, *, seed: int = 0,
     return GeneratedDataset(
         path=path, format=format, rows=rows, seed=seed, numeric=_numeric_names(numeric),
         categorical=_categorical_names(categorical), arrays={ARRAY_COLUMN: shape} if shape else {},
-        label=LABEL_COLUMN, task=task, num_classes=num_classes if task == "classification" else None,
+        label=LABEL_COLUMN, task=task, num_classes=num_classes if label_task(task).classes else None,
         schema_ddl=_schema_ddl(numeric, categorical, bool(shape), task), bad_by_reason=_bad_counts(kinds, bad_rows))
 
 
@@ -188,7 +189,7 @@ def _score_std(numeric: int, categorical: int, has_array: bool) -> float:
 
 
 def _label(numeric: int, categorical: int, has_array: bool, task: str, num_classes: int, kinds: list[str]) -> str:
-    if task == "classification":
+    if label_task(task).classes:
         # Logistic approximation of the normal CDF: classes come out roughly balanced.
         sd = _score_std(numeric, categorical, has_array)
         prob = f"1 / (1 + exp(-1.702 * (_score + 0.5 * _noise) / {sd:.6f}))"
@@ -246,7 +247,7 @@ def _bad_counts(kinds: list[str], bad_rows: int) -> dict[str, int]:
 
 
 def _schema_ddl(numeric: int, categorical: int, has_array: bool, task: str) -> str:
-    label_type = "BIGINT" if task == "classification" else "DOUBLE"
+    label_type = "BIGINT" if label_task(task).classes else "DOUBLE"
     return ", ".join(["id BIGINT", *[f"{n} DOUBLE" for n in _numeric_names(numeric)],
                       *[f"{n} STRING" for n in _categorical_names(categorical)],
                       *([f"{ARRAY_COLUMN} ARRAY<FLOAT>"] if has_array else []), f"{LABEL_COLUMN} {label_type}"])
@@ -295,9 +296,9 @@ def _check_args(rows, format, numeric, categorical, vocab_size, array_shape, tas
         raise ConfigError("CSV cannot hold array columns; use format=parquet or json for array_shape")
     if array_shape and not all(int(d) > 0 for d in array_shape):
         raise ConfigError(f"array_shape must be positive integers, got {array_shape}")
-    if task not in ("classification", "regression"):
-        raise ConfigError(f"task must be classification or regression, got {task!r}")
-    if task == "classification" and num_classes < 2:
+    if task not in LABEL_TASKS:
+        raise ConfigError(f"task must be {task_names()}, got {task!r}")
+    if label_task(task).classes and num_classes < 2:
         raise ConfigError(f"num_classes must be >= 2, got {num_classes}")
     if not 0 <= null_fraction < 1:
         raise ConfigError(f"null_fraction must be in [0, 1), got {null_fraction}")

@@ -144,7 +144,7 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     label_d = f"try_cast({label_raw} AS DOUBLE)"
     if not transfer:
         reasons.append(f"WHEN {label_raw} IS NULL THEN 'null_label'")
-    if label.task == "classification":
+    if label.classification:
         invalid = (f"{label_d} IS NULL OR isnan({label_d}) OR abs({label_d}) = double('Infinity') "
                    f"OR {label_d} <> floor({label_d}) OR {label_d} < 0 OR {label_d} >= {label.num_classes}")
         # try_cast: the checked rows are persisted whole, bad rows too, so an invalid label (NaN,
@@ -154,7 +154,7 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
         invalid = f"{label_d} IS NULL OR isnan({label_d}) OR abs({label_d}) > {FLOAT_MAX!r}"
         cols.append(f"CAST({label_d} AS FLOAT) AS _label")
     # A transfer row's label stays null here (left out of class counts and moments); the shard
-    # writer stores MISSING_LABEL in its place.
+    # writer stores the task's missing_label (common.tasks) in its place.
     reasons.append(f"WHEN {label_raw} IS NOT NULL AND ({invalid}) THEN 'invalid_label'" if transfer
                    else f"WHEN {invalid} THEN 'invalid_label'")
 
@@ -180,7 +180,7 @@ def fit(clean_train: Callable, cfg: ShardConfig, summary: Summary) -> FittedStat
     over the train rows the summary counted: the typed value is null exactly where the raw one is
     (a value that does not cast is quarantined), and an array's is 0 (a null array is quarantined)."""
     moments = list(summary.moments)
-    label_moments = moments.pop() if cfg.label.task == "regression" else None
+    label_moments = None if cfg.label.classification else moments.pop()
     kinds = configured_features(cfg).kinds
     named = [name for kind in kinds for name, _ in kind.moment_columns()]
     train = TrainSummary(moments=dict(zip(named, moments)), value_counts=summary.value_counts, frame=clean_train)
@@ -203,14 +203,14 @@ def scan_columns(cfg: ShardConfig) -> tuple[tuple[str, ...], tuple[tuple[str, st
     of those whose values they count."""
     kinds = configured_features(cfg).kinds
     moments = tuple(col for kind in kinds for _, col in kind.moment_columns())
-    moments += ("_label",) if cfg.label.task == "regression" else ()
+    moments += () if cfg.label.classification else ("_label",)
     return moments, tuple(pair for kind in kinds for pair in kind.counted_columns())
 
 
 def _label_stats(label, class_counts: list[int], label_moments: tuple[int, float, float] | None) -> dict:
     """The manifest's label entry: class counts for classification, mean and std for regression."""
     spec = {"name": LABEL_NAME, "task": label.task, "source": label.column or label.expr}
-    if label.task == "classification":
+    if label.classification:
         spec.update(num_classes=label.num_classes, train_class_counts=class_counts)
     else:
         count, mean, m2 = label_moments

@@ -14,6 +14,7 @@ from common.config import SparkConfig, load_config, require, storage_path
 from common.dataset import TEACHER_COLUMN
 from common.features import KINDS
 from common.sql import quote_identifier
+from common.tasks import TASK_NAMES, label_task
 from common.sources import SourceConfig, check_sources_and_query
 
 # Fixed ceilings on the counts that size a loop or an allocation before any data is seen (the
@@ -60,7 +61,7 @@ FeaturesConfig = _features_config()
 class LabelConfig:
     column: str | None = None
     expr: str | None = None  # a Spark SQL expression, instead of column
-    task: Literal["classification", "regression"] = "classification"
+    task: Literal[TASK_NAMES] = "classification"
     num_classes: int | None = None
     # Rows whose label is null: ``quarantine`` (reason null_label), or, with a teacher, ``transfer``:
     # those of every split join the train split as a transfer set, which learns from the teacher's
@@ -69,9 +70,14 @@ class LabelConfig:
 
     def __post_init__(self):
         require((self.column is None) != (self.expr is None), "column", "or label.expr must be set (exactly one)")
-        if self.task == "classification":
+        if self.classification:
             require(self.num_classes is not None and self.num_classes >= 2, "num_classes",
-                    "must be set (>= 2) for task=classification")
+                    f"must be set (>= 2) for task={self.task}")
+
+    @property
+    def classification(self) -> bool:
+        """A class label (its task's ``LabelTask.classes``, ``common.tasks``)."""
+        return label_task(self.task).classes
 
     @property
     def sql(self) -> str:
@@ -169,8 +175,8 @@ class ShardConfig:
                 "targets. Set teacher.model (a published model URI; `shardtrain distill` sets it with "
                 "soft_targets.unlabeled=transfer) or label.unlabeled=quarantine")
         if self.teacher is not None:
-            require(self.label.task == "classification" or self.teacher.temperature == 1, "teacher.temperature",
-                    f"applies to class probabilities only; a regression teacher's value has none (got "
+            require(self.label.classification or self.teacher.temperature == 1, "teacher.temperature",
+                    f"applies to class probabilities only; a {self.label.task} teacher's value has none (got "
                     f"{self.teacher.temperature:g}; leave it at 1)")
             require(TEACHER_COLUMN not in self.features.all_columns, "features",
                     f"name a column {TEACHER_COLUMN!r}, the column a teacher's soft targets are stored in; "

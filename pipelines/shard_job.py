@@ -327,7 +327,7 @@ def _write_staged(rows, cfg: ShardConfig, staging_uri: str, parts: int) -> tuple
     label = cfg.label
     moments, counted = scan_columns(cfg)
     scan = ScanSpec(split="_split", bucket="_bucket", reason="_reason", moments=moments, categorical=counted,
-                    label="_label" if label.task == "classification" else None, num_classes=label.num_classes or 0,
+                    label="_label" if label.classification else None, num_classes=label.num_classes or 0,
                     selected=list(cfg.split.fractions).index("train"), num_splits=num_splits, bucket_bits=BUCKET_BITS,
                     max_distinct=summary_module.MAX_DISTINCT_PER_PARTITION, nulls=typed_features(cfg))
     writer = functools.partial(stage_partition, root_uri=staging_uri, directory=STAGED_ROWS_DIR, scan=scan)
@@ -488,7 +488,7 @@ def _quarantine_plan(staged: StagedRows, counts: RowCounts) -> QuarantinePlan | 
 def _encoding(cfg: ShardConfig, features: dict, columns: list[dict]) -> Encoding:
     """Each stored column's staged source: features as their kinds store them (with the fitted
     statistics), the teacher's soft targets copied as staged, the label too (a transfer row's null
-    as ``MISSING_LABEL``)."""
+    as its task's ``missing_label``)."""
     how = {name: ("feature", kind.typed(name)) for kind in configured_features(cfg).kinds for name in kind.names}
     how.update({LABEL_NAME: ("label", "_label"), TEACHER_COLUMN: ("copy", TEACHER_COLUMN)})
     return Encoding(features=features,

@@ -34,9 +34,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.dataset import MISSING_LABEL, ROW_INDEX, is_list_type, value_type
+from common.dataset import ROW_INDEX, is_list_type, value_type
 from common.features import FeatureSpec
 from common.storage import resolve, storage_errors
+from common.tasks import label_task
 from pipelines.summary import ScanSpec, chunks
 
 TARGET_COLUMN = "_target"
@@ -262,7 +263,7 @@ class ShardPlan:
 class Encoding:
     """How each stored column comes from the staged ones: (stored name, how, staged column),
     how = ``feature`` (stored as its kind stores it: ``FeatureSpec`` of ``features``, the manifest's),
-    ``label`` (nulls become ``MISSING_LABEL[task]``) or ``copy``; ``_row`` is the rank."""
+    ``label`` (nulls become the task's ``missing_label``, ``common.tasks``) or ``copy``; ``_row`` is the rank."""
 
     features: dict
     columns: tuple[tuple[str, str, str], ...]
@@ -392,7 +393,7 @@ def _encoded(rows: pa.Table, spec: FeatureSpec, encoding: Encoding, first_rank: 
         if how == "feature":
             columns[name] = spec.stored_values(name, values)
         elif how == "label":  # a transfer row's null label becomes the marker the readers pass on
-            columns[name] = pc.fill_null(values, pa.scalar(MISSING_LABEL[encoding.task], values.type))
+            columns[name] = pc.fill_null(values, pa.scalar(label_task(encoding.task).missing_label, values.type))
         else:
             columns[name] = values
     columns[ROW_INDEX] = np.arange(first_rank, first_rank + rows.num_rows, dtype=np.int64)

@@ -33,6 +33,7 @@ from typing import Callable
 from common.dataset import LABEL_NAME, TEACHER_COLUMN, LabelSpec, TeacherRecord, teacher_differences
 from common.errors import ConfigError, InputDataError
 from common.sql import quote_identifier as q
+from common.tasks import label_task
 from pipelines.preprocess import configured_features, typed_features
 from pipelines.shard_config import ShardConfig
 
@@ -70,7 +71,7 @@ def teacher_record(cfg: ShardConfig, scorer: TeacherScorer | None) -> TeacherRec
     record = TeacherRecord.from_record({
         "uri": cfg.teacher.model, "fingerprint": info["fingerprint"],
         "temperature": float(cfg.teacher.temperature), "column": TEACHER_COLUMN, "task": info["task"],
-        **({"num_classes": info["num_classes"]} if info["task"] == "classification" else {}),
+        **({"num_classes": info["num_classes"]} if label_task(info["task"]).classes else {}),
         "features": info["features"]})
     differences = teacher_differences(record, _dataset_features(cfg), _dataset_label(cfg))
     if differences:

@@ -56,6 +56,7 @@ from common import rows
 from common.devices import resolve_device
 from common.model_artifact import PREDICTION, PROBABILITIES, REASON
 from common.sql import quote_identifier as q
+from common.tasks import label_task
 
 log = logging.getLogger("shardtrain.score")
 
@@ -74,7 +75,7 @@ class ScoreTask:
     model_uri: str
     program: bool
     weights_sha256: str
-    task: str  # classification | regression
+    task: str  # the label's task (common.tasks)
     num_classes: int
     keep_columns: tuple[str, ...]  # the kept columns' private names (_KEPT)
     features: tuple[tuple[str, str], ...]  # (feature name, private column name) in FeatureSpec order
@@ -180,7 +181,7 @@ def output_schema(df, keep_columns: list[str], task: str):
 
     by_name = {f.name: f for f in df.schema.fields}
     fields = [by_name[c] for c in keep_columns]
-    if task == "classification":
+    if label_task(task).classes:
         fields.append(T.StructField(PROBABILITIES, T.ArrayType(T.FloatType()), True))
         fields.append(T.StructField(PREDICTION, T.LongType(), True))
     else:
@@ -342,10 +343,10 @@ def score_batch(model, task: ScoreTask, batch):
         values = np.concatenate([model.predict_arrays({k: v[i:i + step] for k, v in arrays.items()}, task.temperature)
                                  for i in range(0, n_clean, step)])
     else:
-        values = np.zeros((0, task.num_classes) if task.task == "classification" else (0,), dtype=np.float32)
+        values = np.zeros((0, *label_task(task.task).output_shape(task.num_classes)), dtype=np.float32)
     columns = [batch.column(batch.schema.get_field_index(c)) for c in task.keep_columns]
     names = list(task.keep_columns)
-    if task.task == "classification":
+    if label_task(task.task).classes:
         columns += [_scatter_lists(values, ok, task.num_classes), _scatter(values.argmax(axis=1), ok, pa.int64())]
         names += [PROBABILITIES, PREDICTION]
     else:

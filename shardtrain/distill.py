@@ -55,9 +55,9 @@ class DistillRunConfig:
                 "must differ from shard.output.path (the teacher's dataset)")
         require(self.student.train.distill is not None, "student.train.distill",
                 "must be set (e.g. {alpha: 0.5}): the student learns from the teacher's soft targets")
-        require(self.shard.label.task == "classification" or self.soft_targets.temperature == 1,
-                "soft_targets.temperature", f"must be 1 for a regression label (a value has no temperature), got "
-                f"{self.soft_targets.temperature:g}")
+        require(self.shard.label.classification or self.soft_targets.temperature == 1,
+                "soft_targets.temperature", f"must be 1 for a {self.shard.label.task} label (a value has no "
+                f"temperature), got {self.soft_targets.temperature:g}")
         self.student_shard()  # its own validation
 
     def student_shard(self) -> ShardConfig:

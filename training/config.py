@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from common.config import load_config, require, storage_path, to_dict
 from common.config import SparkConfig
+from common.tasks import TASK_NAMES
 from training.strategies import check_strategy
 
 # Fixed ceilings on counts that size an allocation or a set of threads or processes before any
@@ -74,7 +75,7 @@ class ModelConfig:
     # Extra keyword arguments for a "module:factory" model (or overrides for the MLP).
     kwargs: dict[str, Any] = field(default_factory=dict)
     # What the model expects of the dataset; checked against the manifest before launch (null: anything).
-    task: Literal["classification", "regression"] | None = None
+    task: Literal[TASK_NAMES] | None = None
     num_classes: int | None = None
     features: list[str] | None = None
 

@@ -32,6 +32,7 @@ from typing import Callable
 
 from common.features.categorical import RESERVED_INDICES
 from common.errors import ConfigError
+from common.tasks import label_task
 
 # The largest single machines sold (24 TiB of memory): no rank anywhere gets more.
 LARGEST_HOST_BYTES = 24 << 40
@@ -89,7 +90,7 @@ class _Data:
                    vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
                                 for c in feature_spec.get("categorical", [])],
                    array_widths=[math.prod(a["shape"]) for a in feature_spec.get("arrays", [])],
-                   out=1 if label_spec.get("task") != "classification" else int(label_spec["num_classes"]))
+                   out=label_task(label_spec["task"]).output_width(label_spec.get("num_classes")))
 
 
 def _arguments(model_cfg) -> dict:

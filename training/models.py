@@ -32,6 +32,7 @@ from common.errors import ConfigError
 from common.plugins import load_callable
 from common.dataset import LabelSpec
 from common.features.categorical import RESERVED_INDICES
+from common.tasks import label_task
 from training.config import ModelConfig
 
 
@@ -276,13 +277,13 @@ def _example_inputs(numeric: int, vocab_sizes: list[int], array_widths: list[int
 def _data_arguments(feature_spec: dict, label_spec: dict) -> dict:
     """A built-in model's constructor arguments that come from the manifest's feature and label spec."""
     arrays = feature_spec.get("arrays", [])
-    regression = label_spec.get("task") != "classification"
+    task = label_task(label_spec["task"])
     return dict(
         num_numeric=len(feature_spec.get("numeric", [])),
         vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES)) for c in feature_spec.get("categorical", [])],
         array_names=[a["name"] for a in arrays],
         array_widths=[int(torch.tensor(a["shape"]).prod()) for a in arrays],
-        out_dim=1 if regression else int(label_spec["num_classes"]), regression=regression)
+        out_dim=task.output_width(label_spec.get("num_classes")), regression=not task.classes)
 
 
 def mlp_arguments(feature_spec: dict, label_spec: dict, hidden: list[int], dropout: float = 0.0,
