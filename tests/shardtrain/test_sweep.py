@@ -177,6 +177,19 @@ def test_a_sqlite_storage_in_a_missing_directory_is_exit_2_naming_the_key_and_th
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "no").exists()  # refused before anything
 
 
+def test_an_objective_the_labels_task_does_not_report_is_exit_2_naming_the_metrics_it_does(tmp_path, dataset,
+                                                                                          capsys):
+    from shardtrain.cli import main
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep_yaml(dataset, tmp_path, {"train.lr": LR}, trials=1)))
+    assert main(["sweep", "--config", str(path), "sweep.objective.metric=val_mae"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert ("sweep.objective.metric: val_mae is not reported for a classification label; use val_accuracy or "
+            "val_loss") in err, err
+    assert not (tmp_path / "sweep").exists()  # refused before anything was written
+
+
 def test_a_journal_on_object_storage_is_refused_asking_for_a_url(tmp_path, dataset):
     from shardtrain.sweep_study import study_storage
 
