@@ -11,6 +11,7 @@
 - ``leases``          training runs' reader leases on datasets
 - ``sql``             quoting users' names and literals in Spark SQL; the check that a ``query`` is a query
 - ``dataset``         the dataset contract: the manifest ``pipelines`` writes and ``training`` reads
+- ``tasks``           each task's label contract (class label or value, stored dtype, a transfer row's marker)
 - ``sources``         the ``sources`` config section and reading it (the shard and score jobs)
 - ``rows``            the row rules of a raw feature value (quarantine reasons, typing), for the shard job and scoring
 - ``model_artifact``  a published model read back and verified (``training.export`` publishes it)

@@ -158,6 +158,8 @@ def test_plugin_model_and_regression(tmp_path):
     result = train(_cfg(ds.uri, tmp_path, "model.name=plugin_models:tiny", "model.kwargs.width=8",
                         "train.epochs=4", "train.precision=fp16"))
     assert result.final["val_mae"] < result.final["baseline_mae"]
+    assert (f"validation mae: {result.final['val_mae']:.4f} (trivial baseline {result.final['baseline_mae']:.4f}; "
+            "lower is better)") in result.summary(), result.summary()
     model = load_model(result.model_uri, program=True)  # plug-in: served from the TorchScript program
     values = model.predict(ds.raw["val"].iloc[result.reference["rows"]])
     np.testing.assert_allclose(values, np.array(result.reference["predictions"]), rtol=1e-5, atol=1e-5)

@@ -106,7 +106,8 @@ class Task:
 
     def serving_arguments(self, label_spec: LabelSpec) -> dict:
         """What the published program does to the network's output: ``training.export.ServingModel``'s
-        arguments (one class with fixed code, so a published program's bytes do not change)."""
+        arguments. One class serves both of today's tasks, with the code every program published
+        so far holds; a task whose output it cannot express needs a serving module of its own."""
         raise NotImplementedError
 
     # --- validation metrics ------------------------------------------------------------------------
