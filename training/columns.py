@@ -18,6 +18,7 @@ import numpy as np
 from common.errors import DatasetError
 from common.dataset import ROW_INDEX, TEACHER_COLUMN, Manifest
 from common.features.base import BatchEntry
+from common.tasks import label_task
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Columns:
 
     features: tuple[BatchEntry, ...]  # the feature kinds' batch entries, in order
     label: str
-    label_dtype: str  # "int64" (classification) or "float32" (regression)
+    label_dtype: str  # its task's stored label dtype (common.tasks): "int64" (classes) or "float32"
     # The teacher's soft targets (a batch's ``teacher``): their shape per row, () for regression;
     # None: not read (the run does not distill).
     teacher: tuple[int, ...] | None = None
@@ -40,8 +41,8 @@ class Columns:
 def columns_for(manifest: Manifest, teacher: bool = False) -> Columns:
     """The batch columns; ``teacher``: with the soft targets (the manifest must record a teacher)."""
     features, label = manifest.features, manifest.label
-    return Columns(features=tuple(features.batch_layout()), label=label.name, label_dtype="int64" if label.classification else "float32",
-                   teacher=manifest.teacher.shape if teacher else None)
+    return Columns(features=tuple(features.batch_layout()), label=label.name,
+                   label_dtype=label_task(label.task).label_dtype, teacher=manifest.teacher.shape if teacher else None)
 
 
 def table_to_arrays(table, columns: Columns) -> dict[str, np.ndarray]:

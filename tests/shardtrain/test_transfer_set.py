@@ -1,7 +1,7 @@
 """Transfer sets on real Spark (local[2]): ``shardtrain distill``'s loop with
 ``soft_targets.unlabeled: transfer`` over raw rows of which a third have no label. The teacher's
 dataset quarantines them (``null_label``, as always); the student's keeps every one of them in its
-train split, with the teacher's soft targets and ``MISSING_LABEL`` as its label, while val and
+train split, with the teacher's soft targets and its task's ``missing_label`` as its label, while val and
 test hold the same labelled rows as the teacher's dataset. What a user relies on: the accounting
 adds up (input = published + quarantined; transfer rows said separately), shards stay balanced,
 the marker reaches a batch through both Parquet readers, the student trains, and the refusals:
