@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet  # noqa: F401 - pa.parquet
 import pytest
 
+from common.features import FeatureSpec
+
 from common.dataset import read_manifest
 from common.errors import ConfigError, DatasetError, InputDataError
 from pipelines.shard_job import run_shard_job
@@ -59,7 +61,7 @@ def test_undecodable_bytes_quarantine_the_row_as_bad_encoding(spark, tmp_path):
     assert result.manifest.data["quarantine"]["by_reason"] == {"bad_encoding": 1}
     q = quarantine(result.uri)
     assert json.loads(q["raw"].iloc[0])["id"] == 5
-    vocab = result.manifest.data["features"]["categorical"][0]["vocab"]
+    vocab = result.manifest.features.by_kind()["categorical"][0]["vocab"]
     assert sorted(vocab) == ["k0", "k1", "k2"] and not any("\ufffd" in v for v in vocab)
 
 
@@ -71,7 +73,7 @@ def test_a_category_longer_than_max_category_bytes_is_quarantined(spark, tmp_pat
     src = write_parquet(tmp_path / "in", rows)
     result = run_shard_job(spark, config(src, str(tmp_path / "out")))
     assert result.manifest.data["quarantine"]["by_reason"] == {"too_long:c": 2}
-    vocab = result.manifest.data["features"]["categorical"][0]["vocab"]
+    vocab = result.manifest.features.by_kind()["categorical"][0]["vocab"]
     assert max(len(v.encode()) for v in vocab) <= 1024
     # The limit is a config key.
     result = run_shard_job(spark, config(src, str(tmp_path / "out2"), features={"max_category_bytes": 4000}))
@@ -173,7 +175,7 @@ def test_values_float32_cannot_hold_are_quarantined_and_the_statistics_stay_fini
     q = quarantine(result.uri)
     assert sorted(json.loads(raw)["id"] for raw in q["raw"]) == sorted(bad)
     manifest = _strict_json((Path(result.uri) / "_manifest.json").read_text())
-    (stats,) = manifest["features"]["numeric"]
+    (stats,) = FeatureSpec(manifest["features"]).by_kind()["numeric"]
     assert all(map(math.isfinite, (stats["mean"], stats["std"], stats["fill"]))) and stats["std"] > 1e36
     stored = read_split(result.uri, "train").column("x").to_numpy()
     assert len(stored) == 40 and np.isfinite(stored).all() and stored.max() > 5  # 3e38 stands out

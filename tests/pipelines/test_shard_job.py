@@ -133,7 +133,7 @@ def test_float_columns_keep_snappy_where_it_pays():
 
 def ids_of(uri: str, split: str) -> np.ndarray:
     """The raw ids of a split's rows: id is also a numeric feature, whose standardized value decodes back."""
-    stats = next(f for f in read_manifest(uri).data["features"]["numeric"] if f["name"] == "id")
+    stats = next(f for f in read_manifest(uri).features.by_kind()["numeric"] if f["name"] == "id")
     z = np.asarray(read_split(uri, split).column("id"), dtype=np.float64)
     return np.rint(z * stats["std"] + stats["mean"]).astype(np.int64)
 
@@ -142,7 +142,7 @@ def ids_of(uri: str, split: str) -> np.ndarray:
 def test_preprocessing_is_fitted_on_train_only(generated, spark):
     data, cfg, result = generated
     manifest = read_manifest(result.uri)
-    stats = {f["name"]: f for f in manifest.data["features"]["numeric"]}
+    stats = {f["name"]: f for f in manifest.features.by_kind()["numeric"]}
     raw = pq.read_table(data.path).to_pandas().set_index("id")
     train_ids = ids_of(result.uri, "train")
     assert len(set(train_ids)) == len(train_ids)
@@ -150,7 +150,7 @@ def test_preprocessing_is_fitted_on_train_only(generated, spark):
     assert stats["x1"]["mean"] == pytest.approx(train_raw["x1"].mean(), rel=1e-9)
     assert stats["x1"]["std"] == pytest.approx(train_raw["x1"].std(ddof=0), rel=1e-9)
     assert stats["x1"]["mean"] != pytest.approx(raw["x1"].mean(), rel=1e-9)  # not the whole input's
-    vocab = next(f for f in manifest.data["features"]["categorical"] if f["name"] == "c0")["vocab"]
+    vocab = next(f for f in manifest.features.by_kind()["categorical"] if f["name"] == "c0")["vocab"]
     freq = train_raw["c0"].value_counts()
     expected = sorted(freq.index, key=lambda v: (-freq[v], v))
     assert vocab == expected
@@ -190,9 +190,9 @@ def test_vocabularies_too_wide_to_count_in_a_task_come_from_spark_the_same(gener
                                                     quality={"max_bad_fraction": 0.05},
                                                     features={"numeric": data.numeric + ["id"]}))
     run_shard_job(spark, wide)
-    vocab = {f["name"]: f["vocab"] for f in read_manifest(result.uri).data["features"]["categorical"]}
+    vocab = {f["name"]: f["vocab"] for f in read_manifest(result.uri).features.by_kind()["categorical"]}
     assert all(len(v) > 3 for v in vocab.values())
-    assert {f["name"]: f["vocab"] for f in read_manifest(str(tmp_path / "out")).data["features"]["categorical"]} == vocab
+    assert {f["name"]: f["vocab"] for f in read_manifest(str(tmp_path / "out")).features.by_kind()["categorical"]} == vocab
     assert file_hashes(str(tmp_path / "out")) == file_hashes(result.uri)
 
 
@@ -465,7 +465,7 @@ def test_query_over_two_sources_and_a_transform(spark, tmp_path):
     result = run_shard_job(spark, cfg)
     m = result.manifest
     assert m.rows("train") + m.rows("val") == 30
-    assert [f["name"] for f in m.data["features"]["numeric"]] == ["x", "extra", "ratio"]
+    assert [f["name"] for f in m.features.by_kind()["numeric"]] == ["x", "extra", "ratio"]
 
 
 @pytest.mark.stack

@@ -13,6 +13,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from common.features import FeatureSpec
 import yaml
 
 from common.config import from_dict
@@ -73,12 +75,12 @@ def test_shard_reads_quarantines_and_stores_columns_under_their_own_names(publis
     assert manifest["quarantine"]["by_reason"] == {f"non_finite:{PRICE}": 1, f"too_long:{NAME}": 1}
     stored = [c["name"] for c in manifest["schema"]]
     assert {PRICE, AGE, TICK, NAME, CITY, VECTOR} <= set(stored)
-    stats = {s["name"]: s for s in manifest["features"]["numeric"]}
+    stats = {s["name"]: s for s in FeatureSpec(manifest["features"]).by_kind()["numeric"]}
     clean = published["frame"].drop(index=[3, 4])
     # The train split's mean of each numeric feature is a mean of that column's own values (not another's).
     assert stats[AGE]["mean"] == pytest.approx(clean[AGE].mean(), abs=0.5)
     assert abs(stats[PRICE]["mean"]) < 0.5 and stats[PRICE]["std"] == pytest.approx(1, abs=0.3)
-    vocab = {c["name"]: c["vocab"] for c in manifest["features"]["categorical"]}
+    vocab = {c["name"]: c["vocab"] for c in FeatureSpec(manifest["features"]).by_kind()["categorical"]}
     assert sorted(vocab[NAME]) == ["ann", "bob", "zoë"] and sorted(vocab[CITY]) == ["köln", "o'hare", "paris"]
 
 

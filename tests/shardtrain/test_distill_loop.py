@@ -72,7 +72,8 @@ def test_manifest_records_the_teacher(loop):
     record = loop["soft"].teacher.to_record()
     assert record == {"uri": teacher_uri, "fingerprint": read_marker(teacher_uri)["model_json_sha256"],
                       "temperature": TEMPERATURE, "column": "teacher", "task": "classification", "num_classes": 2,
-                      "features": {"numeric": ["x0", "x1", "x2", "x3"], "categorical": ["c0", "c1"], "arrays": []}}
+                      "features": [*({"name": f"x{i}", "kind": "numeric"} for i in range(4)),
+                                   {"name": "c0", "kind": "categorical"}, {"name": "c1", "kind": "categorical"}]}
     assert {"name": "teacher", "dtype": "float32", "shape": [2]} in loop["soft"].data["schema"]
     assert loop["plain"].teacher is None and "teacher" not in [c["name"] for c in loop["plain"].data["schema"]]
 

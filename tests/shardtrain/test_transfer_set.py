@@ -74,7 +74,7 @@ def _split_table(manifest, split):
 
 
 def _decoded(manifest, table, name):
-    stats = next(f for f in manifest.data["features"]["numeric"] if f["name"] == name)
+    stats = next(f for f in manifest.features.by_kind()["numeric"] if f["name"] == name)
     return table.column(name).to_numpy().astype(np.float64) * stats["std"] + stats["mean"]
 
 

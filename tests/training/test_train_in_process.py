@@ -10,6 +10,8 @@ import os
 
 import numpy as np
 import pytest
+
+from common.features import FeatureSpec
 import torch
 
 from common.errors import EXIT_USAGE, ConfigError, DatasetError, OutputExistsError
@@ -85,7 +87,7 @@ def test_model_round_trip_and_run_files(dataset, tmp_path):
         assert probs.shape == (len(rows), 2)
     meta = json.load(open(os.path.join(result.model_uri, "model.json")))
     assert meta["dataset"]["fingerprint"] == dataset.manifest["fingerprint"]
-    assert meta["features"]["categorical"][0]["vocab"] and meta["versions"]["torch"] == torch.__version__
+    assert FeatureSpec(meta["features"]).by_kind()["categorical"][0]["vocab"] and meta["versions"]["torch"] == torch.__version__
     assert len(meta["metrics"]) == 3 and meta["config"]["train"]["precision"] == "bf16"
     assert all(m["val_rows"] == 200 for m in result.metrics)  # every validation row, none skipped
     lines = open(os.path.join(result.run_dir, "metrics.jsonl")).read().splitlines()
