@@ -66,7 +66,9 @@ def replicate(uri: str, copies: int, workdir: str) -> str:
     import pyarrow.parquet as pq
 
     from common.commit_marker import is_committed
-    from common.dataset import ROW_INDEX, build_manifest, file_entry, read_manifest, write_manifest
+    from common.dataset import read_manifest, ROW_INDEX
+    from common.dataset_files import file_entry
+    from common.manifest_builder import build_manifest, write_manifest
     from common.publish import publish
 
     target = os.path.join(workdir, f"data-x{copies}")

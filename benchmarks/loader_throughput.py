@@ -29,7 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 warnings.filterwarnings("ignore")
 
 from common.commit_marker import MARKER  # noqa: E402
-from common.dataset import build_manifest, file_entry, read_manifest, write_manifest  # noqa: E402
+from common.dataset import read_manifest
+from common.dataset_files import file_entry
+from common.manifest_builder import build_manifest, write_manifest
 from common.storage import resolve  # noqa: E402
 from pipelines.shard_writer import COMPRESSION_SAMPLE_ROWS, writer_options  # noqa: E402
 

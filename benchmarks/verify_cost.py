@@ -65,7 +65,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from common.dataset import read_manifest, verify_dataset
+    from common.dataset import read_manifest
+    from common.dataset_files import verify_dataset
     from pipelines.balance import rows_per_row_group
     from training.columns import columns_for
 

@@ -1,5 +1,7 @@
-"""The dataset contract between pipelines/ (producer) and training/ (consumer): the manifest, the
-one way to build it (``build_manifest``), and the one validation every reader runs.
+"""The dataset contract between pipelines/ (producer) and training/ (consumer): the manifest, its
+typed records, and the one validation every reader runs. The one way to build a manifest is
+``common.manifest_builder.build_manifest``; a dataset's files are checked against it by
+``common.dataset_files``.
 
 ``_manifest.json`` sits at the root of a published dataset, beside the ``_COMMITTED`` marker::
 
@@ -71,7 +73,7 @@ the row's position in the split (files in order, rows in order).
 
 File paths are relative to the dataset root and stay inside it (``validate_manifest`` refuses
 absolute paths and ``..``). Every file's sha256 is recorded; readers check a file against it
-before using its rows (``verify_file``), and ``verify_dataset`` checks them all.
+before using its rows (``common.dataset_files.verify_file``), and ``verify_dataset`` checks them all.
 
 ``read_manifest`` validates the record, then parses it once: ``Manifest.label`` (``LabelSpec``),
 ``Manifest.teacher`` (``TeacherRecord``, or None), ``Manifest.splits`` (a ``SplitEntry`` of
@@ -87,18 +89,14 @@ reproduces training exactly.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 
-from common import __version__
 from common.commit_marker import is_committed
-from common.errors import DatasetError, StorageError, StorageIOError
+from common.errors import DatasetError, StorageError
 from common.features import KINDS, FeatureSpec
 from common.features.v1 import KIND, listed
 from common.features.spec import NULL_SHARE
@@ -331,89 +329,11 @@ def _require_dataset(loc: Location) -> None:
         raise DatasetError(str(exc)) from None
 
 
-# --- integrity: every data file against the sha256 the shard job recorded ---------------------------
-
-def verify_file(root: Location, entry: FileEntry) -> None:
-    """Check a split or quarantine file against its manifest entry (size, then a streamed sha256);
-    a DatasetError names the file and says to re-run the shard job."""
-    verify_digest(root.join(entry.path), entry.sha256, entry.bytes)
-
-
-def verify_digest(loc: Location, sha256: str, size: int | None = None) -> None:
-    """``loc``'s bytes must hash to ``sha256`` (and number ``size``, when given): streamed in 1 MiB
-    blocks, so memory stays flat whatever the file size."""
-    digest = hashlib.sha256()
-    try:
-        with loc.fs.open(loc.path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-            got_size = fh.tell()
-    except FileNotFoundError:
-        raise DatasetError(f"{loc.uri}: the file is missing, though the manifest lists it; re-run the shard job "
-                           "to rebuild the dataset") from None
-    except OSError as exc:
-        raise StorageIOError(f"{loc.uri}: reading the file to verify it failed: {exc}") from None
-    if size is not None and size >= 0 and got_size != size:
-        raise DatasetError(f"{loc.uri}: the file holds {got_size} bytes, but the manifest recorded {size}; it changed "
-                           "after the shard job wrote it (a damaged or replaced file): re-run the shard job")
-    if digest.hexdigest() != sha256:
-        raise DatasetError(f"{loc.uri}: sha256 {digest.hexdigest()[:16]}... does not match the manifest's "
-                           f"{str(sha256)[:16]}...; the file changed after the shard job wrote it (a damaged or "
-                           "replaced file): re-run the shard job")
-
-
-# --- a file's version: what tells a rewrite cheaply, without reading the file ---------------------
-
-# fsspec's info fields that change when an object is written again: GCS's generation, S3's
-# VersionId and ETag, HDFS's mtime. The size always.
-_VERSION_FIELDS = ("generation", "VersionId", "ETag", "etag", "mtime")
-
-
-def file_identity(loc: Location) -> tuple:
-    """``(field, value)`` pairs naming this version of the file: size and mtime_ns locally (a
-    rewrite is a new file with a new mtime), the size and what fsspec's ``info`` reports of the
-    generation, version id, ETag or mtime elsewhere. FileNotFoundError when it is gone."""
-    if loc.scheme == "file":
-        st = os.stat(loc.path)
-        return (("size", st.st_size), ("mtime_ns", st.st_mtime_ns))
-    info = loc.fs.info(loc.path)
-    return (("size", int(info.get("size") or 0)),
-            *((name, str(info[name])) for name in _VERSION_FIELDS if info.get(name) is not None))
-
-
-def current_fingerprint(root: Location) -> str | None:
-    """The fingerprint in the manifest at ``root`` now, or None when there is no committed,
-    readable manifest there (being replaced, removed, damaged): a cheap re-read, no validation."""
-    try:
-        if not is_committed(root):
-            return None
-        record = json.loads(root.read_text(MANIFEST_NAME))
-    except (OSError, ValueError):
-        return None
-    return record.get("fingerprint") if isinstance(record, dict) else None
-
-
-def verify_dataset(manifest: Manifest) -> list[str]:
-    """Every file the manifest lists (splits and quarantine), checked; returns the problems, one
-    line each naming the file (empty when the dataset is intact)."""
-    entries = [entry for split in manifest.split_names for entry in manifest.files(split)]
-    quarantine = manifest.data.get("quarantine") or {}
-    entries += [_file_entry(f) for f in quarantine.get("files", [])]
-    problems = []
-    for entry in entries:
-        try:
-            verify_file(manifest.root, entry)
-        except DatasetError as exc:
-            problems.append(str(exc))
-    return problems
-
-
 def _file_entry(f: dict) -> FileEntry:
     return FileEntry(path=f["path"], rows=int(f["rows"]), row_groups=tuple(f["row_groups"]),
                      bytes=int(f["bytes"]), sha256=f["sha256"])
 
 
-_DTYPE_BYTES = {"float32": 4, "int32": 4, "int64": 8}
 
 
 def validate_manifest(data: dict, where: str) -> None:
@@ -472,14 +392,14 @@ def _validate_schema(schema: Any, where: str) -> None:
 def _validate_label(label: Any, where: str) -> None:
     if not isinstance(label, dict) or not label.get("name"):
         raise DatasetError(f"{where}: field 'label.name' is missing")
-    task = _task_of(label, "label", where)
+    task = record_task(label, "label", where)
     if task.classes:
         num_classes = label.get("num_classes")
         if not isinstance(num_classes, int) or num_classes < 2:
             raise DatasetError(f"{where}: field 'label.num_classes' is {num_classes!r}; {task.name} needs >= 2")
 
 
-def _task_of(record: dict, section: str, where: str) -> LabelTask:
+def record_task(record: dict, section: str, where: str) -> LabelTask:
     """The task a label or teacher record names (``common.tasks``); a DatasetError if none."""
     task = record.get("task")
     if task not in LABEL_TASKS:
@@ -540,7 +460,7 @@ def _validate_teacher(teacher: Any, schema: list[dict], where: str) -> None:
 
 def teacher_shape(teacher: dict, where: str = "the manifest being built") -> list[int]:
     """The stored soft-target column's shape: [num_classes] (probabilities) or [] (a value)."""
-    task = _task_of(teacher, "teacher", where)
+    task = record_task(teacher, "teacher", where)
     num_classes = teacher.get("num_classes")
     if task.classes and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2):
         raise DatasetError(f"{where}: field 'teacher.num_classes' is {num_classes!r}; a {task.name} teacher "
@@ -604,108 +524,3 @@ def _validate_file_path(path: Any, field: str) -> None:
     if any(part in ("..", ".", "") for part in parts) or "\\" in path:
         raise DatasetError(f"{field} is {path!r}; a manifest's file paths must stay inside the dataset (no '..', "
                            "'.' or empty parts)")
-
-
-def stored_schema(features: dict, label: dict, teacher: dict | None = None) -> list[dict]:
-    """The stored columns, in file order, that a feature, label (and teacher) spec imply (see the module doc)."""
-    cols = FeatureSpec(features).stored_columns()
-    task = _task_of(label, "label", "the manifest being built")
-    cols.append({"name": label["name"], "dtype": task.label_dtype, "shape": []})
-    if teacher is not None:
-        cols.append({"name": TEACHER_COLUMN, "dtype": "float32", "shape": teacher_shape(teacher)})
-    cols.append({"name": ROW_INDEX, "dtype": "int64", "shape": []})
-    return cols
-
-
-def is_list_type(type_) -> bool:
-    """An Arrow list type (how array features and soft targets are stored)."""
-    import pyarrow as pa
-
-    return pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_)
-
-
-def value_type(type_):
-    """A list type's innermost value type (an array feature's float32); any other type itself."""
-    while is_list_type(type_):
-        type_ = type_.value_type
-    return type_
-
-
-def arrow_schema(columns: list[dict]):
-    """The Parquet (Arrow) schema of the stored columns; arrays are stored flattened as lists."""
-    import pyarrow as pa
-
-    types = {"float32": pa.float32(), "int32": pa.int32(), "int64": pa.int64()}
-    return pa.schema([pa.field(c["name"], pa.list_(types[c["dtype"]]) if c["shape"] else types[c["dtype"]],
-                               nullable=False) for c in columns])
-
-
-def build_manifest(splits: dict, features: dict, label: dict, teacher: dict | None = None, **extra: Any) -> dict:
-    """The one way to make a manifest: the schema follows from the specs, the fingerprint from the
-    content, and the result passes the same validation every reader runs. ``teacher``: the
-    soft-target record (see the module doc), when the splits store a teacher column. ``extra``
-    adds the producer's own fields (config, accounting, sources, ...)."""
-    import datetime as _dt
-
-    features = FeatureSpec(features).spec  # the ordered list (a dict by kind is listed)
-    manifest = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "shardtrain_version": __version__,
-        "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "schema": stored_schema(features, label, teacher),
-        "features": features,
-        "label": label,
-        "row_index_column": ROW_INDEX,
-        "splits": splits,
-        **({"teacher": teacher} if teacher is not None else {}),
-        **extra,
-        "fingerprint": fingerprint(splits, features, label, teacher),
-    }
-    validate_manifest(manifest, "the manifest being built")
-    return manifest
-
-
-def write_manifest(root: Location, manifest: dict) -> None:
-    """Strict JSON only: a NaN or infinite statistic (``std: Infinity``) is refused, not written
-    as a manifest no JSON reader but Python's accepts."""
-    try:
-        text = json.dumps(manifest, indent=2, sort_keys=False, allow_nan=False)
-    except ValueError as exc:
-        raise DatasetError(f"{root.uri}: the manifest would hold a non-finite number ({exc}); nothing was published: "
-                           "this is a bug, report it with the input that caused it") from None
-    root.write_text(MANIFEST_NAME, text + "\n")
-
-
-def file_entry(root: Location, rel: str) -> dict:
-    """A split's file entry for a Parquet file already written under ``root``: rows, row groups,
-    bytes and sha256 (for producers that write files themselves: tests, benchmarks)."""
-    import pyarrow.parquet as pq
-
-    loc = root.join(rel)
-    digest = hashlib.sha256()
-    with loc.fs.open(loc.path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-        size = fh.tell()
-    with loc.fs.open(loc.path, "rb") as fh:
-        meta = pq.ParquetFile(fh).metadata
-        groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    return {"path": rel, "rows": sum(groups), "row_groups": groups, "bytes": size, "sha256": digest.hexdigest()}
-
-
-def row_bytes(schema: list[dict]) -> int:
-    """Stored (uncompressed) bytes of one row of ``schema`` (the manifest's column list)."""
-    return sum(_DTYPE_BYTES[c["dtype"]] * math.prod(c["shape"] or [1]) for c in schema)
-
-
-def fingerprint(splits: dict, features: dict, label: dict, teacher: dict | None = None) -> str:
-    """A content fingerprint: equal data and preprocessing (and teacher) give an equal fingerprint."""
-    h = hashlib.sha256()
-    payload = {
-        "splits": {s: [(f["path"], f["rows"], f["sha256"]) for f in info["files"]] for s, info in sorted(splits.items())},
-        "features": features,
-        "label": label,
-    }
-    if teacher is not None:  # only then, so datasets without one keep their fingerprints
-        payload["teacher"] = teacher
-    h.update(json.dumps(payload, sort_keys=True).encode())
-    return h.hexdigest()

@@ -9,7 +9,8 @@ shows the same with charts: rows per shard and split, quarantine counts by reaso
 
 from __future__ import annotations
 
-from common.dataset import LabelSpec, Manifest, read_manifest, row_bytes
+from common.dataset import LabelSpec, Manifest, read_manifest
+from common.manifest_builder import row_bytes
 from common.features import FeatureSpec
 
 
@@ -218,7 +219,7 @@ def _html_features(features: dict) -> list[str]:
 def verify_report(manifest: Manifest) -> tuple[str, int]:
     """``inspect --verify``: every split and quarantine file checked against the manifest's
     sha256; returns the report and the number of damaged files."""
-    from common.dataset import verify_dataset
+    from common.dataset_files import verify_dataset
 
     problems = verify_dataset(manifest)
     files = sum(manifest.num_shards(split) for split in manifest.split_names)

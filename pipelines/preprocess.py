@@ -40,7 +40,7 @@ from common.features.base import TrainSummary
 from common.rows import FLOAT_MAX, encoding_reasons
 from common.sql import quote_identifier as q
 from common.dataset import LABEL_NAME, ROW_INDEX, TeacherRecord
-from common.dataset import stored_schema as dataset_schema
+from common.manifest_builder import stored_schema as dataset_schema
 from pipelines.shard_config import ShardConfig
 from pipelines.summary import Summary
 

@@ -58,8 +58,8 @@ from common.config import dump_yaml, to_dict
 from common.plugins import load_callable
 from common.errors import AccountingError, InputDataError, OutputLockedError, first_line
 from common.leases import active_readers, describe_reader, readers_location
-from common.dataset import (FORMAT_VERSION, LABEL_NAME, ROW_INDEX, TEACHER_COLUMN, Manifest, TeacherRecord,
-                            arrow_schema, build_manifest, read_manifest, row_bytes, write_manifest)
+from common.dataset import FORMAT_VERSION, LABEL_NAME, Manifest, read_manifest, ROW_INDEX, TEACHER_COLUMN, TeacherRecord
+from common.manifest_builder import arrow_schema, build_manifest, row_bytes, write_manifest
 from common.sql import quote_identifier as q
 from common.sql import quote_string
 from common.sources import CORRUPT_COLUMN, MALFORMED, check_table_inputs, read_sources, source_fingerprint

@@ -34,7 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.dataset import ROW_INDEX, is_list_type, value_type
+from common.dataset import ROW_INDEX
+from common.manifest_builder import is_list_type, value_type
 from common.features import FeatureSpec
 from common.storage import resolve, storage_errors
 from common.tasks import label_task

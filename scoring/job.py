@@ -399,7 +399,8 @@ def _sources_table(spark, cfg: ScoreConfig):
 def _dataset_table(spark, cfg: ScoreConfig, spec):
     """(the split's stored rows, no malformed frames), after checking they are encoded the way the
     model was trained and that every file matches its manifest sha256."""
-    from common.dataset import read_manifest, verify_file
+    from common.dataset import read_manifest
+    from common.dataset_files import verify_file
     from common.spark import to_spark_path
 
     manifest = read_manifest(cfg.dataset)

@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from common.dataset import is_list_type
+from common.manifest_builder import is_list_type
 from common.errors import DatasetError
 
 _DONE = object()

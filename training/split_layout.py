@@ -6,7 +6,7 @@ Integrity: before a reader opens shard files it calls ``SplitLayout.verify_files
 which checks each file against the manifest's sha256 the first time this rank opens it in the
 run (``data.verify``); any reader of shard files must call it.
 
-Pinning: the driver records each file's version (``common.dataset.file_identity``: size and
+Pinning: the driver records each file's version (``common.dataset_files.file_identity``: size and
 mtime_ns locally, generation / ETag elsewhere) in the layout when it plans, beside the manifest's
 fingerprint. ``verify_files`` compares it on every open (a stat per file, every rank, both
 readers), a pass compares it again once it has read its rows (``check_unchanged``), and
@@ -24,7 +24,8 @@ import logging
 from dataclasses import dataclass, field
 
 from common.errors import DatasetChangedError, DatasetError
-from common.dataset import Manifest, current_fingerprint, file_identity, verify_digest
+from common.dataset import Manifest
+from common.dataset_files import current_fingerprint, file_identity, verify_digest
 from common.storage import resolve
 
 # The data path's logger, kept when this moved out of training.data: the same records under the same name.

@@ -68,7 +68,8 @@ def test_missing_feature_column_is_named():
 
 
 def _dataset(tmp_path, row_groups_per_file: list[list[int]]):
-    from common.dataset import build_manifest, read_manifest, write_manifest
+    from common.dataset import read_manifest
+    from common.manifest_builder import build_manifest, write_manifest
     from common.publish import publish
 
     # Only the manifest matters to describe_dataset; no Parquet file is read.
@@ -111,7 +112,7 @@ def test_manifest_reader_refuses_an_unknown_dtype(tmp_path):
 
 
 def test_build_manifest_derives_the_schema_and_fingerprint():
-    from common.dataset import build_manifest, fingerprint
+    from common.manifest_builder import build_manifest, fingerprint
 
     features = {"numeric": [{"name": "x", "mean": 0.0, "std": 1.0, "fill": 0.0}],
                 "categorical": [{"name": "c", "vocab": ["a"]}], "arrays": [{"name": "img", "shape": [2, 3]}]}
@@ -134,7 +135,7 @@ def test_build_manifest_derives_the_schema_and_fingerprint():
 def test_null_shares_are_optional_checked_and_no_part_of_the_encoding():
     """A feature record's null_share (the shard job's, from 0.1.x on) is a fraction in [0, 1] where
     present; a manifest without any (written before) still reads; the two encode alike."""
-    from common.dataset import build_manifest
+    from common.manifest_builder import build_manifest
 
     features = {"numeric": [{"name": "x", "mean": 0.0, "std": 1.0, "fill": 0.0, "null_share": 0.25}],
                 "categorical": [{"name": "c", "vocab": ["a"], "null_share": 0.0}],
@@ -159,7 +160,8 @@ def test_null_shares_are_optional_checked_and_no_part_of_the_encoding():
 def test_a_teacher_record_adds_its_column_and_is_validated():
     """The soft-target column follows the record (probabilities [num_classes], or a value), joins
     the fingerprint, and a record that does not describe its column is refused naming the field."""
-    from common.dataset import build_manifest, validate_manifest
+    from common.dataset import validate_manifest
+    from common.manifest_builder import build_manifest
 
     features = {"numeric": [{"name": "x", "mean": 0.0, "std": 1.0, "fill": 0.0}]}
     label = {"name": "label", "task": "classification", "num_classes": 3}
@@ -187,8 +189,8 @@ def test_read_manifest_types_the_label_teacher_and_splits_and_gives_back_their_r
     import dataclasses
     import json
 
-    from common.dataset import (FileEntry, LabelSpec, SplitEntry, build_manifest, read_manifest,
-                                write_manifest)
+    from common.dataset import FileEntry, LabelSpec, read_manifest, SplitEntry
+    from common.manifest_builder import build_manifest, write_manifest
     from common.publish import publish
 
     features = {"numeric": [{"name": "x", "mean": 0.0, "std": 1.0, "fill": 0.0}]}

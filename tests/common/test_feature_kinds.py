@@ -94,7 +94,8 @@ FEATURES = [{"name": "x", "kind": "numeric", "mean": 1.0, "std": 2.0, "fill": 1.
 
 
 def _published(tmp_path, label_task="regression"):
-    from common.dataset import build_manifest, read_manifest, write_manifest
+    from common.dataset import read_manifest
+    from common.manifest_builder import build_manifest, write_manifest
     from common.publish import publish
 
     splits = {"train": {"rows": 1, "files": [{"path": "train/part-00000.parquet", "rows": 1, "row_groups": [1],

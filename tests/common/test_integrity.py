@@ -13,7 +13,8 @@ import shutil
 import pytest
 import torch
 
-from common.dataset import MANIFEST_NAME, read_manifest, validate_manifest, verify_dataset
+from common.dataset import MANIFEST_NAME, read_manifest, validate_manifest
+from common.dataset_files import verify_dataset
 from common.errors import DatasetError
 from shardtrain.cli import main
 from train_configs import train_overrides

@@ -182,7 +182,7 @@ def test_values_float32_cannot_hold_are_quarantined_and_the_statistics_stay_fini
 
 
 def test_the_manifest_writer_refuses_a_non_finite_number(tmp_path):
-    from common.dataset import write_manifest
+    from common.manifest_builder import write_manifest
     from common.storage import resolve
 
     root = resolve(str(tmp_path))

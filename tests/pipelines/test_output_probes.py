@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from common.commit_marker import KIND_DATASET
-from common.dataset import read_manifest, verify_dataset
+from common.dataset import read_manifest
+from common.dataset_files import verify_dataset
 from common.publish import read_marker
 from common.writer_lock import lock_location, output_lock
 from pipelines.generate import generate_dataset

@@ -12,7 +12,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.dataset import MANIFEST_NAME, build_manifest, file_entry, write_manifest
+from common.dataset import MANIFEST_NAME
+from common.dataset_files import file_entry
+from common.manifest_builder import build_manifest, write_manifest
 from common.storage import resolve
 
 

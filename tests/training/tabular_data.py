@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.commit_marker import MARKER
-from common.dataset import build_manifest, file_entry, write_manifest
+from common.dataset_files import file_entry
+from common.manifest_builder import build_manifest, write_manifest
 from common.features import FeatureSpec
 from common.storage import resolve
 
