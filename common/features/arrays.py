@@ -124,13 +124,6 @@ class Arrays(FeatureKind):
     def batch_layout(self) -> list[BatchEntry]:
         return [BatchEntry(name, (name,), "float32", shape) for name, shape in self.shapes.items()]
 
-    def stored_batch(self, table: Any, n: int) -> dict[str, np.ndarray]:
-        out = {}
-        for name, shape in self.shapes.items():
-            flat = table.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-            out[name] = flat.astype(np.float32, copy=False).reshape((n, *shape))
-        return out
-
     def batch(self, frame: Any, n: int) -> dict[str, np.ndarray]:
         return {name: _stacked_arrays(frame[name], n, shape) for name, shape in self.shapes.items()}
 

@@ -189,8 +189,17 @@ class FeatureKind:
         raise NotImplementedError
 
     def stored_batch(self, table: Any, n: int) -> dict[str, np.ndarray]:
-        """The batch entries of ``n`` stored rows (an Arrow table of the dataset's columns)."""
-        raise NotImplementedError
+        """The batch entries of ``n`` stored rows (an Arrow table of the dataset's columns), as
+        ``batch_layout`` lays them out (scoring an already-encoded table; training's loader
+        converts by the same layout, with its shuffling and memory reuse: training/columns.py)."""
+        out = {}
+        for entry in self.batch_layout():
+            if not entry.shape:
+                out[entry.key] = stacked_scalars(table, list(entry.columns), n, np.dtype(entry.dtype))
+                continue
+            flat = table.column(entry.columns[0]).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+            out[entry.key] = flat.astype(entry.dtype, copy=False).reshape((n, *entry.shape))
+        return out
 
     def batch(self, frame: Any, n: int) -> dict[str, np.ndarray]:
         """The batch entries these features give for ``n`` raw rows of ``frame``."""

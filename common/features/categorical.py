@@ -22,7 +22,7 @@ import numpy as np
 
 from common.config import require
 from common.errors import DatasetError
-from common.features.base import BatchEntry, FeatureKind, stacked_scalars
+from common.features.base import BatchEntry, FeatureKind
 from common.rows import MAX_CATEGORY_BYTES, each, is_missing, mask, reason, reason_text
 from common.sql import quote_identifier as q
 
@@ -197,9 +197,6 @@ class Categorical(FeatureKind):
 
     def batch_layout(self) -> list[BatchEntry]:
         return [BatchEntry(self.name, tuple(self.names), "int64")]
-
-    def stored_batch(self, table: Any, n: int) -> dict[str, np.ndarray]:
-        return {self.name: stacked_scalars(table, self.names, n, np.int64)}
 
     def batch(self, frame: Any, n: int) -> dict[str, np.ndarray]:
         matrix = np.zeros((n, len(self.names)), dtype=np.int64)

@@ -21,7 +21,7 @@ import numpy as np
 
 from common.config import require
 from common.errors import InputDataError
-from common.features.base import BatchEntry, FeatureKind, stacked_scalars
+from common.features.base import BatchEntry, FeatureKind
 from common.rows import FLOAT_MAX, beyond_float32, decoded, is_missing, mask, reason, reason_text
 from common.sql import quote_identifier as q
 
@@ -133,9 +133,6 @@ class Numeric(FeatureKind):
 
     def batch_layout(self) -> list[BatchEntry]:
         return [BatchEntry(self.name, tuple(self.names), "float32")]
-
-    def stored_batch(self, table: Any, n: int) -> dict[str, np.ndarray]:
-        return {self.name: stacked_scalars(table, self.names, n, np.float32)}
 
     def batch(self, frame: Any, n: int) -> dict[str, np.ndarray]:
         matrix = np.zeros((n, len(self.names)), dtype=np.float32)

@@ -14,7 +14,7 @@ import pytest
 
 from common.errors import DatasetError
 from common.features import KINDS, FeatureSpec
-from common.features.base import BatchEntry, FeatureKind, stacked_scalars
+from common.features.base import BatchEntry, FeatureKind
 from common.rows import frame_refusals, reason_text
 from common.sql import quote_identifier as q
 
@@ -68,9 +68,6 @@ class Boolean(FeatureKind):
 
     def batch_layout(self):
         return [BatchEntry(self.name, tuple(self.names), "float32")] if self.names else []
-
-    def stored_batch(self, table, n):
-        return {self.name: stacked_scalars(table, self.names, n, np.float32)} if self.names else {}
 
     def probe(self, rows):
         return {self.name: np.zeros((rows, len(self.names)), dtype=np.float32)} if self.names else {}
@@ -131,6 +128,8 @@ def test_a_kind_of_our_own_takes_part_in_manifest_rules_serving_and_batches(bool
                        "label": pa.array([0.5, 1.5], pa.float32()), "_row": pa.array([0, 1], pa.int64())})
     batch = table_to_arrays(stored, columns_for(manifest))
     assert batch["boolean"].tolist() == [[1.0], [0.0]] and batch["numeric"].tolist() == [[1.0], [0.0]]
+    # and scoring an already-encoded table: the same entry, from the same layout
+    assert spec.kind_of("member").stored_batch(stored, 2)["boolean"].tolist() == [[1.0], [0.0]]
 
 
 def test_a_dataset_of_a_kind_this_shardtrain_does_not_know_is_refused_naming_it(boolean_kind, tmp_path):
