@@ -38,7 +38,6 @@ def _rank(rank: int, port: int, out: str, layout: str, args) -> None:
                        "OMP_NUM_THREADS": "1"})
     import torch
 
-    from training.config import PipelineConfig
     from training.distributed import TorchGroup
     from common.dataset import LabelSpec
     from training.tasks import Objective
@@ -49,7 +48,7 @@ def _rank(rank: int, port: int, out: str, layout: str, args) -> None:
     group = TorchGroup(torch.device("cpu"), "benchmark")
     precision = Precision("fp32", "cpu")
     if layout.startswith("pipeline"):
-        from training.strategies.pipeline import PipelineParallel
+        from training.strategies.pipeline import PipelineConfig, PipelineParallel
 
         schedule = layout.split("-")[1]
         strategy = PipelineParallel(group, precision, PipelineConfig(stages=2, schedule=schedule,

@@ -348,10 +348,10 @@ def _choices(kind: str, key: str, status: dict[str, str], default: str) -> Check
 
 def check_backends() -> Check:
     from training.config import LaunchConfig
-    from training.launchers import CLASSIC_ONLY
+    from training.launchers import launcher_named
 
     default = LaunchConfig().backend
-    if spark_mode()[0] == "connect" and default in CLASSIC_ONLY:
+    if spark_mode()[0] == "connect" and launcher_named(default).classic_only:
         default = "torch"  # an unset launch.backend runs on torch over Connect (training.launchers.backend_for)
     return _choices("backends", "launch.backend", backend_status(), default)
 

@@ -10,7 +10,6 @@ This module must stay free of torch and horovod: the driver imports it before an
 from __future__ import annotations
 
 import importlib.util
-import math
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,16 +17,13 @@ from typing import Any, Literal
 from common.config import load_config, require, storage_path, to_dict
 from common.config import SparkConfig
 from common.tasks import TASK_NAMES
-from training.strategies import check_strategy
+from training.launchers import BACKENDS, launcher_for, launcher_named
+from training.limits import MAX_BATCH_ROWS, MAX_PREFETCH, MAX_RANKS, MAX_READER_THREADS, MAX_WIDTH
+from training.strategies import check_strategy, picked_by
+from training.strategies.periodic import SyncConfig
+from training.strategies.pipeline import PipelineConfig
 
-# Fixed ceilings on counts that size an allocation or a set of threads or processes before any
-# data is seen: far above real use, low enough that a typo fails at config time, not as an
-# out-of-memory kill (hidden=[10000000000] would ask torch for a 40 GB-per-row weight).
-MAX_WIDTH = 1 << 20  # units of one MLP layer, the embedding dimension
-MAX_BATCH_ROWS = 1 << 24  # batch_size, shuffle_buffer_rows
-MAX_READER_THREADS = 256  # reader_workers
-MAX_PREFETCH = 1024  # prefetch_row_groups
-MAX_RANKS = 4096  # num_proc
+PARALLEL = picked_by("train.parallel")  # train.parallel's choices: the strategies it names
 
 
 @dataclass
@@ -118,86 +114,6 @@ class DistillConfig:
 
 
 @dataclass
-class OuterOptimizerConfig:
-    """DiLoCo's outer optimizer: SGD on the replicas' averaged change since the last sync."""
-
-    lr: float = 0.7
-    momentum: float = 0.9
-    nesterov: bool = True
-
-    def __post_init__(self):
-        require(self.lr > 0 and math.isfinite(self.lr), "lr", f"must be > 0, got {self.lr}")
-        require(0 <= self.momentum < 1, "momentum", f"must be in [0, 1), got {self.momentum}")
-        require(not self.nesterov or self.momentum > 0, "nesterov", "needs momentum > 0")
-
-
-@dataclass
-class SyncConfig:
-    """How often the data-parallel replicas agree (training.strategies.periodic).
-
-    every_step: gradients averaged at every optimizer step (DDP, Horovod). local_sgd: each replica
-    takes ``every`` optimizer steps on its own, then the replicas' weights are averaged, after
-    ``warmup_steps`` of every-step averaging (post-local SGD). diloco: the same rounds, but the
-    averaged change of a round is applied by the ``outer`` optimizer (Nesterov momentum), and with
-    ``overlap`` its average is computed while the next round trains and applied one round late.
-    Every epoch ends with a sync, so checkpoints, validation and the exported model see the consensus.
-    """
-
-    mode: Literal["every_step", "local_sgd", "diloco"] = "every_step"
-    every: int = 8
-    warmup_steps: int = 0
-    outer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
-    overlap: bool = False
-
-    def __post_init__(self):
-        require(1 <= self.every <= 1_000_000, "every", f"must be in [1, 1000000], got {self.every}")
-        require(self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
-        require(not self.overlap or self.mode == "diloco", "overlap",
-                f"applies to mode=diloco only (got mode={self.mode}); set train.sync.overlap=false")
-
-
-@dataclass
-class PipelineConfig:
-    """Pipeline parallelism (``training.strategies.pipeline``): the model's layers cut into
-    ``stages`` consecutive parts on consecutive ranks, each batch split into ``microbatches`` that
-    flow through them; ``launch.num_proc / stages`` data-parallel replicas of that pipeline."""
-
-    stages: int = 1  # 1: off (every rank holds the whole model)
-    # gpipe: all forwards, then all backwards (activations of every micro-batch held at once);
-    # 1f1b: one forward, one backward in turn (at most `stages` micro-batches in flight);
-    # interleaved_1f1b: 1f1b over stages_per_rank (>= 2) smaller stages per rank, a smaller bubble.
-    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
-    microbatches: int = 8  # per batch: train.batch_size must be a multiple of it
-    stages_per_rank: int = 1  # interleaved_1f1b only (>= 2)
-    # Where the stage boundaries fall between the model's blocks. auto: balanced by a short timing
-    # pass of each block (forward and backward of one micro-batch, on rank 0); even: the same number
-    # of blocks per stage; or a list per stage of the blocks' module names (e.g. [[blocks.0],
-    # [blocks.1, blocks.2]]), all of them in order.
-    split: Literal["auto", "even"] | list[list[str]] = "auto"
-
-    def __post_init__(self):
-        require(1 <= self.stages <= MAX_RANKS, "stages", f"must be in [1, {MAX_RANKS}], got {self.stages}")
-        require(1 <= self.microbatches <= MAX_BATCH_ROWS, "microbatches",
-                f"must be in [1, {MAX_BATCH_ROWS:,}], got {self.microbatches}")
-        interleaved = self.schedule == "interleaved_1f1b"
-        require(self.stages_per_rank >= 2 if interleaved else self.stages_per_rank == 1, "stages_per_rank",
-                f"must be >= 2 with schedule=interleaved_1f1b (got {self.stages_per_rank})" if interleaved else
-                f"must be 1 with schedule={self.schedule} (got {self.stages_per_rank}); more stages per rank need "
-                "schedule=interleaved_1f1b")
-        parts = self.stages * self.stages_per_rank
-        require(not isinstance(self.split, list) or self.stages == 1 or
-                (len(self.split) == parts and all(self.split)), "split",
-                f"must be 'auto', 'even' or {parts} non-empty lists of module names (one per stage: stages x "
-                f"stages_per_rank), got {self.split}")
-        if self.stages > 1 and self.schedule != "gpipe":
-            # Too few micro-batches and 1F1B has no steady state: torch refuses fewer than the
-            # stages; the interleaved schedule needs whole rounds of `stages` micro-batches.
-            require(self.microbatches >= self.stages and (not interleaved or self.microbatches % self.stages == 0),
-                    "microbatches", f"must be {'a multiple of' if interleaved else 'at least'} stages={self.stages} "
-                    f"with schedule={self.schedule}, got {self.microbatches}; raise it, or use schedule=gpipe")
-
-
-@dataclass
 class TrainLoopConfig:
     epochs: int = 5
     batch_size: int = 256  # per rank, per micro-batch
@@ -215,15 +131,17 @@ class TrainLoopConfig:
     log_every_steps: int = 50
     # ddp: every rank holds the whole model. fsdp (launch.backend=torch only): parameters,
     # gradients and optimizer state sharded across ranks (FSDP2), for models larger than one device.
-    parallel: Literal["ddp", "fsdp"] = "ddp"
-    # Layers in stages on consecutive ranks (launch.backend=torch); stages: 1 is off.
+    parallel: Literal[PARALLEL] = "ddp"
+    # Layers in stages on consecutive ranks (launch.backend=torch); stages: 1 is off
+    # (training.strategies.pipeline).
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     # fp16 only: consecutive non-finite losses tolerated (the scaler skips those steps) before
     # training stops, because the loss scale cannot recover from a diverged model.
     max_skipped_steps: int = 20
     # Learn from the dataset's teacher column too (see DistillConfig); null: the labels only.
     distill: DistillConfig | None = None
-    # How often the replicas agree: every step (default), or in rounds (local SGD, DiLoCo); see SyncConfig.
+    # How often the replicas agree: every step (default), or in rounds (local SGD, DiLoCo):
+    # training.strategies.periodic.
     sync: SyncConfig = field(default_factory=SyncConfig)
 
     def __post_init__(self):
@@ -237,13 +155,6 @@ class TrainLoopConfig:
         require(self.clip_norm is None or self.clip_norm > 0, "clip_norm", "must be > 0 (or null for no clipping)")
         require(self.log_every_steps >= 1, "log_every_steps", "must be >= 1")
         require(self.max_skipped_steps >= 1, "max_skipped_steps", "must be >= 1")
-        if self.pipeline.stages > 1:
-            micro = self.pipeline.microbatches
-            require(self.batch_size % micro == 0, "pipeline.microbatches",
-                    f"must divide train.batch_size={self.batch_size} (got {micro}): every micro-batch has the same "
-                    f"rows; set train.batch_size to a multiple of {micro} or train.pipeline.microbatches to a divisor")
-            require(self.distill is None, "distill", "is not built for train.pipeline.stages > 1 (the last stage "
-                    "gets only the label); remove train.distill or set train.pipeline.stages=1")
 
 
 @dataclass
@@ -269,8 +180,9 @@ class LaunchConfig:
     # torch stays imported for the session's next launch; training/launchers/torch_tasks.py), or
     # torchrun: no Spark, every rank a process torchrun (or Kubernetes, ...) started running
     # `shardtrain train` (training/launchers/torchrun.py; launch.device picks its GPU or the CPU).
+    # The choices are training.launchers.LAUNCHERS' (launch.mode=in_process picks that one).
     # null: horovod where horovod.torch is installed, else torch (resolved here, on the driver).
-    backend: Literal["horovod", "torch", "torch_tasks", "torchrun"] | None = None
+    backend: Literal[BACKENDS] | None = None
     # Horovod elastic (horovod.spark.run_elastic): when a rank dies, the others go on without a
     # relaunch, at the smaller world size (at least min_num_proc; null: num_proc - 1), repeating
     # the interrupted epoch with its rows divided into equal steps for that size (training.elastic).
@@ -286,11 +198,11 @@ class LaunchConfig:
         require(self.start_timeout >= 1, "start_timeout", "must be >= 1")
         require(self.stall_timeout_s >= 5, "stall_timeout_s", f"must be >= 5 seconds, got {self.stall_timeout_s}")
         require(self.max_restarts >= 0, "max_restarts", f"must be >= 0, got {self.max_restarts}")
-        require(self.mode == "spark" or self.num_proc == 1, "num_proc",
-                f"must be 1 with launch.mode=in_process (got {self.num_proc})")
+        launcher = launcher_for(self)
+        launcher.check(self)
         if self.elastic:
-            require(self.backend == "horovod" and self.mode == "spark", "elastic",
-                    "needs launch.backend=horovod and launch.mode=spark")
+            elastic = [name for name in BACKENDS if launcher_named(name).elastic]
+            require(launcher.elastic, "elastic", f"needs launch.backend={' or '.join(elastic)} and launch.mode=spark")
             if self.min_num_proc is None:
                 self.min_num_proc = max(1, self.num_proc - 1)
         require(self.min_num_proc is None or 1 <= self.min_num_proc <= self.num_proc, "min_num_proc",
@@ -375,7 +287,7 @@ class TrainConfig:
     def __post_init__(self):
         require(self.data.val_split != self.data.train_split, "data.val_split",
                 "must differ from data.train_split")
-        check_strategy(self.train, self.launch, self.model, self.checkpoint)
+        check_strategy(self, launcher_for(self.launch))
 
     @property
     def checkpoint_path(self) -> str:
@@ -398,7 +310,6 @@ def load_train_config(path=None, overrides=None, defaults: dict | None = None) -
 
 
 __all__ = [
-    "CheckpointConfig", "DataConfig", "DistillConfig", "LaunchConfig", "MlflowConfig", "ModelConfig", "OuterOptimizerConfig",
-    "PipelineConfig", "SyncConfig", "TrackingConfig",
+    "CheckpointConfig", "DataConfig", "DistillConfig", "LaunchConfig", "MlflowConfig", "ModelConfig", "TrackingConfig",
     "TrainConfig", "TrainLoopConfig", "TrainOutputConfig", "installed", "load_train_config",
 ]

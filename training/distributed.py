@@ -5,7 +5,7 @@ parallel is not decided here: that is the strategy's (``training.strategies``).
 ``LocalGroup`` (world size 1) serves the in-process mode, notebooks and GPU benchmarks,
 ``HorovodGroup`` the Horovod ranks, ``TorchGroup`` the torch.distributed ranks (TorchDistributor's,
 torchrun's, or those run inside Spark's barrier tasks). Every group is built with the device
-``pick_device`` resolved once for the rank.
+resolved once for the rank (``in_process_device``, ``pick_device`` for a Spark rank).
 ``average_`` and ``broadcast_`` work in place on one tensor, and ``average_`` can run in the
 background (a ``Pending`` to wait on): what strategies that move whole parameter vectors need.
 
@@ -305,19 +305,22 @@ class Pending:
             finish()
 
 
-def pick_device(launch_cfg, rank: int) -> tuple[torch.device, str]:
-    """(device, why) for this rank, resolved once, before its group starts: in-process, what
-    ``launch.device`` asks for; a Spark rank, the GPU Spark assigned to its task (else the CPU)."""
-    if launch_cfg.mode == "in_process":
-        wanted = launch_cfg.device
-        if wanted == "cpu":
-            return _CPU, "in-process mode, launch.device=cpu"
-        if torch.cuda.is_available():
-            return torch.device("cuda:0"), "in-process mode, CUDA available"
-        if wanted == "cuda":
-            raise ConfigError("launch.device=cuda but CUDA is not available in this process "
-                              "(no GPU, or a CPU build of torch); use launch.device=auto or cpu")
-        return _CPU, "in-process mode, no CUDA"
+def in_process_device(launch_cfg) -> tuple[torch.device, str]:
+    """(device, why) of the one rank in the driver's process: what ``launch.device`` asks for."""
+    wanted = launch_cfg.device
+    if wanted == "cpu":
+        return _CPU, "in-process mode, launch.device=cpu"
+    if torch.cuda.is_available():
+        return torch.device("cuda:0"), "in-process mode, CUDA available"
+    if wanted == "cuda":
+        raise ConfigError("launch.device=cuda but CUDA is not available in this process "
+                          "(no GPU, or a CPU build of torch); use launch.device=auto or cpu")
+    return _CPU, "in-process mode, no CUDA"
+
+
+def pick_device(rank: int) -> tuple[torch.device, str]:
+    """(device, why) for this Spark rank, resolved once, before its group starts: the GPU Spark
+    assigned to its task (else the CPU)."""
     addresses = spark_gpu_addresses()
     name, why = resolve_device(addresses, torch.cuda.is_available(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     if addresses and name == "cpu":
@@ -366,5 +369,5 @@ def set_threads(local_size: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
 
 
-__all__ = ["HorovodGroup", "LocalGroup", "Pending", "TorchGroup", "attempt_key", "attempt_store", "pick_device",
-           "rendezvous_store", "set_threads", "spark_gpu_addresses"]
+__all__ = ["HorovodGroup", "LocalGroup", "Pending", "TorchGroup", "attempt_key", "attempt_store", "in_process_device",
+           "pick_device", "rendezvous_store", "set_threads", "spark_gpu_addresses"]

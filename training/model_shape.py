@@ -33,6 +33,8 @@ from typing import Callable
 from common.features.categorical import RESERVED_INDICES
 from common.errors import ConfigError
 from common.tasks import label_task
+from training.launchers import launcher_for
+from training.strategies import model_shards
 
 # The largest single machines sold (24 TiB of memory): no rank anywhere gets more.
 LARGEST_HOST_BYTES = 24 << 40
@@ -62,8 +64,7 @@ def check_model_fits(cfg, feature_spec: dict, label_spec: dict, rank_memory: tup
     if params is None:
         return
     t = cfg.train
-    sharded_by = cfg.launch.num_proc if t.parallel == "fsdp" else t.pipeline.stages
-    need = params * (2 * _FP32 + _OPTIMIZER_STATE[t.optimizer]) // max(1, sharded_by)
+    need = params * (2 * _FP32 + _OPTIMIZER_STATE[t.optimizer]) // max(1, model_shards(cfg))
     have, source = rank_memory
     if need <= have:
         return
@@ -147,9 +148,7 @@ def rank_memory(launch_cfg, master: str | None, executor_settings: dict[str, str
     ``EXECUTOR_SETTINGS``."""
     local = master is None or master == "local" or master.startswith("local[")
     if local:
-        ranks = 1 if launch_cfg.mode == "in_process" else launch_cfg.num_proc
-        if launch_cfg.backend == "torchrun":
-            ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        ranks = launcher_for(launch_cfg).ranks_on_this_host(launch_cfg)
         return _host_bytes() // max(1, ranks), f"this host's {_size(_host_bytes())} shared by {ranks} rank(s)"
     pyspark = executor_settings.get("spark.executor.pyspark.memory")
     if pyspark:

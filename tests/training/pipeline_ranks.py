@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 
 from common.dataset import LabelSpec
-from training.config import PipelineConfig
 from training.tasks import Objective
 from training.models import FTTransformer, TabularMLP
 from training.precision import Precision
 from training.strategies.base import initialise_optimizer_state
+from training.strategies.pipeline import PipelineConfig
 
 LABEL = LabelSpec(name="label", task="classification", num_classes=3)
 

@@ -77,3 +77,21 @@ def test_counts_that_size_allocations_have_a_fixed_limit(override, key):
     with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')} must be .*at most|{key.replace('.', '[.]')} "
                                           r"must be in \[1, "):
         load_train_config(None, ["data.path=/d", override])
+
+
+def test_the_config_check_imports_neither_torch_nor_horovod():
+    # The driver checks every strategy and launcher before anything launches, importing their
+    # modules for their config sections and refusals; a rank imports torch when it builds one.
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from training.config import load_train_config\n"
+            "from training.launchers import LAUNCHERS, launcher_named\n"
+            "from training.strategies import strategy_classes\n"
+            "load_train_config(None, ['data.path=/d', 'launch.backend=torch', 'launch.num_proc=2',\n"
+            "                         'train.pipeline.stages=2', 'train.pipeline.microbatches=2'])\n"
+            "strategy_classes(), [launcher_named(name) for name in LAUNCHERS]\n"
+            "print(sorted(m for m in ('torch', 'horovod') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]

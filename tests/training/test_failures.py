@@ -258,11 +258,12 @@ def _diloco_run_and_resume(group, resume_at: int, steps: int, spe: int) -> dict:
 
     from common.dataset import LabelSpec
     from plugin_models import Wrap
-    from training.config import LaunchConfig, SyncConfig, TrainConfig, TrainLoopConfig
+    from training.config import LaunchConfig, TrainConfig, TrainLoopConfig
+    from training.launchers import launcher_for
     from training.tasks import Objective
     from training.precision import Precision
     from training.strategies import strategy_class, technique
-    from training.strategies.periodic import flatten
+    from training.strategies.periodic import SyncConfig, flatten
 
     config = TrainConfig(train=TrainLoopConfig(batch_size=16, sync=SyncConfig(mode="diloco", every=3)),
                          launch=LaunchConfig(backend="torch", num_proc=2))
@@ -275,7 +276,8 @@ def _diloco_run_and_resume(group, resume_at: int, steps: int, spe: int) -> dict:
         batches.append({"numeric": x, "label": (x[:, 0] + (group.rank - 0.5) * x[:, 1] > 0).long()})
 
     def build(seed):
-        strategy = strategy_class(technique(config.train), "torch", "spark")(group, Precision("fp32", "cpu"), config)
+        strategy = strategy_class(technique(config.train), launcher_for(config.launch))(group, Precision("fp32", "cpu"),
+                                                                                        config)
         torch.manual_seed(seed)
         model = Wrap(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))
         step_model = strategy.wrap(model)

@@ -15,7 +15,8 @@ from common.dataset import LabelSpec
 from common.errors import EXIT_USAGE, ConfigError
 from torch_ranks import values
 from plugin_models import Wrap
-from training.config import LaunchConfig, SyncConfig, TrainConfig, TrainLoopConfig
+from training.config import LaunchConfig, TrainConfig, TrainLoopConfig
+from training.strategies.periodic import SyncConfig
 from training.tasks import Objective
 
 STEPS, BATCH = 12, 16
@@ -30,12 +31,13 @@ def _config(**sync) -> TrainConfig:
 def _replica_run(group, strategy_name: str, sync: dict, steps_per_epoch: int, seed: int = 0):
     """Train a small network on this rank's own data with the named strategy; returns the flat
     weights after every step, the figures of the epoch, and the strategy's collective count."""
+    from training.launchers import launcher_for
     from training.precision import Precision
     from training.strategies import strategy_class, technique
     from training.strategies.periodic import flatten
 
     config = _config(**sync)
-    cls = strategy_class(technique(config.train) if strategy_name == "periodic" else "ddp", "torch", "spark")
+    cls = strategy_class(technique(config.train) if strategy_name == "periodic" else "ddp", launcher_for(config.launch))
     strategy = cls(group, Precision("fp32", "cpu"), config)
     torch.manual_seed(seed)
     model = Wrap(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))

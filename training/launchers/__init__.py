@@ -1,6 +1,8 @@
-"""Starting the ranks: one ``launch(plan, spark)`` for every way a run is launched.
+"""Starting the ranks: one ``launch(plan, spark)`` for every way a run is launched, each a
+``training.launchers.base.Launcher`` named in ``LAUNCHERS``.
 
-- ``in_process`` (``launch.mode=in_process``): world size 1 in the driver's process.
+- ``in_process`` (``launch.mode=in_process``, whatever ``launch.backend`` says): world size 1 in
+  the driver's process.
 - ``horovod_spark`` (``launch.backend=horovod``): Horovod-on-Spark, elastic or not.
 - ``torch_distributor`` (``launch.backend=torch``): torch.distributed under TorchDistributor.
 - ``torch_tasks`` (``launch.backend=torch_tasks``): torch.distributed ranks inside the barrier tasks'
@@ -11,73 +13,78 @@
 A Spark launch runs under the driver's ``supervisor`` (progress reports, stall timeout, relaunches)
 and its ``failure_policy`` (retry or raise, one pure rule set). Every Spark rank runs the one
 rank-entry sequence of ``rank_entry`` and reports through ``progress.Reporter``. Adding a launcher
-is one module with a ``launch_fn(plan, spark, launch_cfg) -> list[dict]`` and an entry in
-``SPARK_LAUNCHERS``; a launcher whose processes are started from outside (each one rank) is one
-module with ``launch_fn(plan, launch_cfg) -> list[dict]`` and ``coordinates(launch_cfg) -> bool``
-(whether this process is also the run's driver), optionally ``run_id(launch_cfg) -> str | None``
-(the id all its processes share, restarts included), and an entry in ``RANK_LAUNCHERS``.
+is one module with a ``Launcher`` subclass (``base``: a ``SparkLauncher`` gives its
+``launch_ranks(plan, spark, launch_cfg) -> list[dict]``; one whose processes are started from
+outside, each one rank, says which of them ``coordinates`` the run and its ``run_id``) and one
+line in ``LAUNCHERS``: ``launch.backend``'s choices, the config check and the strategies it offers
+follow from it.
 
 Layering inside the package (no module imports one that imports it back): ``failure_policy`` and
-``progress`` import only ``common``; ``rank_entry`` imports those two; the launchers import
-``rank_entry`` and ``capacity``; ``supervisor`` imports ``failure_policy``, ``progress`` and
-``rank_entry``; this module imports the supervisor and the launchers lazily, so a rank importing
+``progress`` import only ``common``; ``rank_entry`` imports those two; ``base`` imports this module
+and the supervisor lazily; the launchers import ``base``, ``rank_entry`` and ``capacity``;
+``supervisor`` imports ``failure_policy``, ``progress`` and ``rank_entry``; this module imports the
+launchers by their ``LAUNCHERS`` line and the supervisor through them, so a rank importing
 ``training.launchers.rank_entry`` does not import the driver side.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
-# launch.backend -> "module:function" of its launch_fn, imported when used (horovod and pyspark's
-# TorchDistributor are optional).
-SPARK_LAUNCHERS = {
-    "horovod": "training.launchers.horovod_spark:launch_horovod",
-    "torch": "training.launchers.torch_distributor:launch_torch",
-    "torch_tasks": "training.launchers.torch_tasks:launch_torch_tasks",
+# name -> "module:Class" of its Launcher, imported when used (horovod and pyspark's TorchDistributor
+# are optional: a launcher module imports them when it launches).
+LAUNCHERS = {
+    "horovod": "training.launchers.horovod_spark:HorovodSparkLauncher",
+    "torch": "training.launchers.torch_distributor:TorchDistributorLauncher",
+    "torch_tasks": "training.launchers.torch_tasks:TorchTasksLauncher",
+    "torchrun": "training.launchers.torchrun:TorchrunLauncher",
+    "in_process": "training.launchers.in_process:InProcessLauncher",
 }
-
-# launch.backend -> the module of a launcher outside Spark (its launch_fn and coordinates).
-RANK_LAUNCHERS = {
-    "torchrun": "training.launchers.torchrun:launch_torchrun",
-}
-
-
-# Backends that need classic Spark (a SparkContext, RDDs, job groups): refused under Spark Connect.
-CLASSIC_ONLY = {"horovod": "Horovod-on-Spark needs a SparkContext, RDDs and job groups"}
+# launch.mode=in_process (the documented spelling) picks this one whatever launch.backend says;
+# launch.backend names any other.
+IN_PROCESS = "in_process"
+BACKENDS = tuple(name for name in LAUNCHERS if name != IN_PROCESS)  # launch.backend's choices
 
 
-def spark_launcher(backend: str) -> Callable:
-    """The ``launch_fn`` of ``launch.backend``."""
-    return _imported(SPARK_LAUNCHERS[backend])
+def launcher_name(launch_cfg) -> str:
+    """The ``LAUNCHERS`` name of the launcher ``launch_cfg`` (the config's launch section) picks."""
+    return IN_PROCESS if launch_cfg.mode == IN_PROCESS else launch_cfg.backend
 
 
-def _imported(target: str, name: str | None = None):
+def launcher_for(launch_cfg):
+    """The ``Launcher`` ``launch_cfg`` picks."""
+    return launcher_named(launcher_name(launch_cfg))
+
+
+@functools.cache
+def launcher_named(name: str):
     import importlib
 
-    module, _, default = target.partition(":")
-    return getattr(importlib.import_module(module), name or default)
+    module, _, cls = LAUNCHERS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)(name)
+
+
+def launchers_of_ranks(kinds: set[str]) -> list[str]:
+    """The ``launch.backend`` names, sorted, of the launchers whose ranks are of one of ``kinds``."""
+    return sorted(name for name in BACKENDS if launcher_named(name).ranks in kinds)
 
 
 def needs_spark(launch_cfg) -> bool:
     """Whether the run's ranks are started on Spark (so the driver needs a session)."""
-    return launch_cfg.mode != "in_process" and launch_cfg.backend in SPARK_LAUNCHERS
+    return launcher_for(launch_cfg).spark
 
 
 def coordinates_run(launch_cfg) -> bool:
     """Whether this process is the run's driver (the writer lock, the reader lease, the output
     checks, the summary): every process but the ranks other than 0 of a launcher outside Spark."""
-    if launch_cfg.mode == "in_process" or launch_cfg.backend not in RANK_LAUNCHERS:
-        return True
-    return _imported(RANK_LAUNCHERS[launch_cfg.backend], "coordinates")(launch_cfg)
+    return launcher_for(launch_cfg).coordinates(launch_cfg)
 
 
 def launch_run_id(launch_cfg) -> str | None:
     """The run id every process of one launch outside Spark shares, restarts included (the
-    launcher's ``run_id(launch_cfg)``, where it has one); None: the run id is the process's own."""
-    if launch_cfg.mode == "in_process" or launch_cfg.backend not in RANK_LAUNCHERS:
-        return None
-    module = __import__(RANK_LAUNCHERS[launch_cfg.backend].partition(":")[0], fromlist=["run_id"])
-    return getattr(module, "run_id", lambda _cfg: None)(launch_cfg)
+    launcher's ``run_id``); None: the run id is the process's own."""
+    return launcher_for(launch_cfg).run_id(launch_cfg)
 
 
 def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
@@ -90,21 +97,8 @@ def launch(plan, spark=None, on_step: Callable[[int], None] | None = None,
     run stops there (every launcher: in-process directly, Spark ranks through the supervisor)."""
     from training.launchers.rank_entry import check_results
 
-    cfg = plan.config
-    if cfg.launch.mode == "in_process":
-        from training.launchers.in_process import launch_in_process
-
-        return check_results(launch_in_process(plan, on_step=on_step, on_epoch=on_epoch))
-    if cfg.launch.backend in RANK_LAUNCHERS:
-        return check_results(_imported(RANK_LAUNCHERS[cfg.launch.backend])(plan, cfg.launch))
-    from common.spark import check_paths_reach_cluster
-    from training.launchers.supervisor import run_supervised
-
-    check_backend_runs(cfg.launch.backend, spark)
-    check_paths_reach_cluster(cfg, spark)  # the ranks read and write through the cluster
-    results = run_supervised(spark_launcher(cfg.launch.backend), plan, spark, cfg.launch, cfg.checkpoint.resume,
-                             on_restart=on_restart, on_epoch=on_epoch)
-    return check_results(results)
+    launcher = launcher_for(plan.config.launch)
+    return check_results(launcher.launch(plan, spark, on_step=on_step, on_restart=on_restart, on_epoch=on_epoch))
 
 
 def backend_for(launch_cfg, spark):
@@ -116,7 +110,7 @@ def backend_for(launch_cfg, spark):
 
     from common.spark import is_connect
 
-    if not (getattr(launch_cfg, "backend_auto", False) and launch_cfg.backend in CLASSIC_ONLY
+    if not (getattr(launch_cfg, "backend_auto", False) and launcher_named(launch_cfg.backend).classic_only
             and not launch_cfg.elastic and spark is not None and is_connect(spark)):
         return launch_cfg
     import logging
@@ -131,14 +125,16 @@ def check_backend_runs(backend: str, spark) -> None:
     """Refuse (exit 2) a backend the session cannot run, before any rank starts."""
     from common.spark import is_connect
 
-    if backend in CLASSIC_ONLY and spark is not None and is_connect(spark):
+    why = launcher_named(backend).classic_only
+    if why and spark is not None and is_connect(spark):
         from common.errors import ConfigError
 
-        runs = ", ".join(sorted(set(SPARK_LAUNCHERS) - set(CLASSIC_ONLY)))
+        runs = ", ".join(name for name in BACKENDS
+                         if launcher_named(name).spark and not launcher_named(name).classic_only)
         raise ConfigError(f"launch.backend={backend} cannot run on this Spark Connect session "
-                          f"({CLASSIC_ONLY[backend]}, which Spark Connect does not offer): set launch.backend={runs}, "
+                          f"({why}, which Spark Connect does not offer): set launch.backend={runs}, "
                           "or run on a classic Spark session (a dedicated access mode cluster on Databricks)")
 
 
-__all__ = ["CLASSIC_ONLY", "RANK_LAUNCHERS", "SPARK_LAUNCHERS", "backend_for", "check_backend_runs", "coordinates_run", "launch",
-           "launch_run_id", "needs_spark", "spark_launcher"]
+__all__ = ["BACKENDS", "IN_PROCESS", "LAUNCHERS", "backend_for", "check_backend_runs", "coordinates_run", "launch",
+           "launch_run_id", "launcher_for", "launcher_name", "launcher_named", "launchers_of_ranks", "needs_spark"]

@@ -17,6 +17,7 @@ import signal
 
 from common.errors import LaunchError, first_line
 from common.spark import adopt_job_group
+from training.launchers.base import SparkLauncher
 from training.launchers.capacity import check_capacity
 from training.launchers.rank_entry import run_rank_entry
 
@@ -35,8 +36,7 @@ def rank_entry(plan) -> dict:
 def _start_group(plan):
     from training.distributed import HorovodGroup, pick_device
 
-    rank = int(os.environ.get("HOROVOD_RANK", "-1"))
-    return HorovodGroup(*pick_device(plan.config.launch, rank))
+    return HorovodGroup(*pick_device(int(os.environ.get("HOROVOD_RANK", "-1"))))
 
 
 def _train(plan, group, reporter) -> dict:
@@ -111,4 +111,15 @@ def describe_exit(code: int) -> str:
     return f"status {code}"
 
 
-__all__ = ["describe_exit", "launch_error", "launch_horovod", "rank_entry"]
+class HorovodSparkLauncher(SparkLauncher):
+    """``launch.backend=horovod``: Horovod's ranks, elastic or not; only on classic Spark."""
+
+    ranks = "horovod"
+    elastic = True
+    classic_only = "Horovod-on-Spark needs a SparkContext, RDDs and job groups"
+
+    def launch_ranks(self, plan, spark, launch_cfg) -> list[dict]:
+        return launch_horovod(plan, spark, launch_cfg)
+
+
+__all__ = ["HorovodSparkLauncher", "describe_exit", "launch_error", "launch_horovod", "rank_entry"]

@@ -22,6 +22,7 @@ import sys
 
 from common.errors import LaunchError
 from common.spark import spark_setting
+from training.launchers.base import SparkLauncher
 from training.launchers.capacity import barrier_slots_error, check_capacity
 from training.launchers.rank_entry import exchange_results, run_rank_entry
 
@@ -75,7 +76,7 @@ def torch_rank_entry(plan, env: dict, result_timeout: int):
 def _start_group(plan):
     from training.distributed import TorchGroup, pick_device
 
-    return TorchGroup(*pick_device(plan.config.launch, int(os.environ.get("RANK", "-1"))))
+    return TorchGroup(*pick_device(int(os.environ.get("RANK", "-1"))))
 
 
 def _train(plan, group, reporter) -> dict:
@@ -90,4 +91,11 @@ def _exchange_results(rank: int, result: dict, timeout: int):
                             rank, _RESULT_PREFIX, result, timeout)
 
 
-__all__ = ["launch_torch", "torch_rank_entry"]
+class TorchDistributorLauncher(SparkLauncher):
+    """``launch.backend=torch``: torch.distributed ranks, one torchrun per barrier task."""
+
+    def launch_ranks(self, plan, spark, launch_cfg) -> list[dict]:
+        return launch_torch(plan, spark, launch_cfg)
+
+
+__all__ = ["TorchDistributorLauncher", "launch_torch", "torch_rank_entry"]

@@ -43,6 +43,7 @@ import pickle
 import sys
 
 from common.errors import LaunchError
+from training.launchers.base import SparkLauncher
 from training.launchers.capacity import barrier_slots_error, check_capacity
 from training.launchers.rank_entry import run_rank_entry
 
@@ -153,7 +154,7 @@ def _start_group(plan, store, opened: "_OpenedSockets"):
 
     opened.mark()  # after the rank's report connection, before the store's and the group's
     try:
-        device = pick_device(plan.config.launch, int(os.environ["RANK"]))
+        device = pick_device(int(os.environ["RANK"]))
         return TorchGroup(*device, store=store())
     except BaseException:
         opened.shut_down()  # the peers waiting in the group's start learn now
@@ -297,4 +298,11 @@ def _forget_modules(names: set[str], paths: list[str]) -> None:
         importlib.invalidate_caches()
 
 
-__all__ = ["launch_torch_tasks", "rank_task"]
+class TorchTasksLauncher(SparkLauncher):
+    """``launch.backend=torch_tasks``: torch.distributed ranks in the barrier tasks' own workers."""
+
+    def launch_ranks(self, plan, spark, launch_cfg) -> list[dict]:
+        return launch_torch_tasks(plan, spark, launch_cfg)
+
+
+__all__ = ["TorchTasksLauncher", "launch_torch_tasks", "rank_task"]

@@ -35,6 +35,7 @@ import os
 from dataclasses import dataclass
 
 from common.errors import ConfigError
+from training.launchers.base import Launcher
 from training.launchers.rank_entry import exchange_results, run_rank_entry
 
 log = logging.getLogger("shardtrain.train")
@@ -82,18 +83,28 @@ def torchrun_env(launch_cfg) -> TorchrunEnv:
                        master_addr=os.environ["MASTER_ADDR"], master_port=values["MASTER_PORT"])
 
 
-def coordinates(launch_cfg) -> bool:
-    """Whether this process is the run's driver as well as a rank: rank 0."""
-    return torchrun_env(launch_cfg).rank == 0
+class TorchrunLauncher(Launcher):
+    """``launch.backend=torchrun``: this process is one rank a launcher outside Spark started."""
 
+    spark = False
 
-def run_id(launch_cfg) -> str | None:
-    """The launch's run id, the same in every rank and every restart: torchrun's
-    ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``; a fresh uuid per ``--standalone`` launch). None where
-    the launcher sets none (each start is then a run of its own; set ``TORCHELASTIC_RUN_ID`` to the
-    job's name so that a restarted job recognises what it published)."""
-    value = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
-    return f"torchrun-{value}" if value and value != "none" else None
+    def ranks_on_this_host(self, launch_cfg) -> int:
+        return int(os.environ.get("LOCAL_WORLD_SIZE") or 1)  # torchrun's --nproc-per-node
+
+    def coordinates(self, launch_cfg) -> bool:
+        """Whether this process is the run's driver as well as a rank: rank 0."""
+        return torchrun_env(launch_cfg).rank == 0
+
+    def run_id(self, launch_cfg) -> str | None:
+        """The launch's run id, the same in every rank and every restart: torchrun's
+        ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``; a fresh uuid per ``--standalone`` launch). None where
+        the launcher sets none (each start is then a run of its own; set ``TORCHELASTIC_RUN_ID`` to the
+        job's name so that a restarted job recognises what it published)."""
+        value = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+        return f"torchrun-{value}" if value and value != "none" else None
+
+    def launch(self, plan, spark, on_step=None, on_restart=None, on_epoch=None) -> list[dict]:
+        return launch_torchrun(plan, plan.config.launch)
 
 
 def launch_torchrun(plan, launch_cfg) -> list[dict]:
@@ -158,4 +169,4 @@ def _exchange_results(env: TorchrunEnv, result: dict, timeout: int) -> list[dict
     return [result] if gathered is None else gathered
 
 
-__all__ = ["ENV_VARS", "TorchrunEnv", "coordinates", "launch_torchrun", "run_id", "torchrun_env"]
+__all__ = ["ENV_VARS", "TorchrunEnv", "TorchrunLauncher", "launch_torchrun", "torchrun_env"]

@@ -11,174 +11,126 @@ checkpoints and exports hold, and whether a step is a safe checkpoint point. The
 collectives it needs (broadcast, gather, reductions) come from the rank group
 (``training.distributed``), which knows nothing of parallelism.
 
-Adding a strategy is one new module here and one entry in ``REGISTRY``: the config check
-(``check_strategy``), the launchers and the loop find it through this table. ``technique`` is the
-one place that reads which technique a config asks for; ``ranks_per_replica`` says how many ranks
-hold one copy of the model together (the plan divides the world by it for equal steps).
+Each strategy's module also owns what the driver checks of it: its config section
+(``train.pipeline``, ``train.sync``), its refusals, the key that picks it and the kinds of rank
+group it trains on (``training.strategies.base``). Adding a strategy is one new module here and
+one line in ``REGISTRY``: ``technique``, ``check_strategy``, ``train.parallel``'s choices and the
+ranks find it through this table, and the launchers offer it by the kind of ranks they start.
 
-This module imports nothing heavy: the driver's config validation reads ``REGISTRY``; the
-strategy modules import torch (and Horovod) when a rank builds one.
+This module imports nothing heavy, and neither do the strategy modules at import time (the
+driver's config check imports them); torch is imported when a rank builds a strategy.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 from common.errors import ConfigError
+from training.strategies.base import key_value
 
-# (technique, launch.backend) -> "module:class". The technique is what ``technique`` reads from
-# the config: pipeline stages, else rounds of local steps (``train.sync.mode``), else how the model
-# is laid out (``train.parallel``). A launch in the driver's own process (launch.mode=in_process,
-# world size 1: nothing to lay out or synchronise) trains with ``IN_PROCESS``.
-REGISTRY = {
-    ("ddp", "horovod"): "training.strategies.horovod:HorovodDataParallel",
-    ("ddp", "torch"): "training.strategies.ddp:DistributedDataParallel",
-    ("fsdp", "torch"): "training.strategies.fsdp:FullyShardedDataParallel",
-    ("pipeline", "torch"): "training.strategies.pipeline:PipelineParallel",
-    ("local_sgd", "horovod"): "training.strategies.periodic:LocalSGD",
-    ("local_sgd", "torch"): "training.strategies.periodic:LocalSGD",
-    ("diloco", "horovod"): "training.strategies.periodic:DiLoCo",
-    ("diloco", "torch"): "training.strategies.periodic:DiLoCo",
-}
-# torchrun's ranks and those inside Spark's tasks are torch.distributed ranks, as TorchDistributor's
-# are: the torch strategies.
-REGISTRY.update({(name, other): target for (name, backend), target in list(REGISTRY.items()) if backend == "torch"
-                 for other in ("torch_tasks", "torchrun")})
-IN_PROCESS = "training.strategies.single:SingleProcess"
+# "module:Class" of every strategy. A technique may have one class per kind of rank group (DDP on
+# torch.distributed and on Horovod). ``technique`` asks them in this order whether the config picks
+# them: pipeline stages, then rounds of local steps, then how the model is laid out (train.parallel).
+REGISTRY = (
+    "training.strategies.pipeline:PipelineParallel",
+    "training.strategies.periodic:LocalSGD",
+    "training.strategies.periodic:DiLoCo",
+    "training.strategies.ddp:DistributedDataParallel",
+    "training.strategies.horovod:HorovodDataParallel",
+    "training.strategies.fsdp:FullyShardedDataParallel",
+)
+# What a one-process launcher (launch.mode=in_process, world size 1: nothing to lay out or
+# synchronise) trains every technique with.
+ONE_PROCESS = "training.strategies.single:SingleProcess"
+
+
+@functools.cache
+def strategy_classes() -> tuple:
+    """The ``REGISTRY``'s classes, in its order (imports their modules; none imports torch)."""
+    return tuple(_imported(target) for target in REGISTRY)
+
+
+def _imported(target: str):
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _techniques() -> dict:
+    """Technique -> its first class in ``REGISTRY`` (what the driver reads of it is the same in each)."""
+    found = {}
+    for cls in strategy_classes():
+        found.setdefault(cls.name, cls)
+    return found
+
+
+def picked_by(key: str) -> tuple[str, ...]:
+    """The techniques ``key`` picks by naming them (``train.parallel``: its choices), in order."""
+    return tuple(name for name, cls in _techniques().items() if cls.key == key)
 
 
 def technique(train) -> str:
-    """The ``REGISTRY`` name of what ``train`` (a ``TrainLoopConfig``) asks for: ``pipeline`` when
-    ``train.pipeline.stages`` > 1 (its data-parallel side is the pipeline strategy's own), the
-    ``train.sync.mode`` when it is not ``every_step``, else ``train.parallel``."""
-    if train.pipeline.stages > 1:
-        return "pipeline"
-    return train.parallel if train.sync.mode == "every_step" else train.sync.mode
+    """The technique ``train`` (a ``TrainLoopConfig``) asks for: the first in ``REGISTRY`` it picks
+    (``pipeline`` when ``train.pipeline.stages`` > 1, its data-parallel side the pipeline's own;
+    else the ``train.sync.mode`` when it is not ``every_step``; else ``train.parallel``)."""
+    return next(name for name, cls in _techniques().items() if cls.picked(train))
 
 
 def ranks_per_replica(train) -> int:
     """Ranks that hold one copy of the model together: the pipeline's stages, else 1. The
     data-parallel size (what rows are sharded by and equal steps computed from) is the world
     size divided by it."""
-    return train.pipeline.stages
+    return _techniques()[technique(train)].ranks_per_replica(train)
 
 
-def check_strategy(train, launch, model, checkpoint) -> None:
-    """Refuse (exit 2, naming the key and what to set) a strategy the config cannot run, before
-    anything launches. ``train``, ``launch``, ``model``, ``checkpoint``: the config's sections."""
-    if train.pipeline.stages > 1:
-        _check_pipeline(train, launch, model)
-    if train.sync.mode != "every_step":
-        _check_sync(train, launch, checkpoint)
+def model_shards(cfg) -> int:
+    """Ranks that one copy of the model's training state is divided among under ``cfg``'s technique."""
+    return _techniques()[technique(cfg.train)].model_shards(cfg)
+
+
+def check_strategy(cfg, launcher) -> None:
+    """Refuse (exit 2, naming the key and what to set) a strategy ``cfg`` (a ``TrainConfig``) cannot
+    run on ``launcher`` (``training.launchers.base.Launcher``), before anything launches: each
+    technique the config picks checks itself, then the technique must train on the launcher's ranks."""
+    train = cfg.train
+    for cls in _techniques().values():
+        if cls.picked(train):
+            cls.check(cfg, launcher)
     name = technique(train)
-    if launch.mode == "in_process" or (name, launch.backend) in REGISTRY:
+    if launcher.one_process or _on_ranks(name, launcher.ranks) is not None:
         return
-    key = ("train.pipeline.stages" if name == "pipeline" else
-           "train.parallel" if name == train.parallel else "train.sync.mode")
-    on = sorted({b for p, b in REGISTRY if p == name})
-    offered = sorted({p for p, b in REGISTRY if b == launch.backend})
-    if on:
-        raise ConfigError(f"{key}={getattr_path(train, key)} needs launch.backend={' or '.join(on)} (got "
-                          f"launch.backend={launch.backend}); on {launch.backend} the strategies are "
-                          f"{', '.join(offered)}")
-    raise ConfigError(f"{key}={name} is not a strategy shardtrain has; "
-                      f"choose one of {', '.join(sorted({p for p, _ in REGISTRY}))}")
+    from training.launchers import launchers_of_ranks
+
+    key = _techniques()[name].key
+    backend = cfg.launch.backend
+    on = launchers_of_ranks({kind for cls in strategy_classes() if cls.name == name for kind in cls.ranks})
+    offered = sorted({cls.name for cls in strategy_classes() if launcher.ranks in cls.ranks})
+    raise ConfigError(f"{key}={key_value(train, key)} needs launch.backend={' or '.join(on)} (got "
+                      f"launch.backend={backend}); on {backend} the strategies are {', '.join(offered)}")
 
 
-def getattr_path(train, key: str):
-    value = train
-    for part in key.split(".")[1:]:
-        value = getattr(value, part)
-    return value
+def _on_ranks(name: str, ranks: str | None):
+    return next((cls for cls in strategy_classes() if cls.name == name and ranks in cls.ranks), None)
 
 
-def _check_pipeline(train, launch, model) -> None:
-    stages = train.pipeline.stages
-    if ("pipeline", launch.backend) not in REGISTRY:
-        raise ConfigError(f"train.pipeline.stages={stages} needs launch.backend=torch (got launch.backend="
-                          f"{launch.backend}: Horovod has no point-to-point sends between stages); set "
-                          "launch.backend=torch or train.pipeline.stages=1")
-    if train.parallel != "ddp":
-        # Each stage is replicated across the data-parallel ranks; FSDP2 units inside stages are
-        # wrong with some schedules unless built for it, and are not built here.
-        raise ConfigError(f"train.parallel={train.parallel} with train.pipeline.stages={stages} is not built: the "
-                          "stages are replicated across data-parallel ranks; set train.parallel=ddp or "
-                          "train.pipeline.stages=1")
-    if train.sync.mode != "every_step":
-        raise ConfigError(f"train.sync.mode={train.sync.mode} with train.pipeline.stages={stages} is not built: a "
-                          "pipeline's replicas average their gradients every step; set train.sync.mode=every_step "
-                          "or train.pipeline.stages=1")
-    if launch.num_proc % stages:
-        raise ConfigError(f"launch.num_proc={launch.num_proc} is not a multiple of train.pipeline.stages={stages}: "
-                          f"every data-parallel replica is one whole pipeline; set launch.num_proc to a multiple of "
-                          f"{stages}" + (" (with launch.mode=spark)" if launch.mode == "in_process" else ""))
-    parts = stages * train.pipeline.stages_per_rank
-    # The built-in models' blocks are the units a stage holds: the MLP's hidden layers plus its
-    # output layer, the FT-Transformer's transformer blocks.
-    if model.name == "mlp" and len(model.hidden) + 1 < parts:
-        raise ConfigError(f"model.hidden={model.hidden} gives {len(model.hidden) + 1} layer(s), fewer than the "
-                          f"{parts} pipeline stage(s) (train.pipeline.stages x stages_per_rank); add hidden layers "
-                          "or use fewer stages")
-    if model.name == "ft_transformer" and model.layers < parts:
-        raise ConfigError(f"model.layers={model.layers} is fewer than the {parts} pipeline stage(s) (train.pipeline."
-                          "stages x stages_per_rank): a stage holds whole blocks; raise model.layers or use fewer stages")
-    if isinstance(train.pipeline.split, list):
-        from training.model_shape import block_names
-
-        names = block_names(model)
-        if names is not None:  # a plug-in model's blocks are known once a rank builds it
-            check_split(train.pipeline.split, names, model.name)
-
-
-def check_split(split: list[list[str]], names: list[str] | None, model_name: str) -> None:
-    """An explicit ``train.pipeline.split`` lists every block of the model once, in order (exit 2
-    otherwise): on the driver for the built-in models, on the ranks for a plug-in."""
-    if names is None or [name for stage in split for name in stage] != names:
-        raise ConfigError(f"train.pipeline.split={split} must list every block of model {model_name} once, in order, "
-                          f"cut into stages: its blocks are {names}; or set train.pipeline.split=auto")
-
-
-# The techniques that replace every-step synchronisation, and the train.parallel each needs.
-SYNC_MODES = {"local_sgd": "ddp", "diloco": "ddp"}
-
-
-def _check_sync(train, launch, checkpoint) -> None:
-    sync = train.sync
-    if train.parallel != SYNC_MODES[sync.mode]:
-        raise ConfigError(f"train.sync.mode={sync.mode} needs train.parallel={SYNC_MODES[sync.mode]} (got "
-                          f"{train.parallel}): FSDP2 shards one model across all ranks, so there are no replicas to "
-                          f"average in rounds; set train.parallel={SYNC_MODES[sync.mode]} or train.sync.mode=every_step")
-    if launch.elastic:
-        raise ConfigError(f"launch.elastic does not combine with train.sync.mode={sync.mode} (a reset would drop the "
-                          "replicas' own optimizer state and the rounds' schedule); set launch.elastic=false or "
-                          "train.sync.mode=every_step")
-    every_steps = checkpoint.every_steps
-    if sync.overlap and every_steps is not None:
-        raise ConfigError("checkpoint.every_steps must be null with train.sync.overlap=true: a round's average is "
-                          "still in flight mid-epoch, so only epoch ends are checkpoint points (checkpoint.every_epochs)")
-    if not sync.overlap and every_steps is not None and every_steps % sync.every:
-        raise ConfigError(f"checkpoint.every_steps must be a multiple of train.sync.every={sync.every} with "
-                          f"train.sync.mode={sync.mode}: only steps where the replicas agree are checkpoint points")
-
-
-def strategy_class(name: str, backend: str, mode: str):
-    """The ``Strategy`` subclass of technique ``name`` on ``backend`` (imports its module, and with it torch)."""
-    target = IN_PROCESS if mode == "in_process" else REGISTRY.get((name, backend))
-    if target is None:
-        raise ConfigError(f"no strategy {name} on launch.backend={backend}; "
-                          f"choose one of {', '.join(sorted({p for p, b in REGISTRY if b == backend}))}")
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+def strategy_class(name: str, launcher):
+    """The ``Strategy`` subclass of technique ``name`` on ``launcher``'s ranks."""
+    cls = _imported(ONE_PROCESS) if launcher.one_process else _on_ranks(name, launcher.ranks)
+    if cls is None:
+        raise ConfigError(f"no strategy {name} on launch.backend={launcher.name}; choose one of "
+                          f"{', '.join(sorted({c.name for c in strategy_classes() if launcher.ranks in c.ranks}))}")
+    return cls
 
 
 def build_strategy(config, group):
     """The strategy a rank of ``config`` (a ``TrainConfig``) trains with, on its rank ``group``."""
+    from training.launchers import launcher_for
     from training.precision import Precision
 
-    t, launch = config.train, config.launch
-    cls = strategy_class(technique(t), launch.backend, launch.mode)
+    t = config.train
+    cls = strategy_class(technique(t), launcher_for(config.launch))
     return cls.from_config(config, group, Precision(t.precision, group.device.type))
 
 
-__all__ = ["IN_PROCESS", "REGISTRY", "SYNC_MODES", "build_strategy", "check_split", "check_strategy", "ranks_per_replica",
-           "strategy_class", "technique"]
+__all__ = ["ONE_PROCESS", "REGISTRY", "build_strategy", "check_strategy", "model_shards", "picked_by",
+           "ranks_per_replica", "strategy_class", "strategy_classes", "technique"]

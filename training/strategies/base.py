@@ -7,16 +7,21 @@ altogether (pipeline schedules), the step itself. The fp16 order matters on ever
 gradient synchronisation finishes before the gradients are unscaled and clipped, and the update
 must not start a second one (see ``training.precision``).
 
-Rank-side only (imports torch).
+A strategy class also declares what the driver reads before anything launches: the technique it
+is (``name``), the key that picks it, the kinds of rank group it trains on (a launcher's
+``ranks``), its own refusals (``check``) and how it divides the world and the model. So the
+driver imports strategy modules for their declarations, config sections and checks, and torch is
+imported inside the methods a rank runs: none of these modules imports it at import time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class Strategy:
@@ -28,7 +33,33 @@ class Strategy:
     ``config``: the run's typed ``TrainConfig``, for a strategy's own keys (``train.sync``).
     """
 
-    name = "single"
+    name = "single"  # the technique, as training.strategies.REGISTRY and the config name it
+    key: str | None = None  # the config key whose value picks it, as a refusal names it
+    ranks: tuple[str, ...] = ()  # the kinds of rank group it trains on (a launcher's ``ranks``)
+
+    # --- what the driver reads, before anything launches ------------------------------------------
+
+    @classmethod
+    def picked(cls, train) -> bool:
+        """Whether ``train`` (a ``TrainLoopConfig``) asks for this technique: its key names it."""
+        return key_value(train, cls.key) == cls.name
+
+    @classmethod
+    def check(cls, cfg, launcher) -> None:
+        """Refuse (exit 2, naming the key and what to set) what this technique cannot run with
+        ``cfg`` (a ``TrainConfig``) on ``launcher`` (``training.launchers.base.Launcher``)."""
+
+    @classmethod
+    def ranks_per_replica(cls, train) -> int:
+        """Ranks that hold one copy of the model together (the world divided by it is the
+        data-parallel size: what rows are sharded by and equal steps computed from)."""
+        return 1
+
+    @classmethod
+    def model_shards(cls, cfg) -> int:
+        """Ranks that one copy of the model's weights, gradients and optimizer state is divided
+        among (``training.model_shape``'s memory check)."""
+        return 1
 
     def __init__(self, group, precision, config=None):
         self.group = group
@@ -84,6 +115,8 @@ class Strategy:
         """One optimizer step over ``len(micro_batches)`` accumulated micro-batches; returns this
         rank's mean loss as a device tensor (reading it would be a CPU-GPU sync point).
         ``objective(output, batch)``: the loss of one micro-batch."""
+        import torch
+
         precision = self.precision
         accum = len(micro_batches)
         total = torch.zeros((), device=micro_batches[0]["label"].device)
@@ -167,6 +200,8 @@ class Strategy:
 def initialise_optimizer_state(optimizer) -> None:
     """One optimizer step on zero gradients (Horovod's way of creating the state to broadcast), so
     every backend starts from the same optimizer state (Adam's step count included)."""
+    import torch
+
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
@@ -175,4 +210,12 @@ def initialise_optimizer_state(optimizer) -> None:
     optimizer.zero_grad()
 
 
-__all__ = ["Strategy", "initialise_optimizer_state"]
+def key_value(train, key: str):
+    """The value of ``key`` (``train.sync.mode``) in ``train``, the config's ``train`` section."""
+    value = train
+    for part in key.split(".")[1:]:
+        value = getattr(value, part)
+    return value
+
+
+__all__ = ["Strategy", "initialise_optimizer_state", "key_value"]

@@ -6,20 +6,18 @@ accumulation costs no extra communication, as with Horovod's ``backward_passes_p
 arithmetic equals Horovod's: DDP divides by the world size before the sum, Horovod after, and both
 are exact for a power-of-two world size, so a checkpoint resumes on either backend.
 
-Rank-side only (imports torch).
+torch is imported by the methods a rank runs (the driver imports this module for the declarations).
 """
 
 from __future__ import annotations
 
 import time
 
-import torch
-
 from training.strategies.base import Strategy, initialise_optimizer_state
 
 
 class DistributedDataParallel(Strategy):
-    name = "ddp"
+    name, key, ranks = "ddp", "train.parallel", ("torch",)
 
     def __init__(self, group, precision, config=None):
         super().__init__(group, precision, config)
@@ -47,6 +45,8 @@ class DistributedDataParallel(Strategy):
         """Rank 0's tensors and optimizer state on every rank. A fresh optimizer first gets its
         state by one step on zero gradients, exactly as Horovod's ``broadcast_optimizer_state``
         does, so both backends start from the same state and train to identical weights."""
+        import torch
+
         group = self.group
         with torch.no_grad():
             for tensor in model.state_dict().values():

@@ -7,7 +7,7 @@ Parameters become DTensors in place; the plain module stays the module to call. 
 exports hold full, gathered state dicts in the plain module's format (complete on rank 0, which
 writes), so a run saved under FSDP resumes under DDP or Horovod and exports the same model.
 
-Rank-side only (imports torch).
+torch is imported by the methods a rank runs (the driver imports this module for the declarations).
 """
 
 from __future__ import annotations
@@ -15,19 +15,22 @@ from __future__ import annotations
 import contextlib
 import time
 
-import torch
-
 from training.strategies.base import Strategy, initialise_optimizer_state
 
 
 class FullyShardedDataParallel(Strategy):
-    name = "fsdp"
+    name, key, ranks = "fsdp", "train.parallel", ("torch",)
+
+    @classmethod
+    def model_shards(cls, cfg) -> int:
+        return cfg.launch.num_proc  # every rank holds a shard of every unit
 
     def __init__(self, group, precision, config=None):
         super().__init__(group, precision, config)
         self._last_reduce_started: float | None = None  # set by the timed reduce-scatter
 
     def wrap(self, model):
+        import torch
         from torch.distributed.fsdp import fully_shard
 
         policy = self.precision.sharded_policy()  # the precision decides, FSDP only applies it
@@ -94,6 +97,8 @@ class FullyShardedDataParallel(Strategy):
 def _timed_reduce_scatter(strategy: FullyShardedDataParallel):
     """FSDP2's own reduce-scatter, noting when each starts, or None where this torch has no
     ``set_custom_reduce_scatter`` to install it with."""
+    import torch
+
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
     except ImportError:  # the class lives in a private torch module: without it the wait reads 0

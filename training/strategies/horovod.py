@@ -4,7 +4,8 @@ averages the gradients, starting each allreduce during backward.
 Gradients are summed locally for ``grad_accum`` micro-batches, then averaged across ranks in one
 allreduce (``backward_passes_per_step``): accumulation costs no extra communication.
 
-Rank-side only (imports torch and horovod, through the rank group).
+Imports neither torch nor horovod itself: the rank group brings them (the driver imports this
+module for the declarations).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from training.strategies.base import Strategy
 
 
 class HorovodDataParallel(Strategy):
-    name = "ddp"
+    name, key, ranks = "ddp", "train.parallel", ("horovod",)
 
     def optimizer(self, optimizer, model, grad_accum: int):
         hvd = self.group.hvd

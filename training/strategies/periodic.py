@@ -28,18 +28,89 @@ DistributedDataParallel or DistributedOptimizer, whose every-step allreduce this
 unlike torch's post-local SGD hook, whose default subgroup is "each machine", which on one host
 is the whole job: local SGD that silently stays every-step DDP).
 
-Rank-side only (imports torch).
+This module owns ``train.sync`` (``SyncConfig``) and the refusals of its combinations; torch is
+imported by the methods a rank runs (the driver imports this module for them).
 """
 
 from __future__ import annotations
 
-import torch
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
+from common.config import require
+from common.errors import ConfigError
 from training.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class OuterOptimizerConfig:
+    """DiLoCo's outer optimizer: SGD on the replicas' averaged change since the last sync."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+
+    def __post_init__(self):
+        require(self.lr > 0 and math.isfinite(self.lr), "lr", f"must be > 0, got {self.lr}")
+        require(0 <= self.momentum < 1, "momentum", f"must be in [0, 1), got {self.momentum}")
+        require(not self.nesterov or self.momentum > 0, "nesterov", "needs momentum > 0")
+
+
+@dataclass
+class SyncConfig:
+    """How often the data-parallel replicas agree.
+
+    every_step: gradients averaged at every optimizer step (DDP, Horovod). local_sgd: each replica
+    takes ``every`` optimizer steps on its own, then the replicas' weights are averaged, after
+    ``warmup_steps`` of every-step averaging (post-local SGD). diloco: the same rounds, but the
+    averaged change of a round is applied by the ``outer`` optimizer (Nesterov momentum), and with
+    ``overlap`` its average is computed while the next round trains and applied one round late.
+    Every epoch ends with a sync, so checkpoints, validation and the exported model see the consensus.
+    """
+
+    mode: Literal[SYNC_MODES] = "every_step"
+    every: int = 8
+    warmup_steps: int = 0
+    outer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
+    overlap: bool = False
+
+    def __post_init__(self):
+        require(1 <= self.every <= 1_000_000, "every", f"must be in [1, 1000000], got {self.every}")
+        require(self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        require(not self.overlap or self.mode == "diloco", "overlap",
+                f"applies to mode=diloco only (got mode={self.mode}); set train.sync.overlap=false")
 
 
 class PeriodicSync(Strategy):
     """What local SGD and DiLoCo share: the schedule, the warm-up, the per-rank state, the figures."""
+
+    key, ranks = "train.sync.mode", ("torch", "horovod")
+    parallel = "ddp"  # the train.parallel the rounds need: replicas, each holding the whole model
+
+    @classmethod
+    def check(cls, cfg, launcher) -> None:
+        sync = cfg.train.sync
+        if cfg.train.parallel != cls.parallel:
+            raise ConfigError(f"train.sync.mode={sync.mode} needs train.parallel={cls.parallel} (got "
+                              f"{cfg.train.parallel}): FSDP2 shards one model across all ranks, so there are no "
+                              f"replicas to average in rounds; set train.parallel={cls.parallel} or "
+                              "train.sync.mode=every_step")
+        if cfg.launch.elastic:
+            raise ConfigError(f"launch.elastic does not combine with train.sync.mode={sync.mode} (a reset would drop "
+                              "the replicas' own optimizer state and the rounds' schedule); set launch.elastic=false or "
+                              "train.sync.mode=every_step")
+        every_steps = cfg.checkpoint.every_steps
+        if sync.overlap and every_steps is not None:
+            raise ConfigError("checkpoint.every_steps must be null with train.sync.overlap=true: a round's average is "
+                              "still in flight mid-epoch, so only epoch ends are checkpoint points "
+                              "(checkpoint.every_epochs)")
+        if not sync.overlap and every_steps is not None and every_steps % sync.every:
+            raise ConfigError(f"checkpoint.every_steps must be a multiple of train.sync.every={sync.every} with "
+                              f"train.sync.mode={sync.mode}: only steps where the replicas agree are checkpoint points")
 
     def __init__(self, group, precision, config):
         super().__init__(group, precision, config)
@@ -71,6 +142,8 @@ class PeriodicSync(Strategy):
         """Within the warm-up, the gradients are averaged every step (the replicas stay equal)."""
         if self.step + 1 > self.warmup:
             return  # a local step: nothing leaves this rank
+        import torch
+
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         vector = torch.cat([g.reshape(-1) for g in grads])
         self._average(vector)
@@ -120,6 +193,8 @@ class PeriodicSync(Strategy):
     def epoch_metrics(self) -> dict:
         """This epoch's sync rounds and collectives (each rank's), the bytes each rank sent per
         sample it trained on, and the replicas' mean drift from the consensus at a sync."""
+        import torch
+
         t = self.config.train
         drift_sum, drifts = (float(v) for v in self.group.allreduce_sum(
             torch.tensor([self._drift_sum, float(self._drifts)], dtype=torch.float64)))
@@ -157,6 +232,8 @@ class DiLoCo(PeriodicSync):
 
     def begin(self, plan, start_step: int, model) -> None:
         super().begin(plan, start_step, model)
+        import torch
+
         # A start or resume is always at a sync point: the model holds the global weights.
         weights = flatten(model)
         self.global_weights = torch.nn.Parameter(weights.clone(), requires_grad=False)
@@ -216,10 +293,14 @@ def _floating(model) -> list[torch.Tensor]:
 
 def flatten(model) -> torch.Tensor:
     """A new flat vector of the model's floating tensors (fp32: the weights are fp32 whatever the precision)."""
+    import torch
+
     return torch.cat([t.detach().reshape(-1).float() for t in _floating(model)])
 
 
 def unflatten(vector: torch.Tensor, model) -> None:
+    import torch
+
     offset = 0
     with torch.no_grad():
         for t in _floating(model):
@@ -227,4 +308,8 @@ def unflatten(vector: torch.Tensor, model) -> None:
             offset += t.numel()
 
 
-__all__ = ["DiLoCo", "LocalSGD", "PeriodicSync", "flatten", "unflatten"]
+# train.sync.mode's choices: every step (no rounds: train.parallel's strategy), or one of these.
+SYNC_MODES = ("every_step", LocalSGD.name, DiLoCo.name)
+
+__all__ = ["DiLoCo", "LocalSGD", "OuterOptimizerConfig", "PeriodicSync", "SYNC_MODES", "SyncConfig", "flatten",
+           "unflatten"]

@@ -30,7 +30,8 @@ schedule's fixed micro-batch shapes cannot take). Each epoch's record (metrics.j
 measured bubble per stage: the share of its training-step time spent blocked in the schedule's
 point-to-point waits.
 
-Rank-side only (imports torch).
+This module owns ``train.pipeline`` (``PipelineConfig``) and the refusals of its combinations; torch
+is imported by the methods a rank runs (the driver imports this module for them).
 """
 
 from __future__ import annotations
@@ -38,23 +39,101 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
+from typing import Literal
 
-import torch
-import torch.distributed as dist
-
+from common.config import require
 from common.errors import ConfigError
-from training.strategies import check_split
+from training.limits import MAX_BATCH_ROWS, MAX_RANKS
 from training.strategies.base import Strategy, initialise_optimizer_state
 
 log = logging.getLogger("shardtrain.train")
 
-# Activations sent between stages during validation carry their dtype as an index in this list.
-_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 _HEADER = 8  # dtype, ndim, then up to 6 dimensions
 
 
+@dataclass
+class PipelineConfig:
+    """Pipeline parallelism: the model's layers cut into ``stages`` consecutive parts on consecutive
+    ranks, each batch split into ``microbatches`` that flow through them; ``launch.num_proc /
+    stages`` data-parallel replicas of that pipeline."""
+
+    stages: int = 1  # 1: off (every rank holds the whole model)
+    # gpipe: all forwards, then all backwards (activations of every micro-batch held at once);
+    # 1f1b: one forward, one backward in turn (at most `stages` micro-batches in flight);
+    # interleaved_1f1b: 1f1b over stages_per_rank (>= 2) smaller stages per rank, a smaller bubble.
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    microbatches: int = 8  # per batch: train.batch_size must be a multiple of it
+    stages_per_rank: int = 1  # interleaved_1f1b only (>= 2)
+    # Where the stage boundaries fall between the model's blocks. auto: balanced by a short timing
+    # pass of each block (forward and backward of one micro-batch, on rank 0); even: the same number
+    # of blocks per stage; or a list per stage of the blocks' module names (e.g. [[blocks.0],
+    # [blocks.1, blocks.2]]), all of them in order.
+    split: Literal["auto", "even"] | list[list[str]] = "auto"
+
+    def __post_init__(self):
+        require(1 <= self.stages <= MAX_RANKS, "stages", f"must be in [1, {MAX_RANKS}], got {self.stages}")
+        require(1 <= self.microbatches <= MAX_BATCH_ROWS, "microbatches",
+                f"must be in [1, {MAX_BATCH_ROWS:,}], got {self.microbatches}")
+        interleaved = self.schedule == "interleaved_1f1b"
+        require(self.stages_per_rank >= 2 if interleaved else self.stages_per_rank == 1, "stages_per_rank",
+                f"must be >= 2 with schedule=interleaved_1f1b (got {self.stages_per_rank})" if interleaved else
+                f"must be 1 with schedule={self.schedule} (got {self.stages_per_rank}); more stages per rank need "
+                "schedule=interleaved_1f1b")
+        parts = self.stages * self.stages_per_rank
+        require(not isinstance(self.split, list) or self.stages == 1 or
+                (len(self.split) == parts and all(self.split)), "split",
+                f"must be 'auto', 'even' or {parts} non-empty lists of module names (one per stage: stages x "
+                f"stages_per_rank), got {self.split}")
+        if self.stages > 1 and self.schedule != "gpipe":
+            # Too few micro-batches and 1F1B has no steady state: torch refuses fewer than the
+            # stages; the interleaved schedule needs whole rounds of `stages` micro-batches.
+            require(self.microbatches >= self.stages and (not interleaved or self.microbatches % self.stages == 0),
+                    "microbatches", f"must be {'a multiple of' if interleaved else 'at least'} stages={self.stages} "
+                    f"with schedule={self.schedule}, got {self.microbatches}; raise it, or use schedule=gpipe")
+
+
 class PipelineParallel(Strategy):
-    name = "pipeline"
+    name, key, ranks = "pipeline", "train.pipeline.stages", ("torch",)
+
+    # --- what the driver reads (see training.strategies.base) ---------------------------------------
+
+    @classmethod
+    def picked(cls, train) -> bool:
+        return train.pipeline.stages > 1
+
+    @classmethod
+    def ranks_per_replica(cls, train) -> int:
+        return train.pipeline.stages  # a replica is one whole pipeline
+
+    @classmethod
+    def model_shards(cls, cfg) -> int:
+        return cfg.train.pipeline.stages
+
+    @classmethod
+    def check(cls, cfg, launcher) -> None:
+        train, launch = cfg.train, cfg.launch
+        stages = train.pipeline.stages
+        _check_step(train)
+        if launcher.ranks not in cls.ranks and not launcher.one_process:
+            raise ConfigError(f"train.pipeline.stages={stages} needs launch.backend=torch (got launch.backend="
+                              f"{launch.backend}: Horovod has no point-to-point sends between stages); set "
+                              "launch.backend=torch or train.pipeline.stages=1")
+        if train.parallel != "ddp":
+            # Each stage is replicated across the data-parallel ranks; FSDP2 units inside stages are
+            # wrong with some schedules unless built for it, and are not built here.
+            raise ConfigError(f"train.parallel={train.parallel} with train.pipeline.stages={stages} is not built: "
+                              "the stages are replicated across data-parallel ranks; set train.parallel=ddp or "
+                              "train.pipeline.stages=1")
+        if train.sync.mode != "every_step":
+            raise ConfigError(f"train.sync.mode={train.sync.mode} with train.pipeline.stages={stages} is not built: "
+                              "a pipeline's replicas average their gradients every step; set "
+                              "train.sync.mode=every_step or train.pipeline.stages=1")
+        if launch.num_proc % stages:
+            raise ConfigError(f"launch.num_proc={launch.num_proc} is not a multiple of train.pipeline.stages="
+                              f"{stages}: every data-parallel replica is one whole pipeline; set launch.num_proc to a "
+                              f"multiple of {stages}" + (" (with launch.mode=spark)" if launcher.one_process else ""))
+        _check_blocks(train.pipeline, cfg.model)
 
     @classmethod
     def from_config(cls, config, group, precision) -> "PipelineParallel":
@@ -148,6 +227,9 @@ class PipelineParallel(Strategy):
     # --- one optimizer step ------------------------------------------------------------------------
 
     def train_step(self, step_model, micro_batches, optimizer, objective, clip_norm, timer=None):
+        import torch
+        import torch.distributed as dist
+
         started = time.perf_counter()
         precision = self.precision
         self._objective = objective
@@ -184,7 +266,7 @@ class PipelineParallel(Strategy):
         Every rank takes part in the gather; all get the same figures."""
         mine = (self.pp_rank, self._p2p_wait_seconds, self._step_seconds)
         self._p2p_wait_seconds = self._step_seconds = 0.0
-        if not _P2P_TIMED:
+        if _schedules_module() is None:
             return {"pipeline_bubble_fraction": None}
         waits, steps = [0.0] * self.stages, [0.0] * self.stages
         for stage, wait, seconds in self.group.allgather_object(mine):
@@ -197,6 +279,9 @@ class PipelineParallel(Strategy):
         allreduce once the schedule is done (divided before the sum, as DDP does)."""
         if self._dp_size == 1:
             return
+        import torch
+        import torch.distributed as dist
+
         grads = [p.grad for m in self.modules for p in m.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads]).div_(self._dp_size)
         dist.all_reduce(flat, group=self.dp_group)
@@ -212,6 +297,9 @@ class PipelineParallel(Strategy):
 
     def _clip(self, clip_norm: float) -> None:
         """``clip_grad_norm_`` with the norm over every stage's gradients (replicas hold equal ones)."""
+        import torch
+        import torch.distributed as dist
+
         grads = [p.grad for m in self.modules for p in m.parameters() if p.grad is not None]
         squares = torch.zeros((), device=self.device)
         for g in grads:
@@ -244,19 +332,25 @@ class PipelineParallel(Strategy):
         return out if self.holds_last else None
 
     def _send(self, tensor, stage: int) -> None:
+        import torch
+        import torch.distributed as dist
+
         header = torch.zeros(_HEADER, dtype=torch.int64)
-        header[0], header[1] = _DTYPES.index(tensor.dtype), tensor.dim()
+        header[0], header[1] = _dtypes().index(tensor.dtype), tensor.dim()
         header[2:2 + tensor.dim()] = torch.tensor(tensor.shape)
         dst = self.pipeline_ranks[stage]
         dist.send(header.to(self.device), dst=dst)
         dist.send(tensor.contiguous(), dst=dst)
 
     def _receive(self, stage: int):
+        import torch
+        import torch.distributed as dist
+
         src = self.pipeline_ranks[stage]
         header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
         dist.recv(header, src=src)
         header = header.tolist()
-        tensor = torch.empty(header[2:2 + header[1]], dtype=_DTYPES[header[0]], device=self.device)
+        tensor = torch.empty(header[2:2 + header[1]], dtype=_dtypes()[header[0]], device=self.device)
         dist.recv(tensor, src=src)
         return tensor
 
@@ -284,6 +378,8 @@ class PipelineParallel(Strategy):
         return {"state": {i: merged[i] for i in sorted(merged)}, "param_groups": full["param_groups"]}
 
     def load_state_dicts(self, model, optimizer, model_state: dict, optimizer_state: dict) -> None:
+        import torch
+
         tensors = model.state_dict(keep_vars=True)
         with torch.no_grad():
             for name in self.owned_names:
@@ -310,9 +406,50 @@ class PipelineParallel(Strategy):
         weights, so the other replicas send nothing."""
         if self._dp_rank != 0:
             return None
+        import torch.distributed as dist
+
         parts = [None] * self.stages if self.group.rank == 0 else None
         dist.gather_object(part, parts, dst=0, group=self.pp_group)
         return parts
+
+
+def _check_step(train) -> None:
+    """What a step on stages asks of the rest of ``train``."""
+    micro = train.pipeline.microbatches
+    require(train.batch_size % micro == 0, "train.pipeline.microbatches",
+            f"must divide train.batch_size={train.batch_size} (got {micro}): every micro-batch has the same rows; "
+            f"set train.batch_size to a multiple of {micro} or train.pipeline.microbatches to a divisor")
+    require(train.distill is None, "train.distill", "is not built for train.pipeline.stages > 1 (the last stage "
+            "gets only the label); remove train.distill or set train.pipeline.stages=1")
+
+
+def _check_blocks(pipeline: PipelineConfig, model) -> None:
+    """The model has a block for every stage, and an explicit split names them all (the built-in
+    models' blocks, from their keys; a plug-in's are known once a rank builds it)."""
+    parts = pipeline.stages * pipeline.stages_per_rank
+    # The built-in models' blocks are the units a stage holds: the MLP's hidden layers plus its
+    # output layer, the FT-Transformer's transformer blocks.
+    if model.name == "mlp" and len(model.hidden) + 1 < parts:
+        raise ConfigError(f"model.hidden={model.hidden} gives {len(model.hidden) + 1} layer(s), fewer than the "
+                          f"{parts} pipeline stage(s) (train.pipeline.stages x stages_per_rank); add hidden layers "
+                          "or use fewer stages")
+    if model.name == "ft_transformer" and model.layers < parts:
+        raise ConfigError(f"model.layers={model.layers} is fewer than the {parts} pipeline stage(s) (train.pipeline."
+                          "stages x stages_per_rank): a stage holds whole blocks; raise model.layers or use fewer stages")
+    if isinstance(pipeline.split, list):
+        from training.model_shape import block_names
+
+        names = block_names(model)
+        if names is not None:  # a plug-in model's blocks are known once a rank builds it
+            check_split(pipeline.split, names, model.name)
+
+
+def check_split(split: list[list[str]], names: list[str] | None, model_name: str) -> None:
+    """An explicit ``train.pipeline.split`` lists every block of the model once, in order (exit 2
+    otherwise): on the driver for the built-in models, on the ranks for a plug-in."""
+    if names is None or [name for stage in split for name in stage] != names:
+        raise ConfigError(f"train.pipeline.split={split} must list every block of model {model_name} once, in order, "
+                          f"cut into stages: its blocks are {names}; or set train.pipeline.split=auto")
 
 
 def _named_bounds(model, split: list[list[str]]) -> list[tuple[int, int]]:
@@ -329,6 +466,8 @@ def _named_bounds(model, split: list[list[str]]) -> list[tuple[int, int]]:
 def _block_seconds(model, rows: int, device, repeats: int = 5) -> list[float]:
     """Each block's fastest forward + backward of ``rows`` made-up rows, in the order of the stages.
     Leaves the model, its gradients and the RNG (dropout, the next seeded draws) as they were."""
+    import torch
+
     rng = torch.get_rng_state()
     blocks = model.pipeline_blocks()
     parts = [model.pipeline_stage(i, i + 1) for i in range(blocks)]
@@ -375,6 +514,9 @@ def _balanced_bounds(costs: list[float], parts: int) -> list[tuple[int, int]]:
 
 
 def _schedules_module():
+    """torch's schedules module where it has the private function every schedule waits for its
+    sends and receives through (timed for the bubble fraction), else None: the fraction is then
+    recorded as None rather than as a wrong 0."""
     try:
         from torch.distributed.pipelining import schedules
     except ImportError:
@@ -382,9 +524,11 @@ def _schedules_module():
     return schedules if hasattr(schedules, "_wait_batch_p2p") else None
 
 
-# Every schedule waits for its sends and receives through this private torch function; where a
-# torch lacks it, the bubble fraction is recorded as None rather than as a wrong 0.
-_P2P_TIMED = _schedules_module() is not None
+def _dtypes() -> list:
+    """Activations sent between stages during validation carry their dtype as an index in this list."""
+    import torch
+
+    return [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
 
 @contextlib.contextmanager
@@ -413,10 +557,12 @@ def _timed_p2p_waits(strategy: PipelineParallel):
 def _empty_all_but(model, owned: set[int]) -> None:
     """Free the parameters and buffers of the stages other ranks hold: this rank never computes
     with them, and a checkpoint takes each from its owner."""
+    import torch
+
     with torch.no_grad():
         for tensor in model.state_dict(keep_vars=True).values():
             if id(tensor) not in owned:
                 tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
-__all__ = ["PipelineParallel"]
+__all__ = ["PipelineConfig", "PipelineParallel", "check_split"]
