@@ -86,7 +86,8 @@ def bare_fn(model_cfg, feature_spec, label_spec, steps: int, batch_size: int, fi
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from training.models import build_model, mlp_arguments
+    from training.model_specs import build_model
+    from training.models import mlp_arguments
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -14,11 +14,12 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from common.config import load_config, require, storage_path, to_dict
+from common.config import load_config, require, storage_path
 from common.config import SparkConfig
 from common.tasks import TASK_NAMES
 from training.launchers import BACKENDS, launcher_for, launcher_named
 from training.limits import MAX_BATCH_ROWS, MAX_PREFETCH, MAX_RANKS, MAX_READER_THREADS, MAX_WIDTH
+from training.model_specs import MODELS, identity
 from training.strategies import check_strategy, picked_by
 from training.strategies.periodic import SyncConfig
 from training.strategies.pipeline import PipelineConfig
@@ -60,7 +61,10 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"  # "mlp", "ft_transformer" or "package.module:factory"
+    """Every built-in model's keys (training.model_specs: each spec says which are its own) and
+    what the model expects of the dataset."""
+
+    name: str = "mlp"  # "mlp", "ft_transformer" (training.model_specs.MODELS) or "package.module:factory"
     hidden: list[int] = field(default_factory=lambda: [128, 64])  # mlp only
     # ft_transformer only: transformer blocks, token width (a multiple of heads), attention heads.
     layers: int = 4
@@ -76,8 +80,9 @@ class ModelConfig:
     features: list[str] | None = None
 
     def __post_init__(self):
-        require(self.name in ("mlp", "ft_transformer") or (":" in self.name and all(self.name.split(":", 1))), "name",
-                f"must be 'mlp', 'ft_transformer' or 'module:factory', got {self.name!r}")
+        built_in = ", ".join(f"'{name}'" for name in MODELS)
+        require(self.name in MODELS or (":" in self.name and all(self.name.split(":", 1))), "name",
+                f"must be {built_in} or 'module:factory', got {self.name!r}")
         require(1 <= self.layers <= 1024, "layers", f"must be in [1, 1024], got {self.layers}")
         require(1 <= self.heads <= MAX_WIDTH, "heads", f"must be in [1, {MAX_WIDTH:,}], got {self.heads}")
         require(1 <= self.d_model <= MAX_WIDTH and self.d_model % self.heads == 0, "d_model",
@@ -90,9 +95,8 @@ class ModelConfig:
 
     def identity(self) -> dict:
         """The keys that shape this model, what a checkpoint must match to resume: without the
-        other architecture's keys, so an MLP's checkpoints from before ft_transformer still resume."""
-        unused = ("hidden", "embedding_dim") if self.name == "ft_transformer" else ("layers", "d_model", "heads")
-        return {key: value for key, value in to_dict(self).items() if key not in unused}
+        other models' keys, so an MLP's checkpoints from before ft_transformer still resume."""
+        return identity(self)
 
 
 @dataclass

@@ -176,9 +176,10 @@ def _built_in_network(loc: Location, meta: dict) -> ServingModel:
     """The built-in model (MLP, FT-Transformer) of model.json's name and arguments, with its verified safetensors weights, as served."""
     name = (meta.get("model") or {}).get("name")
     arguments = (meta.get("model") or {}).get("arguments")
-    from training.models import BUILT_IN
+    from training.model_specs import built_in_specs
 
-    if name not in BUILT_IN:
+    spec = built_in_specs().get(name)
+    if spec is None:
         raise DatasetError(f"{loc.uri}: model {name!r} is a plug-in model with no built-in architecture; load its "
                            "TorchScript program with load_model(uri, program=True)")
     if not isinstance(arguments, dict):
@@ -190,7 +191,7 @@ def _built_in_network(loc: Location, meta: dict) -> ServingModel:
 
     data = verified_bytes(loc, meta, WEIGHTS)
     try:
-        net = BUILT_IN[name](**arguments)
+        net = spec.rebuild(arguments)
         net.load_state_dict(load_safetensors(data))
     except (SafetensorError, RuntimeError, TypeError, ValueError) as exc:
         raise DatasetError(f"{loc.uri}/{WEIGHTS}: cannot be loaded as the built-in model's weights "

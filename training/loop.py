@@ -44,7 +44,7 @@ import torch
 from training.checkpoint import CheckpointManager
 from training.data import RankLoader
 from training.distributed import LocalGroup, set_threads, spark_gpu_addresses
-from training.models import build_model
+from training.model_specs import build_model
 from training.non_finite import NonFiniteGuard
 from training.optimizer import make_optimizer, set_lr
 from training.plan import RankPlan

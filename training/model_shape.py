@@ -1,8 +1,7 @@
-"""A built-in model's shape as the driver knows it before any rank builds it: its parameters, and
-whether their training state can fit the memory a rank gets; and the names of its pipeline blocks,
-so that an explicit ``train.pipeline.split`` is checked before launch. Both come from the config
-and the manifest's feature spec by the same arithmetic as the constructors (``training.models``),
-which the tests check against the built models.
+"""A built-in model's size as the driver knows it before any rank builds it: its parameters (from
+the config and the manifest's feature spec by its spec's arithmetic, ``training.model_specs``,
+the same as its constructor's, which the tests check against the built models), and whether their
+training state can fit the memory a rank gets.
 
 The memory check: a width inside the config's ceilings (``model.d_model=1048576``,
 ``model.hidden=[1048576, 1048576]``) can still ask for terabytes, which a rank would otherwise
@@ -28,12 +27,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Callable
 
 from common.features.categorical import RESERVED_INDICES
 from common.errors import ConfigError
 from common.tasks import label_task
 from training.launchers import launcher_for
+from training.model_specs import model_spec
 from training.strategies import model_shards
 
 # The largest single machines sold (24 TiB of memory): no rank anywhere gets more.
@@ -46,15 +45,7 @@ _OPTIMIZER_STATE = {"adamw": 2 * _FP32, "sgd": _FP32}  # AdamW: two moments; SGD
 
 def parameter_count(model_cfg, feature_spec: dict, label_spec: dict) -> int | None:
     """The built-in model's parameters for this dataset; None for a plug-in model."""
-    model = _BUILT_IN.get(model_cfg.name)
-    return None if model is None else model.parameters(_arguments(model_cfg), _Data.of(feature_spec, label_spec))
-
-
-def block_names(model_cfg) -> list[str] | None:
-    """The built-in model's pipeline blocks (``pipeline_block_names()``: what an explicit
-    ``train.pipeline.split`` lists), in order; None for a plug-in model."""
-    model = _BUILT_IN.get(model_cfg.name)
-    return None if model is None else model.blocks(_arguments(model_cfg))
+    return model_spec(model_cfg.name).parameters(model_cfg, _Data.of(feature_spec, label_spec))
 
 
 def check_model_fits(cfg, feature_spec: dict, label_spec: dict, rank_memory: tuple[int, str]) -> None:
@@ -68,17 +59,16 @@ def check_model_fits(cfg, feature_spec: dict, label_spec: dict, rank_memory: tup
     have, source = rank_memory
     if need <= have:
         return
-    raise ConfigError(f"{_BUILT_IN[cfg.model.name].size_keys(cfg.model)} makes a {cfg.model.name} of {params:,} "
+    raise ConfigError(f"{model_spec(cfg.model.name).size_keys(cfg.model)} makes a {cfg.model.name} of {params:,} "
                       f"parameters: its weights, gradients and {t.optimizer} state alone need {_size(need)} per rank, "
                       f"more than the {_size(have)} a rank gets ({source}); make the model smaller, or shard it over "
                       "more ranks (train.parallel=fsdp, train.pipeline.stages)")
 
 
-# --- the built-in models, each by its constructor's arithmetic (training.models) ------------------
-
 @dataclass(frozen=True)
 class _Data:
-    """What a built-in model's size takes from the dataset: its feature spec and label, counted."""
+    """What a built-in model's size takes from the dataset (its spec's ``parameters``): its feature
+    spec and label, counted."""
 
     numeric: int
     vocab_sizes: list[int]
@@ -92,54 +82,6 @@ class _Data:
                                 for c in feature_spec.get("categorical", [])],
                    array_widths=[math.prod(a["shape"]) for a in feature_spec.get("arrays", [])],
                    out=label_task(label_spec["task"]).output_width(label_spec.get("num_classes")))
-
-
-def _arguments(model_cfg) -> dict:
-    """The model keys the arithmetic reads, with ``model.kwargs``' overrides (as the constructors take them)."""
-    return {"hidden": model_cfg.hidden, "embedding_dim": model_cfg.embedding_dim, "dropout": model_cfg.dropout,
-            "layers": model_cfg.layers, "d_model": model_cfg.d_model, "ffn_width": None, **model_cfg.kwargs}
-
-
-def _mlp_parameters(args: dict, data: _Data) -> int:
-    dims = [args["embedding_dim"] or min(16, (size + 1) // 2) for size in data.vocab_sizes]
-    count = sum(size * dim for size, dim in zip(data.vocab_sizes, dims))
-    width = data.numeric + sum(dims) + sum(data.array_widths)
-    for size in [*args["hidden"], data.out]:
-        count, width = count + width * size + size, size
-    return count
-
-
-def _mlp_blocks(args: dict) -> list[str]:
-    per_layer = 3 if args["dropout"] else 2  # Linear, ReLU (, Dropout)
-    return [f"body.{i * per_layer}" for i in range(len(args["hidden"]) + 1)]
-
-
-def _ft_parameters(args: dict, data: _Data) -> int:
-    d = args["d_model"]
-    ffn = args["ffn_width"] or 2 * d
-    tokenizer = d + 2 * data.numeric * d + sum(data.vocab_sizes) * d + sum(w * d + d for w in data.array_widths)
-    block = 2 * 2 * d + 3 * d * d + (d * d + d) + (d * ffn + ffn) + (ffn * d + d)
-    head = 2 * d + d * data.out + data.out
-    return tokenizer + args["layers"] * block + head
-
-
-def _ft_blocks(args: dict) -> list[str]:
-    return [f"blocks.{i}" for i in range(args["layers"])]
-
-
-@dataclass(frozen=True)
-class _BuiltIn:
-    parameters: Callable[[dict, _Data], int]
-    blocks: Callable[[dict], list[str]]
-    size_keys: Callable[[object], str]  # the keys that size it, as a refusal names them
-
-
-# model.name -> its shape; a plug-in model is not here (its size is known once a rank builds it).
-_BUILT_IN = {
-    "mlp": _BuiltIn(_mlp_parameters, _mlp_blocks, lambda m: f"model.hidden={m.hidden}"),
-    "ft_transformer": _BuiltIn(_ft_parameters, _ft_blocks,
-                               lambda m: f"model.d_model={m.d_model}, model.layers={m.layers}"),
-}
 
 
 def rank_memory(launch_cfg, master: str | None, executor_settings: dict[str, str | None]) -> tuple[int, str]:
@@ -182,5 +124,4 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-__all__ = ["EXECUTOR_SETTINGS", "LARGEST_HOST_BYTES", "block_names", "check_model_fits", "parameter_count",
-           "rank_memory"]
+__all__ = ["EXECUTOR_SETTINGS", "LARGEST_HOST_BYTES", "check_model_fits", "parameter_count", "rank_memory"]

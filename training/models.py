@@ -1,4 +1,5 @@
-"""Model construction from the manifest's feature and label spec.
+"""The built-in models' networks, built from the manifest's feature and label spec (their specs,
+``training.model_specs``, say which keys and capabilities each has and build them).
 
 Every model takes the batch dict the loader yields (``numeric`` float32 [B, n], ``categorical``
 int64 [B, k], one float32 [B, *shape] per array feature) and returns logits [B, num_classes]
@@ -6,6 +7,7 @@ int64 [B, k], one float32 [B, *shape] per array feature) and returns logits [B, 
 as ``factory(feature_spec, label_spec, **kwargs)`` with the manifest's plain dicts (the label's
 ``LabelSpec.to_record()``: the manifest's own record) and must
 return such a ``torch.nn.Module`` (TorchScript-able, for the exported serving program).
+``training.model_specs.build_model`` builds either.
 
 A model that can train in pipeline stages (``train.pipeline``, ``training.strategies.pipeline``)
 says how to cut it: ``pipeline_inputs()`` (the batch keys its first stage takes, positionally),
@@ -16,7 +18,9 @@ previous stage's output (the first: the inputs) and returns the next one's input
 model's output). Chained, the stages compute exactly what ``forward`` does. Built by hand from the
 model's own modules, never traced. Optional: ``pipeline_block_names()`` (each block's module name,
 what an explicit ``train.pipeline.split`` lists) and ``pipeline_example(rows, device)`` (made-up
-first-stage inputs, which ``split: auto`` times each block on).
+first-stage inputs, which ``split: auto`` times each block on). A model may also name the modules
+FSDP2 shards one by one (``fsdp_units()``). A built-in model's spec declares which of these its
+network has; the strategies ask the spec (``training.model_specs.spec_of``), never the network.
 
 Imported on ranks only (it imports torch).
 """
@@ -28,13 +32,8 @@ from typing import Dict, List
 import torch
 from torch import nn
 
-from common.errors import ConfigError
-from common.plugins import load_callable
-from common.dataset import LabelSpec
 from common.features.categorical import RESERVED_INDICES
 from common.tasks import label_task
-from training.config import ModelConfig
-
 
 
 class TabularMLP(nn.Module):
@@ -274,7 +273,7 @@ def _example_inputs(numeric: int, vocab_sizes: list[int], array_widths: list[int
             *(torch.randn(rows, width, device=device) for width in array_widths))
 
 
-def _data_arguments(feature_spec: dict, label_spec: dict) -> dict:
+def data_arguments(feature_spec: dict, label_spec: dict) -> dict:
     """A built-in model's constructor arguments that come from the manifest's feature and label spec."""
     arrays = feature_spec.get("arrays", [])
     task = label_task(label_spec["task"])
@@ -289,39 +288,10 @@ def _data_arguments(feature_spec: dict, label_spec: dict) -> dict:
 def mlp_arguments(feature_spec: dict, label_spec: dict, hidden: list[int], dropout: float = 0.0,
                   embedding_dim: int | None = None, **overrides) -> dict:
     """The MLP's constructor arguments, as plain values (stored in model.json, so it rebuilds)."""
-    args = dict(_data_arguments(feature_spec, label_spec), hidden=list(hidden), dropout=float(dropout),
+    args = dict(data_arguments(feature_spec, label_spec), hidden=list(hidden), dropout=float(dropout),
                 embedding_dim=embedding_dim)
     args.update(overrides)
     return args
 
 
-# model.name -> the built-in class; model.json's model.arguments are its constructor's.
-BUILT_IN = {"mlp": TabularMLP, "ft_transformer": FTTransformer}
-
-
-def built_in_arguments(model_cfg: ModelConfig, feature_spec: dict, label_spec: dict) -> dict | None:
-    """The constructor arguments of ``model_cfg``'s built-in model as plain values (model.json
-    keeps them, so ``load_model`` rebuilds it); None for a plug-in model."""
-    if model_cfg.name == "mlp":
-        return mlp_arguments(feature_spec, label_spec, model_cfg.hidden, model_cfg.dropout, model_cfg.embedding_dim,
-                             **model_cfg.kwargs)
-    if model_cfg.name == "ft_transformer":
-        args = dict(_data_arguments(feature_spec, label_spec), layers=model_cfg.layers, d_model=model_cfg.d_model,
-                    heads=model_cfg.heads, dropout=float(model_cfg.dropout))
-        args.update(model_cfg.kwargs)
-        return args
-    return None
-
-
-def build_model(model_cfg: ModelConfig, feature_spec: dict, label_spec: LabelSpec) -> nn.Module:
-    name = model_cfg.name
-    if name in BUILT_IN:
-        return BUILT_IN[name](**built_in_arguments(model_cfg, feature_spec, label_spec.to_record()))
-    factory = load_callable(name, "model.name")
-    model = factory(feature_spec, label_spec.to_record(), **model_cfg.kwargs)
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model.name {name!r} returned {type(model).__name__}, not a torch.nn.Module")
-    return model
-
-
-__all__ = ["BUILT_IN", "FTTransformer", "TabularMLP", "build_model", "built_in_arguments", "mlp_arguments"]
+__all__ = ["FTTransformer", "TabularMLP", "data_arguments", "mlp_arguments"]

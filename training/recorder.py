@@ -28,7 +28,7 @@ from common.storage import resolve
 from common.writer_lock import writing_under
 from training.data import read_first_rows
 from training.export import publish_model, published_by, serving_model
-from training.models import built_in_arguments
+from training.model_specs import model_spec
 from training.plan import RankPlan
 from training.run_record import METRICS, REPORT, SUMMARY, write_run_info, write_steps
 from training.split_layout import check_manifest_unchanged
@@ -80,7 +80,7 @@ class Recorder:
             arrays = read_first_rows(plan.train, plan.columns, 1)
             example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in _NOT_INPUTS}
         model_cfg = plan.config.model
-        arguments = built_in_arguments(model_cfg, plan.feature_spec, plan.label_spec.to_record())
+        arguments = model_spec(model_cfg.name).arguments(model_cfg, plan.feature_spec, plan.label_spec.to_record())
         provenance = plan.provenance()  # run_id, config, dataset
         meta = {"model": {"name": model_cfg.name, "arguments": arguments}, **provenance,
                 "features": FeatureSpec(plan.feature_spec).spec, "label": plan.label_spec.to_record(), "metrics": history,

@@ -95,3 +95,22 @@ def test_the_config_check_imports_neither_torch_nor_horovod():
             "print(sorted(m for m in ('torch', 'horovod') if m in sys.modules))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("overrides, identity", [
+    ([], '{"dropout": 0.0, "embedding_dim": null, "features": null, "hidden": [128, 64], "kwargs": {}, "name": "mlp", '
+         '"num_classes": null, "task": null}'),
+    (["model.name=ft_transformer", "model.kwargs.ffn_width=5"],
+     '{"d_model": 32, "dropout": 0.0, "features": null, "heads": 4, "kwargs": {"ffn_width": 5}, "layers": 4, '
+     '"name": "ft_transformer", "num_classes": null, "task": null}'),
+    (["model.name=pkg.mod:make", "model.task=regression"],
+     '{"dropout": 0.0, "embedding_dim": null, "features": null, "hidden": [128, 64], "kwargs": {}, '
+     '"name": "pkg.mod:make", "num_classes": null, "task": "regression"}'),
+], ids=["mlp", "ft_transformer", "plug-in"])
+def test_a_models_identity_is_byte_for_byte_what_its_checkpoints_recorded(overrides, identity):
+    # The run identity's "model" (training.loop) that a checkpoint must match to resume, as main at
+    # 55cf1b8 recorded it: its spec's keys and those every model has, never another model's.
+    import json
+
+    cfg = load_train_config(None, ["data.path=/d", *overrides])
+    assert json.dumps(cfg.model.identity(), sort_keys=True) == identity

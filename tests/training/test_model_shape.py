@@ -32,7 +32,7 @@ def datasets(tmp_path_factory):
 ])
 def test_the_parameter_count_is_the_built_models_own(datasets, task, model):
     from common.dataset import read_manifest
-    from training.models import build_model
+    from training.model_specs import build_model
 
     manifest = read_manifest(datasets[task].uri)
     cfg = ModelConfig(**model)
@@ -46,14 +46,18 @@ def test_the_parameter_count_is_the_built_models_own(datasets, task, model):
     {"name": "mlp", "hidden": [9, 4, 3], "dropout": 0.2},
     {"name": "ft_transformer", "layers": 3, "d_model": 8, "heads": 2},
 ])
-def test_the_pipeline_blocks_are_the_built_models_own(datasets, model):
+def test_the_pipeline_blocks_and_capabilities_a_spec_declares_are_the_built_models_own(datasets, model):
     from common.dataset import read_manifest
-    from training.model_shape import block_names
-    from training.models import build_model
+    from training.model_specs import build_model, model_spec, spec_of
+    from training.model_specs.base import METHODS, PluginSpec
 
     manifest = read_manifest(datasets["classification"].uri)
     cfg = ModelConfig(**model)
-    assert block_names(cfg) == build_model(cfg, manifest.features.spec, manifest.label).pipeline_block_names()
+    spec, built = model_spec(cfg.name), build_model(cfg, manifest.features.spec, manifest.label)
+    assert spec.block_names(cfg) == built.pipeline_block_names()
+    # What the strategies ask the spec is what the network has (a plug-in's spec looks at it).
+    assert spec_of(built) is spec
+    assert spec.capabilities == {capability for capability in METHODS if PluginSpec().offers(built, capability)}
 
 
 @pytest.mark.parametrize("override, keys", [

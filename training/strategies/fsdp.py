@@ -2,7 +2,7 @@
 sharded across ranks, for models larger than one device.
 
 Each Linear and Embedding is its own unit (gathered only while it computes), or the units a model
-names (``fsdp_units``: the FT-Transformer's blocks), then the root.
+names (its spec's ``fsdp_units``: the FT-Transformer's blocks), then the root.
 Parameters become DTensors in place; the plain module stays the module to call. Checkpoints and
 exports hold full, gathered state dicts in the plain module's format (complete on rank 0, which
 writes), so a run saved under FSDP resumes under DDP or Horovod and exports the same model.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from training.model_specs import spec_of
 from training.strategies.base import Strategy, initialise_optimizer_state
 
 
@@ -36,9 +37,10 @@ class FullyShardedDataParallel(Strategy):
         policy = self.precision.sharded_policy()  # the precision decides, FSDP only applies it
         # A model that names its units (the FT-Transformer: one per block) gets those; else each
         # Linear and Embedding is one.
-        units = (model.fsdp_units() if hasattr(model, "fsdp_units") else
-                 [module for module in model.modules()
-                  if module is not model and isinstance(module, (torch.nn.Linear, torch.nn.Embedding))])
+        units = spec_of(model).fsdp_units(model)
+        if units is None:
+            units = [module for module in model.modules()
+                     if module is not model and isinstance(module, (torch.nn.Linear, torch.nn.Embedding))]
         for module in units:
             fully_shard(module, mp_policy=policy)
         fully_shard(model, mp_policy=policy)

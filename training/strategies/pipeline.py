@@ -45,6 +45,8 @@ from typing import Literal
 from common.config import require
 from common.errors import ConfigError
 from training.limits import MAX_BATCH_ROWS, MAX_RANKS
+from training.model_specs import model_spec, offering, spec_of
+from training.model_specs.base import EXAMPLE, PIPELINE
 from training.strategies.base import Strategy, initialise_optimizer_state
 
 log = logging.getLogger("shardtrain.train")
@@ -174,10 +176,10 @@ class PipelineParallel(Strategy):
     def wrap(self, model):
         from torch.distributed.pipelining import PipelineStage
 
-        if not all(hasattr(model, name) for name in ("pipeline_inputs", "pipeline_blocks", "pipeline_stage")):
+        if not spec_of(model).offers(model, PIPELINE):
             raise ConfigError(f"model {type(model).__name__} cannot be cut into pipeline stages (it has no "
-                              "pipeline_blocks/pipeline_stage, see training.models); use model.name=mlp or ft_transformer, or set "
-                              "train.pipeline.stages=1")
+                              "pipeline_blocks/pipeline_stage, see training.models); use model.name="
+                              f"{' or '.join(offering(PIPELINE))}, or set train.pipeline.stages=1")
         blocks = model.pipeline_blocks()
         if blocks < self.parts:
             raise ConfigError(f"model {type(model).__name__} has {blocks} block(s), fewer than the {self.parts} "
@@ -203,7 +205,7 @@ class PipelineParallel(Strategy):
         split = self.settings.split
         if isinstance(split, list):
             return _named_bounds(model, split)
-        if split == "auto" and hasattr(model, "pipeline_example"):
+        if split == "auto" and spec_of(model).offers(model, EXAMPLE):
             # Rank 0 times, every rank cuts where it says: the replicas' stages must match.
             costs = self.group.broadcast_object(_block_seconds(model, self.microbatch_rows, self.device)
                                                 if self.group.rank == 0 else None)
@@ -423,25 +425,15 @@ def _check_step(train) -> None:
             "gets only the label); remove train.distill or set train.pipeline.stages=1")
 
 
-def _check_blocks(pipeline: PipelineConfig, model) -> None:
-    """The model has a block for every stage, and an explicit split names them all (the built-in
-    models' blocks, from their keys; a plug-in's are known once a rank builds it)."""
-    parts = pipeline.stages * pipeline.stages_per_rank
-    # The built-in models' blocks are the units a stage holds: the MLP's hidden layers plus its
-    # output layer, the FT-Transformer's transformer blocks.
-    if model.name == "mlp" and len(model.hidden) + 1 < parts:
-        raise ConfigError(f"model.hidden={model.hidden} gives {len(model.hidden) + 1} layer(s), fewer than the "
-                          f"{parts} pipeline stage(s) (train.pipeline.stages x stages_per_rank); add hidden layers "
-                          "or use fewer stages")
-    if model.name == "ft_transformer" and model.layers < parts:
-        raise ConfigError(f"model.layers={model.layers} is fewer than the {parts} pipeline stage(s) (train.pipeline."
-                          "stages x stages_per_rank): a stage holds whole blocks; raise model.layers or use fewer stages")
+def _check_blocks(pipeline: PipelineConfig, model_cfg) -> None:
+    """The model has a block for every stage, and an explicit split names them all (a built-in
+    model's blocks, from its keys by its spec; a plug-in's are known once a rank builds it)."""
+    spec = model_spec(model_cfg.name)
+    spec.check_stages(model_cfg, pipeline.stages * pipeline.stages_per_rank)
     if isinstance(pipeline.split, list):
-        from training.model_shape import block_names
-
-        names = block_names(model)
-        if names is not None:  # a plug-in model's blocks are known once a rank builds it
-            check_split(pipeline.split, names, model.name)
+        names = spec.block_names(model_cfg)
+        if names is not None:
+            check_split(pipeline.split, names, model_cfg.name)
 
 
 def check_split(split: list[list[str]], names: list[str] | None, model_name: str) -> None:
@@ -454,8 +446,7 @@ def check_split(split: list[list[str]], names: list[str] | None, model_name: str
 
 def _named_bounds(model, split: list[list[str]]) -> list[tuple[int, int]]:
     """The (start, stop) blocks of an explicit split, which must list every block's name in order."""
-    check_split(split, model.pipeline_block_names() if hasattr(model, "pipeline_block_names") else None,
-                type(model).__name__)
+    check_split(split, spec_of(model).pipeline_block_names(model), type(model).__name__)
     bounds, start = [], 0
     for stage in split:
         bounds.append((start, start + len(stage)))
