@@ -6,8 +6,9 @@ The driver side resolves a run into a plain ``plan.RankPlan`` and hands it to ``
 process, Horovod-on-Spark, TorchDistributor), which start the ranks and decide retries. Every rank
 runs the one loop of ``loop`` on a rank group (``distributed``: who the ranks are, their device,
 collectives) with the strategy ``strategies`` picks (one process, Horovod, DDP, FSDP2, periodic
-sync); the loss, validation metrics, baseline and serving head are the label's task's (``tasks``,
-one module per task); rank 0 writes through ``recorder``.
+sync) on the network its ``model_specs`` spec builds (a built-in model or a plug-in); the loss,
+validation metrics, baseline and serving head are the label's task's (``tasks``, one module per
+task); rank 0 writes through ``recorder``.
 
 The public API is re-exported lazily, so ``import training`` (the CLI, doctor) does not import
 torch or horovod until one of these names is used.
