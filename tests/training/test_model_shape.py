@@ -36,8 +36,8 @@ def test_the_parameter_count_is_the_built_models_own(datasets, task, model):
 
     manifest = read_manifest(datasets[task].uri)
     cfg = ModelConfig(**model)
-    built = build_model(cfg, manifest.features.spec, manifest.label)
-    assert parameter_count(cfg, manifest.features.spec, manifest.label.to_record()) == \
+    built = build_model(cfg, manifest.features.by_kind(), manifest.label)
+    assert parameter_count(cfg, manifest.features.by_kind(), manifest.label.to_record()) == \
         sum(p.numel() for p in built.parameters())
 
 
@@ -53,7 +53,7 @@ def test_the_pipeline_blocks_and_capabilities_a_spec_declares_are_the_built_mode
 
     manifest = read_manifest(datasets["classification"].uri)
     cfg = ModelConfig(**model)
-    spec, built = model_spec(cfg.name), build_model(cfg, manifest.features.spec, manifest.label)
+    spec, built = model_spec(cfg.name), build_model(cfg, manifest.features.by_kind(), manifest.label)
     assert spec.block_names(cfg) == built.pipeline_block_names()
     # What the strategies ask the spec is what the network has (a plug-in's spec looks at it).
     assert spec_of(built) is spec
