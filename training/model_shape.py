@@ -28,7 +28,9 @@ import math
 import os
 from dataclasses import dataclass
 
-from common.features.categorical import RESERVED_INDICES
+from common.features.arrays import Arrays
+from common.features.categorical import RESERVED_INDICES, Categorical
+from common.features.numeric import Numeric
 from common.errors import ConfigError
 from common.tasks import label_task
 from training.launchers import launcher_for
@@ -77,10 +79,10 @@ class _Data:
 
     @classmethod
     def of(cls, feature_spec: dict, label_spec: dict) -> "_Data":
-        return cls(numeric=len(feature_spec.get("numeric", [])),
+        return cls(numeric=len(feature_spec.get(Numeric.name, [])),
                    vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
-                                for c in feature_spec.get("categorical", [])],
-                   array_widths=[math.prod(a["shape"]) for a in feature_spec.get("arrays", [])],
+                                for c in feature_spec.get(Categorical.name, [])],
+                   array_widths=[math.prod(a["shape"]) for a in feature_spec.get(Arrays.name, [])],
                    out=label_task(label_spec["task"]).output_width(label_spec.get("num_classes")))
 
 

@@ -32,7 +32,9 @@ from typing import Dict, List
 import torch
 from torch import nn
 
-from common.features.categorical import RESERVED_INDICES
+from common.features.arrays import Arrays
+from common.features.categorical import RESERVED_INDICES, Categorical
+from common.features.numeric import Numeric
 from common.tasks import label_task
 
 
@@ -43,6 +45,8 @@ class TabularMLP(nn.Module):
                  out_dim: int, hidden: list[int], dropout: float = 0.0, embedding_dim: int | None = None,
                  regression: bool = False):
         super().__init__()
+        # The batch entries the feature kinds give (common.features): the network's inputs.
+        self.numeric_key, self.categorical_key = Numeric.name, Categorical.name
         self.array_names, self.array_widths = list(array_names), list(array_widths)
         self.regression = regression
         dims = [embedding_dim or min(16, (size + 1) // 2) for size in vocab_sizes]
@@ -58,8 +62,8 @@ class TabularMLP(nn.Module):
         self.body = nn.Sequential(*layers)
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        parts = [batch["numeric"]]
-        categorical = batch["categorical"]
+        parts = [batch[self.numeric_key]]
+        categorical = batch[self.categorical_key]
         for j, embedding in enumerate(self.embeddings):
             parts.append(embedding(categorical[:, j]))
         for name in self.array_names:
@@ -73,7 +77,7 @@ class TabularMLP(nn.Module):
     # --- pipeline stages (see the module docstring) -------------------------------------------------
 
     def pipeline_inputs(self) -> list[str]:
-        return ["numeric", "categorical", *self.array_names]
+        return [self.numeric_key, self.categorical_key, *self.array_names]
 
     def pipeline_blocks(self) -> int:
         """One block per Linear with the activation and dropout after it: the input embeddings
@@ -135,6 +139,8 @@ class FTTransformer(nn.Module):
                  out_dim: int, layers: int, d_model: int, heads: int, dropout: float = 0.0,
                  ffn_width: int | None = None, regression: bool = False):
         super().__init__()
+        # The batch entries the feature kinds give (common.features): the network's inputs.
+        self.numeric_key, self.categorical_key = Numeric.name, Categorical.name
         self.array_names = list(array_names)
         self.regression = regression
         self.tokenizer = _FeatureTokenizer(num_numeric, vocab_sizes, array_widths, d_model)
@@ -144,7 +150,7 @@ class FTTransformer(nn.Module):
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         arrays = [batch[name] for name in self.array_names]
-        tokens = self.tokenizer(batch["numeric"], batch["categorical"], arrays)
+        tokens = self.tokenizer(batch[self.numeric_key], batch[self.categorical_key], arrays)
         for block in self.blocks:
             tokens = block(tokens)
         out = self.head(tokens)
@@ -160,7 +166,7 @@ class FTTransformer(nn.Module):
     # first, the head (and the regression squeeze) with the last.
 
     def pipeline_inputs(self) -> list[str]:
-        return ["numeric", "categorical", *self.array_names]
+        return [self.numeric_key, self.categorical_key, *self.array_names]
 
     def pipeline_blocks(self) -> int:
         return len(self.blocks)
@@ -275,11 +281,12 @@ def _example_inputs(numeric: int, vocab_sizes: list[int], array_widths: list[int
 
 def data_arguments(feature_spec: dict, label_spec: dict) -> dict:
     """A built-in model's constructor arguments that come from the manifest's feature and label spec."""
-    arrays = feature_spec.get("arrays", [])
+    arrays = feature_spec.get(Arrays.name, [])
     task = label_task(label_spec["task"])
     return dict(
-        num_numeric=len(feature_spec.get("numeric", [])),
-        vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES)) for c in feature_spec.get("categorical", [])],
+        num_numeric=len(feature_spec.get(Numeric.name, [])),
+        vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
+                     for c in feature_spec.get(Categorical.name, [])],
         array_names=[a["name"] for a in arrays],
         array_widths=[int(torch.tensor(a["shape"]).prod()) for a in arrays],
         out_dim=task.output_width(label_spec.get("num_classes")), regression=not task.classes)

@@ -29,6 +29,7 @@ from common.dataset import MANIFEST_NAME, TEACHER_COLUMN, LabelSpec, Manifest, r
 from training.columns import Columns, columns_for
 from training.config import TrainConfig
 from training.epoch_steps import skipped_rows_per_epoch, steps_per_epoch
+from training.model_specs import model_spec
 from training.split_layout import SplitLayout
 from training.strategies import ranks_per_replica
 
@@ -170,11 +171,25 @@ def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:
     if model.num_classes is not None and model.num_classes != label.num_classes:
         raise DatasetError(f"{where}: field 'label.num_classes' is {label.num_classes!r} but "
                            f"model.num_classes is {model.num_classes}")
+    _check_feature_kinds(manifest, model, where)
     if model.features is not None:
         absent = [name for name in model.features if name not in manifest.features.columns]
         if absent:
             raise DatasetError(f"{where}: field 'features' lacks {absent}, which model.features requires "
                                f"(the dataset has {manifest.features.columns})")
+
+
+def _check_feature_kinds(manifest: Manifest, model, where: str) -> None:
+    """The model takes every kind of feature the dataset holds (its spec's ``feature_kinds``; a
+    plug-in's are its own business), else exit 2 naming model.name and the features it cannot take."""
+    accepted = model_spec(model.name).feature_kinds
+    if accepted is None:
+        return
+    refused = {kind.name: kind.names for kind in manifest.features.kinds if kind.names and kind.name not in accepted}
+    if refused:
+        raise DatasetError(f"{where}: field 'features' holds {refused}, which model.name={model.name!r} cannot take "
+                           f"(it takes {', '.join(accepted)} features); choose a model that takes them, or leave "
+                           "those columns out of the shard job's features")
 
 
 def _resolve_distill(manifest: Manifest, cfg: TrainConfig, where: str) -> TrainConfig:

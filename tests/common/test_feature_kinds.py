@@ -132,6 +132,20 @@ def test_a_kind_of_our_own_takes_part_in_manifest_rules_serving_and_batches(bool
     assert spec.kind_of("member").stored_batch(stored, 2)["boolean"].tolist() == [[1.0], [0.0]]
 
 
+def test_a_model_that_does_not_take_a_kind_refuses_its_dataset_naming_the_key(boolean_kind, tmp_path):
+    """The built-in models declare the kinds they take (their specs); training a dataset that holds
+    another kind with one is exit 2 before anything launches, naming model.name and the columns."""
+    from train_configs import train_config
+    from training.plan import build_plan
+
+    manifest = _published(tmp_path)
+    cfg = train_config(tmp_path / "ds", tmp_path / "model", "model.name=mlp")
+    with pytest.raises(DatasetError, match=r"field 'features' holds \{'boolean': \['member'\]\}, which "
+                                           r"model.name='mlp' cannot take \(it takes numeric, categorical, arrays"):
+        build_plan(cfg, manifest)
+    assert DatasetError.exit_code == 2
+
+
 def test_a_dataset_of_a_kind_this_shardtrain_does_not_know_is_refused_naming_it(boolean_kind, tmp_path):
     from common.dataset import MANIFEST_NAME, read_manifest
 
