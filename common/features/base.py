@@ -236,3 +236,26 @@ class FeatureKind:
     def html_table(self):
         """``inspect --html``'s table of these features, or None where there are none."""
         return None
+
+
+class ScalarColumns(FeatureKind):
+    """A kind whose features are each one scalar column, side by side in one batch entry named after
+    the kind: [rows, features] of ``batch_dtype``, there even with no features of the kind (the
+    built-in networks always take it)."""
+
+    batch_dtype: ClassVar[str]
+
+    def batch_layout(self) -> list[BatchEntry]:
+        return [BatchEntry(self.name, tuple(self.names), self.batch_dtype)]
+
+    def batch(self, frame: Any, n: int) -> dict[str, np.ndarray]:
+        matrix = np.zeros((n, len(self.names)), dtype=self.batch_dtype)
+        for j, name in enumerate(self.names):
+            matrix[:, j] = self.encode_column(name, frame[name])
+        return {self.name: matrix}
+
+    def batch_keys(self) -> list[str]:
+        return [self.name]
+
+    def probe(self, rows: int) -> dict[str, np.ndarray]:
+        return {self.name: np.zeros((rows, len(self.names)), dtype=self.batch_dtype)}

@@ -22,7 +22,7 @@ import numpy as np
 
 from common.config import require
 from common.errors import DatasetError
-from common.features.base import BatchEntry, FeatureKind
+from common.features.base import ScalarColumns
 from common.rows import MAX_CATEGORY_BYTES, each, is_missing, mask, reason, reason_text
 from common.sql import quote_identifier as q
 
@@ -35,8 +35,9 @@ MAX_VOCAB = 10_000_000  # entries of one vocabulary, each stored in the manifest
 _NUMBER_FORM_BYTES = 32
 
 
-class Categorical(FeatureKind):
+class Categorical(ScalarColumns):
     name = "categorical"
+    batch_dtype = "int64"
     text = True
     required = ("name", "vocab")
     typed_prefix = "_c_"
@@ -195,20 +196,8 @@ class Categorical(FeatureKind):
     def stored_values(self, name: str, values: Any) -> np.ndarray:
         return self.encode_column(name, values).astype(np.int32)
 
-    def batch_layout(self) -> list[BatchEntry]:
-        return [BatchEntry(self.name, tuple(self.names), "int64")]
-
-    def batch(self, frame: Any, n: int) -> dict[str, np.ndarray]:
-        matrix = np.zeros((n, len(self.names)), dtype=np.int64)
-        for j, name in enumerate(self.names):
-            matrix[:, j] = self.encode_column(name, frame[name])
-        return {self.name: matrix}
-
-    def batch_keys(self) -> list[str]:
-        return [self.name]  # always there, with no columns when there are no categorical features
-
     def probe(self, rows: int) -> dict[str, np.ndarray]:
-        matrix = np.zeros((rows, len(self.names)), dtype=np.int64)
+        matrix = super().probe(rows)[self.name]
         if rows:  # the largest index last: an embedding table smaller than the vocabulary fails on it
             matrix[-1] = [self.num_embeddings(name) - 1 for name in self.names]
         return {self.name: matrix}

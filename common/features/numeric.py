@@ -21,13 +21,14 @@ import numpy as np
 
 from common.config import require
 from common.errors import InputDataError
-from common.features.base import BatchEntry, FeatureKind
+from common.features.base import ScalarColumns
 from common.rows import FLOAT_MAX, beyond_float32, decoded, is_missing, mask, reason, reason_text
 from common.sql import quote_identifier as q
 
 
-class Numeric(FeatureKind):
+class Numeric(ScalarColumns):
     name = "numeric"
+    batch_dtype = "float32"
     text = True
     required = ("name", "mean", "std", "fill")
     typed_prefix = "_n_"
@@ -130,21 +131,6 @@ class Numeric(FeatureKind):
         values = _float64_column(values)
         values = np.where(np.isfinite(values), values, stats["fill"])
         return ((values - stats["mean"]) / stats["std"]).astype(np.float32)
-
-    def batch_layout(self) -> list[BatchEntry]:
-        return [BatchEntry(self.name, tuple(self.names), "float32")]
-
-    def batch(self, frame: Any, n: int) -> dict[str, np.ndarray]:
-        matrix = np.zeros((n, len(self.names)), dtype=np.float32)
-        for j, name in enumerate(self.names):
-            matrix[:, j] = self.encode_column(name, frame[name])
-        return {self.name: matrix}
-
-    def batch_keys(self) -> list[str]:
-        return [self.name]  # always there, with no columns when there are no numeric features
-
-    def probe(self, rows: int) -> dict[str, np.ndarray]:
-        return {self.name: np.zeros((rows, len(self.names)), dtype=np.float32)}
 
     def signature_columns(self) -> list:
         from mlflow.types import ColSpec
