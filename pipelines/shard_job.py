@@ -435,7 +435,7 @@ def _counts(summary: Summary) -> RowCounts:
     by_reason = summary.by_reason
     malformed = by_reason.get(MALFORMED, 0)  # staged with the rows (_checked_rows)
     table_rows = sum(split_rows.values()) + sum(by_reason.values()) - malformed
-    return RowCounts(split_rows, summary.bucket_rows, by_reason, table_rows, malformed, summary.moments)
+    return RowCounts(split_rows, summary.bucket_rows, by_reason, table_rows, malformed)
 
 
 def _write_shards(spark, staged: StagedRows, cfg: ShardConfig, counts: RowCounts, features: dict,

@@ -121,7 +121,6 @@ class RowCounts:
     by_reason: dict[str, int]
     table_rows: int
     malformed: int
-    train_moments: list[tuple[int, float, float]]  # (count, mean, m2) per preprocess.scan_columns
 
     @property
     def quarantined(self) -> int:

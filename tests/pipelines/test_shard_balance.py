@@ -50,7 +50,7 @@ def test_each_shard_file_keeps_its_block_of_ranks_from_whole_buckets():
                 cuts = sorted(draw.sample(range(1, rows), len(used) - 1)) if len(used) > 1 else []
                 for b, size in zip(used, [hi - lo for lo, hi in zip([0, *cuts], [*cuts, rows])]):
                     bucket_rows[(s, b)] = size
-            counts = RowCounts({s: rows for s in range(s_splits)}, bucket_rows, {}, rows * s_splits, 0, [])
+            counts = RowCounts({s: rows for s in range(s_splits)}, bucket_rows, {}, rows * s_splits, 0)
             layout, file_starts = shard_layout(counts, s_splits, n)
             for s in range(s_splits):
                 offsets, offset = {}, 0  # each bucket's first rank
