@@ -21,7 +21,7 @@ STACK_TESTS ?= stack and not cluster and not horovod
 PYTEST_WORKERS ?= 2
 XDIST = -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: setup setup-current demo test test-current pytest-pinned pytest-current test-fast doctor bench wheel clean
+.PHONY: setup setup-current demo test test-current pytest-pinned pytest-current test-fast doctor bench wheel docs clean
 
 setup:
 	@.ci/bootstrap
@@ -77,6 +77,12 @@ wheel: setup
 	rm -rf build dist/shardtrain-*.whl
 	$(PY) -m pip wheel --disable-pip-version-check -q --no-deps --no-build-isolation -w dist .
 	@ls dist/shardtrain-*.whl
+
+# The docs site, into docs/_build/html: open index.html, from file:// (nothing is fetched from elsewhere).
+# Warnings are errors, as in the suite's build of it (tests/test_docs.py).
+docs: setup
+	$(VENV)/bin/sphinx-build -q -W --keep-going -b html docs docs/_build/html
+	@echo "docs/_build/html/index.html"
 
 clean:
 	rm -rf artifacts spark-warehouse metastore_db derby.log .pytest_cache
