@@ -18,6 +18,10 @@ Connect session's Python workers run in its artifact directory; a cluster's exec
 there ``artifacts/model`` would name another place, or nothing. Loading a saved config again
 gives the same values, so fingerprints over it hold.
 
+Help text: each field declares what it means to users in its metadata (``setting``, ``storage_path``),
+so the configuration reference is generated from the dataclasses and cannot drift from them
+(common/config_keys.py lists a tree's keys with their types, defaults and help).
+
 YAML (a file, an override's value) is loaded by ``parse_yaml``: safe tags only, UTF-8, no key
 twice in a mapping, and aliases bounded by the nodes they add, counted before anything is built,
 so no input can exhaust memory before the checks above refuse it. Numbers must be finite.
@@ -43,6 +47,9 @@ T = TypeVar("T")
 
 # The field metadata key that marks a storage path (``storage_path``).
 STORAGE_PATH = "shardtrain.storage_path"
+# The field metadata key holding a key's help text (``setting``): what the configuration reference
+# shows for it (common/config_keys.py lists the keys; the docs site renders them).
+HELP = "shardtrain.help"
 
 
 # Linux's limits on what exec() takes (a longer one fails with E2BIG, "Argument list too long"):
@@ -223,11 +230,20 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def storage_path(**kwargs) -> Any:
+def setting(help: str, **kwargs) -> Any:
+    """A config field with its help text: ``num_shards: int = setting("shard files per split", default=8)``
+    (``default_factory=`` for a list or a mapping; neither: a required key). The text is what the
+    configuration reference shows for the key, so it is written for users: what the key does, its
+    values, what null means where null is allowed. Comments beside a field keep saying *why* the code
+    does what it does."""
+    return field(metadata={HELP: help}, **kwargs)
+
+
+def storage_path(help: str = "", **kwargs) -> Any:
     """A config field naming a place a job reads or writes (a local path or a URI), declared as
-    ``path: str = storage_path()`` or ``path: str | None = storage_path(default=None)``: the
-    loader makes it absolute (see the module docstring), and ``storage_paths`` lists it."""
-    return field(metadata={STORAGE_PATH: True}, **kwargs)
+    ``path: str = storage_path("help")`` or ``path: str | None = storage_path("help", default=None)``:
+    the loader makes it absolute (see the module docstring), and ``storage_paths`` lists it."""
+    return field(metadata={STORAGE_PATH: True, **({HELP: help} if help else {})}, **kwargs)
 
 
 def storage_paths(cfg: Any) -> dict[str, str]:
@@ -438,6 +454,6 @@ def dump_yaml(cfg: Any) -> str:
 
 __all__ = [
     "MAX_ALIAS_EXPANSION", "SparkConfig", "absolute_storage_paths", "apply_overrides", "config_fingerprint",
-    "deep_merge", "dump_yaml", "from_dict", "load_config", "parse_override", "parse_yaml", "read_yaml", "require",
-    "storage_path", "storage_paths", "to_dict", "with_absolute_paths",
+    "HELP", "deep_merge", "dump_yaml", "from_dict", "load_config", "parse_override", "parse_yaml", "read_yaml", "require",
+    "setting", "storage_path", "storage_paths", "to_dict", "with_absolute_paths",
 ]
