@@ -52,6 +52,15 @@ STORAGE_PATH = "shardtrain.storage_path"
 HELP = "shardtrain.help"
 
 
+def setting(help: str, **kwargs) -> Any:
+    """A config field with its help text: ``num_shards: int = setting("shard files per split", default=8)``
+    (``default_factory=`` for a list or a mapping; neither: a required key). The text is what the
+    configuration reference shows for the key, so it is written for users: what the key does, its
+    values, what null means where null is allowed. Comments beside a field keep saying *why* the code
+    does what it does."""
+    return field(metadata={HELP: help}, **kwargs)
+
+
 # Linux's limits on what exec() takes (a longer one fails with E2BIG, "Argument list too long"):
 # one argument, and the arguments and environment together. A session this package creates passes
 # each spark.conf setting as one ``--conf key=value`` argument of spark-submit, which passes it on
@@ -64,10 +73,15 @@ MAX_CONF_BYTES = 1024 * 1024
 class SparkConfig:
     """The ``spark`` section every job config has: how to build a session when none is active."""
 
-    master: str = "local[2]"
-    app_name: str = "shardtrain"
-    # Passed to SparkSession.builder.config(); ignored when a session already exists.
-    conf: dict[str, Any] = field(default_factory=dict)
+    master: str = setting((
+        "the Spark master of a session this job creates; ignored under spark-submit (its `--master` wins), "
+        "when a session exists (notebooks), and over Spark Connect (`spark.conf` key `spark.remote: "
+        "sc://host:port`, or the `SPARK_REMOTE` environment variable)"), default="local[2]")
+    app_name: str = setting("the Spark application's name", default="shardtrain")
+    conf: dict[str, Any] = setting((
+        "settings passed to the SparkSession builder (`spark.driver.memory: 2g`); ignored when a session "
+        "already exists. Each `key=value` at most 131,071 bytes and 1 MiB in all (it goes on the JVM's "
+        "command line)"), default_factory=dict)
 
     def __post_init__(self):
         # Checked here, not when the JVM starts: there it is a traceback from deep in pyspark.
@@ -228,15 +242,6 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         return from_dict(cls, data)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
-
-
-def setting(help: str, **kwargs) -> Any:
-    """A config field with its help text: ``num_shards: int = setting("shard files per split", default=8)``
-    (``default_factory=`` for a list or a mapping; neither: a required key). The text is what the
-    configuration reference shows for the key, so it is written for users: what the key does, its
-    values, what null means where null is allowed. Comments beside a field keep saying *why* the code
-    does what it does."""
-    return field(metadata={HELP: help}, **kwargs)
 
 
 def storage_path(help: str = "", **kwargs) -> Any:

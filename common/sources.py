@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import glob as globlib
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from common.config import require, storage_path
+from common.config import require, setting, storage_path
 from common.errors import ConfigError, InputDataError, ShardtrainError, first_line
 from common.sql import quote_identifier as q
 from common.sql import why_not_a_query
@@ -48,18 +48,22 @@ MALFORMED = "malformed_record"
 
 @dataclass
 class SourceConfig:
-    # Files (or a Delta table's directory, format: delta); or table, not both.
-    path: str | None = storage_path(default=None)
-    # csv, json, parquet, or delta (a Delta table's directory: Spark's Delta reader, which
-    # delta-spark or a Databricks runtime provides). A table's format is its catalog's.
-    format: Literal["csv", "json", "parquet", "delta"] = "parquet"
-    options: dict[str, Any] = field(default_factory=dict)
-    # Spark DDL, e.g. "id BIGINT, x DOUBLE, city STRING". Strongly advised for CSV/JSON:
-    # with a schema, a value that does not parse makes its record malformed (quarantined).
-    schema: str | None = None
-    # A table the session's catalog resolves: table, schema.table or catalog.schema.table (a local
-    # in-memory or Hive catalog, Unity Catalog on Databricks), instead of path.
-    table: str | None = None
+    path: str | None = storage_path(
+        "URI of a file or directory (or a Delta table's directory, with `format: delta`); the source becomes "
+        "a Spark SQL view of its name. Exactly one of `path` and `table`", default=None)
+    # A Delta path is read by Spark's Delta reader, which delta-spark or a Databricks runtime provides.
+    format: Literal["csv", "json", "parquet", "delta"] = setting(
+        "the files' format; `delta` reads a Delta table's directory (without a Delta reader in the session: "
+        "exit 2 with the install hint). A table's format is its catalog's", default="parquet")
+    options: dict[str, Any] = setting("Spark reader options (`header: true`, `sep: \";\"`, ...)",
+                                      default_factory=dict)
+    schema: str | None = setting(
+        "Spark DDL (`id BIGINT, x DOUBLE, city STRING`); advised for CSV and JSON: with it, a value that does "
+        "not parse quarantines its record as `malformed_record`", default=None)
+    table: str | None = setting(
+        "instead of `path`: a table the session's catalog resolves, `table`, `schema.table` or "
+        "`catalog.schema.table` (a local in-memory or Hive catalog, Unity Catalog on Databricks); its format "
+        "and schema are the catalog's", default=None)
 
     def __post_init__(self):
         require((self.path is None) != (self.table is None), "path",

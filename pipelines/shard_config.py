@@ -7,10 +7,10 @@ never rename them. Load with ``load_shard_config(path, overrides)``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, make_dataclass
 from typing import Literal, get_origin
 
-from common.config import SparkConfig, load_config, require, storage_path
+from common.config import SparkConfig, load_config, require, setting, storage_path
 from common.dataset import TEACHER_COLUMN
 from common.features import KINDS
 from common.sql import quote_identifier
@@ -30,7 +30,7 @@ def _features_config() -> type:
     its name, then its ``options``), checked by the kinds, and no column declared twice."""
     def setting_of(default, help_text):
         kwargs = {"default_factory": default} if callable(default) else {"default": default}
-        return field(metadata={"help": help_text}, **kwargs)
+        return setting(help_text, **kwargs)
 
     # A kind's own key is empty by default: an empty list or mapping (its type's origin).
     keys = [(kind.name, kind.columns_type, setting_of(get_origin(kind.columns_type), kind.columns_help))
@@ -59,14 +59,17 @@ FeaturesConfig = _features_config()
 
 @dataclass
 class LabelConfig:
-    column: str | None = None
-    expr: str | None = None  # a Spark SQL expression, instead of column
-    task: Literal[TASK_NAMES] = "classification"
-    num_classes: int | None = None
-    # Rows whose label is null: ``quarantine`` (reason null_label), or, with a teacher, ``transfer``:
-    # those of every split join the train split as a transfer set, which learns from the teacher's
-    # soft targets only (see common/dataset.py); val and test keep only labelled rows.
-    unlabeled: Literal["quarantine", "transfer"] = "quarantine"
+    column: str | None = setting("the label column; exactly one of `column` and `expr`", default=None)
+    expr: str | None = setting("instead of `column`: a Spark SQL expression computing the label", default=None)
+    task: Literal[TASK_NAMES] = setting("what the label is", default="classification")
+    num_classes: int | None = setting(
+        "classification: the number of classes (at least 2), required; labels must be integers in "
+        "`[0, num_classes)`", default=None)
+    # The transfer set's rows learn from the teacher's soft targets only (see common/dataset.py).
+    unlabeled: Literal["quarantine", "transfer"] = setting(
+        "rows with a null label: quarantined (`null_label`), or `transfer`: with a `teacher`, every one of them "
+        "joins the train split as a transfer set (val and test keep only labelled rows); `transfer` without a "
+        "teacher is exit 2", default="quarantine")
 
     def __post_init__(self):
         require((self.column is None) != (self.expr is None), "column", "or label.expr must be set (exactly one)")
@@ -86,9 +89,13 @@ class LabelConfig:
 
 @dataclass
 class SplitConfig:
-    key: str  # a column or a Spark SQL expression identifying a row (or a group, e.g. user_id)
-    fractions: dict[str, float] = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
-    seed: int = 0
+    key: str = setting(
+        "a column or Spark SQL expression hashed to assign each row its split (a user id keeps a user's rows "
+        "together)")
+    fractions: dict[str, float] = setting(
+        "split name -> its share of the rows; must add up to 1 and include `train`",
+        default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
+    seed: int = setting("changes the split assignment and the shuffle", default=0)
 
     def __post_init__(self):
         require(bool(self.key), "key", "must name a column or expression")
@@ -102,19 +109,27 @@ class SplitConfig:
 
 @dataclass
 class OutputConfig:
-    path: str = storage_path()
-    num_shards: int = 8
-    row_group_mb: float | None = None
-    rows_per_row_group: int | None = None
-    mode: Literal["error", "overwrite", "skip_if_exists"] = "error"
-    # Partitions per split of the job's staging pass (how it runs, not what it writes: the files
-    # are the same for any value). Default: num_shards, times what it takes to give every core of
-    # the cluster a task, or 1 for sources under 8 MiB (pipelines/shard_placement.py, staging_parts).
-    # With a teacher, always num_shards.
-    staging_partitions: int | None = None
-    # overwrite: replace the dataset even while training runs hold reader leases on it (they then
-    # fail, naming the dataset). How the job runs, not what it writes.
-    ignore_readers: bool = False
+    path: str = storage_path("the dataset's URI")
+    num_shards: int = setting(
+        "shard files per split (at most 10,000), their row counts differing by at most one: the most ranks that "
+        "can train on the dataset; a split with fewer rows is exit 2 once the rows are counted", default=8)
+    row_group_mb: float | None = setting(
+        "row-group size in MiB of stored data (null, and no `rows_per_row_group`: 16); `shardtrain inspect` "
+        "shows the result", default=None)
+    rows_per_row_group: int | None = setting("instead of `row_group_mb`: row-group size in rows", default=None)
+    mode: Literal["error", "overwrite", "skip_if_exists"] = setting(
+        "`error` refuses an existing dataset, `overwrite` replaces it atomically, `skip_if_exists` exits 0 "
+        "without work when the same config over the same input is already published", default="error")
+    # How the job runs, not what it writes: the files are the same for any value (the default's
+    # arithmetic: pipelines/shard_placement.py, staging_parts).
+    staging_partitions: int | None = setting(
+        "partitions per split of the job's first pass (read, check, stage, count); null: num_shards x "
+        "(cores / (splits x num_shards), rounded up), or 1 when the sources hold under 8 MiB; always "
+        "num_shards with a `teacher`. Not part of the input fingerprint", default=None)
+    ignore_readers: bool = setting(
+        "`overwrite` refuses (exit 1, naming each reader) a dataset that running trainings hold reader leases "
+        "on; true replaces it anyway, and those trainings then fail (exit 1) without publishing. Not part of "
+        "the input fingerprint", default=False)
 
     def __post_init__(self):
         require(self.num_shards >= 1, "num_shards", f"must be >= 1, got {self.num_shards}")
@@ -130,7 +145,9 @@ class OutputConfig:
 
 @dataclass
 class QualityConfig:
-    max_bad_fraction: float = 0.01
+    max_bad_fraction: float = setting(
+        "above this share of quarantined input rows the job fails (exit 1) with the counts by reason",
+        default=0.01)
 
     def __post_init__(self):
         require(0 <= self.max_bad_fraction <= 1, "max_bad_fraction", f"must be in [0, 1], got {self.max_bad_fraction}")
@@ -141,9 +158,11 @@ class TeacherConfig:
     """Knowledge distillation: store a published model's soft targets as a ``teacher`` column of
     every split (see pipelines/teacher.py)."""
 
-    model: str = storage_path()  # URI of a model published by `shardtrain train`
-    # Softmax temperature of the stored class probabilities (> 1 softens them); 1 for regression.
-    temperature: float = 1.0
+    model: str = storage_path(
+        "URI of a model published by `shardtrain train` (or `models:/NAME/VERSION`, `models:/NAME@ALIAS`)")
+    temperature: float = setting(
+        "softmax temperature of the stored class probabilities (above 1 softens them); must stay 1 for "
+        "regression", default=1.0)
 
     def __post_init__(self):
         require(bool(self.model), "model", "must be the URI of a published model")
@@ -152,17 +171,24 @@ class TeacherConfig:
 
 @dataclass
 class ShardConfig:
-    sources: dict[str, SourceConfig]
-    label: LabelConfig
-    split: SplitConfig
-    output: OutputConfig
-    spark: SparkConfig = field(default_factory=SparkConfig)
-    query: str | None = None
-    transform: str | None = None  # "module:function", DataFrame -> DataFrame
-    features: FeaturesConfig = field(default_factory=FeaturesConfig)
-    quality: QualityConfig = field(default_factory=QualityConfig)
-    # A published model whose soft targets every split stores (null: none).
-    teacher: TeacherConfig | None = None
+    sources: dict[str, SourceConfig] = setting(
+        "the input: each source, under a name of yours, becomes a Spark SQL view of that name")
+    label: LabelConfig = setting("what the model learns to predict")
+    split: SplitConfig = setting("how rows are assigned to splits")
+    output: OutputConfig = setting("the dataset this job publishes")
+    spark: SparkConfig = setting("the Spark session, when the job creates one", default_factory=SparkConfig)
+    query: str | None = setting(
+        "one Spark SQL query (`SELECT`, `WITH`, `VALUES`, `FROM`, `TABLE`) over the source views producing the "
+        "training table; required with several sources; a statement that writes, several statements or "
+        "`${var}` are exit 2 before anything runs", default=None)
+    transform: str | None = setting(
+        "`package.module:function` taking and returning a DataFrame, applied after `query`, for logic SQL "
+        "cannot express", default=None)
+    features: FeaturesConfig = setting("which columns are features, of which kind", default_factory=FeaturesConfig)
+    quality: QualityConfig = setting("when too much of the input is refused", default_factory=QualityConfig)
+    teacher: TeacherConfig | None = setting(
+        "a published model whose soft targets every split also stores, in column `teacher`, for distillation; "
+        "null: none", default=None)
 
     def __post_init__(self):
         require(bool(self.sources), "sources", "must name at least one source")

@@ -8,10 +8,10 @@ Section and key names are a public contract: add keys, never rename them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from common.config import SparkConfig, load_config, require, storage_path
+from common.config import SparkConfig, load_config, require, setting, storage_path
 from common.sources import SourceConfig, check_sources_and_query
 from common.tables import table_parts
 from scoring.predict import DEFAULT_BATCH_SIZE
@@ -19,15 +19,20 @@ from scoring.predict import DEFAULT_BATCH_SIZE
 
 @dataclass
 class ScoreOutputConfig:
-    # The scores as Parquet, with _scores.json (accounting), the config and _quarantine/ beside
-    # them; with ``table``, only those three: the scores go to the table.
-    path: str = storage_path()
-    mode: Literal["error", "overwrite", "skip_if_exists"] = "error"
-    # Input columns written beside the predictions (ids, keys); the features are not kept unless listed.
-    keep_columns: list[str] = field(default_factory=list)
-    # A catalog table (table, schema.table or catalog.schema.table) that gets the scores, published
-    # atomically (common.tables: a staging table swapped in, or a new version of a Delta table).
-    table: str | None = None
+    path: str = storage_path(
+        "the scores' URI: Parquet, with `_scores.json` (the accounting), the config and `_quarantine/` beside "
+        "them, published atomically (marker kind `shardtrain.scores`); with `output.table`, only those three go "
+        "here")
+    mode: Literal["error", "overwrite", "skip_if_exists"] = setting(
+        "`error` refuses existing scores, `overwrite` replaces only a scores output, `skip_if_exists` exits 0 "
+        "without work when the same config, input files and model are already scored", default="error")
+    keep_columns: list[str] = setting(
+        "input columns written beside the predictions (ids, keys); the features are not kept unless listed",
+        default_factory=list)
+    # Published atomically (common.tables: a staging table swapped in, or a new version of a Delta table).
+    table: str | None = setting(
+        "a catalog table (`table`, `schema.table` or `catalog.schema.table`) that gets the scores instead, "
+        "published atomically", default=None)
 
     def __post_init__(self):
         require(bool(self.path), "path", "must not be empty")
@@ -39,13 +44,14 @@ class ScoreOutputConfig:
 
 @dataclass
 class ScoreQualityConfig:
-    # Each feature's share of null values in the input against its share on the model's train
-    # split (recorded by the shard job; scoring/quality.py): an absolute increase past this is a
-    # warning naming the column. A column an upstream change emptied is imputed row by row and
-    # would score without a word.
-    max_null_increase: float = 0.5
-    # Past this increase the job fails (exit 2) naming the column(s) and publishes nothing; null: never.
-    fail_null_increase: float | None = None
+    # A column an upstream change emptied is imputed row by row and would score without a word.
+    max_null_increase: float = setting(
+        "each feature's share of null values in the input against its share on the model's train split "
+        "(recorded by the shard job, carried in model.json): an absolute increase past this is a warning naming "
+        "the column; both shares are in `_scores.json` (`null_share`)", default=0.5)
+    fail_null_increase: float | None = setting(
+        "past this increase the job fails (exit 2) naming the column(s) with both shares, and publishes nothing; "
+        "null: never", default=None)
 
     def __post_init__(self):
         for key in ("max_null_increase", "fail_null_increase"):
@@ -55,17 +61,24 @@ class ScoreQualityConfig:
 
 @dataclass
 class ScoreConfig:
-    model: str = storage_path()  # URI of a published model
-    output: ScoreOutputConfig
-    spark: SparkConfig = field(default_factory=SparkConfig)
-    sources: dict[str, SourceConfig] = field(default_factory=dict)
-    query: str | None = None
-    dataset: str | None = storage_path(default=None)  # a published dataset, instead of sources
-    split: str | None = None  # the dataset's split to score
-    batch_size: int = DEFAULT_BATCH_SIZE  # rows per forward pass
-    temperature: float = 1.0  # classification: softmax(logits / temperature)
-    program: bool = False  # run the model's TorchScript program (required for plug-in models)
-    quality: ScoreQualityConfig = field(default_factory=ScoreQualityConfig)
+    model: str = storage_path(
+        "URI of a published model, or of a registered version: `models:/NAME/VERSION`, `models:/NAME@ALIAS` "
+        "(MLflow's default registry: `MLFLOW_REGISTRY_URI`, else `MLFLOW_TRACKING_URI`)")
+    output: ScoreOutputConfig = setting("where the scores go")
+    spark: SparkConfig = setting("the Spark session, when the job creates one", default_factory=SparkConfig)
+    sources: dict[str, SourceConfig] = setting(
+        "the input, exactly as in the shard job: each source becomes a Spark SQL view of its name (CSV and JSON "
+        "records that do not parse are quarantined as `malformed_record`); or `dataset`", default_factory=dict)
+    query: str | None = setting("one Spark SQL query over the source views, as in the shard job", default=None)
+    dataset: str | None = storage_path(
+        "instead of `sources`: a published dataset whose `split` is scored from its stored encodings; the model "
+        "must have been trained on that dataset's encodings", default=None)
+    split: str | None = setting("with `dataset`: the split to score (e.g. `test`)", default=None)
+    batch_size: int = setting("rows per forward pass", default=DEFAULT_BATCH_SIZE)
+    temperature: float = setting("classification: probabilities are softmax(logits / temperature)", default=1.0)
+    program: bool = setting("run the model's TorchScript program (required for plug-in models)", default=False)
+    quality: ScoreQualityConfig = setting("the input's null shares against training's",
+                                          default_factory=ScoreQualityConfig)
 
     def __post_init__(self):
         require(bool(self.model), "model", "must name a published model")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import from_dict, load_config, require, storage_path, to_dict
+from common.config import from_dict, load_config, require, setting, storage_path, to_dict
 from pipelines.shard_config import ShardConfig
 from shardtrain.run import RunConfig, RunResult
 from training.config import TrainConfig
@@ -25,11 +25,14 @@ from training.config import TrainConfig
 
 @dataclass
 class SoftTargetsConfig:
-    path: str = storage_path()  # where the student's dataset goes: the shard config's rows plus the teacher column
-    temperature: float = 2.0  # of the stored probabilities; 1 for regression (it does not apply)
-    # Rows without a label in the student's dataset: quarantined (as in the teacher's), or kept in
-    # its train split as a transfer set that learns from the soft targets only (label.unlabeled).
-    unlabeled: Literal["quarantine", "transfer"] = "quarantine"
+    path: str = storage_path(
+        "the student's dataset: the shard config's rows plus the teacher column; must differ from "
+        "`shard.output.path`")
+    temperature: float = setting("of the stored probabilities; 1 for regression (it does not apply)", default=2.0)
+    unlabeled: Literal["quarantine", "transfer"] = setting(
+        "rows without a label in the student's dataset: quarantined (as in the teacher's), or kept in its train "
+        "split as a transfer set that learns from the soft targets only (the teacher's dataset quarantines them: "
+        "raise `shard.quality.max_bad_fraction` accordingly)", default="quarantine")
 
     def __post_init__(self):
         require(bool(self.path), "path", "must not be empty")
@@ -38,10 +41,12 @@ class SoftTargetsConfig:
 
 @dataclass
 class DistillRunConfig:
-    shard: ShardConfig  # raw data -> the teacher's dataset (shard.output.path)
-    teacher: TrainConfig  # data.path: shard.output.path (unset, or equal)
-    soft_targets: SoftTargetsConfig
-    student: TrainConfig  # data.path: soft_targets.path (unset, or equal); train.distill required
+    shard: ShardConfig = setting(
+        "raw data to the teacher's dataset (`shard.output.path`); its `teacher` section stays unset")
+    teacher: TrainConfig = setting("the teacher's train config; `data.path`: `shard.output.path` (unset, or equal)")
+    soft_targets: SoftTargetsConfig = setting("the student's dataset: the same rows with the teacher's soft targets")
+    student: TrainConfig = setting(
+        "the student's train config; `data.path`: `soft_targets.path` (unset, or equal); `train.distill` required")
 
     def __post_init__(self):
         require(self.shard.teacher is None, "shard.teacher",

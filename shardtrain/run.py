@@ -7,9 +7,9 @@ which never import each other. Its config tree is ``{shard: <shard config>, trai
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from common.config import load_config, require
+from common.config import load_config, require, setting
 from pipelines.shard_config import ShardConfig
 from training.api import TrainResult, check_outputs, session_for, train
 from training.config import TrainConfig
@@ -19,8 +19,9 @@ from training.config import TrainConfig
 class RunConfig:
     """Shard then train in one Spark application (the one session is built from shard.spark)."""
 
-    shard: ShardConfig
-    train: TrainConfig = field(default_factory=TrainConfig)
+    shard: ShardConfig = setting("the shard job's config; its `spark` section builds the one session")
+    train: TrainConfig = setting("the train job's config; `data.path` defaults to `shard.output.path`",
+                                 default_factory=TrainConfig)
 
     def __post_init__(self):
         if self.train.data.path is None:

@@ -8,10 +8,10 @@ Config only: it reads no dataset, opens no study and starts nothing (shardtrain.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from common.config import load_config, require, storage_path
+from common.config import load_config, require, setting, storage_path
 from pipelines.shard_config import ShardConfig
 from shardtrain.sweep_space import check_fixed, check_space, parse_space
 from training.config import TrainConfig, TrainOutputConfig
@@ -22,8 +22,11 @@ METRICS = validation_metrics()  # every task's, with its direction: val_loss, va
 
 @dataclass
 class ObjectiveConfig:
-    metric: str = "val_loss"  # a per-epoch validation metric: val_loss, val_accuracy, val_mae
-    direction: Literal["minimize", "maximize"] | None = None  # null: maximize val_accuracy, minimize the others
+    metric: str = setting(
+        "the per-epoch validation metric a trial is judged by, its last epoch's value the trial's: `val_loss`, "
+        "`val_accuracy` (classification) or `val_mae` (regression)", default="val_loss")
+    direction: Literal["minimize", "maximize"] | None = setting(
+        "null: maximize `val_accuracy`, minimize the others", default=None)
 
     def __post_init__(self):
         require(self.metric in METRICS, "metric", f"must be one of {', '.join(METRICS)} (a validation metric every "
@@ -36,11 +39,14 @@ class ObjectiveConfig:
 class PrunerConfig:
     """Which trials end early, from each one's objective at every epoch end (Optuna's pruners)."""
 
-    type: Literal["none", "median", "successive_halving", "hyperband"] = "median"
-    startup_trials: int = 2  # median: trials that finish before any is pruned
-    warmup_epochs: int = 0  # median: epochs every trial runs before it may be pruned
-    min_epochs: int = 1  # successive_halving / hyperband: the first rung (Optuna's min_resource)
-    reduction_factor: int = 3  # successive_halving / hyperband: 1 in this many trials goes on at each rung
+    type: Literal["none", "median", "successive_halving", "hyperband"] = setting(
+        "Optuna's pruner, fed the objective at every epoch end; a pruned trial stops at that boundary with its "
+        "checkpoint written and its model published, as any run", default="median")
+    startup_trials: int = setting("`median`: trials that finish before any is pruned", default=2)
+    warmup_epochs: int = setting("`median`: epochs every trial runs before it may be pruned", default=0)
+    min_epochs: int = setting("`successive_halving`, `hyperband`: the first rung (Optuna's min_resource)", default=1)
+    reduction_factor: int = setting(
+        "`successive_halving`, `hyperband`: 1 in this many trials goes on at each rung", default=3)
 
     def __post_init__(self):
         require(self.startup_trials >= 0, "startup_trials", f"must be >= 0, got {self.startup_trials}")
@@ -51,18 +57,32 @@ class PrunerConfig:
 
 @dataclass
 class SweepSection:
-    # train.* / model.* key -> distribution (shardtrain.sweep_space). Any, not ParamSpec: an override
-    # `sweep.space.train.lr={...}` nests the key at its dots, which parse_space joins back.
-    space: dict[str, Any]
-    trials: int = 8  # trials in the study, finished ones of earlier runs of this sweep included
-    parallel_trials: int = 1  # trials training at once, each launch.num_proc ranks
-    seed: int = 0  # the sampler's (TPE): trial N draws from a stream seeded by (seed, N)
-    retries: int = 1  # times a rerun runs again a trial that failed with an exit-1-class error
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    pruner: PrunerConfig = field(default_factory=PrunerConfig)
-    enqueue: list[dict[str, Any]] = field(default_factory=list)  # trials to run first, before drawn ones
-    storage: str | None = storage_path(default=None)  # Optuna RDB URL or journal file; null: output.path/study.journal
-    study_name: str | None = None  # null: shardtrain-sweep-<study fingerprint>
+    # Any, not ParamSpec: an override `sweep.space.train.lr={...}` nests the key at its dots, which
+    # parse_space joins back (shardtrain.sweep_space).
+    space: dict[str, Any] = setting(
+        "`train.*` / `model.*` key -> `{type: float, low, high, log, step}`, `{type: int, ...}` or "
+        "`{type: categorical, choices: [...]}` (lists allowed: `model.hidden`); an unknown key, an empty range, "
+        "`log` with a bound at or below 0, or a value the training config refuses is exit 2 naming the key")
+    trials: int = setting("trials in the study, finished ones of earlier runs of this sweep included", default=8)
+    parallel_trials: int = setting(
+        "trials training at once, each a launch of `launch.num_proc` ranks: `parallel_trials x num_proc` must fit "
+        "the application's task slots; more than 1 needs `launch.mode=spark` and `launch.backend=torch_tasks` or "
+        "`torch`", default=1)
+    seed: int = setting(
+        "the sampler's (TPE): trial N draws from a stream seeded by (seed, N), so a resumed sweep draws what an "
+        "uninterrupted one would", default=0)
+    retries: int = setting(
+        "a rerun runs a trial that failed for a reason that may pass (exit-1 class: a full disk, a lost worker) "
+        "again, as a new trial with its values, at most this many times; a trial refused as bad config (exit-2 "
+        "class) is never run again", default=1)
+    objective: ObjectiveConfig = setting("what a trial is judged by", default_factory=ObjectiveConfig)
+    pruner: PrunerConfig = setting("which trials end early", default_factory=PrunerConfig)
+    enqueue: list[dict[str, Any]] = setting(
+        "values for the study's first trials (`- {train.lr: 0.01}`), before drawn ones", default_factory=list)
+    storage: str | None = storage_path(
+        "an Optuna RDB URL (`postgresql://...`, `sqlite:///...`) or a journal file on a local path or volume; a "
+        "journal on object storage is exit 2; null: `output.path/study.journal`", default=None)
+    study_name: str | None = setting("null: `shardtrain-sweep-<study fingerprint>`", default=None)
 
     def __post_init__(self):
         self.space = parse_space(self.space)
@@ -78,10 +98,13 @@ class SweepSection:
 
 @dataclass
 class SweepOutputConfig:
-    # The sweep directory: trials/NNNN (each trial's model and run directory), sweep.html, sweep.json.
-    path: str = storage_path()
-    model_path: str = storage_path()  # the best trial's model, published at the end
-    mode: Literal["error", "overwrite"] = "error"  # of model_path; this sweep's own best model is always replaced
+    path: str = storage_path(
+        "the sweep directory: `trials/NNNN` (each trial's model, run directory and checkpoints), `sweep.html`, "
+        "`sweep.json`, the study's journal; it belongs to one study (another is exit 2)")
+    model_path: str = storage_path("the best trial's model, published at the end")
+    mode: Literal["error", "overwrite"] = setting(
+        "of `model_path`: `error` refuses anything there but this study's best model, which is always replaced",
+        default="error")
 
     def __post_init__(self):
         require(bool(self.path), "path", "must not be empty")
@@ -90,10 +113,14 @@ class SweepOutputConfig:
 
 @dataclass
 class SweepConfig:
-    sweep: SweepSection
-    output: SweepOutputConfig
-    train: TrainConfig = field(default_factory=TrainConfig)  # every trial's config before its draw
-    shard: ShardConfig | None = None  # run first (as `shardtrain run`); null: train.data.path is published
+    sweep: SweepSection = setting("the study: its space, trials, objective and pruner")
+    output: SweepOutputConfig = setting("where the trials and the best model go")
+    train: TrainConfig = setting(
+        "every trial's train config before its draw; its `output.model_path`, `output.run_dir` and "
+        "`checkpoint.path` stay unset (each trial's are under `output.path/trials/NNNN`)", default_factory=TrainConfig)
+    shard: ShardConfig | None = setting(
+        "a shard config run first, as in `shardtrain run`; null: `train.data.path` names a published dataset",
+        default=None)
 
     def __post_init__(self):
         if self.shard is not None:

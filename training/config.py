@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from common.config import load_config, require, storage_path
+from common.config import load_config, require, setting, storage_path
 from common.config import SparkConfig
 from common.tasks import TASK_NAMES
 from training.launchers import BACKENDS, launcher_for, launcher_named
@@ -29,22 +29,27 @@ PARALLEL = picked_by("train.parallel")  # train.parallel's choices: the strategi
 
 @dataclass
 class DataConfig:
-    path: str | None = storage_path(default=None)  # dataset URI; in a run config it defaults to shard.output.path
-    train_split: str = "train"
-    val_split: str | None = "val"  # null: no validation
-    # Rows shuffled together in memory (per rank), on top of a per-epoch row-group order.
-    shuffle_buffer_rows: int = 65_536
-    # petastorm reader threads. 1 keeps the row order a pure function of the seed, which exact
-    # resume needs; more threads decode row groups in parallel but in arrival order.
-    reader_workers: int = 1
-    # Row groups decoded ahead of the training step (bounds the loader's memory).
-    prefetch_row_groups: int = 4
-    # first_read: each rank checks every shard file it reads against the manifest's sha256 the
-    # first time it opens it in a run (a damaged file fails with exit 2, naming it). never: no check.
-    verify: Literal["first_read", "never"] = "first_read"
-    # petastorm (needs pyarrow 14) or arrow (plain pyarrow, any version); both yield the same
-    # batches for the same seed. null: petastorm where it is installed, else arrow.
-    reader: Literal["petastorm", "arrow"] | None = None
+    path: str | None = storage_path(
+        "URI of a dataset published by `shardtrain shard`; required (in `run`, `sweep` and `distill` it defaults "
+        "to the dataset the command shards)", default=None)
+    train_split: str = setting("the split trained on", default="train")
+    val_split: str | None = setting("the split validated on at every epoch end; null: no validation", default="val")
+    shuffle_buffer_rows: int = setting(
+        "rows shuffled together in memory per rank, on top of a per-epoch row-group order; a rank holds about "
+        "three buffers (one being built, one ready, one trained on), reused from epoch to epoch and between "
+        "training and validation, so this bounds loader memory with `prefetch_row_groups`", default=65_536)
+    # 1 keeps the row order a pure function of the seed, which exact resume needs; more threads
+    # decode row groups in parallel but in arrival order.
+    reader_workers: int = setting(
+        "petastorm reader threads; 1 keeps the data order a pure function of the seed (exact resume)", default=1)
+    prefetch_row_groups: int = setting("row groups decoded ahead of the training step (bounds loader memory)",
+                                       default=4)
+    verify: Literal["first_read", "never"] = setting(
+        "`first_read`: each rank checks every shard file it reads against the manifest's sha256 the first time "
+        "it opens it in a run (a damaged file is exit 2, naming it); `never`: no check", default="first_read")
+    reader: Literal["petastorm", "arrow"] | None = setting(
+        "`petastorm` (needs pyarrow 14) or `arrow` (plain pyarrow, any version): the same batches for the same "
+        "seed, epoch and rank; null: petastorm where it is installed, else arrow", default=None)
 
     def __post_init__(self):
         if self.reader is None:
@@ -64,20 +69,30 @@ class ModelConfig:
     """Every built-in model's keys (training.model_specs: each spec says which are its own) and
     what the model expects of the dataset."""
 
-    name: str = "mlp"  # "mlp", "ft_transformer" (training.model_specs.MODELS) or "package.module:factory"
-    hidden: list[int] = field(default_factory=lambda: [128, 64])  # mlp only
-    # ft_transformer only: transformer blocks, token width (a multiple of heads), attention heads.
-    layers: int = 4
-    d_model: int = 32
-    heads: int = 4
-    dropout: float = 0.0
-    embedding_dim: int | None = None  # null: min(16, (vocabulary size + 1) // 2)
-    # Extra keyword arguments for a "module:factory" model (or overrides for the MLP).
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    # What the model expects of the dataset; checked against the manifest before launch (null: anything).
-    task: Literal[TASK_NAMES] | None = None
-    num_classes: int | None = None
-    features: list[str] | None = None
+    name: str = setting(
+        "`mlp`, `ft_transformer` (FT-Transformer: one token per numeric, categorical and array feature plus a "
+        "CLS token, `model.layers` transformer blocks, a head on the CLS token), or `package.module:factory`, "
+        "called with `(feature_spec, label_spec, **model.kwargs)`, plain dicts: the features by kind "
+        "(`{\"numeric\": [records], \"categorical\": [...], \"arrays\": [...]}`, each record as the manifest "
+        "holds it) and the manifest's `label` record", default="mlp")
+    hidden: list[int] = setting("`mlp`: the hidden layers' widths", default_factory=lambda: [128, 64])
+    layers: int = setting("`ft_transformer`: transformer blocks", default=4)
+    d_model: int = setting("`ft_transformer`: token width, a multiple of `model.heads`; its feed-forward is "
+                           "2 x `d_model` (`model.kwargs.ffn_width`)", default=32)
+    heads: int = setting("`ft_transformer`: attention heads", default=4)
+    dropout: float = setting("dropout rate (`mlp` and `ft_transformer`)", default=0.0)
+    embedding_dim: int | None = setting(
+        "`mlp`: width of each categorical feature's embedding; null: min(16, (vocabulary size + 1) // 2)",
+        default=None)
+    kwargs: dict[str, Any] = setting("extra keyword arguments for a plug-in factory (or overrides for the MLP)",
+                                     default_factory=dict)
+    task: Literal[TASK_NAMES] | None = setting(
+        "the label's task the model expects; checked against the manifest before launch (null: any)", default=None)
+    num_classes: int | None = setting(
+        "the classes the model expects; checked against the manifest before launch (null: any)", default=None)
+    features: list[str] | None = setting(
+        "the feature columns the model expects; checked against the manifest before launch (null: any)",
+        default=None)
 
     def __post_init__(self):
         built_in = ", ".join(f"'{name}'" for name in MODELS)
@@ -106,10 +121,13 @@ class DistillConfig:
     alpha * T^2 * KL(teacher probabilities at T || student softmax(logits / T)) + (1 - alpha) * cross-entropy;
     regression: alpha * MSE(student, teacher's value) + (1 - alpha) * MSE(student, label)."""
 
-    alpha: float = 0.5  # weight of the teacher term; 0 trains on the labels alone (the plain loss)
-    # T; null: the temperature the dataset's soft targets were computed at (teacher.temperature in
-    # its manifest). Another value is refused: the stored probabilities are at that temperature.
-    temperature: float | None = None
+    alpha: float = setting(
+        "weight of the teacher term, in [0, 1]; 0 trains on the labels alone, bit for bit the plain loss",
+        default=0.5)
+    # Another value is refused: the stored probabilities are at that temperature.
+    temperature: float | None = setting(
+        "T of the loss; null: the temperature the dataset's soft targets were computed at (its "
+        "`teacher.temperature`); another value is exit 2", default=None)
 
     def __post_init__(self):
         require(0 <= self.alpha <= 1, "alpha", f"must be in [0, 1], got {self.alpha}")
@@ -119,34 +137,40 @@ class DistillConfig:
 
 @dataclass
 class TrainLoopConfig:
-    epochs: int = 5
-    batch_size: int = 256  # per rank, per micro-batch
-    lr: float = 1e-3
-    lr_scale: Literal["linear", "none"] = "linear"  # linear: lr x data-parallel replicas (not x grad_accum)
-    schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: int = 0
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    weight_decay: float = 0.0
-    momentum: float = 0.9  # sgd only
-    grad_accum: int = 1
-    clip_norm: float | None = None
-    seed: int = 0
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    log_every_steps: int = 50
-    # ddp: every rank holds the whole model. fsdp (launch.backend=torch only): parameters,
-    # gradients and optimizer state sharded across ranks (FSDP2), for models larger than one device.
-    parallel: Literal[PARALLEL] = "ddp"
-    # Layers in stages on consecutive ranks (launch.backend=torch); stages: 1 is off
-    # (training.strategies.pipeline).
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    # fp16 only: consecutive non-finite losses tolerated (the scaler skips those steps) before
-    # training stops, because the loss scale cannot recover from a diverged model.
-    max_skipped_steps: int = 20
-    # Learn from the dataset's teacher column too (see DistillConfig); null: the labels only.
-    distill: DistillConfig | None = None
-    # How often the replicas agree: every step (default), or in rounds (local SGD, DiLoCo):
-    # training.strategies.periodic.
-    sync: SyncConfig = field(default_factory=SyncConfig)
+    epochs: int = setting("passes over the train split", default=5)
+    batch_size: int = setting(
+        "rows per rank per micro-batch; the global batch is batch_size x num_proc x grad_accum (with pipeline "
+        "stages: x num_proc / stages)", default=256)
+    lr: float = setting("learning rate (before `lr_scale`)", default=1e-3)
+    lr_scale: Literal["linear", "none"] = setting(
+        "`linear`: lr x data-parallel replicas (num_proc, or num_proc / `train.pipeline.stages`; not x "
+        "grad_accum)", default="linear")
+    schedule: Literal["constant", "cosine"] = setting("the learning-rate schedule after warm-up", default="constant")
+    warmup_steps: int = setting("linear learning-rate warm-up steps", default=0)
+    optimizer: Literal["adamw", "sgd"] = setting("the optimizer", default="adamw")
+    weight_decay: float = setting("weight decay", default=0.0)
+    momentum: float = setting("`sgd` only: momentum", default=0.9)
+    grad_accum: int = setting("micro-batches per optimizer step (Horovod's `backward_passes_per_step`)", default=1)
+    clip_norm: float | None = setting("gradient clipping norm (after unscaling, in fp16); null: none", default=None)
+    seed: int = setting("model initialization and data order", default=0)
+    precision: Literal["fp32", "bf16", "fp16"] = setting(
+        "`bf16` (autocast) or `fp16` (autocast and a GradScaler, whose state is checkpointed)", default="fp32")
+    log_every_steps: int = setting("rank 0 logs steps/s, samples/s, loss and ETA every this many steps", default=50)
+    parallel: Literal[PARALLEL] = setting(
+        "`ddp`: every rank holds the whole model; `fsdp` (`launch.backend=torch` only): FSDP2 shards "
+        "parameters, gradients and optimizer state across ranks, for models larger than one device",
+        default="ddp")
+    pipeline: PipelineConfig = setting("layers in stages on consecutive ranks", default_factory=PipelineConfig)
+    # The loss scale cannot recover from a diverged model.
+    max_skipped_steps: int = setting(
+        "fp16: consecutive overflow-skipped steps tolerated before training stops; skipped steps' losses are "
+        "counted per epoch as `non_finite_losses` and left out of `train_loss`", default=20)
+    distill: DistillConfig | None = setting(
+        "learn from the dataset's teacher column too (a dataset sharded with a `teacher`); null: the labels only",
+        default=None)
+    sync: SyncConfig = setting(
+        "how often the data-parallel replicas agree: every step, or in rounds (local SGD, DiLoCo)",
+        default_factory=SyncConfig)
 
     def __post_init__(self):
         require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
@@ -163,35 +187,47 @@ class TrainLoopConfig:
 
 @dataclass
 class LaunchConfig:
-    num_proc: int = 2
-    # GPUs each rank needs from Spark (spark.task.resource.gpu.amount); 0 = use what Spark assigns.
-    gpus_per_proc: int = 0
-    mode: Literal["spark", "in_process"] = "spark"
-    # in_process only: auto = cuda:0 when CUDA is available. Spark ranks use the GPU Spark assigned.
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    start_timeout: int = 120  # seconds for all ranks to get a Spark task slot and register
-    verbose: int = 0  # horovod.spark.run verbosity (0-2)
-    # Environment variables for every rank (e.g. OMP_NUM_THREADS).
-    env: dict[str, str] = field(default_factory=dict)
-    # A rank that makes no progress for this long (no step inside an epoch; no sign of life at all
-    # during start-up and validation) stops the launch, naming it: a stopped rank never hangs the job.
-    stall_timeout_s: int = 600
-    # Relaunches after a rank's process died, stalled or lost its connection; the ranks resume from
-    # the newest complete checkpoint (checkpoint.resume=auto). Config and data errors never retry.
-    max_restarts: int = 2
-    # horovod (horovod.spark.run) or torch (pyspark's TorchDistributor + torch.distributed), or
-    # torch_tasks (torch.distributed ranks inside the barrier tasks' own Python workers: no torchrun,
-    # torch stays imported for the session's next launch; training/launchers/torch_tasks.py), or
-    # torchrun: no Spark, every rank a process torchrun (or Kubernetes, ...) started running
-    # `shardtrain train` (training/launchers/torchrun.py; launch.device picks its GPU or the CPU).
-    # The choices are training.launchers.LAUNCHERS' (launch.mode=in_process picks that one).
-    # null: horovod where horovod.torch is installed, else torch (resolved here, on the driver).
-    backend: Literal[BACKENDS] | None = None
-    # Horovod elastic (horovod.spark.run_elastic): when a rank dies, the others go on without a
-    # relaunch, at the smaller world size (at least min_num_proc; null: num_proc - 1), repeating
-    # the interrupted epoch with its rows divided into equal steps for that size (training.elastic).
-    elastic: bool = False
-    min_num_proc: int | None = None
+    num_proc: int = setting(
+        "ranks (concurrent Spark tasks, or torchrun processes); at most the dataset's `output.num_shards`",
+        default=2)
+    gpus_per_proc: int = setting(
+        "GPUs each rank needs from Spark (`spark.task.resource.gpu.amount`); each rank uses the address Spark "
+        "assigned to its task; 0: what Spark assigns", default=0)
+    mode: Literal["spark", "in_process"] = setting(
+        "`in_process`: one rank in this process, no Spark or Horovod (debugging, notebooks, GPU benchmarks)",
+        default="spark")
+    device: Literal["auto", "cpu", "cuda"] = setting(
+        "`in_process` and `torchrun`: `auto` takes CUDA where available (torchrun: GPU `LOCAL_RANK`); Spark "
+        "ranks use the GPU Spark assigned", default="auto")
+    start_timeout: int = setting(
+        "seconds for all ranks to get a task slot and register; torchrun: for all ranks to meet at "
+        "`MASTER_ADDR:MASTER_PORT`", default=120)
+    verbose: int = setting("Horovod's `horovod.spark.run` verbosity, 0-2", default=0)
+    env: dict[str, str] = setting(
+        "environment variables for every rank (e.g. `OMP_NUM_THREADS`); part of the resolved config, so keep "
+        "secrets out", default_factory=dict)
+    # A stopped rank never hangs the job.
+    stall_timeout_s: int = setting(
+        "a rank with no progress for this long (no step inside an epoch, no batch inside a validation pass; no "
+        "sign of life during start-up, checkpoint writes or publishing; still busy this long after publishing) "
+        "stops the launch, naming it", default=600)
+    max_restarts: int = setting(
+        "relaunches after a rank's process died, stalled or lost its connection; ranks resume from the newest "
+        "complete checkpoint (needs `checkpoint.resume=auto`). Config and data errors are never retried",
+        default=2)
+    # Resolved here, on the driver (training.launchers: one module per backend).
+    backend: Literal[BACKENDS] | None = setting(
+        "`horovod` (Horovod-on-Spark); `torch`: pyspark's TorchDistributor, one rank per barrier task, DDP on "
+        "Gloo (CPU) or NCCL (GPU); `torch_tasks`: the same ranks inside the barrier tasks' own Python workers, "
+        "no torchrun (a warm 2-rank launch in 1.8 s instead of 13.6 s); `torchrun`: no Spark, every rank a "
+        "process torchrun (or Kubernetes, Databricks serverless GPU) started running `shardtrain train`. "
+        "null: horovod where it is installed, else torch (torch on Spark Connect)", default=None)
+    elastic: bool = setting(
+        "Horovod only: when a rank dies the others go on at the smaller world size without a relaunch "
+        "(`horovod.spark.run_elastic`), repeating the interrupted epoch with its rows divided into equal steps "
+        "for the new size", default=False)
+    min_num_proc: int | None = setting(
+        "with `launch.elastic`: the fewest ranks training goes on with; null: num_proc - 1", default=None)
 
     def __post_init__(self):
         if self.backend is None:
@@ -215,11 +251,14 @@ class LaunchConfig:
 
 @dataclass
 class CheckpointConfig:
-    path: str | None = storage_path(default=None)  # null: <output.run_dir>/checkpoints
-    every_steps: int | None = None
-    every_epochs: int | None = 1
-    keep: int = 2
-    resume: Literal["auto", "never"] = "auto"
+    path: str | None = storage_path("where checkpoints go; null: `<output.run_dir>/checkpoints`", default=None)
+    every_steps: int | None = setting("rank 0 writes a checkpoint every this many steps; null: not by steps",
+                                      default=None)
+    every_epochs: int | None = setting(
+        "rank 0 writes a checkpoint every this many epochs (and always at the end); null: not by epochs", default=1)
+    keep: int = setting("complete checkpoints kept", default=2)
+    resume: Literal["auto", "never"] = setting(
+        "`auto`: continue from the newest complete checkpoint of this run; `never`: start over", default="auto")
 
     def __post_init__(self):
         require(self.every_steps is None or self.every_steps >= 1, "every_steps", "must be >= 1 (or null)")
@@ -229,10 +268,13 @@ class CheckpointConfig:
 
 @dataclass
 class TrainOutputConfig:
-    model_path: str = storage_path(default="artifacts/model")
-    mode: Literal["error", "overwrite"] = "error"
-    # Metrics (metrics.jsonl), the resolved config and checkpoints; null: <model_path>.run
-    run_dir: str | None = storage_path(default=None)
+    model_path: str = storage_path("the model's URI (published atomically)", default="artifacts/model")
+    mode: Literal["error", "overwrite"] = setting(
+        "`error` refuses an existing model at `model_path`; `overwrite` replaces it", default="error")
+    run_dir: str | None = storage_path(
+        "the run directory: `config.yaml`, `run.json`, `metrics.jsonl` (per epoch), `steps.jsonl` (per logged "
+        "step), `restarts.jsonl`, `summary.json`, `report.html`, checkpoints; null: `<model_path>.run`",
+        default=None)
 
     def __post_init__(self):
         require(bool(self.model_path), "model_path", "must not be empty")
@@ -246,20 +288,29 @@ class TrainOutputConfig:
 class MlflowConfig:
     """Where rank 0 records the finished run (training.tracking); any failure there only warns."""
 
-    # null: MLflow's own default (MLFLOW_TRACKING_URI; on Databricks, the workspace's server).
-    tracking_uri: str | None = None
-    experiment: str | None = None  # null: MLflow's default experiment (MLFLOW_EXPERIMENT_NAME/_ID, else Default)
-    run_name: str | None = None  # null: MLflow makes one up
-    # Seconds rank 0 waits for all of tracking (every MLflow call and upload) before it warns and
-    # goes on: a server that accepts connections and never answers costs at most this.
-    timeout_s: float = 60.0
-    # A new version of this registered model gets the run's pyfunc model (training.mlflow_model):
-    # a plain name (workspace registry) or catalog.schema.name (Unity Catalog); null: logged, not registered.
-    registered_model: str | None = None
-    registry_uri: str | None = None  # null: MLflow's default (MLFLOW_REGISTRY_URI, else the tracking URI)
-    alias: str | None = None  # moved to the new version (models:/NAME@ALIAS); needs registered_model
-    # Tags on the run, beside shardtrain's own (a sweep sets mlflow.parentRunId: its trials are child runs).
-    tags: dict[str, str] = field(default_factory=dict)
+    tracking_uri: str | None = setting(
+        "`http(s)://server`, `sqlite:///path.db`, `databricks`, ...; null: MLflow's default "
+        "(`MLFLOW_TRACKING_URI`; on Databricks, the workspace's tracking server); a local store inside "
+        "`output.model_path` is exit 2, as a publish replaces that directory whole", default=None)
+    experiment: str | None = setting(
+        "experiment name, created if missing (on Databricks a workspace path, `/Users/me/shardtrain`); null: "
+        "MLflow's default experiment", default=None)
+    run_name: str | None = setting("the MLflow run's name; null: MLflow names the run", default=None)
+    # A server that accepts connections and never answers costs at most this.
+    timeout_s: float = setting(
+        "total seconds rank 0 waits for all MLflow calls and uploads; past it, one warning and training ends as "
+        "it would have", default=60.0)
+    registered_model: str | None = setting(
+        "registers the run's pyfunc model as a new version of this model: a plain name (workspace registry) or "
+        "`catalog.schema.name` (Unity Catalog, with `registry_uri: databricks-uc`); null: logged with the run, "
+        "not registered", default=None)
+    registry_uri: str | None = setting(
+        "the model registry; null: MLflow's default (`MLFLOW_REGISTRY_URI`, else the tracking URI)", default=None)
+    alias: str | None = setting(
+        "moved to the new version, so `models:/NAME@ALIAS` names it; needs `registered_model`; a name, not a "
+        "number", default=None)
+    # A sweep sets mlflow.parentRunId: its trials are child runs.
+    tags: dict[str, str] = setting("tags on the run, beside shardtrain's own", default_factory=dict)
 
     def __post_init__(self):
         for key in ("tracking_uri", "experiment", "run_name", "registered_model", "registry_uri", "alias"):
@@ -274,19 +325,23 @@ class MlflowConfig:
 
 @dataclass
 class TrackingConfig:
-    mlflow: MlflowConfig | None = None  # null: no tracking; {} tracks with MLflow's defaults
+    mlflow: MlflowConfig | None = setting(
+        "rank 0 records the finished run in MLflow (needs `shardtrain[mlflow]`; a failure only warns); `{}` "
+        "tracks with MLflow's defaults; null: no tracking", default=None)
 
 
 @dataclass
 class TrainConfig:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
-    launch: LaunchConfig = field(default_factory=LaunchConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    output: TrainOutputConfig = field(default_factory=TrainOutputConfig)
-    spark: SparkConfig = field(default_factory=SparkConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    data: DataConfig = setting("the published dataset trained on, and how ranks read it", default_factory=DataConfig)
+    model: ModelConfig = setting("the network", default_factory=ModelConfig)
+    train: TrainLoopConfig = setting("the optimization", default_factory=TrainLoopConfig)
+    launch: LaunchConfig = setting("where and how the ranks run", default_factory=LaunchConfig)
+    checkpoint: CheckpointConfig = setting("when checkpoints are written and whether a run resumes from them",
+                                           default_factory=CheckpointConfig)
+    output: TrainOutputConfig = setting("the published model and the run directory",
+                                        default_factory=TrainOutputConfig)
+    spark: SparkConfig = setting("the session the ranks run on, when the job creates one", default_factory=SparkConfig)
+    tracking: TrackingConfig = setting("experiment tracking", default_factory=TrackingConfig)
 
     def __post_init__(self):
         require(self.data.val_split != self.data.train_split, "data.val_split",

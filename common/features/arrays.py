@@ -31,7 +31,8 @@ class Arrays(FeatureKind):
     required = ("name", "shape")
     typed_prefix = "_a_"
     columns_type = dict[str, list[int]]
-    columns_help = "column -> its fixed shape, e.g. {image: [28, 28]}; stored flattened as float32"
+    columns_help = ("column -> its fixed shape, e.g. `{image: [28, 28]}`; a row of another length is quarantined "
+                    "(`bad_shape:<column>`); stored flattened as float32")
 
     def __init__(self, records: list[dict], max_category_bytes: int):
         super().__init__(records, max_category_bytes)

@@ -41,7 +41,8 @@ class Categorical(ScalarColumns):
     text = True
     required = ("name", "vocab")
     typed_prefix = "_c_"
-    columns_help = "columns read as categories, stored as indices into a vocabulary fitted on train"
+    columns_help = ("columns read as categories, stored as int32 indices into a vocabulary fitted on train in "
+                    "frequency order (0: null, 1: a value not in the vocabulary)")
     options = (("max_vocab", int, 100_000, "the most values a vocabulary keeps (the most frequent on train)"),
                ("min_count", int, 1, "the fewest train rows a value needs to enter the vocabulary"),
                # Such values are almost always a broken record, and each vocabulary entry lives in the manifest.

@@ -32,7 +32,8 @@ class Numeric(ScalarColumns):
     text = True
     required = ("name", "mean", "std", "fill")
     typed_prefix = "_n_"
-    columns_help = "columns read as numbers, stored standardized (train mean and std)"
+    columns_help = ("columns read as numbers: a null is imputed (the train mean, or `features.impute`), every value "
+                    "standardized with the train split's mean and std; stored float32")
     options = (("impute", dict[str, float], dict,
                 "numeric column -> the value stored for its nulls, instead of the train mean"),)
 

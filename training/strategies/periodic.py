@@ -35,10 +35,10 @@ imported by the methods a rank runs (the driver imports this module for them).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from common.config import require
+from common.config import require, setting
 from common.errors import ConfigError
 from training.strategies.base import Strategy
 
@@ -50,9 +50,9 @@ if TYPE_CHECKING:
 class OuterOptimizerConfig:
     """DiLoCo's outer optimizer: SGD on the replicas' averaged change since the last sync."""
 
-    lr: float = 0.7
-    momentum: float = 0.9
-    nesterov: bool = True
+    lr: float = setting("`diloco`: the outer optimizer's learning rate", default=0.7)
+    momentum: float = setting("`diloco`: the outer optimizer's momentum, in [0, 1)", default=0.9)
+    nesterov: bool = setting("`diloco`: Nesterov momentum (needs momentum above 0)", default=True)
 
     def __post_init__(self):
         require(self.lr > 0 and math.isfinite(self.lr), "lr", f"must be > 0, got {self.lr}")
@@ -72,11 +72,18 @@ class SyncConfig:
     Every epoch ends with a sync, so checkpoints, validation and the exported model see the consensus.
     """
 
-    mode: Literal[SYNC_MODES] = "every_step"
-    every: int = 8
-    warmup_steps: int = 0
-    outer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
-    overlap: bool = False
+    mode: Literal[SYNC_MODES] = setting(
+        "`every_step`: gradients averaged at every step; `local_sgd` or `diloco`: the replicas take `every` "
+        "steps on their own between syncs; `train.parallel=ddp` only, not with `launch.elastic`",
+        default="every_step")
+    every: int = setting("local steps per round: a step syncs if it is a multiple of `every` or an epoch's last",
+                         default=8)
+    warmup_steps: int = setting("every-step gradient averaging for the first steps (post-local SGD)", default=0)
+    outer: OuterOptimizerConfig = setting(
+        "`diloco`: the outer optimizer over the averaged change of each round", default_factory=OuterOptimizerConfig)
+    overlap: bool = setting(
+        "`diloco`: a round's average runs while the next round trains and is applied one round late "
+        "(deterministic: the staleness is one round by schedule); checkpoints at epoch ends only", default=False)
 
     def __post_init__(self):
         require(1 <= self.every <= 1_000_000, "every", f"must be in [1, 1000000], got {self.every}")

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from common.config import require
+from common.config import require, setting
 from common.errors import ConfigError
 from training.limits import MAX_BATCH_ROWS, MAX_RANKS
 from training.model_specs import model_spec, offering, spec_of
@@ -60,18 +60,22 @@ class PipelineConfig:
     ranks, each batch split into ``microbatches`` that flow through them; ``launch.num_proc /
     stages`` data-parallel replicas of that pipeline."""
 
-    stages: int = 1  # 1: off (every rank holds the whole model)
-    # gpipe: all forwards, then all backwards (activations of every micro-batch held at once);
-    # 1f1b: one forward, one backward in turn (at most `stages` micro-batches in flight);
-    # interleaved_1f1b: 1f1b over stages_per_rank (>= 2) smaller stages per rank, a smaller bubble.
-    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
-    microbatches: int = 8  # per batch: train.batch_size must be a multiple of it
-    stages_per_rank: int = 1  # interleaved_1f1b only (>= 2)
-    # Where the stage boundaries fall between the model's blocks. auto: balanced by a short timing
-    # pass of each block (forward and backward of one micro-batch, on rank 0); even: the same number
-    # of blocks per stage; or a list per stage of the blocks' module names (e.g. [[blocks.0],
-    # [blocks.1, blocks.2]]), all of them in order.
-    split: Literal["auto", "even"] | list[list[str]] = "auto"
+    stages: int = setting(
+        "pipeline parallelism (`launch.backend=torch`, `train.parallel=ddp`): the model's layers cut into this "
+        "many stages on consecutive ranks (1: off); `launch.num_proc` must be a multiple of it, and "
+        "`num_proc / stages` replicas of the pipeline read different rows. Built-in MLP: stage boundaries fall "
+        "between its Linear layers; `ft_transformer`: between its blocks. Checkpoints and the published model "
+        "are the plain model's, so a run resumes across stages, DDP and one process", default=1)
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = setting(
+        "`gpipe`: all forwards, then all backwards; `1f1b`: one forward, one backward in turn (needs "
+        "`microbatches >= stages`); `interleaved_1f1b`: 1f1b over `stages_per_rank` (>= 2) smaller stages per "
+        "rank, a smaller bubble (needs `microbatches` a multiple of `stages`)", default="1f1b")
+    microbatches: int = setting("micro-batches each batch is cut into; must divide `train.batch_size`", default=8)
+    stages_per_rank: int = setting("`interleaved_1f1b` only: smaller stages per rank, a smaller bubble", default=1)
+    split: Literal["auto", "even"] | list[list[str]] = setting(
+        "where the stages are cut: `auto` balances them by a short timing pass of each block on rank 0; `even`: "
+        "equal block counts; or one list of block module names per stage, all of them in order, e.g. "
+        "`[[blocks.0], [blocks.1, blocks.2, blocks.3]]` (MLP blocks: `body.0`, `body.2`, ...)", default="auto")
 
     def __post_init__(self):
         require(1 <= self.stages <= MAX_RANKS, "stages", f"must be in [1, {MAX_RANKS}], got {self.stages}")
