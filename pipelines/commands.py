@@ -21,16 +21,20 @@ def register_commands(subparsers, teacher_scorer=None) -> None:
     p = subparsers.add_parser("generate", help="write a synthetic dataset with Spark (for demos, tests, benchmarks)")
     p.add_argument("output", metavar="PATH", help="where to write it (local path, file://, s3://, hdfs://)")
     p.add_argument("--rows", type=int, default=200_000, help="number of rows (default: 200000)")
-    p.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=["parquet", "csv", "json"], default="parquet",
+                   help="the files' format (default: parquet); csv and json have records that do not parse among "
+                        "the --bad-rows")
+    p.add_argument("--seed", type=int, default=0, help="every value is a function of (seed, id) (default: 0)")
     p.add_argument("--numeric", type=int, default=4, help="numeric columns x0.. (default: 4)")
     p.add_argument("--categorical", type=int, default=2, help="categorical columns c0.. (default: 2)")
     p.add_argument("--vocab-size", type=int, default=20, help="distinct values per categorical column")
     p.add_argument("--array-shape", default=None, metavar="DxD",
                    help="add an array column 'image' of this shape, e.g. 8 or 4x4 (not for csv)")
-    p.add_argument("--task", choices=list(LABEL_TASKS), default="classification")
-    p.add_argument("--num-classes", type=int, default=2)
-    p.add_argument("--null-fraction", type=float, default=0.05)
+    p.add_argument("--task", choices=list(LABEL_TASKS), default="classification",
+                   help="what the label is (default: classification)")
+    p.add_argument("--num-classes", type=int, default=2, help="classes of the label (default: 2)")
+    p.add_argument("--null-fraction", type=float, default=0.05,
+                   help="share of null values in each feature column (default: 0.05)")
     p.add_argument("--bad-rows", type=int, default=0, help="inject this many bad rows (for quarantine tests)")
     p.add_argument("--partitions", type=int, default=None, help="output files (default: 1 per million rows, >= 2)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
