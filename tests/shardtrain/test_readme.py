@@ -1,8 +1,10 @@
-"""The README's command blocks run as shown, in order, in a fresh folder, and print only
-shardtrain's own lines: the README cannot drift from the code.
+"""The command blocks of README.md and of the docs site's pages run as shown, in reading order,
+in one fresh folder, and print only shardtrain's own lines: the pages cannot drift from the code.
 
-Every fenced ``bash``/``sh`` and ``python`` block of README.md is run, unless HTML comments on
-the lines just above it say otherwise:
+The pages and their order are tests/doc_pages.py's: README.md, then docs/ as its table of contents
+orders them (so the README's quick start runs the demo once, and the pages after it use what it
+left). Every fenced ``bash``/``sh`` and ``python`` block is run, unless HTML comments on the lines
+just above it say otherwise:
 
     <!-- readme-test: skip: REASON -->         not run (a real cluster, the test suite itself)
     <!-- readme-test: instead: SHELL LINE -->  this line is run in the block's place
@@ -10,6 +12,8 @@ the lines just above it say otherwise:
     <!-- readme-test: replace: OLD ==> NEW --> the text OLD of the block is run as NEW: the same
                                                commands or calls on a cheaper config (one per comment;
                                                they may stand above or below another marker)
+
+(``<!-- readme-test: config: JOB -->`` above a ``yaml`` block is tests/test_docs.py's: it loads it.)
 
 Shell blocks run line by line (``bash -c``) in one working folder holding a copy of conf/ and a
 link to this .venv, so each command sees what the ones above it left. Python blocks run as the
@@ -34,14 +38,9 @@ from dataclasses import dataclass
 import pytest
 
 from common import __version__
+from doc_pages import REPLACE, ROOT, Block, all_blocks, command_lines, page_blocks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-README = os.path.join(ROOT, "README.md")
 SHELL = ("bash", "sh", "shell")
-MARKER = re.compile(r"^<!--\s*readme-test:\s*(skip|instead|local|replace):\s*(.*?)\s*-->\s*$")
-REPLACE = " ==> "
-FENCE = re.compile(r"^```(\S*)\s*$")
-
 # What a quiet command never prints: Spark's start-up banner, Hadoop's native-library warning,
 # console progress bars, any line in log4j's layout, and Python warnings or tracebacks.
 NOISE = [
@@ -56,62 +55,6 @@ NOISE = [
 JOB_COMMANDS = ("shard", "train", "run", "score", "demo", "sweep")
 FIRST_LINE = re.compile(rf"INFO shardtrain: shardtrain {re.escape(__version__)} (\w+): config \S+.*; "
                         r"fingerprint [0-9a-f]{12}$")
-
-
-@dataclass
-class Block:
-    line: int       # 1-based line of the opening fence in README.md
-    language: str
-    text: str
-    marker: tuple[str, str] | None  # (kind, argument) from the comments above, if any (not replace)
-    replacements: tuple[tuple[str, str], ...] = ()  # (OLD, NEW) from replace comments above
-
-    def code(self) -> str:
-        """The block's text as it is run: each replacement applied (OLD must be in the block)."""
-        text = self.text
-        for old, new in self.replacements:
-            assert old in text, f"README.md line {self.line}: 'readme-test: replace:' text not in the block: {old!r}"
-            text = text.replace(old, new)
-        return text
-
-
-def readme_blocks(path: str = README) -> list[Block]:
-    lines = open(path, encoding="utf-8").read().splitlines()
-    blocks, i = [], 0
-    while i < len(lines):
-        fence = FENCE.match(lines[i])
-        if not fence:
-            i += 1
-            continue
-        start, body = i, []
-        i += 1
-        while i < len(lines) and not lines[i].startswith("```"):
-            body.append(lines[i])
-            i += 1
-        i += 1
-        markers, above = [], start - 1
-        while above >= 0 and MARKER.match(lines[above]):
-            markers.append(MARKER.match(lines[above]).groups())
-            above -= 1
-        marker = next(((kind, arg) for kind, arg in markers if kind != "replace"), None)
-        replacements = tuple(tuple(arg.split(REPLACE, 1)) if REPLACE in arg else (arg, "")
-                             for kind, arg in reversed(markers) if kind == "replace")
-        blocks.append(Block(start + 1, fence.group(1).lower(), "\n".join(body), marker, replacements))
-    return blocks
-
-
-def command_lines(text: str) -> list[str]:
-    """A shell block's commands: continuation lines joined, blank and comment-only lines dropped."""
-    commands, current = [], ""
-    for raw in text.splitlines():
-        current += raw.rstrip()
-        if current.endswith("\\"):
-            current = current[:-1] + " "
-            continue
-        if current.strip() and not current.strip().startswith("#"):
-            commands.append(current.strip())
-        current = ""
-    return commands
 
 
 def noise(output: str) -> list[str]:
@@ -163,7 +106,7 @@ if cell.get("spark") is not None:
 
 
 class Notebook:
-    """The README's python blocks as cells of one notebook, in one interpreter started at the first."""
+    """The pages' python blocks as cells of one notebook, in one interpreter started at the first."""
 
     def __init__(self, cwd: str, prelude: str = SESSION):
         self.cwd, self.prelude, self.kernel, self.cells = cwd, prelude, None, 0
@@ -221,11 +164,11 @@ class Step:
     @property
     def id(self) -> str:
         words = self.command.split("#")[0].split()[:3] if self.block.language != "python" else ["python"]
-        return f"line{self.block.line}-" + "-".join(os.path.basename(w) for w in words)
+        return f"{self.block.page}:{self.block.line}-" + "-".join(os.path.basename(w) for w in words)
 
 
 def readme_steps(blocks: list[Block]) -> list[Step]:
-    """What runs, in README order: each shell line (or its ``instead`` line), each python block."""
+    """What runs, in reading order: each shell line (or its ``instead`` line), each python block."""
     steps = []
     for block in blocks:
         kind, argument = block.marker or ("run", "")
@@ -238,12 +181,12 @@ def readme_steps(blocks: list[Block]) -> list[Step]:
     return steps
 
 
-STEPS = readme_steps(readme_blocks())
+STEPS = readme_steps(all_blocks())
 
 
 @pytest.fixture(scope="module")
 def fresh_copy(tmp_path_factory):
-    """What a fresh clone has after `make setup`: conf/ and .venv (the README's commands use both).
+    """What a fresh clone has after `make setup`: conf/ and .venv (the pages' commands use both).
     One folder for all steps, in order, so each sees what the ones above it left."""
     work = tmp_path_factory.mktemp("readme") / "clone"
     work.mkdir()
@@ -259,25 +202,31 @@ def check_markers(blocks: list[Block]) -> None:
     for block in blocks:
         if block.marker:
             kind, argument = block.marker
-            assert argument, f"README.md line {block.line}: 'readme-test: {kind}:' needs a reason or a command"
-            assert kind != "local" or block.language == "python", f"README.md line {block.line}: local is for python"
+            assert argument, f"{block.where}: 'readme-test: {kind}:' needs a reason or a command"
+            assert kind != "local" or block.language == "python", f"{block.where}: local is for python"
+            assert kind != "config", f"{block.where}: config is for yaml blocks"
         for old, new in block.replacements:
-            assert old and new, f"README.md line {block.line}: replace is 'OLD{REPLACE}NEW'"
+            assert old and new, f"{block.where}: replace is 'OLD{REPLACE}NEW'"
             # A NEW with a shell comment comments out what follows OLD on its line: only a comment may.
             assert "#" not in new or all(re.match(r"[ \t]*(#.*)?$", line.split(old, 1)[1])
                                          for line in block.text.splitlines() if old in line), \
-                f"README.md line {block.line}: a 'readme-test: replace:' text with a '#' comment must end its line"
+                f"{block.where}: a 'readme-test: replace:' text with a '#' comment must end its line"
 
 
 def test_every_block_runs_or_says_why_not():
-    """A marker names its reason or its replacement; the Quick start's demo, the Commands examples
-    and the notebook snippet are among what runs."""
-    check_markers([b for b in readme_blocks() if b.language in (*SHELL, "python")])
+    """A marker names its reason or its replacement; the quick start's demo (once: the pages after
+    it use what it left), the tour's three stages, the getting-started checks and the notebook
+    snippet are among what runs, README.md's first."""
+    check_markers([b for b in all_blocks() if b.language in (*SHELL, "python")])
     commands = [step.command for step in STEPS]
     for expected in ("shardtrain demo", "shardtrain shard --config conf/shard.yaml",
-                     "shardtrain train --config conf/train.yaml", "shardtrain doctor"):
+                     "shardtrain train --config conf/train.yaml", "shardtrain score --config conf/score.yaml",
+                     "shardtrain doctor"):
         assert any(expected in c for c in commands), (expected, commands)
+    assert sum("shardtrain demo" in c for c in commands) == 1, "the demo runs once"
+    assert STEPS[0].block.page == "README.md" and "shardtrain demo" in STEPS[0].command
     assert any(step.block.language == "python" for step in STEPS)
+    assert {step.block.page for step in STEPS} > {"README.md", "docs/getting-started.md"}
 
 
 @pytest.mark.spark
@@ -286,9 +235,9 @@ def test_every_block_runs_or_says_why_not():
 @pytest.mark.parametrize("step", STEPS, ids=[step.id for step in STEPS])
 def test_readme_step(step, fresh_copy):
     if fresh_copy["failed"]:
-        pytest.fail(f"not run: an earlier README step failed ({fresh_copy['failed']})")
+        pytest.fail(f"not run: an earlier step failed ({fresh_copy['failed']})")
     work = fresh_copy["path"]
-    where = f"README.md block at line {step.block.line}"
+    where = f"the block at {step.block.where}"
     fresh_copy["failed"] = step.id  # until it passes
     if step.block.language == "python":
         code = step.command
@@ -316,7 +265,7 @@ def test_an_unmarked_block_runs_and_a_failing_or_noisy_one_fails(tmp_path):
         "<!-- readme-test: skip: a real cluster -->", "```bash", "spark-submit --master yarn x.py", "```",
         "```bash", "echo ok  # runs", "false", "echo '26/12/01 01:16:15 WARN NativeCodeLoader: Unable to load'", "```",
         "```yaml", "not: a command", "```"]))
-    steps = readme_steps(readme_blocks(str(readme)))
+    steps = readme_steps(page_blocks(str(readme)))
     assert [step.command for step in steps] == [
         "echo ok  # runs", "false", "echo '26/12/01 01:16:15 WARN NativeCodeLoader: Unable to load'"]
     check_ran("echo", run_shell(steps[0].command, str(tmp_path)))
@@ -325,7 +274,7 @@ def test_an_unmarked_block_runs_and_a_failing_or_noisy_one_fails(tmp_path):
         "<!-- readme-test: replace: shardtrain score ==> shardtrain score x=1  # cheaper -->", "```bash",
         "shardtrain score output.mode=skip_if_exists", "```"]))
     with pytest.raises(AssertionError, match="must end its line"):
-        check_markers(readme_blocks(str(readme)))
+        check_markers(page_blocks(str(readme)))
     for step in steps[1:]:
         with pytest.raises(AssertionError):
             check_ran(step.command, run_shell(step.command, str(tmp_path)))
