@@ -247,7 +247,7 @@ def check_executors() -> Check:
 
 
 def check_horovod_on_spark(num_proc: int = 2) -> Check:
-    fix = "see README 'Troubleshooting'; run with -v for Spark and Horovod logs"
+    fix = "see docs/troubleshooting.md; run with -v for Spark and Horovod logs"
     if not _installed("horovod"):
         return Check("horovod-on-spark", True, "skipped: Horovod not installed")
     if spark_mode()[0] == "connect":

@@ -1,6 +1,6 @@
 """Cheaper Spark driver JVM start-ups for the test suite.
 
-The suite starts a few hundred driver JVMs (every CLI subprocess, README step, spark-submit, table
+The suite starts a few hundred driver JVMs (every CLI subprocess, docs command step, spark-submit, table
 reader and Connect server), each on a handful of rows, so most of their CPU goes to loading and
 JIT-compiling Spark's classes, not to the tests' work. On this 2-core machine the suite is CPU-bound,
 so that time is the suite's wall time. Two JDK features cut it (a local[2] session's JVM: 18-20 CPU s

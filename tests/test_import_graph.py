@@ -95,7 +95,7 @@ def test_no_module_imports_one_that_imports_it_back():
 
 
 # --- what scoring may import ----------------------------------------------------------------------
-# Scoring stands on common and on training's public API only (README, layout): not on pipelines
+# Scoring stands on common and on training's public API only (docs/contributing.md, layout): not on pipelines
 # (data reaches it through common.sources, the row rules through common.rows) and not on a
 # training module, whose insides another stage must be free to change.
 

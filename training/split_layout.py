@@ -115,7 +115,7 @@ def _shown(identity: tuple) -> str:
 
 
 def rewritten(dataset_uri: str, detail: str) -> DatasetChangedError:
-    """The one message for a dataset replaced under a run (README: Troubleshooting)."""
+    """The one message for a dataset replaced under a run (docs/troubleshooting.md)."""
     return DatasetChangedError(
         f"dataset {dataset_uri}: it was rewritten while training read it ({detail}); the run stopped and published "
         "nothing: train again on the dataset as it is now (a shard job's overwrite of a dataset that a training "

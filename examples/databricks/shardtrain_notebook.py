@@ -14,7 +14,7 @@
 # MAGIC 4. the model at `<workdir>/model`, loaded back, predicting on a few raw rows.
 # MAGIC
 # MAGIC Install shardtrain on the cluster first (a cluster library, or `%pip install` of the wheel `make wheel`
-# MAGIC builds; see the README's "Databricks notebooks" part). On Databricks Runtime 16+ ML (no Horovod) it trains
+# MAGIC builds; see the Databricks guide, docs/guides/databricks.md). On Databricks Runtime 16+ ML (no Horovod) it trains
 # MAGIC with the torch backend and the arrow reader by itself.
 
 # COMMAND ----------
