@@ -23,10 +23,11 @@ METRICS = validation_metrics()  # every task's, with its direction: val_loss, va
 @dataclass
 class ObjectiveConfig:
     metric: str = setting(
-        "the per-epoch validation metric a trial is judged by, its last epoch's value the trial's: `val_loss`, "
-        "`val_accuracy` (classification) or `val_mae` (regression)", default="val_loss")
+        "the per-epoch validation metric a trial is judged by, its last epoch's value the trial's; one the "
+        "label's task reports: " + ", ".join(f"`{name}`" for name in METRICS), default="val_loss")
     direction: Literal["minimize", "maximize"] | None = setting(
-        "null: maximize `val_accuracy`, minimize the others", default=None)
+        "null: the metric's own (" + ", ".join(f"`{name}`: {way}" for name, way in METRICS.items()) + ")",
+        default=None)
 
     def __post_init__(self):
         require(self.metric in METRICS, "metric", f"must be one of {', '.join(METRICS)} (a validation metric every "
