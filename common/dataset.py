@@ -16,6 +16,7 @@ typed records, and the one validation every reader runs. The one way to build a 
       ],
       "label": {"name": "label", "task": "classification", "num_classes": 2,
                 "train_class_counts": [600, 400]}        # regression: "train_mean", "train_std"
+                                                        # named classes: "classes": ["cat", "dog"]
       "row_index_column": "_row",
       "splits": {"train": {"rows": 1000, "files": [
           {"path": "train/part-00000.parquet", "rows": 125, "row_groups": [100, 25],
@@ -37,7 +38,7 @@ Optional, written by a shard job with a ``teacher`` (knowledge distillation)::
   The stored column ``teacher`` holds the teacher's soft targets for every row of every split:
   float32 class probabilities at ``temperature`` (shape [num_classes]) for classification, the
   teacher's predicted value (float32, the label's scale) for regression. ``task``, ``num_classes``
-  and ``features`` (the raw columns the teacher reads) are the teacher's own, so a consumer can
+  (and ``classes``, a teacher's class names where its label names them) and ``features`` (the raw columns the teacher reads) are the teacher's own, so a consumer can
   check it suits the dataset's label and features (``teacher_differences``).
 
   With the shard config's ``label.unlabeled: transfer``, the train split also holds rows without
@@ -102,7 +103,7 @@ from common.features.v1 import KIND, listed
 from common.features.spec import NULL_SHARE
 from common.publish import require_committed
 from common.storage import Location, resolve, storage_errors
-from common.tasks import LABEL_TASKS, LabelTask, label_task, task_names
+from common.tasks import LABEL_TASKS, LabelTask, class_list_problem, label_task, task_names
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT = "shardtrain.dataset"
@@ -149,10 +150,12 @@ class LabelSpec:
     train_mean: float | None = None
     train_std: float | None = None
     record: dict = field(default_factory=dict, compare=False, repr=False)
+    classes: tuple[str, ...] | None = None  # the class names in index order (``common.tasks``), if named
 
     def __post_init__(self):
         if not self.record:
             fields = {"name": self.name, "task": self.task, "num_classes": self.num_classes,
+                      "classes": None if self.classes is None else list(self.classes),
                       "train_class_counts": None if self.train_class_counts is None else list(self.train_class_counts),
                       "train_mean": self.train_mean, "train_std": self.train_std}
             object.__setattr__(self, "record", {k: v for k, v in fields.items() if v is not None})
@@ -164,7 +167,7 @@ class LabelSpec:
         return cls(name=record.get("name", LABEL_NAME), task=record["task"], num_classes=record.get("num_classes"),
                    train_class_counts=None if counts is None else tuple(counts),
                    train_mean=None if mean is None else float(mean), train_std=None if std is None else float(std),
-                   record=copy.deepcopy(record))
+                   record=copy.deepcopy(record), classes=_class_names(record))
 
     @property
     def classification(self) -> bool:
@@ -197,6 +200,7 @@ class TeacherRecord:
     num_classes: int | None
     features: tuple[dict, ...]  # each feature's contract, naming its kind (``FeatureSpec.teacher_features``)
     record: dict = field(compare=False, repr=False)
+    classes: tuple[str, ...] | None = None  # the teacher's class names in index order, if its label names them
 
     @classmethod
     def from_record(cls, record: dict) -> "TeacherRecord":
@@ -205,7 +209,7 @@ class TeacherRecord:
         return cls(uri=record["uri"], fingerprint=record["fingerprint"], temperature=float(record["temperature"]),
                    task=record["task"], num_classes=record.get("num_classes"),
                    features=tuple(_listed(record["features"])),
-                   record=copy.deepcopy(record))
+                   record=copy.deepcopy(record), classes=_class_names(record))
 
     @property
     def classification(self) -> bool:
@@ -219,6 +223,11 @@ class TeacherRecord:
 
     def to_record(self) -> dict:
         return copy.deepcopy(self.record)
+
+
+def _class_names(record: dict) -> tuple[str, ...] | None:
+    classes = record.get("classes")
+    return None if classes is None else tuple(classes)
 
 
 class Manifest:
@@ -397,6 +406,14 @@ def _validate_label(label: Any, where: str) -> None:
         num_classes = label.get("num_classes")
         if not isinstance(num_classes, int) or num_classes < 2:
             raise DatasetError(f"{where}: field 'label.num_classes' is {num_classes!r}; {task.name} needs >= 2")
+        _validate_classes(label, "label", where)
+
+
+def _validate_classes(record: dict, section: str, where: str) -> None:
+    """A label's or teacher's class names (``common.tasks.class_list_problem``), where it has them."""
+    problem = class_list_problem(record.get("classes"), record.get("num_classes"))
+    if problem is not None:
+        raise DatasetError(f"{where}: field '{section}.classes' {problem}")
 
 
 def record_task(record: dict, section: str, where: str) -> LabelTask:
@@ -452,6 +469,7 @@ def _validate_teacher(teacher: Any, schema: list[dict], where: str) -> None:
     if not isinstance(teacher.get("features"), (dict, list)):
         raise DatasetError(f"{where}: field 'teacher.features' is missing (the raw columns the teacher reads)")
     shape = teacher_shape(teacher, where)
+    _validate_classes(teacher, "teacher", where)
     column = next((c for c in schema if c["name"] == TEACHER_COLUMN), None)
     if column is None or column["dtype"] != "float32" or column["shape"] != shape:
         raise DatasetError(f"{where}: field 'schema' must hold column {TEACHER_COLUMN!r} as float32 of shape {shape} "
@@ -478,6 +496,9 @@ def teacher_differences(teacher: TeacherRecord, features: dict, label: LabelSpec
     elif label.classification and teacher.num_classes != label.num_classes:
         found.append(f"num_classes is {teacher.num_classes}, but the dataset's label.num_classes is "
                      f"{label.num_classes}")
+    elif label.classification and teacher.classes != label.classes:  # the same number of other classes
+        found.append(f"classes are {_listed_or_none(teacher.classes)}, but the dataset's label.classes are "
+                     f"{_listed_or_none(label.classes)}")
     ours = FeatureSpec(features).teacher_features()
     for kind in KINDS:
         theirs = kind.teacher_names([e for e in teacher.features if e.get(KIND) == kind.name])
@@ -485,6 +506,10 @@ def teacher_differences(teacher: TeacherRecord, features: dict, label: LabelSpec
         if theirs != mine:
             found.append(f"{kind.name} features are {_shown(theirs)}, but the dataset's are {_shown(mine)}")
     return found
+
+
+def _listed_or_none(classes: tuple[str, ...] | None) -> list[str] | None:
+    return None if classes is None else list(classes)
 
 
 def _shown(names: dict) -> Any:

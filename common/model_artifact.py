@@ -50,7 +50,7 @@ from common.model_registry import is_registry_uri
 from common.rows import MAX_CATEGORY_BYTES, MEANING, Refusals, frame_refusals
 from common.publish import read_marker, require_committed
 from common.storage import Location, storage_errors
-from common.tasks import LABEL_TASKS, label_task, task_names
+from common.tasks import LABEL_TASKS, class_list_problem, label_task, task_names
 
 MODEL_FORMAT = KIND_MODEL
 MODEL_FORMAT_VERSION = 3  # 3: ``features`` is the ordered list of records naming their kind (as a dataset's)
@@ -111,16 +111,20 @@ class LoadedModel:
 
         ``errors="raise"`` (default): such a row raises InputDataError (exit 2) naming its index
         label, its column and the reason; else the result is as it always was: probabilities
-        [n, classes] (classification) or values [n] (regression), a float32 numpy array.
+        [n, classes] (classification) or values [n] (regression), a float32 numpy array. A label
+        that names its classes (``classes``, in probability order) gives a pandas DataFrame on the
+        frame's index instead: ``probabilities`` (a float32 array per row) and ``prediction``
+        (the most probable class's name), as ``score`` writes them.
 
         ``errors="mark"``: a pandas DataFrame with a row for every row of ``frame``, on its index
         (an Arrow table's: 0..n-1): ``probabilities`` (a float32 array per row; classification)
         or ``prediction`` (float32; regression), then ``score_reason``: None where the row was
         taken, else the reason ``shardtrain score`` gives it (``non_finite:x1``, ``too_long:city``,
         ``bad_encoding``, ...) and no prediction (probabilities None, a value NaN). Unlike
-        ``score``, no ``prediction`` class column for classification: a number column beside the
-        probabilities is what MLflow's spark_udf would take in their place for the
-        ``ArrayType(FloatType())`` result users asked of it before.
+        ``score``, no ``prediction`` class column for classes by index: a number column beside
+        the probabilities is what MLflow's spark_udf would take in their place for the
+        ``ArrayType(FloatType())`` result users asked of it before. Named classes add the
+        ``prediction`` column of names (None for a refused row) after the probabilities.
 
         An empty frame gives an empty result of the same form. See ``predict_arrays`` for
         ``temperature``."""
@@ -133,23 +137,38 @@ class LoadedModel:
             raise InputDataError(_refusal_message(frame, refusals, first))
         rows = frame if first is None else _rows_at(frame, np.flatnonzero(taken))
         values = self.predict_arrays(self.features.transform(rows), temperature)
-        return values if errors == "raise" else self._marked(frame, values, refusals.reasons, taken)
+        if errors == "mark":
+            return self._outputs(frame, values, taken, refusals.reasons)
+        return values if self.classes is None else self._outputs(frame, values, taken)
 
-    def _marked(self, frame, values: np.ndarray, reasons: np.ndarray, taken: np.ndarray):
-        """``predict``'s errors="mark" frame: the taken rows' values in place, the reasons beside."""
+    @property
+    def classes(self) -> list[str] | None:
+        """The class names in probability order, where the label names them; else None."""
+        return None if self.label.classes is None else list(self.label.classes)
+
+    def _outputs(self, frame, values: np.ndarray, taken: np.ndarray, reasons: np.ndarray | None = None):
+        """``predict``'s frame: the taken rows' values in place (the probabilities, and the class
+        names where the label names them; or the value), and with errors="mark" the reasons beside."""
         import pandas as pd
 
         index = pd.RangeIndex(frame.num_rows) if hasattr(frame, "num_rows") else frame.index
+        columns = {}
         if self.label.classification:
             outputs = np.full(len(taken), None, dtype=object)
             for position, row in zip(np.flatnonzero(taken), values):
                 outputs[position] = row
-            name = PROBABILITIES
+            columns[PROBABILITIES] = outputs
+            if self.classes is not None:
+                names = np.full(len(taken), None, dtype=object)
+                names[taken] = np.asarray(self.classes, dtype=object)[values.argmax(axis=1)]
+                columns[PREDICTION] = names
         else:
             outputs = np.full(len(taken), np.nan, dtype=np.float32)
             outputs[taken] = values
-            name = PREDICTION
-        return pd.DataFrame({name: outputs, REASON: reasons}, index=index)
+            columns[PREDICTION] = outputs
+        if reasons is not None:
+            columns[REASON] = reasons
+        return pd.DataFrame(columns, index=index)
 
     def predict_arrays(self, arrays: dict, temperature: float = 1.0) -> np.ndarray:
         """Already-preprocessed arrays (as stored in the dataset / produced by FeatureSpec.transform).
@@ -307,6 +326,9 @@ def _check_meta_fields(where: str, meta: dict) -> None:
     if label_task(label["task"]).classes and not (type(classes) is int and classes >= 2):
         raise DatasetError(f"{where}: field 'label.num_classes' is {classes!r}; a classifier has an integer >= 2 "
                            "classes: re-train, or re-publish the model")
+    problem = class_list_problem(label.get("classes"), classes)
+    if problem is not None:
+        raise DatasetError(f"{where}: field 'label.classes' {problem}: re-train, or re-publish the model")
     rules = meta.get(ROW_RULES, {})  # absent from models published before it was recorded
     if not isinstance(rules, dict):  # loading reads it as a mapping
         raise DatasetError(f"{where}: field '{ROW_RULES}' is {rules!r}; expected an object: re-train, or re-publish "

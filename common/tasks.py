@@ -6,6 +6,12 @@ A task's label contract is: whether the label is a class index (``classes``: the
 network gives one score per class and serving a probability per class, at a temperature), the
 stored label column's type, and what a transfer row (no label) stores in its place.
 
+A class label may name its classes (``label.classes`` in the shard config: a list, or ``auto``,
+fitted on the train split): the label record then holds ``classes``, the class names in index
+order (``num_classes`` of them, distinct strings; ``class_list_problem`` checks a record's), the
+stored label stays the class index, and whatever serves the model gives the names. A raw value
+outside the list is quarantined with reason ``UNKNOWN_CLASS``.
+
 Callers ask the task's ``LabelTask`` (``label_task(name)``) these facts; none compares a task's
 name. How a task trains and serves (loss, distillation terms, metrics, baseline, target scaling,
 the serving head) is training's: ``training.tasks``, one module per task, each naming its
@@ -35,6 +41,26 @@ class LabelTask:
         return int(num_classes) if self.classes else 1
 
 
+UNKNOWN_CLASS = "unknown_class"  # the quarantine reason of a label value outside the class list
+# The most classes a label may name: each is a name in the manifest and model.json, and a logit per
+# row; far above a real task's, low enough that a label mistaken for an id column fails at once.
+MAX_CLASSES = 100_000
+
+
+def class_list_problem(classes, num_classes) -> str | None:
+    """What is wrong with a label record's ``classes`` (absent: nothing), in words that follow
+    "field 'label.classes' ": num_classes distinct strings, in index order."""
+    if classes is None:
+        return None
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        return f"is {classes!r}; expected a list of class names (strings)"
+    if len(classes) != num_classes:
+        return f"names {len(classes)} classes, but 'num_classes' is {num_classes!r}"
+    if len(set(classes)) != len(classes):
+        return f"names {sorted({c for c in classes if classes.count(c) > 1})} more than once"
+    return None
+
+
 CLASSIFICATION = LabelTask("classification", classes=True, label_dtype="int64", missing_label=-1)
 REGRESSION = LabelTask("regression", classes=False, label_dtype="float32", missing_label=float("nan"))
 LABEL_TASKS = {task.name: task for task in (CLASSIFICATION, REGRESSION)}
@@ -52,4 +78,5 @@ def task_names(quote: bool = False) -> str:
     return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-__all__ = ["CLASSIFICATION", "LABEL_TASKS", "LabelTask", "REGRESSION", "TASK_NAMES", "label_task", "task_names"]
+__all__ = ["CLASSIFICATION", "LABEL_TASKS", "LabelTask", "MAX_CLASSES", "REGRESSION", "TASK_NAMES", "UNKNOWN_CLASS",
+           "class_list_problem", "label_task", "task_names"]

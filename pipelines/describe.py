@@ -41,8 +41,8 @@ def _header(manifest: Manifest) -> list[str]:
 def _label_and_features(label: LabelSpec, feats: dict) -> list[str]:
     if label.classification:
         counts = list(label.train_class_counts or [])
-        lines = [f"label     {label.name}: classification, {label.num_classes} classes; "
-                 f"train class counts {counts}"]
+        shown = counts if label.classes is None else dict(zip(label.classes, counts))
+        lines = [f"label     {label.name}: {label.task}, {label.num_classes} classes; train class counts {shown}"]
     else:
         lines = [f"label     {label.name}: regression; train mean {_or_nan(label.train_mean):.4g}, "
                  f"std {_or_nan(label.train_std):.4g}"]
@@ -204,7 +204,8 @@ def _html_label(label: LabelSpec) -> list[str]:
         counts = list(label.train_class_counts or [])
         parts = [key_values([("classes", label.num_classes), ("train class counts", counts)])]
         if counts:
-            parts.append(bar_chart("Train rows per class", [str(i) for i in range(len(counts))], counts, "rows"))
+            names = list(label.classes) if label.classes is not None else [str(i) for i in range(len(counts))]
+            parts.append(bar_chart("Train rows per class", names, counts, "rows"))
         return parts
     return [key_values([("train mean", label.train_mean), ("train std", label.train_std)])]
 

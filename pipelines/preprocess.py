@@ -13,7 +13,8 @@ Three steps, each a function of the config (and, for the last, of fitted statist
 
 Reasons: ``bad_encoding`` (a used text value holds U+FFFD, which Spark's CSV/JSON readers put in
 place of bytes that are not valid UTF-8), ``null_label`` (none with ``label.unlabeled: transfer``:
-those rows join the train split as transfer rows), ``invalid_label``,
+those rows join the train split as transfer rows), ``invalid_label``, ``unknown_class`` (after the
+features' rules: a class name outside ``label.classes``),
 ``too_long:<col>`` (a category longer than features.max_category_bytes),
 ``bad_value:<col>`` (a string that is not a number),
 ``non_finite:<col>`` (a numeric value that is NaN, +/-inf or beyond float32, as stored; a
@@ -21,14 +22,14 @@ null, NaN, inf or beyond-float32 element of an array), ``bad_shape:<col>`` (null
 length), and ``malformed_record`` (common/sources.py). A null numeric value is missing and is
 imputed. The rules of a feature's raw value (text, numeric, categorical, array) are
 ``common.rows``, which scoring and a loaded model's ``predict`` apply too, so neither a statistic
-nor a prediction ever sees a value float32 cannot hold or a category the shard job refused; this
-module owns the label's rules and where they stand among those, and must not define a feature
-rule of its own that scoring would not apply.
+nor a prediction ever sees a value float32 cannot hold or a category the shard job refused. The
+label's rules, its typed value and its class list are ``pipelines.labels``'; this module puts
+every rule in its place in the row's CASE, and must not define a feature rule of its own that
+scoring would not apply.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,10 +38,11 @@ from common.errors import InputDataError, first_line
 from common.features import KINDS, FeatureSpec
 from common.features.spec import NULL_SHARE
 from common.features.base import TrainSummary
-from common.rows import FLOAT_MAX, encoding_reasons
+from common.rows import encoding_reasons
 from common.sql import quote_identifier as q
 from common.dataset import LABEL_NAME, ROW_INDEX, TeacherRecord
 from common.manifest_builder import stored_schema as dataset_schema
+from pipelines.labels import LABEL_COLUMN, label_record, label_sql
 from pipelines.shard_config import ShardConfig
 from pipelines.summary import Summary
 
@@ -83,9 +85,10 @@ def check_table(table, cfg: ShardConfig, where: str) -> None:
         for column in kind.names:
             _require_type(kind.spark_type_ok(fields[column]), column, kind.config_key(column), fields[column],
                           kind.wanted(), where)
+    label_wanted = "a class name" if cfg.label.classes is not None else "a number"
     if cfg.label.column is not None:
         _require_type(isinstance(fields[cfg.label.column], scalar), cfg.label.column, "label.column",
-                      fields[cfg.label.column], "a number", where)
+                      fields[cfg.label.column], label_wanted, where)
 
     # Expressions (label.expr, split.key) must analyse against the table.
     for key, expr in (("split.key", cfg.split.key), ("label.expr", cfg.label.expr)):
@@ -97,7 +100,8 @@ def check_table(table, cfg: ShardConfig, where: str) -> None:
             raise InputDataError(f"{key} {expr!r} is not a column or valid expression over {where}: "
                                  f"{first_line(exc)}") from None
         if key == "label.expr" and not isinstance(dt, scalar):
-            raise InputDataError(f"label.expr {expr!r} has type {dt.simpleString()}, which cannot be cast to a number")
+            raise InputDataError(f"label.expr {expr!r} has type {dt.simpleString()}, which cannot be cast to "
+                                 f"{label_wanted}")
 
 
 def _require_type(ok: bool, column: str, key: str, dtype, want: str, where: str) -> None:
@@ -141,27 +145,14 @@ def row_columns(table, cfg: ShardConfig) -> list[str]:
     text = [c for c in [*(n for kind in kinds if kind.text for n in kind.names), *([label.column] if label.column else [])]
             if isinstance(fields[c], T.StringType)]
     reasons += encoding_reasons(text)
-    label_d = f"try_cast({label_raw} AS DOUBLE)"
-    if not transfer:
-        reasons.append(f"WHEN {label_raw} IS NULL THEN 'null_label'")
-    if label.classification:
-        invalid = (f"{label_d} IS NULL OR isnan({label_d}) OR abs({label_d}) = double('Infinity') "
-                   f"OR {label_d} <> floor({label_d}) OR {label_d} < 0 OR {label_d} >= {label.num_classes}")
-        # try_cast: the checked rows are persisted whole, bad rows too, so an invalid label (NaN,
-        # huge) must not fail the cast under ANSI mode (Spark 4); valid labels cast the same.
-        cols.append(f"try_cast({label_d} AS BIGINT) AS _label")
-    else:
-        invalid = f"{label_d} IS NULL OR isnan({label_d}) OR abs({label_d}) > {FLOAT_MAX!r}"
-        cols.append(f"CAST({label_d} AS FLOAT) AS _label")
-    # A transfer row's label stays null here (left out of class counts and moments); the shard
-    # writer stores the task's missing_label (common.tasks) in its place.
-    reasons.append(f"WHEN {label_raw} IS NOT NULL AND ({invalid}) THEN 'invalid_label'" if transfer
-                   else f"WHEN {invalid} THEN 'invalid_label'")
-
+    label_rules = label_sql(label, label_raw)
+    reasons += label_rules.first
+    cols.append(f"{label_rules.typed} AS {LABEL_COLUMN}")
     for kind in kinds:
         for name in kind.names:
             reasons += kind.sql_reasons(name, fields[name])
             cols.append(f"{kind.typed_sql(name)} AS {q(kind.typed(name))}")
+    reasons += label_rules.last
     cols.append(f"CASE {' '.join(reasons)} END AS _reason")
     return cols
 
@@ -188,7 +179,7 @@ def fit(clean_train: Callable, cfg: ShardConfig, summary: Summary) -> FittedStat
     features = FeatureSpec({kind.name: kind.fit(cfg.features, train) for kind in kinds}).spec
     for record in features:
         record[NULL_SHARE] = shares[record["name"]]
-    return FittedStats(features=features, label=_label_stats(cfg.label, summary.class_counts, label_moments))
+    return FittedStats(features=features, label=label_record(cfg.label, summary.class_counts, label_moments))
 
 
 def _null_shares(summary: Summary) -> dict[str, float]:
@@ -205,17 +196,6 @@ def scan_columns(cfg: ShardConfig) -> tuple[tuple[str, ...], tuple[tuple[str, st
     moments = tuple(col for kind in kinds for _, col in kind.moment_columns())
     moments += () if cfg.label.classification else ("_label",)
     return moments, tuple(pair for kind in kinds for pair in kind.counted_columns())
-
-
-def _label_stats(label, class_counts: list[int], label_moments: tuple[int, float, float] | None) -> dict:
-    """The manifest's label entry: class counts for classification, mean and std for regression."""
-    spec = {"name": LABEL_NAME, "task": label.task, "source": label.column or label.expr}
-    if label.classification:
-        spec.update(num_classes=label.num_classes, train_class_counts=class_counts)
-    else:
-        count, mean, m2 = label_moments
-        spec.update(train_mean=mean if count else 0.0, train_std=math.sqrt(m2 / count) if count else 0.0)
-    return spec
 
 
 def stored_schema(cfg: ShardConfig, teacher: TeacherRecord | None = None) -> list[dict]:

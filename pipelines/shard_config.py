@@ -14,7 +14,7 @@ from common.config import SparkConfig, load_config, require, setting, storage_pa
 from common.dataset import TEACHER_COLUMN
 from common.features import KINDS
 from common.sql import quote_identifier
-from common.tasks import TASK_NAMES, label_task
+from common.tasks import MAX_CLASSES, TASK_NAMES, label_task
 from common.sources import SourceConfig, check_sources_and_query
 
 # Fixed ceilings on the counts that size a loop or an allocation before any data is seen (the
@@ -63,19 +63,41 @@ class LabelConfig:
     expr: str | None = setting("instead of `column`: a Spark SQL expression computing the label", default=None)
     task: Literal[TASK_NAMES] = setting("what the label is", default="classification")
     num_classes: int | None = setting(
-        "classification: the number of classes (at least 2), required; labels must be integers in "
-        "`[0, num_classes)`", default=None)
+        "classification: the number of classes (at least 2), required unless `classes` names them; labels must be "
+        "integers in `[0, num_classes)`. With `classes` it follows from them (set both and they must agree)",
+        default=None)
     # The transfer set's rows learn from the teacher's soft targets only (see common/dataset.py).
     unlabeled: Literal["quarantine", "transfer"] = setting(
         "rows with a null label: quarantined (`null_label`), or `transfer`: with a `teacher`, every one of them "
         "joins the train split as a transfer set (val and test keep only labelled rows); `transfer` without a "
         "teacher is exit 2", default="quarantine")
+    classes: Literal["auto"] | list[str] | None = setting(
+        "a class label's values name its classes (a value's string form): `auto` fits the list on the train split "
+        "(most frequent first, ties by name, as a categorical vocabulary), or a list names them in index order; "
+        "a value outside the list is quarantined (`unknown_class`); predictions carry the names. Null: the values "
+        "are class indices", default=None)
 
     def __post_init__(self):
         require((self.column is None) != (self.expr is None), "column", "or label.expr must be set (exactly one)")
-        if self.classification:
+        if self.classes is not None:
+            self._check_classes()
+        elif self.classification:
             require(self.num_classes is not None and self.num_classes >= 2, "num_classes",
-                    f"must be set (>= 2) for task={self.task}")
+                    f"must be set (>= 2) for task={self.task}, or name the classes (label.classes: auto, or a list)")
+
+    def _check_classes(self) -> None:
+        require(self.classification, "classes", f"names a class label's classes, but task={self.task} has none; "
+                "remove label.classes")
+        if self.classes == "auto":
+            return  # num_classes, if set, is checked against the list fitted on train (pipelines/labels.py)
+        dup = sorted({c for c in self.classes if self.classes.count(c) > 1})
+        require(not dup, "classes", f"names {dup} more than once")
+        require(2 <= len(self.classes) <= MAX_CLASSES, "classes",
+                f"must name 2 to {MAX_CLASSES:,} classes, got {len(self.classes)}")
+        require(self.num_classes in (None, len(self.classes)), "num_classes",
+                f"is {self.num_classes}, but label.classes names {len(self.classes)} classes; set one of them "
+                "(num_classes follows from classes)")
+        self.num_classes = len(self.classes)
 
     @property
     def classification(self) -> bool:

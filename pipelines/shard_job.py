@@ -73,7 +73,8 @@ from pipelines import summary as summary_module
 from pipelines.summary import ScanSpec, Summary
 from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, TARGET_COLUMN, Encoding,
                                     QuarantinePlan, stage_partition, write_empty, write_partition, write_shards)
-from pipelines.teacher import TeacherScorer, teacher_record, with_teacher
+from pipelines.labels import fit_classes
+from pipelines.teacher import TeacherScorer, check_teacher, teacher_record, with_teacher
 from common.commit_marker import KIND_DATASET
 from common.output_mode import REPLACE, SAME, OutputWords, existing_output
 from common.output_guard import check_disjoint, check_output_uri
@@ -145,6 +146,8 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
 
     table, where = _build_table(spark, cfg, frames)
     check_table(table, cfg, where)
+    recorded = cfg  # what the manifest and config.yaml record: the user's config (classes: auto stays auto)
+    cfg = _with_classes(table, cfg, teacher)
     shape = JobShape.of(spark, cfg, sources_fp)
     # One source's table is checked for num_shards rows before the split checks: a query's or a
     # transform's table may cost a whole pass to count, so there the split check below decides.
@@ -178,17 +181,32 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
             num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
             quarantine={"path": QUARANTINE_DIR, "rows": counts.quarantined,
                         "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
-            accounting=accounting, sources=sources_fp, config=to_dict(cfg), input_fingerprint=input_fp)
+            accounting=accounting, sources=sources_fp, config=to_dict(recorded), input_fingerprint=input_fp)
         if manifest["schema"] != columns:
             raise AccountingError(f"the written columns {columns} differ from the manifest schema "
                                   f"{manifest['schema']}; nothing was published")
         write_manifest(staging, manifest)
-        staging.write_text(CONFIG_NAME, dump_yaml(cfg))
+        staging.write_text(CONFIG_NAME, dump_yaml(recorded))
         if cfg.output.mode == "overwrite":
             check_no_readers(out.uri, cfg)  # again, just before the commit: a training may have started since
     log.info("published %s: %s%s", out.uri, ", ".join(f"{s}={v['rows']}" for s, v in splits.items()),
              f" ({transfer_rows} of train without a label: the transfer set)" if transfer_rows else "")
     return ShardResult(uri=out.uri, manifest=read_manifest(out.uri), skipped=False)
+
+
+def _with_classes(table, cfg: ShardConfig, teacher: TeacherRecord | None) -> ShardConfig:
+    """``cfg`` with ``label.classes: auto`` fitted on the train split (pipelines/labels.py: one Spark
+    aggregation before pass one, so that pass one quarantines val and test rows of other classes),
+    and the teacher checked against them; ``cfg`` itself where the classes are not to be fitted."""
+    from common.spark import spark_errors
+
+    if cfg.label.classes != "auto":
+        return cfg
+    with spark_errors("fitting the label's classes on the train split"):
+        cfg = fit_classes(table.selectExpr(*row_columns(table, cfg)), cfg)
+    if teacher is not None:
+        check_teacher(teacher, cfg)
+    return cfg
 
 
 def _check_first_rows(table, cfg: ShardConfig, where: str) -> None:

@@ -43,8 +43,8 @@ class TeacherScorer:
     """What the shard job needs from a teacher model (built by the shardtrain layer).
 
     ``describe(model_uri)``: the model's identity and contract, without Spark: a dict with
-    ``fingerprint`` (changes whenever the model does), ``task``, ``num_classes`` (classification)
-    and ``features`` (``FeatureSpec.teacher_features``: each raw column it reads, with its kind
+    ``fingerprint`` (changes whenever the model does), ``task``, ``num_classes`` (classification;
+    ``classes`` too where its label names them) and ``features`` (``FeatureSpec.teacher_features``: each raw column it reads, with its kind
     and what its kind says a reader must match).
 
     ``score(rows, model_uri, temperature, fingerprint)``: the Spark DataFrame ``rows`` with a
@@ -60,7 +60,8 @@ class TeacherScorer:
 
 def teacher_record(cfg: ShardConfig, scorer: TeacherScorer | None) -> TeacherRecord | None:
     """The manifest's ``teacher`` record (None without ``cfg.teacher``); reads only the model's
-    description, and refuses a teacher whose outputs cannot be this dataset's soft targets."""
+    description, and refuses a teacher whose outputs cannot be this dataset's soft targets
+    (``check_teacher``; with ``label.classes: auto``, the shard job checks once it fitted them)."""
     if cfg.teacher is None:
         return None
     if scorer is None:
@@ -72,13 +73,21 @@ def teacher_record(cfg: ShardConfig, scorer: TeacherScorer | None) -> TeacherRec
         "uri": cfg.teacher.model, "fingerprint": info["fingerprint"],
         "temperature": float(cfg.teacher.temperature), "column": TEACHER_COLUMN, "task": info["task"],
         **({"num_classes": info["num_classes"]} if label_task(info["task"]).classes else {}),
+        **({"classes": info["classes"]} if info.get("classes") is not None else {}),
         "features": info["features"]})
+    if cfg.label.classes != "auto":
+        check_teacher(record, cfg)
+    return record
+
+
+def check_teacher(record: TeacherRecord, cfg: ShardConfig) -> None:
+    """A teacher must read this dataset's features and predict its label: the same task and
+    classes (their number, and their names in the same order where either names them)."""
     differences = teacher_differences(record, _dataset_features(cfg), _dataset_label(cfg))
     if differences:
         raise InputDataError(f"teacher.model {record.uri} does not fit this dataset: its {'; its '.join(differences)}. "
                              "Its outputs would be soft targets for another problem; use a teacher trained on these "
                              "features (features.*) and this label")
-    return record
 
 
 def _dataset_features(cfg: ShardConfig) -> dict:
@@ -86,7 +95,9 @@ def _dataset_features(cfg: ShardConfig) -> dict:
 
 
 def _dataset_label(cfg: ShardConfig) -> LabelSpec:
-    return LabelSpec(name=LABEL_NAME, task=cfg.label.task, num_classes=cfg.label.num_classes)
+    classes = cfg.label.classes  # a list: fitted by now where it was auto
+    return LabelSpec(name=LABEL_NAME, task=cfg.label.task, num_classes=cfg.label.num_classes,
+                     classes=None if classes is None else tuple(classes))
 
 
 def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None, record: TeacherRecord | None):
@@ -117,4 +128,4 @@ def _feature_inputs(cfg: ShardConfig, present: list[str]) -> dict[str, str]:
     return {name: f"{q(col)} AS {q(name)}" for name, col in typed.items() if name not in present}
 
 
-__all__ = ["TeacherScorer", "teacher_record", "with_teacher"]
+__all__ = ["TeacherScorer", "check_teacher", "teacher_record", "with_teacher"]

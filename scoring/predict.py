@@ -7,8 +7,9 @@ The result has one row per input row (none dropped, none added), with these colu
 
 * ``keep_columns`` of ``df``, unchanged (default: every column of ``df``);
 * classification: ``probabilities`` array<float> (softmax(logits / temperature), one entry per
-  class) and ``prediction`` bigint (the most probable class; labels are the integers
-  ``[0, num_classes)``, so the class index is the label's own value);
+  class) and ``prediction``, the most probable class: bigint where the labels are the integers
+  ``[0, num_classes)`` (the class index is the label's own value), string where the label names
+  its classes (``label.classes``: the class's name; the probabilities are in the names' order);
 * regression: ``prediction`` float (the model's value; ``temperature`` does not apply);
 * ``score_reason`` string: null for a scored row; for a row the model's preprocessing cannot take,
   the reason (its predictions are null): ``bad_encoding`` (a string feature holding U+FFFD, what
@@ -85,6 +86,7 @@ class ScoreTask:
     # A registered model the workers download (models:/NAME/VERSION, pinned on the driver): the
     # registry it is in. None for a path, including a registered version's artifacts on a file system.
     registry_uri: str | None = None
+    classes: tuple[str, ...] | None = None  # the label's class names, where it names them (``prediction``)
 
 
 def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = 1.0,
@@ -120,9 +122,10 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
         task=model.task, num_classes=int(model.label.num_classes or 0),
         keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))),
         features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
-        encoded=encoded, temperature=float(temperature), batch_size=batch_size, registry_uri=worker_registry)
+        encoded=encoded, temperature=float(temperature), batch_size=batch_size, registry_uri=worker_registry,
+        classes=model.label.classes)
     prepared = _prepared(df, task, keep, fields, spec, encoded)
-    schema = output_schema(df, keep, model.task)
+    schema = output_schema(df, keep, model.task, named_classes=model.label.classes is not None)
     private = [*task.keep_columns, *schema.fieldNames()[len(keep):]]
     scored = prepared.mapInArrow(_Scorer(task), _renamed(schema, private))
     return scored.toDF(*schema.fieldNames())  # toDF renames without parsing the names
@@ -175,15 +178,16 @@ def _renamed(schema, names: list[str]):
     return T.StructType([T.StructField(n, f.dataType, f.nullable) for n, f in zip(names, schema.fields)])
 
 
-def output_schema(df, keep_columns: list[str], task: str):
-    """The result's Spark schema: the kept columns' own types, then the prediction columns."""
+def output_schema(df, keep_columns: list[str], task: str, named_classes: bool = False):
+    """The result's Spark schema: the kept columns' own types, then the prediction columns (a
+    class's name where the label names its classes, ``named_classes``)."""
     from pyspark.sql import types as T
 
     by_name = {f.name: f for f in df.schema.fields}
     fields = [by_name[c] for c in keep_columns]
     if label_task(task).classes:
         fields.append(T.StructField(PROBABILITIES, T.ArrayType(T.FloatType()), True))
-        fields.append(T.StructField(PREDICTION, T.LongType(), True))
+        fields.append(T.StructField(PREDICTION, T.StringType() if named_classes else T.LongType(), True))
     else:
         fields.append(T.StructField(PREDICTION, T.FloatType(), True))
     fields.append(T.StructField(REASON, T.StringType(), True))
@@ -347,7 +351,7 @@ def score_batch(model, task: ScoreTask, batch):
     columns = [batch.column(batch.schema.get_field_index(c)) for c in task.keep_columns]
     names = list(task.keep_columns)
     if label_task(task.task).classes:
-        columns += [_scatter_lists(values, ok, task.num_classes), _scatter(values.argmax(axis=1), ok, pa.int64())]
+        columns += [_scatter_lists(values, ok, task.num_classes), _predicted_class(values, ok, task.classes)]
         names += [PROBABILITIES, PREDICTION]
     else:
         columns.append(_scatter(values, ok, pa.float32()))
@@ -364,6 +368,15 @@ def _scatter(values: np.ndarray, ok: np.ndarray, dtype):
     full = np.zeros(len(ok), dtype=dtype.to_pandas_dtype())
     full[ok] = values
     return pa.array(full, type=dtype, mask=~ok)
+
+
+def _predicted_class(values: np.ndarray, ok: np.ndarray, classes: tuple[str, ...] | None):
+    """The most probable class of each scored row: its index, or its name where the label names
+    its classes; null where the row was not scored."""
+    import pyarrow as pa
+
+    index = _scatter(values.argmax(axis=1), ok, pa.int64())
+    return index if classes is None else pa.array(list(classes), type=pa.string()).take(index)
 
 
 def _scatter_lists(values: np.ndarray, ok: np.ndarray, width: int):

@@ -26,6 +26,7 @@ def describe_teacher(model_uri: str) -> dict:
     label, spec = model.label, model.features
     return {"fingerprint": model.fingerprint, "task": label.task,
             **({"num_classes": int(label.num_classes)} if label.classification else {}),
+            **({"classes": list(label.classes)} if label.classes is not None else {}),
             "features": spec.teacher_features()}
 
 

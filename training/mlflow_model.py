@@ -5,8 +5,8 @@ logging it with the training run, and registering the logged model as a version.
 same row rules (``common.rows``: a row the shard job or ``shardtrain score`` refuses gets no
 prediction), the same preprocessing fitted on train. Models logged from now on mark refused
 rows (``model_config`` ``{"errors": "mark"}``): their output is a frame of ``probabilities``
-(an array per row; classification) or ``prediction`` (regression), null for a refused row, and
-``score_reason`` (null where the row was taken, else its reason, as ``score`` writes it).
+(an array per row; classification, then ``prediction``, the class's name, where the label names its
+classes) or ``prediction`` (regression), null for a refused row, and ``score_reason`` (null where the row was taken, else its reason, as ``score`` writes it).
 Marking is the default because a pyfunc scores batches (``spark_udf``, Model Serving, batch
 inference): one bad row must not fail every other row of its batch, and the reason says which
 rows have no prediction and why. (In a ``spark_udf`` struct, MLflow writes a null string beside
@@ -101,14 +101,19 @@ def signature(meta: dict):
 
 
 def output_schema(label: LabelSpec):
-    """What ``predict(frame, errors="mark")`` returns: the probabilities (classification) or the
-    value (regression), null for a refused row, and its ``score_reason``."""
+    """What ``predict(frame, errors="mark")`` returns: the probabilities (classification; and the
+    predicted class's name where the label names its classes) or the value (regression), null for
+    a refused row, and its ``score_reason``."""
     from mlflow.types import ColSpec, DataType, Schema
     from mlflow.types.schema import Array
 
-    output = (ColSpec(Array(DataType.float), PROBABILITIES, required=False) if label.classification
-              else ColSpec(DataType.float, PREDICTION, required=False))
-    return Schema([output, ColSpec(DataType.string, REASON, required=False)])
+    if not label.classification:
+        outputs = [ColSpec(DataType.float, PREDICTION, required=False)]
+    else:
+        outputs = [ColSpec(Array(DataType.float), PROBABILITIES, required=False)]
+        if label.classes is not None:
+            outputs.append(ColSpec(DataType.string, PREDICTION, required=False))
+    return Schema([*outputs, ColSpec(DataType.string, REASON, required=False)])
 
 
 def input_example(meta: dict, dataset_uri: str, splits: list[str], rows: int = EXAMPLE_ROWS):

@@ -103,22 +103,9 @@ class Categorical(ScalarColumns):
                 for name in self.names]
 
     def spark_vocabularies(self, clean_train, names: list[str], min_count: int, max_vocab: int) -> dict[str, list[str]]:
-        """Vocabularies of ``names`` by one Spark aggregation, (column, value) -> count, then the top
-        values per column by a window: for features with too many distinct values to count on the
-        driver. The same order as ``top_values``: most frequent first, ties by value, at most
-        max_vocab values seen at least min_count times."""
-        from pyspark.sql import functions as F
-        from pyspark.sql import Window
-
-        stacked = [F.struct(F.lit(name).alias("column"), F.col(q(self.typed(name))).alias("value")) for name in names]
-        counts = (clean_train.select(F.explode(F.array(*stacked)).alias("e")).select("e.column", "e.value")
-                  .where(F.col("value").isNotNull()).groupBy("column", "value").count())
-        rank = F.row_number().over(Window.partitionBy("column").orderBy(F.desc("count"), F.asc("value")))
-        top = counts.where(F.col("count") >= min_count).withColumn("rank", rank).where(F.col("rank") <= max_vocab)
-        ranked: dict[str, list[tuple[int, str]]] = {name: [] for name in names}
-        for row in top.collect():  # at most max_vocab values per column
-            ranked[row["column"]].append((int(row["rank"]), row["value"]))
-        return {name: [v for _, v in sorted(values)] for name, values in ranked.items()}
+        """Vocabularies of ``names`` by one Spark aggregation (``spark_top_values``): for features
+        with too many distinct values to count on the driver."""
+        return spark_top_values(clean_train, {name: self.typed(name) for name in names}, min_count, max_vocab)
 
     def sql_reasons(self, name: str, dtype, stored: bool = False) -> list[str]:
         """A value longer than the shard job took (almost always a broken record; each vocabulary
@@ -237,6 +224,25 @@ def top_values(counts: dict[str, int], min_count: int, max_vocab: int) -> list[s
     kept = [(-n, v) for v, n in counts.items() if n >= min_count]
     kept.sort()
     return [v for _, v in kept[:max_vocab]]
+
+
+def spark_top_values(frame, columns: dict[str, str], min_count: int, max_vocab: int) -> dict[str, list[str]]:
+    """The top string values of each of ``frame``'s ``columns`` (name -> column) by one Spark
+    aggregation, (column, value) -> count, then a window: the order of ``top_values`` (most
+    frequent first, ties by value, at most max_vocab values seen at least min_count times), with
+    nothing but those values collected. A label's classes are ranked by it too (pipelines/labels.py)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import Window
+
+    stacked = [F.struct(F.lit(name).alias("column"), F.col(q(column)).alias("value")) for name, column in columns.items()]
+    counts = (frame.select(F.explode(F.array(*stacked)).alias("e")).select("e.column", "e.value")
+              .where(F.col("value").isNotNull()).groupBy("column", "value").count())
+    rank = F.row_number().over(Window.partitionBy("column").orderBy(F.desc("count"), F.asc("value")))
+    top = counts.where(F.col("count") >= min_count).withColumn("rank", rank).where(F.col("rank") <= max_vocab)
+    ranked: dict[str, list[tuple[int, str]]] = {name: [] for name in columns}
+    for row in top.collect():  # at most max_vocab values per column
+        ranked[row["column"]].append((int(row["rank"]), row["value"]))
+    return {name: [v for _, v in sorted(values)] for name, values in ranked.items()}
 
 
 class _PandasStrings:

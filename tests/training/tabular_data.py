@@ -70,13 +70,15 @@ def _soft_targets(raw: pd.DataFrame, record: dict):
 
 def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "classification", seed: int = 0,
                   array_shape: tuple | None = None, committed: bool = True,
-                  teacher: dict | None = None) -> TestDataset:
+                  teacher: dict | None = None, classes: list[str] | None = None) -> TestDataset:
     """``layout``: split -> files -> row-group sizes, e.g. {"train": [[300, 77], [13]], "val": [[200]]}.
 
     ``teacher``: store soft targets, as a shard job with a teacher does; the dict is merged into a
     record that fits the dataset ({"temperature": 2.0} by default; {"num_classes": 3} or
     {"features": ...} make a teacher that does not fit). The soft targets are a fixed function of
-    the raw signal: softmax of (0, signal) / temperature over the teacher's classes."""
+    the raw signal: softmax of (0, signal) / temperature over the teacher's classes.
+
+    ``classes``: the two class names a classification label's record names (its values stay 0 and 1)."""
     os.makedirs(root, exist_ok=True)
     raws = {split: raw_frame(sum(map(sum, files)), seed + i, task, array_shape)
             for i, (split, files) in enumerate(layout.items())}
@@ -94,6 +96,7 @@ def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "cl
         record["null_share"] = int(train[record["name"]].isna().sum()) / len(train) if len(train) else 0.0
     if task == "classification":
         label = {"name": "label", "task": "classification", "num_classes": 2,
+                 **({"classes": classes} if classes is not None else {}),
                  "train_class_counts": np.bincount(train["label"], minlength=2).tolist()}
     else:
         label = {"name": "label", "task": "regression", "train_mean": float(train["label"].mean()),

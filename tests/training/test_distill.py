@@ -301,6 +301,15 @@ def test_a_teacher_that_does_not_fit_is_refused_naming_what_differs(tmp_path, te
     train(_cfg(ds.uri, tmp_path / "plain", "train.epochs=1"))  # without train.distill the column is ignored
 
 
+def test_a_teacher_of_the_same_classes_in_another_order_is_refused_naming_both_lists(tmp_path):
+    ds = write_dataset(str(tmp_path / "ds"), {"train": [[200]], "val": [[50]]}, classes=["no", "yes"],
+                       teacher={"classes": ["yes", "no"]})
+    with pytest.raises(DatasetError, match=r"teacher file:///teachers/t whose classes are \['yes', 'no'\], but "
+                                           r"the dataset's label.classes are \['no', 'yes'\]") as info:
+        train(_cfg(ds.uri, tmp_path, "train.distill.alpha=0.5"))
+    assert info.value.exit_code == EXIT_USAGE
+
+
 def test_a_different_temperature_is_refused(dataset, tmp_path):
     with pytest.raises(DatasetError, match=r"teacher.temperature' is 2 .* train.distill.temperature is 4"):
         train(_cfg(dataset.uri, tmp_path, "train.distill.alpha=0.5", "train.distill.temperature=4"))

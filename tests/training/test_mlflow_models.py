@@ -414,3 +414,16 @@ def test_a_version_whose_artifacts_are_deleted_or_broken_says_so(mlflow_env, dam
     finally:
         shutil.rmtree(source, ignore_errors=True)
         os.rename(kept, source)
+
+
+def test_named_classes_add_the_predicted_class_name_to_the_signature():
+    """A label that names its classes: the pyfunc's output (``predict(frame, errors="mark")``) has the
+    class's name as ``prediction`` after the probabilities; a label of indices keeps its two columns."""
+    from common.dataset import LabelSpec
+    from training.mlflow_model import output_schema
+
+    named = output_schema(LabelSpec("label", "classification", num_classes=2, classes=("no", "yes"))).to_dict()
+    assert [(c["name"], c["type"]) for c in named] == [
+        ("probabilities", "array"), ("prediction", "string"), ("score_reason", "string")]
+    indices = output_schema(LabelSpec("label", "classification", num_classes=2)).to_dict()
+    assert [c["name"] for c in indices] == ["probabilities", "score_reason"]
