@@ -17,6 +17,8 @@ typed records, and the one validation every reader runs. The one way to build a 
       "label": {"name": "label", "task": "classification", "num_classes": 2,
                 "train_class_counts": [600, 400]}        # regression: "train_mean", "train_std"
                                                         # named classes: "classes": ["cat", "dog"]
+                                                        # multilabel: "threshold": 0.5, "train_rows": 1000
+                                                        # (class counts: each class's train rows)
       "row_index_column": "_row",
       "splits": {"train": {"rows": 1000, "files": [
           {"path": "train/part-00000.parquet", "rows": 125, "row_groups": [100, 25],
@@ -103,7 +105,7 @@ from common.features.v1 import KIND, listed
 from common.features.spec import NULL_SHARE
 from common.publish import require_committed
 from common.storage import Location, resolve, storage_errors
-from common.tasks import LABEL_TASKS, LabelTask, class_list_problem, label_task, task_names
+from common.tasks import DEFAULT_THRESHOLD, LABEL_TASKS, LabelTask, class_list_problem, label_task, task_names
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT = "shardtrain.dataset"
@@ -183,6 +185,16 @@ class LabelSpec:
     def transfer_rows(self) -> int:
         """Train rows without a label (``label.unlabeled: transfer``; see the module doc); 0 if none."""
         return int(self.record.get("train_transfer_rows", 0))
+
+    @property
+    def threshold(self) -> float:
+        """A multilabel label's: the probability at or above which a class is predicted."""
+        return float(self.record.get("threshold", DEFAULT_THRESHOLD))
+
+    @property
+    def train_rows(self) -> int | None:
+        """A multilabel label's labelled train rows (its class counts are each class's share of them)."""
+        return self.record.get("train_rows")
 
     def to_record(self) -> dict:
         return copy.deepcopy(self.record)
@@ -407,6 +419,9 @@ def _validate_label(label: Any, where: str) -> None:
         if not isinstance(num_classes, int) or num_classes < 2:
             raise DatasetError(f"{where}: field 'label.num_classes' is {num_classes!r}; {task.name} needs >= 2")
         _validate_classes(label, "label", where)
+    threshold = label.get("threshold", DEFAULT_THRESHOLD)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        raise DatasetError(f"{where}: field 'label.threshold' is {threshold!r}; expected a probability in (0, 1)")
 
 
 def _validate_classes(record: dict, section: str, where: str) -> None:

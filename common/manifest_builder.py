@@ -25,7 +25,8 @@ def stored_schema(features: dict, label: dict, teacher: dict | None = None) -> l
     """The stored columns, in file order, that a feature, label (and teacher) spec imply (see the module doc)."""
     cols = FeatureSpec(features).stored_columns()
     task = record_task(label, "label", "the manifest being built")
-    cols.append({"name": label["name"], "dtype": task.label_dtype, "shape": []})
+    shape = list(task.label_shape(label.get("num_classes")))  # a multilabel label's multi-hot vector
+    cols.append({"name": label["name"], "dtype": task.label_dtype, "shape": shape})
     if teacher is not None:
         cols.append({"name": TEACHER_COLUMN, "dtype": "float32", "shape": teacher_shape(teacher)})
     cols.append({"name": ROW_INDEX, "dtype": "int64", "shape": []})

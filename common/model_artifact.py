@@ -114,7 +114,9 @@ class LoadedModel:
         [n, classes] (classification) or values [n] (regression), a float32 numpy array. A label
         that names its classes (``classes``, in probability order) gives a pandas DataFrame on the
         frame's index instead: ``probabilities`` (a float32 array per row) and ``prediction``
-        (the most probable class's name), as ``score`` writes them.
+        (the most probable class's name), as ``score`` writes them; so does a multilabel label,
+        whose ``prediction`` is the list of classes (names, or indices) at or above its
+        ``threshold``, and whose probabilities are each class's own (a sigmoid each).
 
         ``errors="mark"``: a pandas DataFrame with a row for every row of ``frame``, on its index
         (an Arrow table's: 0..n-1): ``probabilities`` (a float32 array per row; classification)
@@ -139,7 +141,8 @@ class LoadedModel:
         values = self.predict_arrays(self.features.transform(rows), temperature)
         if errors == "mark":
             return self._outputs(frame, values, taken, refusals.reasons)
-        return values if self.classes is None else self._outputs(frame, values, taken)
+        framed = self.classes is not None or label_task(self.task).multi
+        return self._outputs(frame, values, taken) if framed else values
 
     @property
     def classes(self) -> list[str] | None:
@@ -158,9 +161,11 @@ class LoadedModel:
             for position, row in zip(np.flatnonzero(taken), values):
                 outputs[position] = row
             columns[PROBABILITIES] = outputs
-            if self.classes is not None:
+            predicted = self._predicted(values)
+            if predicted is not None:
                 names = np.full(len(taken), None, dtype=object)
-                names[taken] = np.asarray(self.classes, dtype=object)[values.argmax(axis=1)]
+                for position, classes in zip(np.flatnonzero(taken), predicted):
+                    names[position] = classes
                 columns[PREDICTION] = names
         else:
             outputs = np.full(len(taken), np.nan, dtype=np.float32)
@@ -170,12 +175,23 @@ class LoadedModel:
             columns[REASON] = reasons
         return pd.DataFrame(columns, index=index)
 
+    def _predicted(self, probabilities: np.ndarray) -> list | None:
+        """Each row's prediction: its class's name (a label of named classes), or the list of
+        classes at or above the threshold (multilabel: names, or indices); None for a label of
+        indices with one class per row (its prediction is the probabilities' argmax, as ever)."""
+        if label_task(self.task).multi:
+            names = self.classes or list(range(self.label.num_classes))
+            return [[names[i] for i in np.flatnonzero(row >= self.label.threshold)] for row in probabilities]
+        if self.classes is None:
+            return None
+        return list(np.asarray(self.classes, dtype=object)[probabilities.argmax(axis=1)])
+
     def predict_arrays(self, arrays: dict, temperature: float = 1.0) -> np.ndarray:
         """Already-preprocessed arrays (as stored in the dataset / produced by FeatureSpec.transform).
 
         Classification at ``temperature`` T gives softmax(logits / T): T = 1 is the model's own
-        probabilities, T > 1 softer ones (a teacher's soft targets for distillation). Regression
-        values do not depend on T.
+        probabilities, T > 1 softer ones (a teacher's soft targets for distillation); multilabel,
+        sigmoid(logits / T), each class its own. Regression values do not depend on T.
         """
         import torch
 
@@ -186,9 +202,10 @@ class LoadedModel:
         batch = {name: torch.from_numpy(np.ascontiguousarray(value)).to(self.device) for name, value in arrays.items()}
         with torch.no_grad():
             if self.label.classification and temperature != 1:
-                # .net is the network before the softmax (training.export.ServingModel's, in the
-                # TorchScript program too).
-                out = torch.softmax(self.module.net(batch).float() / float(temperature), dim=-1)
+                # .net is the network before the softmax or sigmoid (training.export.ServingModel's,
+                # training.tasks.multilabel_serving's, in the TorchScript program too).
+                logits = self.module.net(batch).float() / float(temperature)
+                out = torch.sigmoid(logits) if label_task(self.task).multi else torch.softmax(logits, dim=-1)
             else:
                 out = self.module(batch)
             return out.float().cpu().numpy()

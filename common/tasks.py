@@ -4,7 +4,10 @@ training reads and scoring serves, one ``LabelTask`` per task in ``LABEL_TASKS``
 A task's label contract is: whether the label is a class index (``classes``: then
 ``label.num_classes`` >= 2 is required, the shard job counts the train split's classes, the
 network gives one score per class and serving a probability per class, at a temperature), the
-stored label column's type, and what a transfer row (no label) stores in its place.
+stored label column's type, and what a transfer row (no label) stores in its place. A label of
+several classes per row (``multi``: multilabel) is a list of classes in the raw data, stored as a
+multi-hot float32 vector of num_classes, served as a probability per class (each its own sigmoid)
+and the set of classes at or above the label's ``threshold`` (``DEFAULT_THRESHOLD``).
 
 A class label may name its classes (``label.classes`` in the shard config: a list, or ``auto``,
 fitted on the train split): the label record then holds ``classes``, the class names in index
@@ -30,6 +33,7 @@ class LabelTask:
     classes: bool  # the label is a class index in [0, num_classes) (see the module doc)
     label_dtype: str  # the stored label column's type (common.dataset DTYPES)
     missing_label: int | float  # what a transfer row stores as its label (common.dataset's module doc)
+    multi: bool = False  # a set of classes per row, stored multi-hot (see the module doc)
 
     def output_shape(self, num_classes: int | None) -> tuple[int, ...]:
         """One row's output (served, and a teacher's stored soft target): a probability per class,
@@ -39,6 +43,10 @@ class LabelTask:
     def output_width(self, num_classes: int | None) -> int:
         """The network's last layer: a logit per class, or one value (squeezed to ``output_shape``)."""
         return int(num_classes) if self.classes else 1
+
+    def label_shape(self, num_classes: int | None) -> tuple[int, ...]:
+        """The stored label column's shape: the multi-hot vector, or a scalar."""
+        return (int(num_classes),) if self.multi else ()
 
 
 UNKNOWN_CLASS = "unknown_class"  # the quarantine reason of a label value outside the class list
@@ -63,7 +71,9 @@ def class_list_problem(classes, num_classes) -> str | None:
 
 CLASSIFICATION = LabelTask("classification", classes=True, label_dtype="int64", missing_label=-1)
 REGRESSION = LabelTask("regression", classes=False, label_dtype="float32", missing_label=float("nan"))
-LABEL_TASKS = {task.name: task for task in (CLASSIFICATION, REGRESSION)}
+MULTILABEL = LabelTask("multilabel", classes=True, label_dtype="float32", missing_label=float("nan"), multi=True)
+LABEL_TASKS = {task.name: task for task in (CLASSIFICATION, REGRESSION, MULTILABEL)}
+DEFAULT_THRESHOLD = 0.5  # a multilabel label's ``threshold`` when its record has none
 TASK_NAMES = tuple(LABEL_TASKS)  # a config's ``Literal[TASK_NAMES]``: the choices its error names
 
 
@@ -78,5 +88,5 @@ def task_names(quote: bool = False) -> str:
     return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-__all__ = ["CLASSIFICATION", "LABEL_TASKS", "LabelTask", "MAX_CLASSES", "REGRESSION", "TASK_NAMES", "UNKNOWN_CLASS",
-           "class_list_problem", "label_task", "task_names"]
+__all__ = ["CLASSIFICATION", "DEFAULT_THRESHOLD", "LABEL_TASKS", "LabelTask", "MAX_CLASSES", "MULTILABEL", "REGRESSION",
+           "TASK_NAMES", "UNKNOWN_CLASS", "class_list_problem", "label_task", "task_names"]

@@ -26,7 +26,7 @@ from common.features.arrays import Arrays
 from common.features.categorical import Categorical
 from common.features.numeric import Numeric
 from common.errors import ConfigError
-from common.tasks import LABEL_TASKS, TASK_NAMES, label_task, task_names
+from common.tasks import LABEL_TASKS, TASK_NAMES, label_task
 
 ARRAY_COLUMN = "image"
 LABEL_COLUMN = "label"
@@ -296,8 +296,9 @@ def _check_args(rows, format, numeric, categorical, vocab_size, array_shape, tas
         raise ConfigError("CSV cannot hold array columns; use format=parquet or json for array_shape")
     if array_shape and not all(int(d) > 0 for d in array_shape):
         raise ConfigError(f"array_shape must be positive integers, got {array_shape}")
-    if task not in LABEL_TASKS:
-        raise ConfigError(f"task must be {task_names()}, got {task!r}")
+    if task not in LABEL_TASKS or label_task(task).multi:
+        single = [name for name, each in LABEL_TASKS.items() if not each.multi]
+        raise ConfigError(f"task must be {' or '.join(single)} (the generator writes one label per row), got {task!r}")
     if label_task(task).classes and num_classes < 2:
         raise ConfigError(f"num_classes must be >= 2, got {num_classes}")
     if not 0 <= null_fraction < 1:

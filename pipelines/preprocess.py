@@ -42,7 +42,7 @@ from common.rows import encoding_reasons
 from common.sql import quote_identifier as q
 from common.dataset import LABEL_NAME, ROW_INDEX, TeacherRecord
 from common.manifest_builder import stored_schema as dataset_schema
-from pipelines.labels import LABEL_COLUMN, label_record, label_sql
+from pipelines.labels import LABEL_COLUMN, label_record, label_sql, label_type_ok, label_wanted
 from pipelines.shard_config import ShardConfig
 from pipelines.summary import Summary
 
@@ -64,8 +64,6 @@ def typed_features(cfg: ShardConfig) -> tuple[tuple[str, str], ...]:
 
 def check_table(table, cfg: ShardConfig, where: str) -> None:
     """Missing columns and uncastable types fail here, before anything is read or written."""
-    from pyspark.sql import types as T
-
     fields = {f.name: f.dataType for f in table.schema.fields}
     feats = cfg.features
     clash = sorted(RESERVED_NAMES & set(feats.all_columns))
@@ -80,15 +78,14 @@ def check_table(table, cfg: ShardConfig, where: str) -> None:
         if column not in fields:
             raise InputDataError(f"column {column!r} ({key}) is not in {where}; it has columns {sorted(fields)}")
 
-    scalar = (T.NumericType, T.BooleanType, T.StringType)
     for kind in kinds:
         for column in kind.names:
             _require_type(kind.spark_type_ok(fields[column]), column, kind.config_key(column), fields[column],
                           kind.wanted(), where)
-    label_wanted = "a class name" if cfg.label.classes is not None else "a number"
     if cfg.label.column is not None:
-        _require_type(isinstance(fields[cfg.label.column], scalar), cfg.label.column, "label.column",
-                      fields[cfg.label.column], label_wanted, where)
+        dtype = fields[cfg.label.column]
+        _require_type(label_type_ok(cfg.label, dtype), cfg.label.column, "label.column", dtype,
+                      label_wanted(cfg.label), where)
 
     # Expressions (label.expr, split.key) must analyse against the table.
     for key, expr in (("split.key", cfg.split.key), ("label.expr", cfg.label.expr)):
@@ -99,9 +96,9 @@ def check_table(table, cfg: ShardConfig, where: str) -> None:
         except Exception as exc:  # noqa: BLE001 - AnalysisException / ParseException
             raise InputDataError(f"{key} {expr!r} is not a column or valid expression over {where}: "
                                  f"{first_line(exc)}") from None
-        if key == "label.expr" and not isinstance(dt, scalar):
+        if key == "label.expr" and not label_type_ok(cfg.label, dt):
             raise InputDataError(f"label.expr {expr!r} has type {dt.simpleString()}, which cannot be cast to "
-                                 f"{label_wanted}")
+                                 f"{label_wanted(cfg.label)}")
 
 
 def _require_type(ok: bool, column: str, key: str, dtype, want: str, where: str) -> None:
@@ -179,7 +176,8 @@ def fit(clean_train: Callable, cfg: ShardConfig, summary: Summary) -> FittedStat
     features = FeatureSpec({kind.name: kind.fit(cfg.features, train) for kind in kinds}).spec
     for record in features:
         record[NULL_SHARE] = shares[record["name"]]
-    return FittedStats(features=features, label=label_record(cfg.label, summary.class_counts, label_moments))
+    return FittedStats(features=features, label=label_record(cfg.label, summary.class_counts, label_moments,
+                                                                summary.label_rows))
 
 
 def _null_shares(summary: Summary) -> dict[str, float]:
@@ -201,5 +199,6 @@ def scan_columns(cfg: ShardConfig) -> tuple[tuple[str, ...], tuple[tuple[str, st
 def stored_schema(cfg: ShardConfig, teacher: TeacherRecord | None = None) -> list[dict]:
     """The manifest's schema for this config (and teacher record): stored columns in file order
     (common.dataset decides it)."""
-    return dataset_schema(configured_features(cfg).spec, {"name": LABEL_NAME, "task": cfg.label.task},
+    label = {"name": LABEL_NAME, "task": cfg.label.task, "num_classes": cfg.label.num_classes}
+    return dataset_schema(configured_features(cfg).spec, label,
                           None if teacher is None else teacher.to_record())

@@ -44,7 +44,7 @@ def count_transfer_rows(cfg: ShardConfig, train_rows: int, summary: Summary) -> 
     label statistics did not count (class counts, or a regression label's moments, skip nulls).
     Refuses a train split with no labelled row, and (a check on the row rules) any unlabelled
     row under ``quarantine``."""
-    labelled = (sum(summary.class_counts) if cfg.label.classification else summary.moments[-1][0])
+    labelled = summary.label_rows if cfg.label.classification else summary.moments[-1][0]
     transfer = train_rows - labelled
     if cfg.label.unlabeled != "transfer" and transfer:
         raise AccountingError(f"{transfer} train rows have no label although label.unlabeled=quarantine should have "

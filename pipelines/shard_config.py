@@ -61,11 +61,13 @@ FeaturesConfig = _features_config()
 class LabelConfig:
     column: str | None = setting("the label column; exactly one of `column` and `expr`", default=None)
     expr: str | None = setting("instead of `column`: a Spark SQL expression computing the label", default=None)
-    task: Literal[TASK_NAMES] = setting("what the label is", default="classification")
+    task: Literal[TASK_NAMES] = setting(
+        "what the label is: `multilabel` is a list of classes per row (names with `classes`, or indices), stored "
+        "as a multi-hot vector and trained with a sigmoid per class", default="classification")
     num_classes: int | None = setting(
-        "classification: the number of classes (at least 2), required unless `classes` names them; labels must be "
-        "integers in `[0, num_classes)`. With `classes` it follows from them (set both and they must agree)",
-        default=None)
+        "classification and multilabel: the number of classes (at least 2), required unless `classes` names "
+        "them; labels must be integers in `[0, num_classes)`. With `classes` it follows from them (set both and "
+        "they must agree)", default=None)
     # The transfer set's rows learn from the teacher's soft targets only (see common/dataset.py).
     unlabeled: Literal["quarantine", "transfer"] = setting(
         "rows with a null label: quarantined (`null_label`), or `transfer`: with a `teacher`, every one of them "
@@ -76,9 +78,16 @@ class LabelConfig:
         "(most frequent first, ties by name, as a categorical vocabulary), or a list names them in index order; "
         "a value outside the list is quarantined (`unknown_class`); predictions carry the names. Null: the values "
         "are class indices", default=None)
+    threshold: float | None = setting(
+        "multilabel: the probability at or above which a class is predicted (served, and in the F1 metrics). Null: "
+        "0.5", default=None)
 
     def __post_init__(self):
         require((self.column is None) != (self.expr is None), "column", "or label.expr must be set (exactly one)")
+        if self.threshold is not None:
+            require(self.multi, "threshold",
+                    f"applies to task=multilabel, not task={self.task}; remove label.threshold")
+            require(0 < self.threshold < 1, "threshold", f"must be a probability in (0, 1), got {self.threshold:g}")
         if self.classes is not None:
             self._check_classes()
         elif self.classification:
@@ -103,6 +112,11 @@ class LabelConfig:
     def classification(self) -> bool:
         """A class label (its task's ``LabelTask.classes``, ``common.tasks``)."""
         return label_task(self.task).classes
+
+    @property
+    def multi(self) -> bool:
+        """A set of classes per row (its task's ``LabelTask.multi``): a list column."""
+        return label_task(self.task).multi
 
     @property
     def sql(self) -> str:
@@ -223,6 +237,8 @@ class ShardConfig:
                 "targets. Set teacher.model (a published model URI; `shardtrain distill` sets it with "
                 "soft_targets.unlabeled=transfer) or label.unlabeled=quarantine")
         if self.teacher is not None:
+            require(not self.label.multi, "teacher", f"is set, but a {self.label.task} label takes no teacher yet: "
+                    "distillation and transfer sets are for classification and regression labels; remove teacher")
             require(self.label.classification or self.teacher.temperature == 1, "teacher.temperature",
                     f"applies to class probabilities only; a {self.label.task} teacher's value has none (got "
                     f"{self.teacher.temperature:g}; leave it at 1)")

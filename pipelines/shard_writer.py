@@ -393,7 +393,7 @@ def _encoded(rows: pa.Table, spec: FeatureSpec, encoding: Encoding, first_rank: 
         values = rows.column(source).combine_chunks()
         if how == "feature":
             columns[name] = spec.stored_values(name, values)
-        elif how == "label":  # a transfer row's null label becomes the marker the readers pass on
+        elif how == "label" and values.null_count:  # a transfer row's null label: the marker the readers pass on
             columns[name] = pc.fill_null(values, pa.scalar(label_task(encoding.task).missing_label, values.type))
         else:
             columns[name] = values

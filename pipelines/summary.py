@@ -65,8 +65,9 @@ class Summary:
     by_reason: dict[str, int]                          # bad rows per reason
     moments: list[tuple[int, float, float]]            # (count, mean, m2) per moment value
     value_counts: dict[str, dict[str, int] | None]     # per categorical; None: too many values, ask Spark
-    class_counts: list[int] = field(default_factory=list)
+    class_counts: list[int] = field(default_factory=list)  # rows per class (multi-hot labels: each class's rows)
     train_rows: int = 0                                # clean rows where ``selected`` holds
+    label_rows: int = 0                                # of those, the rows with a label (class counts taken)
     null_counts: dict[str, int] = field(default_factory=dict)  # per ScanSpec.nulls feature, over those rows
 
 
@@ -97,9 +98,10 @@ class ScanSpec:
     """Where the summary's inputs are in a table of rows (by column name), so that the scan can
     run inside another pass over them (the shard job's staging writer): ``split``, ``bucket``,
     ``reason`` count every row; ``moments`` (floating point), ``categorical`` ((feature name,
-    column of strings) pairs) and ``label`` (class index) are taken over the clean rows that
-    ``selected`` picks: the split of that index, or where that boolean column is true; and over
-    those rows, the nulls of each ``nulls`` column ((feature name, column) pairs)."""
+    column of strings) pairs) and ``label`` (class index; a multilabel row's multi-hot list)
+    are taken over the clean rows that ``selected`` picks: the split of that index, or where
+    that boolean column is true; and over those rows, the nulls of each ``nulls`` column
+    ((feature name, column) pairs)."""
 
     split: str
     bucket: str
@@ -195,7 +197,7 @@ class _Partial:
         self.class_counts = np.zeros(max(num_classes, 0), dtype=np.int64)
         self.keys, self.bucket_bits, self.max_distinct = keys, bucket_bits, max_distinct
         self.with_label, self.num_classes = with_label, num_classes
-        self.train_rows = 0
+        self.train_rows = self.label_rows = 0
         self.null_counts = [0] * num_nulls
 
     def add(self, table: pa.Table) -> None:
@@ -223,16 +225,26 @@ class _Partial:
             if len(counts) > self.max_distinct:
                 self.values[i] = None  # Spark's aggregation ranks this one (see the module docstring)
         if self.with_label:
-            labels = _ints(picked.column("y").drop_null())
+            labels = picked.column("y").drop_null()
+            self.label_rows += len(labels)
             if len(labels):
-                self.class_counts += np.bincount(labels, minlength=self.num_classes)[:self.num_classes]
+                self.class_counts += _class_counts(labels, self.num_classes)
 
     def result(self) -> dict:
         # Sparse: a staging task's rows fill only its own range of buckets.
         keys = np.flatnonzero(self.bucket_rows)
         return {"bucket_rows": (keys, self.bucket_rows[keys]), "by_reason": self.by_reason, "moments": self.moments.groups,
                 "values": self.values, "class_counts": self.class_counts, "train_rows": self.train_rows,
-                "null_counts": self.null_counts}
+                "label_rows": self.label_rows, "null_counts": self.null_counts}
+
+
+def _class_counts(labels, num_classes: int) -> np.ndarray:
+    """Rows per class of non-null labels: class indices counted, or multi-hot rows (a list
+    column: multilabel) summed, each class its rows."""
+    if pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type):
+        hot = pc.list_flatten(labels).to_numpy().reshape(len(labels), num_classes)
+        return (hot > 0).sum(axis=0).astype(np.int64)
+    return np.bincount(_ints(labels), minlength=num_classes)[:num_classes]
 
 
 def _ints(column) -> np.ndarray:
@@ -336,7 +348,7 @@ def _merge(parts: list[dict], moments: list[str], categorical: list[str], num_cl
     values: list[dict[str, int] | None] = [{} for _ in categorical]
     class_counts = [0] * max(num_classes, 0)
     null_counts = dict.fromkeys(nulls, 0)
-    train_rows = 0
+    train_rows = label_rows = 0
     for part in parts:
         for key, n in zip(*part["bucket_rows"]):
             k = (int(key) >> bucket_bits, int(key) & ((1 << bucket_bits) - 1))
@@ -355,12 +367,13 @@ def _merge(parts: list[dict], moments: list[str], categorical: list[str], num_cl
         for c, n in enumerate(part["class_counts"]):
             class_counts[c] += int(n)
         train_rows += part["train_rows"]
+        label_rows += part["label_rows"]
         for name, n in zip(nulls, part["null_counts"]):
             null_counts[name] += n
     return Summary(bucket_rows=bucket_rows, by_reason=by_reason,
                    moments=[combine_moments(v, g) for v, g in zip(moments, groups)],
                    value_counts=dict(zip(categorical, values)), class_counts=class_counts,
-                   train_rows=train_rows, null_counts=null_counts)
+                   train_rows=train_rows, label_rows=label_rows, null_counts=null_counts)
 
 
 def exact_moments(rows, values: list[str], condition: str) -> list[tuple[int, float, float]]:

@@ -10,6 +10,9 @@ The result has one row per input row (none dropped, none added), with these colu
   class) and ``prediction``, the most probable class: bigint where the labels are the integers
   ``[0, num_classes)`` (the class index is the label's own value), string where the label names
   its classes (``label.classes``: the class's name; the probabilities are in the names' order);
+* multilabel: ``probabilities`` array<float> (each class's sigmoid(logit / temperature)) and
+  ``prediction``, the classes at or above the label's threshold: array<string> of names, or
+  array<bigint> of indices where the label does not name them;
 * regression: ``prediction`` float (the model's value; ``temperature`` does not apply);
 * ``score_reason`` string: null for a scored row; for a row the model's preprocessing cannot take,
   the reason (its predictions are null): ``bad_encoding`` (a string feature holding U+FFFD, what
@@ -87,6 +90,7 @@ class ScoreTask:
     # registry it is in. None for a path, including a registered version's artifacts on a file system.
     registry_uri: str | None = None
     classes: tuple[str, ...] | None = None  # the label's class names, where it names them (``prediction``)
+    threshold: float = 0.5  # multilabel: a class is predicted at or above this probability
 
 
 def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = 1.0,
@@ -123,7 +127,7 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
         keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))),
         features=tuple((n, _FEATURE.format(i)) for i, n in enumerate(names)),
         encoded=encoded, temperature=float(temperature), batch_size=batch_size, registry_uri=worker_registry,
-        classes=model.label.classes)
+        classes=model.label.classes, threshold=model.label.threshold)
     prepared = _prepared(df, task, keep, fields, spec, encoded)
     schema = output_schema(df, keep, model.task, named_classes=model.label.classes is not None)
     private = [*task.keep_columns, *schema.fieldNames()[len(keep):]]
@@ -187,7 +191,8 @@ def output_schema(df, keep_columns: list[str], task: str, named_classes: bool = 
     fields = [by_name[c] for c in keep_columns]
     if label_task(task).classes:
         fields.append(T.StructField(PROBABILITIES, T.ArrayType(T.FloatType()), True))
-        fields.append(T.StructField(PREDICTION, T.StringType() if named_classes else T.LongType(), True))
+        predicted = T.StringType() if named_classes else T.LongType()
+        fields.append(T.StructField(PREDICTION, T.ArrayType(predicted) if label_task(task).multi else predicted, True))
     else:
         fields.append(T.StructField(PREDICTION, T.FloatType(), True))
     fields.append(T.StructField(REASON, T.StringType(), True))
@@ -351,7 +356,8 @@ def score_batch(model, task: ScoreTask, batch):
     columns = [batch.column(batch.schema.get_field_index(c)) for c in task.keep_columns]
     names = list(task.keep_columns)
     if label_task(task.task).classes:
-        columns += [_scatter_lists(values, ok, task.num_classes), _predicted_class(values, ok, task.classes)]
+        predicted = _predicted_set if label_task(task.task).multi else _predicted_class
+        columns += [_scatter_lists(values, ok, task.num_classes), predicted(values, ok, task)]
         names += [PROBABILITIES, PREDICTION]
     else:
         columns.append(_scatter(values, ok, pa.float32()))
@@ -370,13 +376,27 @@ def _scatter(values: np.ndarray, ok: np.ndarray, dtype):
     return pa.array(full, type=dtype, mask=~ok)
 
 
-def _predicted_class(values: np.ndarray, ok: np.ndarray, classes: tuple[str, ...] | None):
+def _predicted_class(values: np.ndarray, ok: np.ndarray, task: ScoreTask):
     """The most probable class of each scored row: its index, or its name where the label names
     its classes; null where the row was not scored."""
     import pyarrow as pa
 
     index = _scatter(values.argmax(axis=1), ok, pa.int64())
-    return index if classes is None else pa.array(list(classes), type=pa.string()).take(index)
+    return index if task.classes is None else pa.array(list(task.classes), type=pa.string()).take(index)
+
+
+def _predicted_set(values: np.ndarray, ok: np.ndarray, task: ScoreTask):
+    """A multilabel row's classes at or above the threshold, a list of names (or indices) per
+    scored row; null where the row was not scored."""
+    import pyarrow as pa
+
+    rows, classes = np.nonzero(values >= task.threshold)  # row-major: each row's classes in class order
+    offsets = np.zeros(len(ok) + 1, dtype=np.int32)
+    offsets[1:][ok] = np.bincount(rows, minlength=len(values))
+    offsets = np.cumsum(offsets, dtype=np.int32)
+    indices = pa.array(classes.astype(np.int64), type=pa.int64())
+    flat = indices if task.classes is None else pa.array(list(task.classes), type=pa.string()).take(indices)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=pa.array(~ok))
 
 
 def _scatter_lists(values: np.ndarray, ok: np.ndarray, width: int):

@@ -2,7 +2,8 @@
 and the conversion of Arrow tables of those columns into the batch's numpy arrays.
 
 A batch holds each feature kind's entries (``FeatureSpec.batch_layout``: scalar columns stacked
-side by side into one [n, k] entry, or a list column as [n, *shape]), ``label`` (int64 or float32 [n]),
+side by side into one [n, k] entry, or a list column as [n, *shape]), ``label`` (int64 or float32 [n];
+a multilabel label's multi-hot float32 [n, num_classes]),
 ``teacher`` (the soft targets, when read) and ``_row`` int64 [n]. The conversion reads the Arrow
 buffers directly, never through pandas or Python per row, and can permute the rows and reuse
 memory (``empty``) on the way, so a shuffle buffer is converted once, already in batch order.
@@ -31,6 +32,7 @@ class Columns:
     # The teacher's soft targets (a batch's ``teacher``): their shape per row, () for regression;
     # None: not read (the run does not distill).
     teacher: tuple[int, ...] | None = None
+    label_shape: tuple[int, ...] = ()  # a multilabel label's list column: (num_classes,)
 
     @property
     def stored(self) -> list[str]:
@@ -41,8 +43,9 @@ class Columns:
 def columns_for(manifest: Manifest, teacher: bool = False) -> Columns:
     """The batch columns; ``teacher``: with the soft targets (the manifest must record a teacher)."""
     features, label = manifest.features, manifest.label
-    return Columns(features=tuple(features.batch_layout()), label=label.name,
-                   label_dtype=label_task(label.task).label_dtype, teacher=manifest.teacher.shape if teacher else None)
+    task = label_task(label.task)
+    return Columns(features=tuple(features.batch_layout()), label=label.name, label_dtype=task.label_dtype,
+                   teacher=manifest.teacher.shape if teacher else None, label_shape=task.label_shape(label.num_classes))
 
 
 def table_to_arrays(table, columns: Columns) -> dict[str, np.ndarray]:
@@ -67,7 +70,11 @@ def tables_to_arrays(tables: list, columns: Columns, lead: dict | None = None,
     }
     lists = [(entry.key, entry.columns[0], entry.shape, np.dtype(entry.dtype)) for entry in columns.features
              if entry.shape]
-    scalars = [(columns.label, "label", np.dtype(columns.label_dtype)), (ROW_INDEX, ROW_INDEX, np.int64)]
+    scalars = [(ROW_INDEX, ROW_INDEX, np.int64)]
+    if columns.label_shape:  # a multilabel label's multi-hot vector: a list column
+        lists.append(("label", columns.label, columns.label_shape, np.dtype(columns.label_dtype)))
+    else:
+        scalars.insert(0, (columns.label, "label", np.dtype(columns.label_dtype)))
     if columns.teacher:  # class probabilities: a list column
         lists.append((TEACHER_COLUMN, TEACHER_COLUMN, columns.teacher, np.float32))
     elif columns.teacher is not None:  # a regression teacher's value

@@ -68,9 +68,12 @@ class ServingModel(nn.Module):
         return torch.softmax(out.float(), dim=-1)
 
 
-def serving_model(net: nn.Module, label_spec: LabelSpec) -> ServingModel:
-    """``net`` as served: its output made what the label's task serves (``training.tasks``)."""
-    return ServingModel(net, **task_for(label_spec).serving_arguments(label_spec))
+def serving_model(net: nn.Module, label_spec: LabelSpec) -> nn.Module:
+    """``net`` as served: its output made what the label's task serves (``training.tasks``; a
+    ``ServingModel`` for classification and regression)."""
+    task = task_for(label_spec)
+    own = task.serving_module(net, label_spec)
+    return own if own is not None else ServingModel(net, **task.serving_arguments(label_spec))
 
 
 def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch: dict) -> str:
@@ -133,7 +136,7 @@ def _another_run(meta: dict, provenance: dict) -> str | None:
     return None
 
 
-def _program(serving: ServingModel, example: dict) -> bytes:
+def _program(serving: nn.Module, example: dict) -> bytes:
     try:
         scripted = torch.jit.script(serving)
     except Exception:  # noqa: BLE001 - a plug-in model may not be scriptable; tracing is the fallback
@@ -172,7 +175,7 @@ def load_model(uri: str, program: bool = False, registry_uri: str | None = None)
     return read_model(uri, program, _built_in_network, registry_uri)
 
 
-def _built_in_network(loc: Location, meta: dict) -> ServingModel:
+def _built_in_network(loc: Location, meta: dict) -> nn.Module:
     """The built-in model (MLP, FT-Transformer) of model.json's name and arguments, with its verified safetensors weights, as served."""
     name = (meta.get("model") or {}).get("name")
     arguments = (meta.get("model") or {}).get("arguments")

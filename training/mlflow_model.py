@@ -5,8 +5,10 @@ logging it with the training run, and registering the logged model as a version.
 same row rules (``common.rows``: a row the shard job or ``shardtrain score`` refuses gets no
 prediction), the same preprocessing fitted on train. Models logged from now on mark refused
 rows (``model_config`` ``{"errors": "mark"}``): their output is a frame of ``probabilities``
-(an array per row; classification, then ``prediction``, the class's name, where the label names its
-classes) or ``prediction`` (regression), null for a refused row, and ``score_reason`` (null where the row was taken, else its reason, as ``score`` writes it).
+(an array per row; classification, then ``prediction``: the class's name where the label names
+its classes; multilabel, the list of classes at or above its threshold) or ``prediction``
+(regression), null for a refused row, and ``score_reason`` (null where the row was taken, else
+its reason, as ``score`` writes it).
 Marking is the default because a pyfunc scores batches (``spark_udf``, Model Serving, batch
 inference): one bad row must not fail every other row of its batch, and the reason says which
 rows have no prediction and why. (In a ``spark_udf`` struct, MLflow writes a null string beside
@@ -62,6 +64,7 @@ from common.features import FeatureSpec
 from common.errors import first_line
 from common.model_artifact import PREDICTION, PROBABILITIES, REASON
 from common.model_registry import ARTIFACT_KEY, check_reachable, mlflow_uris
+from common.tasks import label_task
 
 log = logging.getLogger("shardtrain.train")
 
@@ -111,8 +114,11 @@ def output_schema(label: LabelSpec):
         outputs = [ColSpec(DataType.float, PREDICTION, required=False)]
     else:
         outputs = [ColSpec(Array(DataType.float), PROBABILITIES, required=False)]
-        if label.classes is not None:
-            outputs.append(ColSpec(DataType.string, PREDICTION, required=False))
+        name = DataType.string if label.classes is not None else DataType.long
+        if label_task(label.task).multi:  # the classes at or above the threshold
+            outputs.append(ColSpec(Array(name), PREDICTION, required=False))
+        elif label.classes is not None:
+            outputs.append(ColSpec(name, PREDICTION, required=False))
     return Schema([*outputs, ColSpec(DataType.string, REASON, required=False)])
 
 

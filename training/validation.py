@@ -28,7 +28,7 @@ def evaluate(run, loader, on_batch: Callable[[int | None], None] | None = None) 
     done = 0
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=run.device)  # loss, rows
-    metric_sums = torch.zeros(task.metric_sums, dtype=torch.float64, device=run.device)
+    metric_sums = torch.zeros(task.metric_sums(label_spec), dtype=torch.float64, device=run.device)
     with torch.no_grad():
         for batch in loader.every_row():
             batch = run.on_device(batch)
@@ -46,7 +46,7 @@ def evaluate(run, loader, on_batch: Callable[[int | None], None] | None = None) 
     total = [float(v) for v in group.allreduce_sum(torch.cat([sums, metric_sums]).cpu())]
     on_batch(None)
     loss, rows = total[:2]
-    return {"val_loss": loss / rows, **task.metric_values(total[2:], rows), "val_rows": int(rows)}
+    return {"val_loss": loss / rows, **task.metric_values(total[2:], rows, label_spec), "val_rows": int(rows)}
 
 
 __all__ = ["evaluate"]

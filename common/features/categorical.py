@@ -234,7 +234,8 @@ def spark_top_values(frame, columns: dict[str, str], min_count: int, max_vocab: 
     from pyspark.sql import functions as F
     from pyspark.sql import Window
 
-    stacked = [F.struct(F.lit(name).alias("column"), F.col(q(column)).alias("value")) for name, column in columns.items()]
+    stacked = [F.struct(F.lit(name).alias("column"), F.col(q(column)).alias("value"))
+               for name, column in columns.items()]
     counts = (frame.select(F.explode(F.array(*stacked)).alias("e")).select("e.column", "e.value")
               .where(F.col("value").isNotNull()).groupBy("column", "value").count())
     rank = F.row_number().over(Window.partitionBy("column").orderBy(F.desc("count"), F.asc("value")))

@@ -4,7 +4,12 @@ real Spark (local[2]) and an in-process training: the class list is fitted on th
 (``unknown_class``) as a null label is (``null_label``), the stored label is the class index, and
 every output a user reads names the classes: ``load_model(...).predict``, ``score``'s
 ``prediction``, ``inspect``. A teacher whose classes are other names, or the same names in
-another order, is refused (exit 2, naming both lists). The config's refusals name the keys."""
+another order, is refused (exit 2, naming both lists). The config's refusals name the keys.
+
+Multilabel (``task: multilabel``): a list of classes per row, stored as a multi-hot vector; a null
+class in a list is ``invalid_label``, a class train never saw ``unknown_class``; the run reports
+micro and macro F1 against their baseline and each class's F1; ``predict`` and ``score`` give each
+class's probability and the list of classes at or above ``label.threshold``."""
 
 from __future__ import annotations
 
@@ -160,3 +165,95 @@ def test_bad_class_settings_are_refused_naming_the_keys(tmp_path, label, says):
     with pytest.raises(ConfigError, match=says) as info:
         config(str(tmp_path), str(tmp_path / "out"), label={"column": "y", "num_classes": None, **label})
     assert info.value.exit_code == EXIT_USAGE
+
+
+# --- multilabel: a list of classes per row -------------------------------------------------------
+
+COLOURS = ["red", "green", "blue"]
+
+
+def _colour_rows(spark) -> pd.DataFrame:
+    """120 rows whose classes follow x1 and x2 (red: x1 > 0, green: x2 > 0, blue: both), some with
+    none; then a val row naming a class train never saw (pink), and a row with a null class."""
+    rng = np.random.default_rng(1)
+    split = _split_of(spark, list(range(300)))
+    x1, x2 = rng.normal(0, 1, 120), rng.normal(0, 1, 120)
+    labels = [[c for c, on in zip(COLOURS, (a > 0, b > 0, a > 0 and b > 0)) if on] for a, b in zip(x1, x2)]
+    pink = next(i for i in range(120, 300) if split[i] == "val")
+    frame = pd.DataFrame({"id": list(range(120)) + [pink, pink + 1], "x1": [*x1, 1.0, 1.0], "x2": [*x2, 1.0, 1.0],
+                          "y": labels + [["red", "pink"], ["red", None]]})
+    frame["c"] = "k"
+    return frame
+
+
+@pytest.fixture(scope="module")
+def multilabel(spark, tmp_path_factory):
+    """The colour rows sharded as ``task: multilabel`` (classes auto), a model trained on them."""
+    from pipelines.shard_job import run_shard_job
+    from train_configs import train_config
+    from training import train
+
+    root = tmp_path_factory.mktemp("multilabel")
+    raw = _colour_rows(spark)
+    src = write_parquet(root / "raw", {name: raw[name].tolist() for name in raw.columns})
+    cfg = config(src, str(root / "ds"), features={"numeric": ["x1", "x2"], "categorical": ["c"]},
+                 label={"column": "y", "task": "multilabel", "num_classes": None, "classes": "auto", "threshold": 0.4},
+                 split={"key": "id", "fractions": FRACTIONS})
+    result = run_shard_job(spark, cfg)
+    run = train(train_config(result.uri, str(root / "model"), "train.epochs=6", "train.batch_size=16",
+                             "train.lr=0.1", "model.hidden=[16]", "data.shuffle_buffer_rows=64"))
+    return {"raw": raw, "dataset": result, "run": run}
+
+
+@pytest.mark.stack  # the shard job's SQL (lambdas over the list) on each stack
+def test_a_list_of_classes_is_stored_multi_hot_and_trains_with_f1_per_class(multilabel):
+    manifest, run = multilabel["dataset"].manifest, multilabel["run"]
+    label = manifest.label
+    assert label.task == "multilabel" and label.classes == ("red", "green", "blue") and label.threshold == 0.4
+    assert manifest.data["quarantine"]["by_reason"] == {"invalid_label": 1, "unknown_class": 1}
+    assert manifest.column("label") == {"name": "label", "dtype": "float32", "shape": [3]}
+    train = np.stack(read_split(manifest.root.path, "train").column("label").to_pylist())
+    assert set(np.unique(train)) == {0.0, 1.0} and (train.sum(axis=1) == 0).any()  # a row of no class too
+    assert list(label.train_class_counts) == train.sum(axis=0).astype(int).tolist()
+    assert label.train_rows == manifest.rows("train")
+    final = run.final
+    assert final["val_micro_f1"] > final["baseline_micro_f1"] and final["val_macro_f1"] > final["baseline_macro_f1"]
+    assert {f"val_f1/{name}" for name in COLOURS} <= set(final) and final["val_f1/red"] > 0.8
+    assert "validation micro_f1:" in run.summary()
+
+
+@pytest.mark.stack  # predict on each stack's pandas, score on each pyspark
+def test_predict_and_score_give_each_class_its_probability_and_the_set_at_the_threshold(multilabel, spark):
+    from scoring.predict import predict_frame
+    from training import load_model
+
+    raw = multilabel["raw"].iloc[:120]
+    for program in (False, True):
+        model = load_model(multilabel["run"].model_uri, program=program)
+        out = model.predict(raw[["x1", "x2", "c"]])
+        assert list(out.columns) == ["probabilities", "prediction"]
+        probabilities = np.stack(out["probabilities"].to_numpy())
+        assert probabilities.shape == (120, 3) and not np.allclose(probabilities.sum(axis=1), 1.0)  # a sigmoid each
+        assert out["prediction"].tolist() == [[c for c, p in zip(COLOURS, row) if p >= 0.4] for row in probabilities]
+    right = np.mean([set(p) == set(t) for p, t in zip(out["prediction"], raw["y"])])
+    assert right > 0.7, right
+    scored = predict_frame(spark.createDataFrame(raw[["id", "x1", "x2", "c"]]), multilabel["run"].model_uri,
+                           keep_columns=["id"]).toPandas().set_index("id").loc[raw["id"]]
+    assert [list(p) for p in scored["prediction"]] == out["prediction"].tolist()
+    np.testing.assert_allclose(np.stack(scored["probabilities"].to_numpy()), probabilities, rtol=0, atol=1e-6)
+
+
+def test_multilabel_settings_are_checked_naming_the_key(tmp_path, spark):
+    with pytest.raises(ConfigError, match=r"label.threshold applies to task=multilabel, not task=classification"):
+        config(str(tmp_path), str(tmp_path / "out"), label={"column": "y", "threshold": 0.3})
+    with pytest.raises(ConfigError, match=r"^teacher is set, but a multilabel label takes no teacher"):
+        config(str(tmp_path), str(tmp_path / "out"), label={"column": "y", "task": "multilabel", "num_classes": 3},
+               teacher={"model": str(tmp_path / "m")})
+    from pipelines.shard_job import run_shard_job
+
+    src = write_parquet(tmp_path / "raw", {"id": list(range(4)), "x": [1.0] * 4, "c": ["a"] * 4, "y": ["red"] * 4})
+    with pytest.raises(InputDataError, match=r"column 'y' \(label.column\) .* has type string, which cannot be cast to "
+                                             r"a list of class names") as info:
+        run_shard_job(spark, config(src, str(tmp_path / "out"),
+                                    label={"column": "y", "task": "multilabel", "num_classes": None, "classes": "auto"}))
+    assert info.value.exit_code == EXIT_USAGE and not os.path.exists(tmp_path / "out")

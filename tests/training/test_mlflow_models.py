@@ -416,9 +416,10 @@ def test_a_version_whose_artifacts_are_deleted_or_broken_says_so(mlflow_env, dam
         os.rename(kept, source)
 
 
-def test_named_classes_add_the_predicted_class_name_to_the_signature():
+def test_named_classes_and_multilabel_add_the_prediction_to_the_signature():
     """A label that names its classes: the pyfunc's output (``predict(frame, errors="mark")``) has the
-    class's name as ``prediction`` after the probabilities; a label of indices keeps its two columns."""
+    class's name as ``prediction`` after the probabilities; a label of indices keeps its two columns;
+    a multilabel label's prediction is its list of classes."""
     from common.dataset import LabelSpec
     from training.mlflow_model import output_schema
 
@@ -427,3 +428,8 @@ def test_named_classes_add_the_predicted_class_name_to_the_signature():
         ("probabilities", "array"), ("prediction", "string"), ("score_reason", "string")]
     indices = output_schema(LabelSpec("label", "classification", num_classes=2)).to_dict()
     assert [c["name"] for c in indices] == ["probabilities", "score_reason"]
+    # multilabel: the classes at or above the threshold, a list of names (or of indices)
+    sets = output_schema(LabelSpec("label", "multilabel", num_classes=2, classes=("no", "yes"))).to_dict()
+    assert sets[1] == {"type": "array", "items": {"type": "string"}, "name": "prediction", "required": False}
+    sets = output_schema(LabelSpec("label", "multilabel", num_classes=2)).to_dict()
+    assert sets[1]["items"] == {"type": "long"}

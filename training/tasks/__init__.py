@@ -1,6 +1,6 @@
 """The tasks training knows, one module each, in one registry (``TASKS``, by ``label.task``).
 
-Each task module (``classification``, ``regression``) owns its loss with the distillation and
+Each task module (``classification``, ``regression``, ``multilabel``) owns its loss with the distillation and
 transfer-set terms, its validation metrics and their names, the trivial baseline, target
 scaling, and the serving head (``training.tasks.base.Task``); its label contract, what the stages
 below training know of it, is its ``common.tasks.LabelTask``. The loop, the validation pass,
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from common.dataset import TEACHER_COLUMN, LabelSpec
 from training.tasks.base import VAL_LOSS, Metric, Task
 from training.tasks.classification import Classification
+from training.tasks.multilabel import Multilabel
 from training.tasks.regression import Regression
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     from training.config import DistillConfig
 
-TASKS: dict[str, Task] = {task.name: task for task in (Classification(), Regression())}
+TASKS: dict[str, Task] = {task.name: task for task in (Classification(), Regression(), Multilabel())}
 
 
 def task_for(label_spec: LabelSpec) -> Task:

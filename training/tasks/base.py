@@ -106,14 +106,20 @@ class Task:
 
     def serving_arguments(self, label_spec: LabelSpec) -> dict:
         """What the published program does to the network's output: ``training.export.ServingModel``'s
-        arguments. One class serves both of today's tasks, with the code every program published
-        so far holds; a task whose output it cannot express needs a serving module of its own."""
+        arguments. One class serves classification and regression, with the code every program
+        published before holds; a task whose output it cannot express has a serving module of its
+        own (``serving_module``)."""
         raise NotImplementedError
+
+    def serving_module(self, net, label_spec: LabelSpec):
+        """``net`` as published and served, where the task has a serving module of its own (an
+        ``nn.Module`` taking the batch dict; its ``.net`` is the network); None: served by
+        ``training.export.ServingModel`` with ``serving_arguments``."""
+        return None
 
     # --- validation metrics ------------------------------------------------------------------------
 
-    @property
-    def metric_sums(self) -> int:
+    def metric_sums(self, label_spec: LabelSpec) -> int:
         """How many float64 sums ``add_metric_sums`` accumulates (reduced over ranks once, at the end)."""
         return 2 * len(self.metrics)
 
@@ -122,7 +128,7 @@ class Task:
         """Add one validation batch's sums into ``sums`` (``metric_sums`` float64 values)."""
         raise NotImplementedError
 
-    def metric_values(self, sums: list[float], rows: float) -> dict:
+    def metric_values(self, sums: list[float], rows: float, label_spec: LabelSpec) -> dict:
         """The metrics of the summed ``sums`` over ``rows`` val rows: by default, for each metric,
         ``val_<name>`` then ``baseline_<name>``, each a mean over the rows (sums in that order)."""
         values = {}
