@@ -12,7 +12,10 @@ a failure removes):
    fingerprint and returns, ``overwrite`` accepts only a dataset at the path), and for
    ``overwrite`` none that a training run reads (a live reader lease, ``common.leases``, unless
    ``output.ignore_readers``; checked again before the commit);
-2. read sources, build the table (query, transform), check columns and types;
+2. read sources, build the table (query, transform), check columns and types; with
+   ``label.classes: auto``, fit the class list on the train split's clean rows (one Spark
+   aggregation, a read of the input of its own: pipelines/labels.py), so that pass one already
+   quarantines the val and test rows of other classes;
 3. inside ``publish.publish`` (a staging directory, removed on any failure), pass one over the
    rows: evaluate the row expressions once, send each checked row (split, keys, typed values,
    reason; malformed records too) to its staging partition, a split's range of buckets or the

@@ -78,8 +78,8 @@ def named(spark, tmp_path_factory):
     raw = _raw_rows(spark)
     src = write_parquet(root / "raw", {name: raw[name].tolist() for name in raw.columns})
     result = run_shard_job(spark, _shard_config(src, str(root / "ds")))
-    model = train(train_config(result.uri, str(root / "model"), "train.epochs=8", "train.batch_size=8",
-                               "train.lr=0.05", "model.hidden=[8]", "data.shuffle_buffer_rows=64")).model_uri
+    model = train(train_config(result.uri, str(root / "model"), "train.epochs=6", "train.batch_size=16",
+                               "train.lr=0.1", "model.hidden=[8]", "data.shuffle_buffer_rows=64")).model_uri
     return {"root": root, "raw": raw, "src": src, "dataset": result, "model": model}
 
 
