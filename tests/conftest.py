@@ -251,27 +251,51 @@ def pytest_xdist_make_scheduler(config, log):
     rank launches are not run twice), and here the files of one ``WORKER_GROUPS`` group go as one
     unit. The group is read from each file's source on the controller, which collects nothing
     itself; xdist's own ``xdist_group`` marks are not used: with pytest 9 (the current profile)
-    xdist 3.8.0 cannot add the group to the node id, and the grouping is silently lost."""
+    xdist 3.8.0 cannot add the group to the node id, and the grouping is silently lost.
+
+    Units go out heaviest first (``unit_weight``), not in xdist's order (most tests first): that
+    order sent the few-test files whose tests launch ranks, clusters and processes (test_failures,
+    test_pipeline_failures, the standalone cluster's group) last, so one worker ran one of them
+    alone at the end while the other waited."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     groups: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+
+    def source(path: str) -> str:
+        try:
+            return (config.rootpath / path).read_text(errors="replace")
+        except OSError:
+            return ""
 
     def group_of(path: str) -> str:
         if path not in groups:
-            try:
-                source = (config.rootpath / path).read_text(errors="replace")
-            except OSError:
-                source = ""
-            groups[path] = next((name for name, text in WORKER_GROUPS.items() if text in source), path)
+            text = source(path)
+            sizes[path] = len(text)
+            groups[path] = next((name for name, marker in WORKER_GROUPS.items() if marker in text), path)
         return groups[path]
 
     class FileOrGroupScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid.split("::", 1)[0])
 
+        def _assign_work_unit(self, node) -> None:
+            heaviest = max(self.workqueue, key=lambda scope: unit_weight(self.workqueue[scope], sizes))
+            self.workqueue.move_to_end(heaviest, last=False)  # the parent hands out the first unit
+            super()._assign_work_unit(node)
+
     return FileOrGroupScheduling(config, log)
+
+
+def unit_weight(nodeids, sizes: dict[str, int]) -> int:
+    """A guess, before anything ran, at how long a unit of files takes: the size of their source.
+    The suite's long tests are its end-to-end ones, and a file of them carries their helpers,
+    fixtures and docstrings; the tests' own marks (``ranks``, ``process``, ...) guessed no better.
+    Checked against the seconds per file of a whole run (benchmarks/RESULTS.md, "Heaviest files
+    first"): both profiles' workers then end within seconds of each other."""
+    return sum(sizes.get(path, 0) for path in {nodeid.split("::", 1)[0] for nodeid in nodeids})
 
 
 # --- time by file, printed at the end of every run ----------------------------------------------------

@@ -110,6 +110,10 @@ def test_exit_status_of_the_real_process():
 
 
 # --- quiet by default: only shardtrain's own lines, the first naming version and config ---------
+# The console script's Spark job (`shardtrain shard --config conf/shard.yaml`, exit 0, only its own
+# lines, the first naming the command) is the README's own step, which test_readme runs and checks
+# so (test_readme_step, FIRST_LINE and noise); the job file under spark-submit below, the same job
+# and config, also checks which config the first line names and the phase's rate line.
 
 @pytest.fixture(scope="module")
 def tiny_raw(spark, tmp_path_factory):
@@ -134,28 +138,10 @@ def _run(argv, env=None):
 
 @pytest.mark.process
 @pytest.mark.spark
-def test_a_spark_job_prints_only_its_own_lines(tiny_raw, tmp_path):
-    from common.config import config_fingerprint
-    from pipelines.shard_config import load_shard_config
-    from test_readme import FIRST_LINE, noise
-
-    args = _job(tiny_raw, tmp_path / "ds")
-    code, out, err = _run([SHARDTRAIN, *args])
-    assert code == 0, err
-    assert (tmp_path / "ds" / "_COMMITTED").exists()  # the job really ran Spark
-    assert noise(out + err) == [], out + err
-    first = err.splitlines()[0]
-    assert FIRST_LINE.search(first), first
-    assert first.endswith(config_fingerprint(load_shard_config(os.path.join(ROOT, "conf/shard.yaml"), args[3:])))
-    # Each phase reports its rows and rate, as training reports steps/s.
-    assert re.search(r"INFO shardtrain.shard: write balanced shards: 2,000 rows in [\d.]+s \([\d,]+ rows/s\)", err), err
-
-
-@pytest.mark.process
-@pytest.mark.spark
 def test_verbose_gives_spark_its_logging_back(tmp_path):
     # -v is the command line's, before any command: the smallest Spark command shows it (the quiet
-    # default is checked on the shard job above; both sessions come from common.spark).
+    # default is checked on the shard job below and in the README's steps; both sessions come from
+    # common.spark).
     code, out, err = _run([SHARDTRAIN, "-v", "generate", str(tmp_path / "raw"), "--rows", "100"])
     assert code == 0, err
     assert out.startswith("wrote 100 rows (parquet)"), out
@@ -168,14 +154,22 @@ def test_verbose_gives_spark_its_logging_back(tmp_path):
 def test_spark_submit_job_file_is_quiet_after_its_first_line(tiny_raw, tmp_path):
     """Under spark-submit the JVM is running before our Python starts: common.spark reconfigures
     its logging before the SparkContext starts, so the job's log is still only shardtrain's own
-    (spark-submit relays the Python process's stderr on its stdout)."""
+    (spark-submit relays the Python process's stderr on its stdout): the first line names the
+    command, its version and the config's fingerprint, and each phase reports its rows and rate,
+    as training reports steps/s."""
+    from common.config import config_fingerprint
+    from pipelines.shard_config import load_shard_config
     from test_readme import FIRST_LINE, noise
 
     submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    code, out, err = _run([submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-                           "shardtrain/job.py", *_job(tiny_raw, tmp_path / "ds")], env=env)
+    args = _job(tiny_raw, tmp_path / "ds")
+    code, out, err = _run([submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false", "shardtrain/job.py",
+                           *args], env=env)
     assert code == 0, err
-    assert (tmp_path / "ds" / "_COMMITTED").exists()
-    assert FIRST_LINE.search(out.splitlines()[0]), out
+    assert (tmp_path / "ds" / "_COMMITTED").exists()  # the job really ran Spark
+    first = out.splitlines()[0]
+    assert FIRST_LINE.search(first), out
+    assert first.endswith(config_fingerprint(load_shard_config(os.path.join(ROOT, "conf/shard.yaml"), args[3:])))
     assert noise(out + err) == [], out + err
+    assert re.search(r"INFO shardtrain.shard: write balanced shards: 2,000 rows in [\d.]+s \([\d,]+ rows/s\)", out), out

@@ -35,7 +35,7 @@ def uneven_torch_run(spark, uneven_dataset, tmp_path_factory):
 def two_ranks():
     """Two real Gloo ranks (torch_ranks.RankPool) that the 2-rank strategy and rank-loop runs of
     test_pipeline, test_ft_transformer, test_periodic_sync and test_pipeline_failures share:
-    spawned at the first call, ended at the end of the session."""
+    started at the first call, ended at the end of the session."""
     from torch_ranks import RankPool
 
     pool = RankPool(2)

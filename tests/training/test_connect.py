@@ -8,21 +8,21 @@ tests/connect_process.py says why), against the suite's classic local[2] session
   names a host that does not resolve, as a cluster cannot reach a laptop running Databricks
   Connect), with a stall timeout far below the run's length: the launch says so once and finishes.
 - a rank killed (SIGKILL by pid) over Connect, and on classic, is relaunched, resumes from its
-  checkpoint and ends with the weights of the uninterrupted run (rank 0 stops itself just after
+  checkpoint and ends with the weights of an uninterrupted run (rank 0 stops itself just after
   committing its first checkpoint, ``common.faults``; the test checks its pid is a rank of the
-  launch, that it is stopped, then kills it). On classic, that is the classic run above: it is
-  held to the uninterrupted Connect run's weights, bit for bit.
+  launch, that it is stopped, then kills it). Those are the module's two runs above: each is
+  killed and relaunched, and both are held to the uninterrupted run below, bit for bit.
 - a rank's training process stopped (SIGSTOP by pid, its state checked) ends the launch as on
   classic: RankStalledError naming rank 1, exit 1, the barrier job cancelled through its job tag
   (interruptTag), the stopped process removed.
 - launch.backend left unset where Horovod is installed runs on torch over Connect: the shared
   Connect run above is that run (a stand-in ``horovod.torch`` on the path while it trains).
-- launch.backend=torch_tasks over Connect (ranks inside the server's barrier tasks) trains to that
-  run's weights, bit for bit.
+- launch.backend=torch_tasks over Connect (ranks inside the server's barrier tasks), uninterrupted,
+  trains to the weights of the TorchDistributor runs, bit for bit: the module's uninterrupted run.
 
 One Connect process for the module (its server start is the largest fixed cost); one shard ->
-train -> score run on each session, shared by every test that reads it (the classic one killed and
-relaunched, instead of a classic kill run of its own); rows as few as keep a kill after a committed
+train (killed, relaunched) -> score run on each session, shared by every test that reads it
+(instead of a kill run of its own per session); rows as few as keep a kill after a committed
 checkpoint mid-run.
 
 Skipped where Spark Connect cannot run (pyspark 3.5 from pip ships no Connect server).
@@ -218,10 +218,10 @@ def raw(spark, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def both(spark, connect, raw, tmp_path_factory):
-    """The Connect run (uninterrupted) and the classic run, whose rank 0 is killed after its first
-    checkpoint and relaunched: the classic half of test_a_killed_rank_is_restarted_and_resumes,
-    which holds it to the Connect run's weights, as the tests comparing the two sessions do (a
-    resumed run ends with the uninterrupted run's weights, bit for bit)."""
+    """The Connect run and the classic run, each with its rank 0 killed after its first checkpoint
+    and relaunched (test_a_killed_rank_is_restarted_and_resumes reads what was killed; each run's
+    ``killed``), both held to the uninterrupted run (``uninterrupted``) and to each other, bit for
+    bit, as the tests comparing the two sessions do."""
     path, defaults = raw
     classic_root, connect_root = tmp_path_factory.mktemp("classic"), tmp_path_factory.mktemp("connect")
     fake = tmp_path_factory.mktemp("fake-horovod")
@@ -229,13 +229,42 @@ def both(spark, connect, raw, tmp_path_factory):
     (fake / "horovod" / "__init__.py").write_text("")
     (fake / "horovod" / "torch" / "__init__.py").write_text("")
     # The Connect run leaves launch.backend unset where horovod.torch can be found; the classic run
-    # sets launch.backend=torch. Both train on torch, from the same seed: the same weights.
-    over_connect = connect.call("test_connect:shard_train_score", root=str(connect_root), shard_defaults=defaults,
-                                raw=path, progress_host=UNREACHABLE, fake_horovod=str(fake), relative=True)
+    # sets launch.backend=torch. Both train on torch, from the same seed: the same weights. Its ranks
+    # cannot reach the driver's progress server, so no stall rule can see its stopped rank 0: it keeps
+    # launch.stall_timeout_s=5, which test_ranks_that_cannot_reach_the_driver_are_not_called_stalled
+    # reads, and a start timeout no launch on a loaded machine reaches (after start and stall timeouts
+    # the supervisor says "never reached" during a launch; said by the killed launch and again by the
+    # relaunch, it would be said twice).
+    once = connect_root / "stopped.pid"
+    with _rank_0_killed(once, connect.proc.pid, f"{connect_root}/model.run") as killed:
+        over_connect = connect.call("test_connect:shard_train_score", root=str(connect_root), shard_defaults=defaults,
+                                    raw=path, progress_host=UNREACHABLE, fake_horovod=str(fake), relative=True,
+                                    extra=(*_kill_after_checkpoint(once, stall_timeout_s=5),
+                                           "launch.start_timeout=600"))
+    over_connect["killed"] = killed
     once = classic_root / "stopped.pid"
     with _rank_0_killed(once, os.getpid(), f"{classic_root}/model.run") as killed:
         on_classic = shard_train_score(spark, str(classic_root), defaults, path, extra=_kill_after_checkpoint(once))
     return {**on_classic, "killed": killed}, over_connect
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(both, connect, tmp_path_factory):
+    """launch.backend=torch_tasks over Connect (its ranks inside the Connect server's barrier tasks:
+    a barrier mapInPandas, what Connect offers instead of RDDs) on the Connect run's shards, never
+    interrupted: the weights both killed runs must end with."""
+    _, over_connect = both
+    return connect.call("test_connect:train_only", shards=over_connect["shards"],
+                        model=str(tmp_path_factory.mktemp("torch-tasks") / "model"), marker=uuid.uuid4().hex,
+                        extra=("launch.backend=torch_tasks",))
+
+
+def _assert_same_weights(model: str, reference: str) -> None:
+    ours = load_file(os.path.join(model, "model.safetensors"))
+    theirs = load_file(os.path.join(reference, "model.safetensors"))
+    assert ours.keys() == theirs.keys() and ours
+    for name in theirs:
+        assert torch.equal(ours[name], theirs[name]), name
 
 
 def _files(root: str) -> dict[str, bytes]:
@@ -259,13 +288,9 @@ def test_shards_are_the_same_files_over_connect(both):
 
 def test_weights_scores_and_load_model_are_the_same_over_connect(both):
     on_classic, over_connect = both
-    # The Connect run trained uninterrupted; the classic one was killed and resumed (see ``both``):
-    # equal weights hold both to the same uninterrupted arithmetic.
-    assert not over_connect["restarts"] and over_connect["resumed_from"] is None, over_connect
-    ours, theirs = (load_file(os.path.join(run["model"], "model.safetensors")) for run in (over_connect, on_classic))
-    assert ours.keys() == theirs.keys() and ours
-    for name in ours:
-        assert torch.equal(ours[name], theirs[name]), name
+    # Both were killed and resumed (see ``both``); test_a_killed_rank_is_restarted_and_resumes holds
+    # each to the uninterrupted run.
+    _assert_same_weights(over_connect["model"], on_classic["model"])
     scored = [pd.read_parquet(run["scores"], engine="pyarrow").sort_values("id").reset_index(drop=True)
               for run in (on_classic, over_connect)]
     assert len(scored[0]) == ROWS and scored[0]["id"].tolist() == scored[1]["id"].tolist()
@@ -287,19 +312,14 @@ def test_ranks_that_cannot_reach_the_driver_are_not_called_stalled(both):
     assert not on_classic["unreachable"]  # the classic run's ranks did report
 
 
-def test_torch_tasks_over_connect_train_to_the_same_weights(both, connect, tmp_path):
+def test_torch_tasks_over_connect_train_to_the_same_weights(both, uninterrupted):
     """launch.backend=torch_tasks over Connect: its ranks run inside the Connect server's barrier
-    tasks (a barrier mapInPandas, what Connect offers instead of RDDs) and train to the uninterrupted
-    Connect run's weights (TorchDistributor's), bit for bit."""
+    tasks (a barrier mapInPandas, what Connect offers instead of RDDs) and train to the Connect
+    run's weights (TorchDistributor's), bit for bit; never interrupted, where that run was killed and
+    resumed (test_a_killed_rank_is_restarted_and_resumes)."""
     _, over_connect = both
-    result = connect.call("test_connect:train_only", shards=over_connect["shards"], model=f"{tmp_path}/model",
-                          marker=uuid.uuid4().hex, extra=("launch.backend=torch_tasks",))
-    assert not result["restarts"] and result["resumed_from"] is None, result
-    ours = load_file(os.path.join(result["model"], "model.safetensors"))
-    theirs = load_file(os.path.join(over_connect["model"], "model.safetensors"))
-    assert ours.keys() == theirs.keys() and ours
-    for name in theirs:
-        assert torch.equal(ours[name], theirs[name]), name
+    assert not uninterrupted["restarts"] and uninterrupted["resumed_from"] is None, uninterrupted
+    _assert_same_weights(uninterrupted["model"], over_connect["model"])
 
 
 def test_relative_paths_score_over_connect_where_the_workers_work_elsewhere(both):
@@ -344,12 +364,12 @@ def _descends_from(pid: int, root_pid: int) -> bool:
     return any(proc.pid == pid for proc in psutil.Process(root_pid).children(recursive=True))
 
 
-def _kill_after_checkpoint(once) -> tuple[str, ...]:
+def _kill_after_checkpoint(once, stall_timeout_s: int = 120) -> tuple[str, ...]:
     """Train overrides: rank 0 stops itself just after committing its first checkpoint, once (the
-    relaunched rank passes unharmed). A long stall timeout: the stop lasts until the kill, and the
-    stall rule is not what these runs test."""
+    relaunched rank passes unharmed). A long stall timeout by default: the stop lasts until the
+    kill, and the stall rule is not what these runs test."""
     return (f"launch.env.{FAULT_ENV}=commit:after-swap:stop", f"launch.env.{FAULT_ONCE_ENV}={once}",
-            "launch.stall_timeout_s=120")
+            f"launch.stall_timeout_s={stall_timeout_s}")
 
 
 def _rank_0_killed(once, root_pid: int, run_dir: str):
@@ -364,22 +384,16 @@ def _rank_0_killed(once, root_pid: int, run_dir: str):
 
 
 @pytest.mark.parametrize("session", ["classic", "connect"])
-def test_a_killed_rank_is_restarted_and_resumes(both, connect, tmp_path, session):
+def test_a_killed_rank_is_restarted_and_resumes(both, uninterrupted, session):
     """Rank 0 stops itself just after committing its first checkpoint (``common.faults``, once:
     the relaunched rank passes unharmed); the test proves the pid is a rank of this launch (under
     the Connect process, or under this one on classic) and stopped, SIGKILLs it and proves it dead,
     while the launch goes on. Classic too: the error pyspark 4's TorchDistributor raises for a
     killed barrier task is what the relaunch reads (on pyspark 3.5, test_pipeline_failures.py).
-    On classic the killed run is the module's classic run (``both``); over Connect a run of its own
-    on the Connect run's shards. Both are held to the uninterrupted Connect run's weights."""
+    The killed runs are the module's two runs (``both``), each held to the uninterrupted run."""
     on_classic, over_connect = both
-    if session == "classic":
-        killed, result = on_classic["killed"], on_classic
-    else:
-        once, out = tmp_path / "stopped.pid", tmp_path / "restarted"
-        with _rank_0_killed(once, connect.proc.pid, f"{out}/model.run") as killed:
-            result = connect.call("test_connect:train_only", shards=over_connect["shards"], model=f"{out}/model",
-                                  marker=uuid.uuid4().hex, extra=_kill_after_checkpoint(once))
+    result = on_classic if session == "classic" else over_connect
+    killed = result["killed"]
     assert "error" not in killed, killed.get("error")
     # The kill happened, to this launch's rank 0, after its first checkpoint was committed.
     assert killed["rank"] == "0" and killed["ours"] and killed["committed"], killed
@@ -388,11 +402,7 @@ def test_a_killed_rank_is_restarted_and_resumes(both, connect, tmp_path, session
     # what the log shows), resumed from a checkpoint rather than from scratch.
     assert len(result["restarts"]) == 1 and "TorchDistributor failed running 2 rank(s)" in result["failed"][0], result
     assert result["resumed_from"] is not None and "/model.run/checkpoints/step-" in result["resumed_from"]
-    ours = load_file(os.path.join(result["model"], "model.safetensors"))
-    theirs = load_file(os.path.join(over_connect["model"], "model.safetensors"))
-    assert ours.keys() == theirs.keys() and ours
-    for name in theirs:
-        assert torch.equal(ours[name], theirs[name]), name
+    _assert_same_weights(result["model"], uninterrupted["model"])
 
 
 def horovod_and_doctor(spark, shards: str, model: str) -> dict:

@@ -1,5 +1,5 @@
 """The built-in FT-Transformer (``model.name=ft_transformer``, training.models) trained by every
-strategy through the rank loop on real torch.distributed ranks (Gloo, CPU, spawned processes):
+strategy through the rank loop on real torch.distributed ranks (Gloo, CPU, processes of their own):
 
 - DDP on 2 ranks lowers the loss, beats the majority baseline, and publishes a model that
   ``load_model`` rebuilds from model.json (and its TorchScript program) predicting what rank 0 did;

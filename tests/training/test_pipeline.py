@@ -1,5 +1,5 @@
 """Pipeline parallelism (train.pipeline, training.strategies.pipeline) on real torch.distributed
-ranks (Gloo, CPU, spawned processes on 127.0.0.1), held to one process on the same rows:
+ranks (Gloo, CPU, processes on 127.0.0.1), held to one process on the same rows:
 
 - the strategy itself: 2 stages under each schedule, with gradient accumulation and clipping, and
   2 stages x 2 replicas, give the one-process losses at every step and its final weights (float

@@ -10,7 +10,7 @@ run. The Horovod half skips where Horovod is not installed (the current-stack pr
 Launches: the plain 2-epoch torch run is the session's (``uneven_torch_run``, tests/training/conftest.py:
 test_torchrun.py compares with it too); gradient accumulation and FSDP are compared with DDP through
 the rank loop without Spark (``sgd_epochs``), and a Horovod checkpoint resumes there too, both on the
-session's two Gloo ranks (``two_ranks``: spawned once for this file and test_pipeline,
+session's two Gloo ranks (``two_ranks``: started once for this file and test_pipeline,
 test_ft_transformer, test_periodic_sync, test_pipeline_failures)."""
 
 import os
