@@ -293,8 +293,8 @@ def unit_weight(nodeids, sizes: dict[str, int]) -> int:
     """A guess, before anything ran, at how long a unit of files takes: the size of their source.
     The suite's long tests are its end-to-end ones, and a file of them carries their helpers,
     fixtures and docstrings; the tests' own marks (``ranks``, ``process``, ...) guessed no better.
-    Checked against the seconds per file of a whole run (benchmarks/RESULTS.md, "Heaviest files
-    first"): both profiles' workers then end within seconds of each other."""
+    Checked against the seconds per file of a whole run (benchmarks/RESULTS.md, "The suite's time in
+    the reshape"): both profiles' workers then end within seconds of each other."""
     return sum(sizes.get(path, 0) for path in {nodeid.split("::", 1)[0] for nodeid in nodeids})
 
 
