@@ -116,8 +116,7 @@ class Arrays(FeatureKind):
     # --- serving and the model input ------------------------------------------------------------
 
     def encode_column(self, name: str, values: Any) -> np.ndarray:
-        n = values.num_rows if hasattr(values, "num_rows") else len(values)
-        return _stacked_arrays(values, n, self.shapes[name])
+        return _stacked_arrays(values, len(values), self.shapes[name])
 
     def stored_values(self, name: str, values: Any) -> Any:
         return values  # stored as typed: ARRAY<FLOAT>, checked by the row rules
@@ -126,7 +125,7 @@ class Arrays(FeatureKind):
         return [BatchEntry(name, (name,), "float32", shape) for name, shape in self.shapes.items()]
 
     def batch(self, frame: Any, n: int) -> dict[str, np.ndarray]:
-        return {name: _stacked_arrays(frame[name], n, shape) for name, shape in self.shapes.items()}
+        return {name: self.encode_column(name, frame[name]) for name in self.shapes}
 
     def batch_keys(self) -> list[str]:
         return list(self.shapes)

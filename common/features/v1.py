@@ -19,10 +19,12 @@ KIND = "kind"  # the key of a record that names its kind
 def listed(by_kind: dict) -> list[dict]:
     """``{kind name: [records]}`` as the ordered list of records, each naming its kind (a name
     alone, as a version-1 teacher record lists it, becomes ``{"name": name}``)."""
-    records = [entry if isinstance(entry, dict) else {"name": entry}
-               for kind in KINDS for entry in by_kind.get(kind.name) or []]
-    kinds = [kind.name for kind in KINDS for _ in by_kind.get(kind.name) or []]
-    return [{"name": r.get("name"), KIND: kind, **r} for r, kind in zip(records, kinds)]
+    records = []
+    for kind in KINDS:
+        for entry in by_kind.get(kind.name) or []:
+            entry = entry if isinstance(entry, dict) else {"name": entry}
+            records.append({"name": entry.get("name"), KIND: kind.name, **entry})
+    return records
 
 
 def by_kind(records: list[dict]) -> dict[str, list[dict]]:
