@@ -62,6 +62,26 @@ def typed_features(cfg: ShardConfig) -> tuple[tuple[str, str], ...]:
     return tuple((name, kind.typed(name)) for kind in configured_features(cfg).kinds for name in kind.names)
 
 
+def prepared_table(table, cfg: ShardConfig):
+    """``table`` with what the kinds' row rules read besides the raw columns, where a kind checks
+    in a Python stage (an image's one decode, which also makes the bytes the job stores):
+    ``FeatureKind.prepared``. The table itself where no kind needs one."""
+    for kind in configured_features(cfg).kinds:
+        table = kind.prepared(table, store=True)
+    return table
+
+
+def raw_text_sql(columns: list[str], cfg: ShardConfig) -> str:
+    """SQL of a quarantined row's raw text: its columns as JSON, each feature's as its kind keeps
+    it (``FeatureKind.raw_sql``: an image's length, not its bytes), without the columns
+    ``prepared_table`` added."""
+    kinds = configured_features(cfg).kinds
+    hidden = {c for kind in kinds for c in kind.prepared_columns()}
+    own = {name: kind.raw_sql(name) for kind in kinds for name in kind.names}
+    fields = [q(c) if own.get(c, q(c)) == q(c) else f"{own[c]} AS {q(c)}" for c in columns if c not in hidden]
+    return f"to_json(struct({', '.join(fields)}))"
+
+
 def check_table(table, cfg: ShardConfig, where: str) -> None:
     """Missing columns and uncastable types fail here, before anything is read or written."""
     fields = {f.name: f.dataType for f in table.schema.fields}

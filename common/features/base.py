@@ -139,6 +139,10 @@ class FeatureKind:
         frame itself where the kind needs none (the default)."""
         return frame
 
+    def prepared_columns(self) -> list[str]:
+        """The columns ``prepared`` adds (none by default): not part of a row's raw text."""
+        return []
+
     def raw_sql(self, name: str) -> str:
         """What a quarantined row's raw text holds for feature ``name``'s column (SQL): the value
         itself by default; a kind whose values are large keeps less (an image: its length)."""

@@ -156,6 +156,9 @@ class Images(FeatureKind):
             return q(name)
         return f"coalesce({q(check_column(name))}.stored, {q(name)})"
 
+    def prepared_columns(self) -> list[str]:
+        return [check_column(n) for n in self.names]
+
     def raw_sql(self, name: str) -> str:
         return f"octet_length({q(name)})"
 
