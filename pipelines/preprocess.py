@@ -38,7 +38,7 @@ from common.errors import InputDataError, first_line
 from common.features import KINDS, FeatureSpec
 from common.features.spec import NULL_SHARE
 from common.features.base import TrainSummary
-from common.rows import encoding_reasons
+from common.rows import encoding_reasons, raw_json_sql
 from common.sql import quote_identifier as q
 from common.dataset import LABEL_NAME, ROW_INDEX, TeacherRecord
 from common.manifest_builder import stored_schema as dataset_schema
@@ -72,14 +72,9 @@ def prepared_table(table, cfg: ShardConfig):
 
 
 def raw_text_sql(columns: list[str], cfg: ShardConfig) -> str:
-    """SQL of a quarantined row's raw text: its columns as JSON, each feature's as its kind keeps
-    it (``FeatureKind.raw_sql``: an image's length, not its bytes), without the columns
-    ``prepared_table`` added."""
-    kinds = configured_features(cfg).kinds
-    hidden = {c for kind in kinds for c in kind.prepared_columns()}
-    own = {name: kind.raw_sql(name) for kind in kinds for name in kind.names}
-    fields = [q(c) if own.get(c, q(c)) == q(c) else f"{own[c]} AS {q(c)}" for c in columns if c not in hidden]
-    return f"to_json(struct({', '.join(fields)}))"
+    """SQL of a quarantined row's raw text (``common.rows.raw_json_sql``: an image's length, not
+    its bytes; not the columns ``prepared_table`` added)."""
+    return raw_json_sql(columns, configured_features(cfg))
 
 
 def check_table(table, cfg: ShardConfig, where: str) -> None:
