@@ -78,9 +78,10 @@ def raw_json_sql(columns: list[str], spec) -> str:
     """SQL of a quarantined row's raw text (the shard job's and ``score``'s quarantine): its
     ``columns`` as JSON, each feature's as its kind keeps it (``FeatureKind.raw_sql``: an image's
     byte length, not its bytes), without the columns a kind's Python stage added
-    (``FeatureKind.prepared_columns``). ``spec``: a ``FeatureSpec``."""
-    hidden = {c for kind in spec.kinds for c in kind.prepared_columns()}
-    own = {name: kind.raw_sql(name) for kind in spec.kinds for name in kind.names}
+    (``FeatureKind.prepared_columns``). ``spec``: a ``FeatureSpec``; None: every column as it is."""
+    kinds = spec.kinds if spec is not None else []
+    hidden = {c for kind in kinds for c in kind.prepared_columns()}
+    own = {name: kind.raw_sql(name) for kind in kinds for name in kind.names}
     fields = [q(c) if own.get(c, q(c)) == q(c) else f"{own[c]} AS {q(c)}" for c in columns if c not in hidden]
     return f"to_json(struct({', '.join(fields)}))"
 

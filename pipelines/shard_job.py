@@ -176,8 +176,7 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         stats, features, transfer_rows = _fit_train(spark, cfg, staged, counts, summary, timer)
         columns = stored_schema(cfg, teacher)
         # Encoded columns (an image's bytes) count with the mean stored bytes their fit measured.
-        stored_bytes = row_bytes(columns) + sum(int(f.get("row_bytes", 0)) for f in features)
-        rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, stored_bytes)
+        rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns, features))
         splits, qfiles = _pass_two(spark, staging, staged, cfg, counts, features, columns, rpg, shape, timer)
         accounting = check_accounting(counts, splits, qfiles)
         if cfg.label.unlabeled == "transfer":

@@ -520,7 +520,7 @@ def _counts(counting, reasons: list[str], bad_records: int) -> tuple[dict[str, i
     return by_reason, int(got["clean"])
 
 
-def _quarantine_rows(cfg: ScoreConfig, checked, columns: list[str], malformed: list, spec):
+def _quarantine_rows(cfg: ScoreConfig, checked, columns: list[str], malformed: list, spec=None):
     from pyspark.sql import functions as F
 
     source = "dataset" if cfg.dataset is not None else ("query" if cfg.query is not None else next(iter(cfg.sources)))

@@ -264,6 +264,15 @@ class FeatureKind:
         """``inspect --html``'s table of these features, or None where there are none."""
         return None
 
+    # Whether ``inspect --html`` reads a few stored rows for ``html_samples`` (the one report part
+    # that reads data files): only a kind whose values are worth seeing (images) sets it.
+    shows_samples: ClassVar[bool] = False
+
+    def html_samples(self, table: Any, labels: list) -> list[str]:
+        """``inspect --html``'s samples of these features: HTML parts from ``table`` (an Arrow table
+        of stored train rows) and each row's class name (``labels``, None for regression)."""
+        return []
+
 
 class ScalarColumns(FeatureKind):
     """A kind whose features are each one scalar column, side by side in one batch entry named after

@@ -103,3 +103,23 @@ def test_a_rerun_gives_the_same_files(image_dataset, spark, tmp_path):
     assert file_hashes(str(tmp_path / "again")) == file_hashes(result.uri)
     a, b = manifest_without_timestamps(result.uri), manifest_without_timestamps(str(tmp_path / "again"))
     assert a["features"] == b["features"] and a["splits"] == b["splits"]
+
+
+def test_inspect_shows_the_image_feature_and_html_thumbnails_per_class(image_dataset):
+    from pipelines.describe import dataset_report_html, describe_dataset
+
+    folder, expected, cfg, result = image_dataset
+    (record,) = result.manifest.data["features"]
+    text = describe_dataset(result.manifest)
+    assert "images content 3x16x16" in text
+    assert f"image content: 3 x 16 x 16 (crop), stored png, ~{record['row_bytes']:,} bytes a row; mean [" in text
+    assert "undecodable_image:content             2" in text and "image_too_large:content               1" in text
+    rows_per_group = result.manifest.data["rows_per_row_group"]
+    assert f"row groups up to {rows_per_group} rows = 0.0 MiB" in text  # encoded bytes counted (0.01 MiB asked)
+    html = dataset_report_html(result.manifest)
+    grid = html[html.index('<table class="thumbnails">'):]
+    grid = grid[:grid.index("</table>")]
+    for name in ("cat", "dog", "fox"):  # the first train file holds every class here
+        row = grid[grid.index(f"<th>{name}</th>"):]
+        row = row[:row.index("</tr>")]
+        assert 1 <= row.count("<img") <= 8 and row.count("data:image/png;base64,") == row.count("<img")
