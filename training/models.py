@@ -25,8 +25,6 @@ network has; the strategies ask the spec (``training.model_specs.spec_of``), nev
 Imported on ranks only (it imports torch).
 """
 
-from __future__ import annotations
-
 from typing import Dict, List
 
 import torch
@@ -40,6 +38,10 @@ from common.tasks import label_task
 
 class TabularMLP(nn.Module):
     """Embeddings for categoricals, numeric features as they are, array features flattened."""
+
+    # Declared (and this module has no `from __future__ import annotations`, which would make it a
+    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array features).
+    array_names: List[str]
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, hidden: list[int], dropout: float = 0.0, embedding_dim: int | None = None,
@@ -134,6 +136,10 @@ class FTTransformer(nn.Module):
     CLS token goes first, ``layers`` identical pre-norm transformer blocks (``heads``-head
     self-attention, then a feed-forward of ``ffn_width``, default 2 x d_model) mix the tokens, and
     the head reads the CLS token. The blocks are the units of pipeline stages and FSDP."""
+
+    # Declared (and this module has no `from __future__ import annotations`, which would make it a
+    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array features).
+    array_names: List[str]
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, layers: int, d_model: int, heads: int, dropout: float = 0.0,
