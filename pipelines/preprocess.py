@@ -62,11 +62,17 @@ def typed_features(cfg: ShardConfig) -> tuple[tuple[str, str], ...]:
     return tuple((name, kind.typed(name)) for kind in configured_features(cfg).kinds for name in kind.names)
 
 
-def prepared_table(table, cfg: ShardConfig):
+def prepared_table(table, cfg: ShardConfig, partitions: int | None = None):
     """``table`` with what the kinds' row rules read besides the raw columns, where a kind checks
     in a Python stage (an image's one decode, which also makes the bytes the job stores):
-    ``FeatureKind.prepared``. The table itself where no kind needs one."""
-    for kind in configured_features(cfg).kinds:
+    ``FeatureKind.prepared``, in at most ``partitions`` tasks (coalesced: no shuffle; None keeps
+    the table's). The table itself where no kind needs one."""
+    kinds = configured_features(cfg).kinds
+    if not any(kind.prepared_columns() for kind in kinds):
+        return table
+    if partitions is not None:
+        table = table.coalesce(partitions)
+    for kind in kinds:
         table = kind.prepared(table, store=True)
     return table
 

@@ -70,8 +70,8 @@ from pipelines.preprocess import (check_table, configured_features, fit, prepare
                                   scan_columns, stored_schema, typed_features)
 from pipelines.shard_checks import check_accounting, check_counts, count_transfer_rows, split_entries
 from pipelines.shard_config import ShardConfig
-from pipelines.shard_placement import (JobShape, RowCounts, StagedRows, deal_to_tasks, partition_key_sql,
-                                       shard_plans, stage_key_sql, staging_parts)
+from pipelines.shard_placement import (JobShape, RowCounts, StagedRows, check_partitions, deal_to_tasks,
+                                       partition_key_sql, shard_plans, stage_key_sql, staging_parts)
 from pipelines import summary as summary_module
 from pipelines.summary import ScanSpec, Summary
 from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, TARGET_COLUMN, Encoding,
@@ -145,11 +145,11 @@ def _run_locked(spark, cfg: ShardConfig, out, teacher_scorer: TeacherScorer | No
 
 def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp: str, teacher: TeacherRecord | None,
                 teacher_scorer: TeacherScorer | None) -> ShardResult:
-    from common.spark import spark_errors
+    from common.spark import default_parallelism, spark_errors
 
     table, where = _build_table(spark, cfg, frames)
     check_table(table, cfg, where)
-    table = prepared_table(table, cfg)
+    table = prepared_table(table, cfg, check_partitions(sources_fp, default_parallelism(spark)))
     recorded = cfg  # what the manifest and config.yaml record: the user's config (classes: auto stays auto)
     cfg = _with_classes(table, cfg, teacher)
     shape = JobShape.of(spark, cfg, sources_fp)

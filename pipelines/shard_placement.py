@@ -59,6 +59,22 @@ class JobShape:
         return cls(small=size < SMALL_INPUT_BYTES and cfg.teacher is None, cores=default_parallelism(spark))
 
 
+# Input bytes per task of a kind's Python check stage (an image's decode), at least one task per core.
+DECODE_PARTITION_BYTES = 64 << 20
+
+
+def check_partitions(sources_fp: dict, cores: int) -> int | None:
+    """Tasks for the rows' Python check stage (``preprocess.prepared_table``), or None to keep the
+    read's own partitions (a source of unknown size). Spark packs small files into read partitions
+    by ``spark.sql.files.openCostInBytes`` (4 MiB a file): a folder of 2,000 JPEGs of 23 KB became
+    63 partitions, and an identity ``mapInArrow`` over them took 18-22 s where the same rows in 2
+    tasks took 1.3-1.4 s (benchmarks/RESULTS.md, "Images: the shard job on a folder of JPEGs")."""
+    sizes = [source_bytes(source) for source in sources_fp.values()]
+    if None in sizes:
+        return None
+    return max(cores, math.ceil(sum(sizes) / DECODE_PARTITION_BYTES))
+
+
 def staging_parts(cfg: ShardConfig, shape: JobShape) -> int:
     """Staging partitions per split: ``output.staging_partitions``, else num_shards times the
     smallest factor that gives every core of the cluster a task (pass one's writes and scans run
