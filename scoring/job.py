@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 from common import __version__
 from common.config import dump_yaml, to_dict
 from common.sources import check_table_inputs
-from common.sql import quote_identifier
 from common.errors import AccountingError, ConfigError, DatasetError, InputDataError, OutputExistsError, first_line
 from common.output_mode import SAME, OutputWords, existing_output
 from common.model_registry import RegistryModel, is_registry_uri, resolve_registry_model

@@ -7,7 +7,6 @@ class, as tests/image_files.py draws them), so these tests need no training laun
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -115,4 +114,3 @@ def test_the_mlflow_signature_takes_the_raw_bytes(image_dataset):
     manifest = json.loads(Path(result.uri, "_manifest.json").read_text())
     inputs = {c.name: c.type for c in signature({"features": manifest["features"], "label": manifest["label"]}).inputs}
     assert inputs == {"content": DataType.binary}
-    assert os.path.isdir(folder)
