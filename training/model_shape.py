@@ -35,6 +35,7 @@ from common.errors import ConfigError
 from common.tasks import label_task
 from training.launchers import launcher_for
 from training.model_specs import model_spec
+from training.model_specs.image_inputs import IMAGES, image_records
 from training.strategies import model_shards
 
 # The largest single machines sold (24 TiB of memory): no rank anywhere gets more.
@@ -76,6 +77,7 @@ class _Data:
     vocab_sizes: list[int]
     array_widths: list[int]
     out: int  # outputs: the classes, or 1 value
+    image_channels: tuple[int, ...] = ()  # each image feature's channels
 
     @classmethod
     def of(cls, feature_spec: dict, label_spec: dict) -> "_Data":
@@ -83,7 +85,8 @@ class _Data:
                    vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
                                 for c in feature_spec.get(Categorical.name, [])],
                    array_widths=[math.prod(a["shape"]) for a in feature_spec.get(Arrays.name, [])],
-                   out=label_task(label_spec["task"]).output_width(label_spec.get("num_classes")))
+                   out=label_task(label_spec["task"]).output_width(label_spec.get("num_classes")),
+                   image_channels=tuple(r["channels"] for r in image_records(feature_spec, IMAGES)))
 
 
 def rank_memory(launch_cfg, master: str | None, executor_settings: dict[str, str | None]) -> tuple[int, str]:

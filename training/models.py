@@ -2,7 +2,8 @@
 ``training.model_specs``, say which keys and capabilities each has and build them).
 
 Every model takes the batch dict the loader yields (``numeric`` float32 [B, n], ``categorical``
-int64 [B, k], one float32 [B, *shape] per array feature) and returns logits [B, num_classes]
+int64 [B, k], one float32 [B, *shape] per array feature, one uint8 [B, C, H, W] per image feature,
+which its own stem normalises and reads: ``training.image_stems``) and returns logits [B, num_classes]
 (classification) or values [B] (regression). A plug-in ``"package.module:factory"`` is called
 as ``factory(feature_spec, label_spec, **kwargs)`` with the manifest's plain dicts (the label's
 ``LabelSpec.to_record()``: the manifest's own record) and must
@@ -36,22 +37,29 @@ from common.features.arrays import Arrays
 from common.features.categorical import RESERVED_INDICES, Categorical
 from common.features.numeric import Numeric
 from common.tasks import label_task
+from training.image_stems import example_images, image_stems
+from training.model_specs.image_inputs import IMAGES, MLP_STEM_WIDTH, image_records
 
 
 class TabularMLP(nn.Module):
-    """Embeddings for categoricals, numeric features as they are, array features flattened."""
+    """Embeddings for categoricals, numeric features as they are, array features flattened, each
+    image feature through its own stem (``image_width`` pooled features)."""
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, hidden: list[int], dropout: float = 0.0, embedding_dim: int | None = None,
-                 regression: bool = False):
+                 regression: bool = False, images: list[dict] | None = None, image_width: int = MLP_STEM_WIDTH):
         super().__init__()
         # The batch entries the feature kinds give (common.features): the network's inputs.
         self.numeric_key, self.categorical_key = Numeric.name, Categorical.name
         self.array_names, self.array_widths = list(array_names), list(array_widths)
+        self.images = [dict(r) for r in images or []]
+        self.image_names = [r["name"] for r in self.images]
         self.regression = regression
+        self.num_numeric = num_numeric
         dims = [embedding_dim or min(16, (size + 1) // 2) for size in vocab_sizes]
         self.embeddings = nn.ModuleList(nn.Embedding(size, dim) for size, dim in zip(vocab_sizes, dims))
-        width = num_numeric + sum(dims) + sum(array_widths)
+        self.image_stems = image_stems(self.images, image_width)
+        width = num_numeric + sum(dims) + sum(array_widths) + len(self.images) * image_width
         layers: list[nn.Module] = []
         for size in hidden:
             layers += [nn.Linear(width, size), nn.ReLU()]
@@ -69,6 +77,8 @@ class TabularMLP(nn.Module):
         for name in self.array_names:
             value = batch[name]
             parts.append(value.reshape(value.shape[0], -1))
+        for j, stem in enumerate(self.image_stems):
+            parts.append(stem(batch[self.image_names[j]]))
         out = self.body(torch.cat(parts, dim=1))
         if self.regression:
             return out.squeeze(1)
@@ -77,7 +87,7 @@ class TabularMLP(nn.Module):
     # --- pipeline stages (see the module docstring) -------------------------------------------------
 
     def pipeline_inputs(self) -> list[str]:
-        return [self.numeric_key, self.categorical_key, *self.array_names]
+        return [self.numeric_key, self.categorical_key, *self.array_names, *self.image_names]
 
     def pipeline_blocks(self) -> int:
         """One block per Linear with the activation and dropout after it: the input embeddings
@@ -91,9 +101,8 @@ class TabularMLP(nn.Module):
         return [f"body.{i}" for i in self._block_starts()]
 
     def pipeline_example(self, rows: int, device=None) -> tuple[torch.Tensor, ...]:
-        return _example_inputs(self.body[0].in_features - sum(e.embedding_dim for e in self.embeddings) -
-                               sum(self.array_widths), [e.num_embeddings for e in self.embeddings],
-                               self.array_widths, rows, device)
+        return (*_example_inputs(self.num_numeric, [e.num_embeddings for e in self.embeddings], self.array_widths,
+                                 rows, device), *example_images(self.images, rows, device))
 
     def _block_starts(self) -> list[int]:
         return [i for i, layer in enumerate(self.body) if isinstance(layer, nn.Linear)]
@@ -107,18 +116,21 @@ class _MLPStage(nn.Module):
         super().__init__()
         starts = mlp._block_starts() + [len(mlp.body)]
         self.first, self.last = start == 0, stop == len(starts) - 1
-        self.array_names, self.regression = list(mlp.array_names), mlp.regression
+        self.arrays, self.regression = len(mlp.array_names), mlp.regression
         if self.first:
             self.embeddings = mlp.embeddings
+            self.image_stems = mlp.image_stems
         # A ModuleDict keyed by the Sequential's own indices keeps the names body.<i>.*.
         self.body = nn.ModuleDict({str(i): mlp.body[i] for i in range(starts[start], starts[stop])})
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         if self.first:
             # TabularMLP.forward's input part, on the batch's tensors in pipeline_inputs() order.
-            numeric, categorical, *arrays = inputs
+            numeric, categorical, *rest = inputs
+            arrays, images = rest[:self.arrays], rest[self.arrays:]
             parts = [numeric] + [embedding(categorical[:, j]) for j, embedding in enumerate(self.embeddings)]
             parts += [value.reshape(value.shape[0], -1) for value in arrays]
+            parts += [stem(value) for stem, value in zip(self.image_stems, images)]
             out = torch.cat(parts, dim=1)
         else:
             (out,) = inputs
@@ -130,27 +142,31 @@ class _MLPStage(nn.Module):
 class FTTransformer(nn.Module):
     """FT-Transformer (Gorishniy et al., 2021): a feature tokenizer turns every feature into one
     ``d_model`` token (a numeric value scales its own learned vector plus a bias, a category looks
-    up its own embedding table, an array feature is flattened through its own Linear), a learned
+    up its own embedding table, an array feature is flattened through its own Linear, an image
+    feature goes through its own convolutional stem of ``d_model`` channels), a learned
     CLS token goes first, ``layers`` identical pre-norm transformer blocks (``heads``-head
     self-attention, then a feed-forward of ``ffn_width``, default 2 x d_model) mix the tokens, and
     the head reads the CLS token. The blocks are the units of pipeline stages and FSDP."""
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, layers: int, d_model: int, heads: int, dropout: float = 0.0,
-                 ffn_width: int | None = None, regression: bool = False):
+                 ffn_width: int | None = None, regression: bool = False, images: list[dict] | None = None):
         super().__init__()
         # The batch entries the feature kinds give (common.features): the network's inputs.
         self.numeric_key, self.categorical_key = Numeric.name, Categorical.name
         self.array_names = list(array_names)
+        self.images = [dict(r) for r in images or []]
+        self.image_names = [r["name"] for r in self.images]
         self.regression = regression
-        self.tokenizer = _FeatureTokenizer(num_numeric, vocab_sizes, array_widths, d_model)
+        self.tokenizer = _FeatureTokenizer(num_numeric, vocab_sizes, array_widths, d_model, self.images)
         self.blocks = nn.ModuleList(_TransformerBlock(d_model, heads, ffn_width or 2 * d_model, dropout)
                                     for _ in range(layers))
         self.head = _CLSHead(d_model, out_dim)
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         arrays = [batch[name] for name in self.array_names]
-        tokens = self.tokenizer(batch[self.numeric_key], batch[self.categorical_key], arrays)
+        images = [batch[name] for name in self.image_names]
+        tokens = self.tokenizer(batch[self.numeric_key], batch[self.categorical_key], arrays, images)
         for block in self.blocks:
             tokens = block(tokens)
         out = self.head(tokens)
@@ -166,7 +182,7 @@ class FTTransformer(nn.Module):
     # first, the head (and the regression squeeze) with the last.
 
     def pipeline_inputs(self) -> list[str]:
-        return [self.numeric_key, self.categorical_key, *self.array_names]
+        return [self.numeric_key, self.categorical_key, *self.array_names, *self.image_names]
 
     def pipeline_blocks(self) -> int:
         return len(self.blocks)
@@ -179,14 +195,16 @@ class FTTransformer(nn.Module):
 
     def pipeline_example(self, rows: int, device=None) -> tuple[torch.Tensor, ...]:
         tokenizer = self.tokenizer
-        return _example_inputs(tokenizer.numeric_weight.shape[0], [e.num_embeddings for e in tokenizer.embeddings],
-                               [a.in_features for a in tokenizer.arrays], rows, device)
+        return (*_example_inputs(tokenizer.numeric_weight.shape[0], [e.num_embeddings for e in tokenizer.embeddings],
+                                 [a.in_features for a in tokenizer.arrays], rows, device),
+                *example_images(self.images, rows, device))
 
 
 class _FeatureTokenizer(nn.Module):
-    """The batch's features as tokens [B, 1 + numeric + categorical + arrays, d_model], CLS first."""
+    """The batch's features as tokens [B, 1 + numeric + categorical + arrays + images, d_model], CLS first."""
 
-    def __init__(self, num_numeric: int, vocab_sizes: list[int], array_widths: list[int], d_model: int):
+    def __init__(self, num_numeric: int, vocab_sizes: list[int], array_widths: list[int], d_model: int,
+                 images: list[dict] | None = None):
         super().__init__()
         bound = d_model ** -0.5
         self.cls = nn.Parameter(torch.empty(d_model).uniform_(-bound, bound))
@@ -194,14 +212,18 @@ class _FeatureTokenizer(nn.Module):
         self.numeric_bias = nn.Parameter(torch.empty(num_numeric, d_model).uniform_(-bound, bound))
         self.embeddings = nn.ModuleList(nn.Embedding(size, d_model) for size in vocab_sizes)
         self.arrays = nn.ModuleList(nn.Linear(width, d_model) for width in array_widths)
+        self.image_stems = image_stems(images or [], d_model)
 
-    def forward(self, numeric: torch.Tensor, categorical: torch.Tensor, arrays: List[torch.Tensor]) -> torch.Tensor:
+    def forward(self, numeric: torch.Tensor, categorical: torch.Tensor, arrays: List[torch.Tensor],
+                images: List[torch.Tensor]) -> torch.Tensor:
         rows = numeric.shape[0]
         tokens = [self.cls.expand(rows, 1, -1), numeric.unsqueeze(-1) * self.numeric_weight + self.numeric_bias]
         for j, embedding in enumerate(self.embeddings):
             tokens.append(embedding(categorical[:, j]).unsqueeze(1))
         for j, linear in enumerate(self.arrays):
             tokens.append(linear(arrays[j].reshape(rows, -1)).unsqueeze(1))
+        for j, stem in enumerate(self.image_stems):
+            tokens.append(stem(images[j]).unsqueeze(1))
         return torch.cat(tokens, dim=1)
 
 
@@ -250,6 +272,7 @@ class _FTStage(nn.Module):
         super().__init__()
         self.first, self.last = start == 0, stop == len(model.blocks)
         self.regression = model.regression
+        self.arrays = len(model.array_names)
         if self.first:
             self.tokenizer = model.tokenizer
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(start, stop)})
@@ -258,8 +281,8 @@ class _FTStage(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         if self.first:
-            numeric, categorical, *arrays = inputs
-            out = self.tokenizer(numeric, categorical, list(arrays))
+            numeric, categorical, *rest = inputs
+            out = self.tokenizer(numeric, categorical, list(rest[:self.arrays]), list(rest[self.arrays:]))
         else:
             (out,) = inputs
         for block in self.blocks.values():
@@ -280,10 +303,14 @@ def _example_inputs(numeric: int, vocab_sizes: list[int], array_widths: list[int
 
 
 def data_arguments(feature_spec: dict, label_spec: dict) -> dict:
-    """A built-in model's constructor arguments that come from the manifest's feature and label spec."""
+    """A built-in model's constructor arguments that come from the manifest's feature and label spec
+    (``images`` only where the dataset has image features: the models published before them rebuild
+    from model.json as they were)."""
     arrays = feature_spec.get(Arrays.name, [])
     task = label_task(label_spec["task"])
+    images = image_records(feature_spec, IMAGES)
     return dict(
+        **({"images": images} if images else {}),
         num_numeric=len(feature_spec.get(Numeric.name, [])),
         vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
                      for c in feature_spec.get(Categorical.name, [])],

@@ -41,6 +41,45 @@ def test_the_parameter_count_is_the_built_models_own(datasets, task, model):
         sum(p.numel() for p in built.parameters())
 
 
+# Two image columns beside the tabular ones (the images kind's manifest records, as a shard job fits them).
+IMAGES = [{"name": "photo", "channels": 3, "size": [12, 10], "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]},
+          {"name": "scan", "channels": 1, "size": [8, 8], "mean": [0.5], "std": [0.25]}]
+
+
+@pytest.mark.parametrize("model", [
+    {"name": "mlp", "hidden": [7, 5]},
+    {"name": "mlp", "hidden": [4], "kwargs": {"image_width": 3}},
+    {"name": "ft_transformer", "layers": 2, "d_model": 8, "heads": 2},
+])
+def test_the_parameter_count_with_image_columns_is_the_built_models_own(datasets, model):
+    """Each image column adds its stem (training.image_stems) to the count, exactly; the network
+    takes the uint8 images, and its pipeline stages chained compute what it does."""
+    import torch
+
+    from common.dataset import read_manifest
+    from training.model_specs import build_model
+
+    manifest = read_manifest(datasets["classification"].uri)
+    features = {**manifest.features.by_kind(), "images": IMAGES}
+    cfg = ModelConfig(**model)
+    built = build_model(cfg, features, manifest.label)
+    assert parameter_count(cfg, features, manifest.label.to_record()) == sum(p.numel() for p in built.parameters())
+    inputs = built.pipeline_example(3)
+    assert [tuple(t.shape[1:]) for t in inputs[-2:]] == [(3, 12, 10), (1, 8, 8)]
+    assert all(t.dtype == torch.uint8 for t in inputs[-2:])
+    batch = dict(zip(built.pipeline_inputs(), inputs))
+    out = inputs
+    for block in range(built.pipeline_blocks()):
+        out = (built.pipeline_stage(block, block + 1)(*out),)
+    assert torch.equal(out[0], built(batch)) and out[0].shape == (3, 2)
+    # The images are normalised inside, by the manifest's statistics: a column at its mean is zero there.
+    at_mean = torch.full((1, 3, 12, 10), 0, dtype=torch.uint8)
+    for channel, mean in enumerate(IMAGES[0]["mean"]):
+        at_mean[:, channel] = round(mean * 255)
+    stem = built.image_stems[0] if cfg.name == "mlp" else built.tokenizer.image_stems[0]
+    assert stem.normalise(at_mean, torch.float32).abs().max() < 0.02
+
+
 @pytest.mark.parametrize("model", [
     {"name": "mlp", "hidden": [7, 5]},
     {"name": "mlp", "hidden": [9, 4, 3], "dropout": 0.2},
