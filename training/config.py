@@ -70,16 +70,23 @@ class ModelConfig:
     what the model expects of the dataset."""
 
     name: str = setting(
-        "`mlp`, `ft_transformer` (FT-Transformer: one token per numeric, categorical and array feature plus a "
-        "CLS token, `model.layers` transformer blocks, a head on the CLS token), or `package.module:factory`, "
+        "`mlp`, `ft_transformer` (FT-Transformer: one token per numeric, categorical, array and image feature "
+        "plus a CLS token, `model.layers` transformer blocks, a head on the CLS token), `resnet` (ResNet-18/34 "
+        "over the dataset's one image column: `model.depth`, `model.width`), or `package.module:factory`, "
         "called with `(feature_spec, label_spec, **model.kwargs)`, plain dicts: the features by kind "
-        "(`{\"numeric\": [records], \"categorical\": [...], \"arrays\": [...]}`, each record as the manifest "
-        "holds it) and the manifest's `label` record", default="mlp")
+        "(`{\"numeric\": [records], \"categorical\": [...], \"arrays\": [...], \"images\": [...]}`, each record "
+        "as the manifest holds it) and the manifest's `label` record. `mlp` and `ft_transformer` read each image "
+        "column through a small convolutional stem (`model.kwargs.image_width`: the MLP's features per image, "
+        "default 16)", default="mlp")
     hidden: list[int] = setting("`mlp`: the hidden layers' widths", default_factory=lambda: [128, 64])
     layers: int = setting("`ft_transformer`: transformer blocks", default=4)
     d_model: int = setting("`ft_transformer`: token width, a multiple of `model.heads`; its feed-forward is "
                            "2 x `d_model` (`model.kwargs.ffn_width`)", default=32)
     heads: int = setting("`ft_transformer`: attention heads", default=4)
+    depth: int = setting("`resnet`: 18 or 34 (ResNet-18: 2, 2, 2, 2 basic blocks a stage; ResNet-34: 3, 4, 6, 3)",
+                         default=18)
+    width: int = setting("`resnet`: the first residual stage's channels (64 in the paper); the four stages have "
+                         "1, 2, 4 and 8 x `model.width`", default=64)
     dropout: float = setting("dropout rate (`mlp` and `ft_transformer`)", default=0.0)
     embedding_dim: int | None = setting(
         "`mlp`: width of each categorical feature's embedding; null: min(16, (vocabulary size + 1) // 2)",
@@ -104,6 +111,8 @@ class ModelConfig:
                 f"must be a multiple of model.heads={self.heads} in [1, {MAX_WIDTH:,}], got {self.d_model}")
         require(all(isinstance(h, int) and 0 < h <= MAX_WIDTH for h in self.hidden), "hidden",
                 f"must be a list of positive integers of at most {MAX_WIDTH:,}, got {self.hidden}")
+        require(self.depth in (18, 34), "depth", f"must be 18 or 34, got {self.depth}")
+        require(1 <= self.width <= MAX_WIDTH // 8, "width", f"must be in [1, {MAX_WIDTH // 8:,}], got {self.width}")
         require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
         require(self.embedding_dim is None or 1 <= self.embedding_dim <= MAX_WIDTH, "embedding_dim",
                 f"must be in [1, {MAX_WIDTH:,}], got {self.embedding_dim}")

@@ -182,7 +182,8 @@ def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:
 def _check_feature_kinds(manifest: Manifest, model, where: str) -> None:
     """The model takes every kind of feature the dataset holds (its spec's ``feature_kinds``; a
     plug-in's are its own business), else exit 2 naming model.name and the features it cannot take."""
-    accepted = model_spec(model.name).feature_kinds
+    spec = model_spec(model.name)
+    accepted = spec.feature_kinds
     if accepted is None:
         return
     refused = {kind.name: kind.names for kind in manifest.features.kinds if kind.names and kind.name not in accepted}
@@ -190,6 +191,7 @@ def _check_feature_kinds(manifest: Manifest, model, where: str) -> None:
         raise DatasetError(f"{where}: field 'features' holds {refused}, which model.name={model.name!r} cannot take "
                            f"(it takes {', '.join(accepted)} features); choose a model that takes them, or leave "
                            "those columns out of the shard job's features")
+    spec.check_features(model, manifest.features.by_kind(), where)
 
 
 def _resolve_distill(manifest: Manifest, cfg: TrainConfig, where: str) -> TrainConfig:

@@ -25,6 +25,7 @@ from training.model_specs.base import ModelSpec, PluginSpec
 MODELS = {
     "mlp": "training.model_specs.mlp:SPEC",
     "ft_transformer": "training.model_specs.ft_transformer:SPEC",
+    "resnet": "training.model_specs.resnet:SPEC",
 }
 
 

@@ -69,6 +69,10 @@ class ModelSpec:
         lists: its network's ``pipeline_block_names()``); None: known once built."""
         return None
 
+    def check_features(self, model_cfg, feature_spec: dict, where: str) -> None:
+        """Refuse (exit 2, naming the field) a dataset whose features it cannot take beyond their
+        kinds (``feature_kinds``, which the plan checks first): how many of a kind, say."""
+
     def size_keys(self, model_cfg) -> str:
         """The keys that size it, as a refusal names them (a spec that counts its ``parameters``)."""
         raise NotImplementedError
