@@ -69,7 +69,11 @@ def tables_to_arrays(tables: list, columns: Columns, lead: dict | None = None,
         for entry in columns.features if not entry.shape
     }
     lists = [(entry.key, entry.columns[0], entry.shape, np.dtype(entry.dtype)) for entry in columns.features
-             if entry.shape]
+             if entry.shape and getattr(entry, "decode", None) is None]
+    for entry in columns.features:  # still encoded: the stored values, decoded per batch (training.image_loading)
+        if getattr(entry, "decode", None) is not None:
+            parts = ([lead[entry.key]] if lead else []) + [_encoded_column(table, entry.columns[0]) for table in tables]
+            out[entry.key] = _gathered(parts, (rows,), np.dtype(object), order, empty)
     scalars = [(ROW_INDEX, ROW_INDEX, np.int64)]
     if columns.label_shape:  # a multilabel label's multi-hot vector: a list column
         lists.append(("label", columns.label, columns.label_shape, np.dtype(columns.label_dtype)))
@@ -163,6 +167,11 @@ def _non_null(table, name: str):
         raise DatasetError(f"column {name!r} has {column.null_count} null value(s) in a stored shard; "
                            "the manifest contract says stored features are already imputed")
     return column
+
+
+def _encoded_column(table, name: str) -> np.ndarray:
+    """A binary column (encoded values) as an object array of its bytes."""
+    return _non_null(table, name).to_numpy()
 
 
 def _list_column(table, name: str, shape: tuple[int, ...]) -> np.ndarray:

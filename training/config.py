@@ -17,6 +17,7 @@ from typing import Any, Literal
 from common.config import load_config, require, setting, storage_path
 from common.config import SparkConfig
 from common.tasks import TASK_NAMES
+from training.image_loading import AugmentConfig
 from training.launchers import BACKENDS, launcher_for, launcher_named
 from training.limits import MAX_BATCH_ROWS, MAX_PREFETCH, MAX_RANKS, MAX_READER_THREADS, MAX_WIDTH
 from training.model_specs import MODELS, identity
@@ -40,8 +41,20 @@ class DataConfig:
         "training and validation, so this bounds loader memory with `prefetch_row_groups`", default=65_536)
     # 1 keeps the row order a pure function of the seed, which exact resume needs; more threads
     # decode row groups in parallel but in arrival order.
+    shuffle_buffer_bytes: int = setting(
+        "bytes of stored rows (as read, before decoding: an image feature's encoded bytes) a shuffle buffer holds "
+        "at most, measured on each row group's mean row: a buffer ends at `shuffle_buffer_rows` or here, whichever "
+        "comes first (but holds at least one batch); the arrow reader's row groups read ahead are capped by it too",
+        default=256 << 20)
     reader_workers: int = setting(
         "petastorm reader threads; 1 keeps the data order a pure function of the seed (exact resume)", default=1)
+    decode_workers: int = setting(
+        "threads decoding (and augmenting) encoded features, image columns, per rank, between the shuffle buffer "
+        "and the batch (training/image_loading.py); the order and the augmentation do not depend on it",
+        default=2)
+    augment: dict[str, AugmentConfig | None] = setting(
+        "per image column, its augmentation on the train split (`{random_resized_crop: {scale: [0.5, 1.0]}, flip: "
+        "true, color_jitter: 0.2}`) or null; validation, scoring and predict never augment", default_factory=dict)
     prefetch_row_groups: int = setting("row groups decoded ahead of the training step (bounds loader memory)",
                                        default=4)
     verify: Literal["first_read", "never"] = setting(
@@ -60,6 +73,10 @@ class DataConfig:
                 f"must be in [1, {MAX_BATCH_ROWS:,}], got {self.shuffle_buffer_rows}")
         require(1 <= self.reader_workers <= MAX_READER_THREADS, "reader_workers",
                 f"must be in [1, {MAX_READER_THREADS}], got {self.reader_workers}")
+        require(1 <= self.shuffle_buffer_bytes, "shuffle_buffer_bytes",
+                f"must be a positive number of bytes, got {self.shuffle_buffer_bytes}")
+        require(1 <= self.decode_workers <= MAX_READER_THREADS, "decode_workers",
+                f"must be in [1, {MAX_READER_THREADS}], got {self.decode_workers}")
         require(1 <= self.prefetch_row_groups <= MAX_PREFETCH, "prefetch_row_groups",
                 f"must be in [1, {MAX_PREFETCH}], got {self.prefetch_row_groups}")
 

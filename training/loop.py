@@ -44,6 +44,7 @@ import torch
 from training.checkpoint import CheckpointManager
 from training.data import RankLoader
 from training.distributed import LocalGroup, set_threads, spark_gpu_addresses
+from training.image_loading import ImageAugment
 from training.model_specs import build_model
 from training.non_finite import NonFiniteGuard
 from training.optimizer import make_optimizer, set_lr
@@ -381,13 +382,15 @@ def loaders(plan: RankPlan, strategy) -> tuple[RankLoader, RankLoader | None]:
     d, t = plan.config.data, plan.config.train
     memory = BufferMemory()
 
-    def loader(layout, accum: int, shuffle: bool) -> RankLoader:
+    def loader(layout, accum: int, shuffle: bool, augments: dict) -> RankLoader:
         return RankLoader(layout, plan.columns, strategy.dp_rank, strategy.dp_size, t.batch_size, accum, seed=t.seed,
                           shuffle=shuffle, shuffle_buffer_rows=d.shuffle_buffer_rows,
                           reader_workers=d.reader_workers, prefetch_row_groups=d.prefetch_row_groups,
-                          reader=d.reader, memory=memory)
+                          reader=d.reader, memory=memory, shuffle_buffer_bytes=d.shuffle_buffer_bytes,
+                          decode_workers=d.decode_workers, augments=augments)
 
-    return loader(plan.train, t.grad_accum, True), loader(plan.val, 1, False) if plan.val else None
+    augments = {column: ImageAugment.from_config(cfg) for column, cfg in d.augment.items()}  # the train split's only
+    return loader(plan.train, t.grad_accum, True, augments), loader(plan.val, 1, False, {}) if plan.val else None
 
 
 def _quiet_libraries() -> None:

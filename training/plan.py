@@ -29,6 +29,7 @@ from common.dataset import MANIFEST_NAME, TEACHER_COLUMN, LabelSpec, Manifest, r
 from training.columns import Columns, columns_for
 from training.config import TrainConfig
 from training.epoch_steps import skipped_rows_per_epoch, steps_per_epoch
+from training.image_loading import check_augment
 from training.model_specs import model_spec
 from training.split_layout import SplitLayout
 from training.strategies import ranks_per_replica
@@ -172,6 +173,7 @@ def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:
         raise DatasetError(f"{where}: field 'label.num_classes' is {label.num_classes!r} but "
                            f"model.num_classes is {model.num_classes}")
     _check_feature_kinds(manifest, model, where)
+    check_augment(cfg.data.augment, manifest.features.batch_layout())
     if model.features is not None:
         absent = [name for name in model.features if name not in manifest.features.columns]
         if absent:
