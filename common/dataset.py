@@ -114,7 +114,7 @@ READABLE_VERSIONS = (1, 2)  # 1: ``features`` by kind (common.features.v1 reads 
 ROW_INDEX = "_row"
 LABEL_NAME = "label"
 TEACHER_COLUMN = "teacher"
-DTYPES = ("float32", "int32", "int64")
+DTYPES = ("float32", "int32", "int64", "binary")  # binary: encoded values (an image feature's bytes)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from common.features import FeatureSpec
 from common.storage import Location
 
 
-_DTYPE_BYTES = {"float32": 4, "int32": 4, "int64": 8}
+_DTYPE_BYTES = {"float32": 4, "int32": 4, "int64": 8, "binary": 0}  # binary: its fitted row_bytes
 
 
 def stored_schema(features: dict, label: dict, teacher: dict | None = None) -> list[dict]:
@@ -51,7 +51,7 @@ def arrow_schema(columns: list[dict]):
     """The Parquet (Arrow) schema of the stored columns; arrays are stored flattened as lists."""
     import pyarrow as pa
 
-    types = {"float32": pa.float32(), "int32": pa.int32(), "int64": pa.int64()}
+    types = {"float32": pa.float32(), "int32": pa.int32(), "int64": pa.int64(), "binary": pa.binary()}
     return pa.schema([pa.field(c["name"], pa.list_(types[c["dtype"]]) if c["shape"] else types[c["dtype"]],
                                nullable=False) for c in columns])
 

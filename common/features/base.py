@@ -48,11 +48,15 @@ class TrainSummary:
 class BatchEntry:
     """One entry of the batch a network receives, and the stored columns it is read from: with
     ``shape`` () the scalar ``columns`` side by side as [rows, len(columns)]; otherwise the one
-    list column in ``columns`` as [rows, *shape]. ``dtype`` is the entry's numpy dtype."""
+    list column in ``columns`` as [rows, *shape]. ``dtype`` is the entry's numpy dtype.
+    ``decode``: where the one stored column holds encoded values (an image's bytes), the picklable
+    function (a ``functools.partial`` of a module-level function) turning one stored value into
+    the entry's row, of ``shape`` and ``dtype``."""
     key: str
     columns: tuple[str, ...]
     dtype: str
     shape: tuple[int, ...] = ()
+    decode: Callable[[Any], np.ndarray] | None = None
 
 
 def stacked_scalars(table: Any, names: list[str], n: int, dtype) -> np.ndarray:
@@ -128,6 +132,20 @@ class FeatureKind:
         input columns up by name), so a feature may be called "price-usd" or "first name"."""
         return typed_name(self.typed_prefix, name)
 
+    def prepared(self, frame: Any, store: bool) -> Any:
+        """``frame`` (a Spark DataFrame of raw columns) with the columns this kind's SQL row rules
+        and typing read besides the raw ones, where they need a Python stage (decoding an image):
+        the shard job (``store``: what it stores too) and scoring run it before the rules. The
+        frame itself where the kind needs none (the default)."""
+        return frame
+
+    def raw_sql(self, name: str) -> str:
+        """What a quarantined row's raw text holds for feature ``name``'s column (SQL): the value
+        itself by default; a kind whose values are large keeps less (an image: its length)."""
+        from common.sql import quote_identifier
+
+        return quote_identifier(name)
+
     def moment_columns(self) -> list[tuple[str, str]]:
         """(feature, typed column) whose exact train moments ``fit`` needs (pipelines/summary.py)."""
         return []
@@ -194,6 +212,11 @@ class FeatureKind:
         converts by the same layout, with its shuffling and memory reuse: training/columns.py)."""
         out = {}
         for entry in self.batch_layout():
+            if entry.decode is not None:
+                values = table.column(entry.columns[0]).to_pylist()
+                out[entry.key] = (np.stack([entry.decode(v) for v in values]).astype(entry.dtype, copy=False)
+                                  if values else np.zeros((0, *entry.shape), dtype=entry.dtype))
+                continue
             if not entry.shape:
                 out[entry.key] = stacked_scalars(table, list(entry.columns), n, np.dtype(entry.dtype))
                 continue

@@ -12,9 +12,10 @@ from __future__ import annotations
 from common.features.arrays import Arrays
 from common.features.base import FeatureKind
 from common.features.categorical import Categorical
+from common.features.images import Images
 from common.features.numeric import Numeric
 
-KINDS: list[type[FeatureKind]] = [Numeric, Categorical, Arrays]
+KINDS: list[type[FeatureKind]] = [Numeric, Categorical, Arrays, Images]
 
 
 def kind_named(name: str) -> type[FeatureKind]:
