@@ -6,7 +6,9 @@ Torch-free: the driver's parameter arithmetic (``training.model_shape``) reads i
 
 from __future__ import annotations
 
-IMAGES = "images"  # the images kind's manifest section (common.features.images.Images.name)
+from common.features.images import Images
+
+IMAGES = Images.name  # the images kind's manifest section
 STEM_CHANNELS = 8  # the stem's first convolution's output channels
 MLP_STEM_WIDTH = 16  # an image's features beside the tabular ones in the MLP (its constructor's default)
 
