@@ -227,7 +227,8 @@ class RankLoader:
 
 
 def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[str, np.ndarray]:
-    """The split's first ``count`` rows in ``_row`` order, read with plain pyarrow (small reads only)."""
+    """The split's first ``count`` rows in ``_row`` order, read with plain pyarrow (small reads only),
+    encoded entries decoded."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -249,7 +250,8 @@ def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[s
                 have += batch.num_rows
                 if have >= count:
                     break
-    return table_to_arrays(pa.concat_tables(tables), columns)
+    # Decoded as the loader decodes (never augmented): the reference predictions' inputs.
+    return DecodeStage(list(columns.features), workers=1).decode_batch(table_to_arrays(pa.concat_tables(tables), columns))
 
 
 __all__ = ["EpochStats", "RankLoader", "read_first_rows"]
