@@ -91,9 +91,12 @@ def write_manifest(root: Location, manifest: dict) -> None:
     root.write_text(MANIFEST_NAME, text + "\n")
 
 
-def row_bytes(schema: list[dict]) -> int:
-    """Stored (uncompressed) bytes of one row of ``schema`` (the manifest's column list)."""
-    return sum(_DTYPE_BYTES[c["dtype"]] * math.prod(c["shape"] or [1]) for c in schema)
+def row_bytes(schema: list[dict], features: list[dict] | None = None) -> int:
+    """Stored (uncompressed) bytes of one row of ``schema`` (the manifest's column list); an
+    encoded (binary) column counts as the mean its feature record's fit measured (``row_bytes``:
+    an image's stored bytes), where ``features`` (the manifest's records) are given."""
+    fitted = sum(int(f.get("row_bytes", 0)) for f in features or [])
+    return fitted + sum(_DTYPE_BYTES[c["dtype"]] * math.prod(c["shape"] or [1]) for c in schema)
 
 
 def fingerprint(splits: dict, features: dict, label: dict, teacher: dict | None = None) -> str:

@@ -47,6 +47,9 @@ MEANING = {
     "non_finite": "NaN, +/-inf or beyond float32; in an array, such an element or a null one",
     "too_long": "a category longer than the shard job's features.max_category_bytes",
     "bad_shape": "no array, or an array of another length than the model's shape",
+    "null_image": "no image bytes",
+    "undecodable_image": "bytes that do not decode as an image (truncated, not an image, a format Pillow cannot read)",
+    "image_too_large": "an image whose header claims more pixels than the feature's max_pixels (not decoded)",
 }
 
 
@@ -69,6 +72,18 @@ def encoding_reasons(text_columns: list[str]) -> list[str]:
         return []
     replaced = " OR ".join(f"instr({q(c)}, '{REPLACEMENT}') > 0" for c in text_columns)
     return [f"WHEN {replaced} THEN {quote_string(BAD_ENCODING)}"]
+
+
+def raw_json_sql(columns: list[str], spec) -> str:
+    """SQL of a quarantined row's raw text (the shard job's and ``score``'s quarantine): its
+    ``columns`` as JSON, each feature's as its kind keeps it (``FeatureKind.raw_sql``: an image's
+    byte length, not its bytes), without the columns a kind's Python stage added
+    (``FeatureKind.prepared_columns``). ``spec``: a ``FeatureSpec``; None: every column as it is."""
+    kinds = spec.kinds if spec is not None else []
+    hidden = {c for kind in kinds for c in kind.prepared_columns()}
+    own = {name: kind.raw_sql(name) for kind in kinds for name in kind.names}
+    fields = [q(c) if own.get(c, q(c)) == q(c) else f"{own[c]} AS {q(c)}" for c in columns if c not in hidden]
+    return f"to_json(struct({', '.join(fields)}))"
 
 
 # --- The same rules on a pandas or Arrow frame ---------------------------------------------------
@@ -192,5 +207,5 @@ def beyond_float32(numbers: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["BAD_ENCODING", "FLOAT_MAX", "MAX_CATEGORY_BYTES", "MEANING", "Refusals", "beyond_float32", "decoded",
-           "each", "encoding_reasons", "frame_refusals", "is_binary", "is_missing", "is_text", "mask", "reason",
+           "each", "encoding_reasons", "frame_refusals", "raw_json_sql", "is_binary", "is_missing", "is_text", "mask", "reason",
            "reason_text"]

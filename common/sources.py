@@ -13,8 +13,8 @@ built (and cost more than the parse: 2M CSV rows, 13.2-13.8 s instead of 10.6 s 
 job's first pass, benchmarks/RESULTS.md) even for a caller that reads ``parsed`` once, as the shard
 job does when its table is one source's rows as they are.
 
-A source is a ``path`` (files: ``format`` csv, json, parquet, or delta: a Delta table's directory,
-read by Spark's Delta reader) or a ``table`` the session's catalog resolves (``catalog.schema.table``;
+A source is a ``path`` (files: ``format`` csv, json, parquet, binaryFile: one row per file with its
+bytes, e.g. a folder of images, or delta: a Delta table's directory, read by Spark's Delta reader) or a ``table`` the session's catalog resolves (``catalog.schema.table``;
 its format is the catalog's). Exactly one of the two.
 
 Source fingerprints say whether the input changed (``skip_if_exists``, the overlap checks): a
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import glob as globlib
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,9 +53,11 @@ class SourceConfig:
         "URI of a file or directory (or a Delta table's directory, with `format: delta`); the source becomes "
         "a Spark SQL view of its name. Exactly one of `path` and `table`", default=None)
     # A Delta path is read by Spark's Delta reader, which delta-spark or a Databricks runtime provides.
-    format: Literal["csv", "json", "parquet", "delta"] = setting(
+    format: Literal["csv", "json", "parquet", "delta", "binaryFile"] = setting(
         "the files' format; `delta` reads a Delta table's directory (without a Delta reader in the session: "
-        "exit 2 with the install hint). A table's format is its catalog's", default="parquet")
+        "exit 2 with the install hint); `binaryFile` reads each file as one row (`path`, `modificationTime`, "
+        "`length`, `content`: its bytes, e.g. an image), with the options `pathGlobFilter` and "
+        "`recursiveFileLookup`. A table's format is its catalog's", default="parquet")
     options: dict[str, Any] = setting("Spark reader options (`header: true`, `sep: \";\"`, ...)",
                                       default_factory=dict)
     schema: str | None = setting(
@@ -70,8 +73,8 @@ class SourceConfig:
                 "or table must be set (exactly one): files at a path, or a catalog table")
         if self.path is not None:
             require(bool(self.path), "path", "must not be empty")
-            require(self.format != "delta" or self.schema is None, "schema",
-                    "applies to csv, json and parquet paths; a Delta table has its own schema")
+            require(self.format not in ("delta", "binaryFile") or self.schema is None, "schema",
+                    f"applies to csv, json and parquet paths; {self.format} has its own schema")
         else:
             table_parts(self.table, "table")
             require(self.format in ("parquet", "delta"), "format",
@@ -227,8 +230,50 @@ def check_table_inputs(output_uri: str, output_key: str, sources_fp: dict) -> No
 
 
 def _data_files(name: str, cfg: SourceConfig) -> list[str]:
-    """The source's data files (file system paths), sorted, as Spark would read them."""
-    return _listed_files(name, cfg.path, f"sources.{name}.path")
+    """The source's data files (file system paths), sorted, as Spark would read them (a
+    ``pathGlobFilter`` option keeps the files whose name matches it, as Spark's filter does)."""
+    files = _listed_files(name, cfg.path, f"sources.{name}.path")
+    pattern = {k.lower(): v for k, v in cfg.options.items()}.get("pathglobfilter")
+    if pattern is not None:
+        matches = glob_filter(str(pattern))
+        files = [f for f in files if matches(posixpath.basename(f))]
+    return files
+
+
+def glob_filter(pattern: str):
+    """A file name test for Spark's ``pathGlobFilter`` (Hadoop's GlobPattern: ``*``, ``?``,
+    ``[abc]``, ``[^abc]``, ``{a,b}``, ``\\`` escapes), so the listing fingerprints exactly the files
+    Spark reads."""
+    out, depth, i = [], 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 1
+        elif c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            end = pattern.find("]", i + 1)
+            if end < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1:end]
+                out.append("[" + ("^" + body[1:] if body[:1] in ("^", "!") else body) + "]")
+                i = end
+        elif c == "{":
+            depth += 1
+            out.append("(?:")
+        elif c == "}" and depth:
+            depth -= 1
+            out.append(")")
+        elif c == "," and depth:
+            out.append("|")
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out) + r"\Z", re.DOTALL).match
 
 
 def _listed_files(name: str, where: str, key: str) -> list[str]:
@@ -306,6 +351,10 @@ def read_source(spark, name: str, cfg: SourceConfig) -> SourceFrames:
     if cfg.format == "delta":
         with _delta_reader(name, cfg), _input_errors(name, cfg), spark_errors(what):
             df = spark.read.format("delta").options(**options).load(path)
+        return SourceFrames(name, cfg, df, None)
+    if cfg.format == "binaryFile":
+        with _input_errors(name, cfg), spark_errors(what):
+            df = spark.read.format("binaryFile").options(**options).load(path)
         return SourceFrames(name, cfg, df, None)
     if cfg.format == "parquet":
         with _input_errors(name, cfg), spark_errors(what):

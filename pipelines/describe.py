@@ -1,10 +1,13 @@
 """``shardtrain inspect DATASET``: what a published dataset holds, read from its manifest only.
 
 Reads no data files and needs no Spark, so it is instant on any size of dataset; except
-``verify_report`` (``inspect --verify``), which reads every file to check its sha256. The report
+``verify_report`` (``inspect --verify``), which reads every file to check its sha256, and the
+HTML report's samples of a kind that shows them (an image feature's thumbnails per class: the
+first row groups of one train file, ``SAMPLE_ROWS`` rows at most). The report
 is a few sections, each from its own function: header, label and features, per-split balance,
 row-group advice, accounting and quarantine, sources. ``dataset_report_html`` (``inspect --html``)
-shows the same with charts: rows per shard and split, quarantine counts by reason, feature statistics.
+shows the same with charts: rows per shard and split, quarantine counts by reason, feature statistics,
+and thumbnails of image features by class.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ def _split_balance(manifest: Manifest) -> list[str]:
 
 
 def _row_group_line(manifest: Manifest) -> str | None:
-    width = row_bytes(manifest.data["schema"])
+    width = row_bytes(manifest.data["schema"], manifest.data["features"])
     groups = [g for split in manifest.split_names for f in manifest.files(split) for g in f.row_groups]
     if not groups or not width:
         return None
@@ -157,6 +160,9 @@ def dataset_report_html(manifest: Manifest) -> str:
     page.add("Quarantine", *_html_quarantine(manifest))
     page.add("Label", *_html_label(manifest.label))
     page.add("Feature statistics (from the train split)", *_html_features(data["features"]))
+    samples = _html_samples(manifest)
+    if samples:
+        page.add("Samples (from the train split)", *samples)
     if data.get("sources"):
         page.add("Sources", preformatted("\n".join(_sources(data))))
     return page.render()
@@ -215,6 +221,37 @@ def _html_features(features: dict) -> list[str]:
 
     parts = [part for kind in FeatureSpec(features).kinds if (part := kind.html_table()) is not None]
     return parts or [paragraph("No feature columns.", note=True)]
+
+
+SAMPLE_ROWS = 512  # stored train rows inspect --html reads, at most, for the kinds' samples
+
+
+def _html_samples(manifest: Manifest) -> list[str]:
+    """The kinds' samples (an image feature's thumbnails per class), from the first row groups of
+    the train split's first file, up to SAMPLE_ROWS rows; nothing is read for kinds that show none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kinds = [kind for kind in FeatureSpec(manifest.data["features"]).kinds if kind.names and kind.shows_samples]
+    split = "train" if "train" in manifest.split_names else manifest.split_names[0]
+    files = manifest.files(split)
+    if not kinds or not files:
+        return []
+    label = manifest.label
+    columns = [n for kind in kinds for n in kind.names] + [label.name]
+    with manifest.root.open(files[0].path) as fh:
+        reader = pq.ParquetFile(fh)
+        batches, rows = [], 0
+        for group in range(reader.num_row_groups):
+            batches.append(reader.read_row_group(group, columns=columns))
+            rows += batches[-1].num_rows
+            if rows >= SAMPLE_ROWS:
+                break
+    table = pa.concat_tables(batches).slice(0, SAMPLE_ROWS)
+    values = table.column(label.name).to_pylist()
+    names = list(label.classes) if label.classes is not None else None
+    labels = [names[v] if names else v for v in values] if label.classification else [None] * len(values)
+    return [part for kind in kinds for part in kind.html_samples(table, labels)]
 
 
 def verify_report(manifest: Manifest) -> tuple[str, int]:

@@ -38,7 +38,7 @@ from common.errors import InputDataError, first_line
 from common.features import KINDS, FeatureSpec
 from common.features.spec import NULL_SHARE
 from common.features.base import TrainSummary
-from common.rows import encoding_reasons
+from common.rows import encoding_reasons, raw_json_sql
 from common.sql import quote_identifier as q
 from common.dataset import LABEL_NAME, ROW_INDEX, TeacherRecord
 from common.manifest_builder import stored_schema as dataset_schema
@@ -60,6 +60,21 @@ def typed_features(cfg: ShardConfig) -> tuple[tuple[str, str], ...]:
     """(feature name, typed column) of every feature: the columns whose nulls on train the
     summary counts (``fit``'s null shares)."""
     return tuple((name, kind.typed(name)) for kind in configured_features(cfg).kinds for name in kind.names)
+
+
+def prepared_table(table, cfg: ShardConfig):
+    """``table`` with what the kinds' row rules read besides the raw columns, where a kind checks
+    in a Python stage (an image's one decode, which also makes the bytes the job stores):
+    ``FeatureKind.prepared``. The table itself where no kind needs one."""
+    for kind in configured_features(cfg).kinds:
+        table = kind.prepared(table, store=True)
+    return table
+
+
+def raw_text_sql(columns: list[str], cfg: ShardConfig) -> str:
+    """SQL of a quarantined row's raw text (``common.rows.raw_json_sql``: an image's length, not
+    its bytes; not the columns ``prepared_table`` added)."""
+    return raw_json_sql(columns, configured_features(cfg))
 
 
 def check_table(table, cfg: ShardConfig, where: str) -> None:

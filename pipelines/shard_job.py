@@ -66,8 +66,8 @@ from common.manifest_builder import arrow_schema, build_manifest, row_bytes, wri
 from common.sql import quote_identifier as q
 from common.sql import quote_string
 from common.sources import CORRUPT_COLUMN, MALFORMED, check_table_inputs, read_sources, source_fingerprint
-from pipelines.preprocess import (check_table, configured_features, fit, row_columns, scan_columns, stored_schema,
-                                  typed_features)
+from pipelines.preprocess import (check_table, configured_features, fit, prepared_table, raw_text_sql, row_columns,
+                                  scan_columns, stored_schema, typed_features)
 from pipelines.shard_checks import check_accounting, check_counts, count_transfer_rows, split_entries
 from pipelines.shard_config import ShardConfig
 from pipelines.shard_placement import (JobShape, RowCounts, StagedRows, deal_to_tasks, partition_key_sql,
@@ -149,6 +149,7 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
 
     table, where = _build_table(spark, cfg, frames)
     check_table(table, cfg, where)
+    table = prepared_table(table, cfg)
     recorded = cfg  # what the manifest and config.yaml record: the user's config (classes: auto stays auto)
     cfg = _with_classes(table, cfg, teacher)
     shape = JobShape.of(spark, cfg, sources_fp)
@@ -174,7 +175,8 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         check_counts(cfg, counts)
         stats, features, transfer_rows = _fit_train(spark, cfg, staged, counts, summary, timer)
         columns = stored_schema(cfg, teacher)
-        rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns))
+        # Encoded columns (an image's bytes) count with the mean stored bytes their fit measured.
+        rpg = rows_per_row_group(cfg.output.rows_per_row_group, cfg.output.row_group_mb, row_bytes(columns, features))
         splits, qfiles = _pass_two(spark, staging, staged, cfg, counts, features, columns, rpg, shape, timer)
         accounting = check_accounting(counts, splits, qfiles)
         if cfg.label.unlabeled == "transfer":
@@ -277,12 +279,12 @@ def _checked_rows(table, cfg: ShardConfig, frames):
         data_columns = [c for c in parse.columns if c != CORRUPT_COLUMN]
         reason = f"CASE WHEN {q(CORRUPT_COLUMN)} IS NOT NULL THEN '{MALFORMED}' ELSE _reason END"
         raw = (f"CASE WHEN {q(CORRUPT_COLUMN)} IS NOT NULL THEN {q(CORRUPT_COLUMN)} "
-               f"WHEN _reason IS NOT NULL THEN to_json(struct({', '.join(q(c) for c in data_columns)})) END")
+               f"WHEN _reason IS NOT NULL THEN {raw_text_sql(data_columns, cfg)} END")
         return _kept_columns(checked, parse.columns, reason, raw, quote_string(next(iter(frames))))
     for frame in frames.values():
         frame.persist()  # the table and the malformed records each read the parse: parse once
     checked = table.selectExpr(*row_columns(table, cfg))
-    raw = f"CASE WHEN _reason IS NOT NULL THEN to_json(struct({', '.join(q(c) for c in table.columns)})) END"
+    raw = f"CASE WHEN _reason IS NOT NULL THEN {raw_text_sql(table.columns, cfg)} END"
     # Row-level reasons name the table's source, or "query" for a query's rows.
     source = "query" if cfg.query is not None else next(iter(frames))
     rows = _kept_columns(checked, table.columns, "_reason", raw, quote_string(source))

@@ -65,7 +65,8 @@ def writer_options(schema: pa.Schema, sample: pa.Table | None = None) -> dict:
     - Floating point (features, arrays, soft targets) is written plain: continuous values almost
       never repeat, so a dictionary page fills (1 MiB) and pyarrow falls back to plain after
       writing both.
-    - Binary (an image's encoded bytes) is written plain: the values are distinct.
+    - Binary (an image's encoded bytes) is written plain, without min/max statistics: the values
+      are distinct, and each row group's statistics would copy two of them into the footer.
     - Everything else (category codes, labels, reasons) gets a dictionary, where it pays.
     - Compression is snappy, except for a floating-point column that snappy does not shrink by
       ``SNAPPY_MIN_GAIN`` on ``sample`` (the file's first ``COMPRESSION_SAMPLE_ROWS`` rows, the
@@ -82,7 +83,10 @@ def writer_options(schema: pa.Schema, sample: pa.Table | None = None) -> dict:
     # Encoded bytes (images) are written plain too: a dictionary of distinct images only doubles them.
     dictionary = [f.name for f in schema if f.name not in delta and not pa.types.is_floating(value_type(f.type))
                   and not pa.types.is_binary(f.type)]
-    options = {**WRITER_OPTIONS, "use_dictionary": dictionary, "column_encoding": delta or None}
+    # No min/max statistics of encoded bytes: each row group's footer would hold two whole images.
+    statistics = [f.name for f in schema if not pa.types.is_binary(f.type)]
+    options = {**WRITER_OPTIONS, "use_dictionary": dictionary, "column_encoding": delta or None,
+               "write_statistics": statistics if len(statistics) < len(schema) else True}
     if sample is not None and sample.num_rows:
         codec = pa.Codec(WRITER_OPTIONS["compression"])
         options["compression"] = {

@@ -66,7 +66,8 @@ from common.publish import clean_stale_staging, publish, read_marker
 from common.storage import resolve
 from common.writer_lock import output_lock
 from scoring.config import ScoreConfig
-from scoring.predict import REASON, check_feature_types, predict_frame, reason_sql, reason_values
+from common.rows import raw_json_sql
+from scoring.predict import REASON, check_feature_types, predict_frame, prepared_frame, reason_sql, reason_values
 from scoring.quality import compare_null_shares, observe_nulls
 
 log = logging.getLogger("shardtrain.score")
@@ -245,7 +246,8 @@ def _checked_input(spark, cfg: ScoreConfig, spec) -> _Scoring:
     # (exit 2, naming it), not an analysis error of the quarantine's SQL.
     check_feature_types(fields, spec, encoded)
     reason = reason_sql(fields, spec, encoded)
-    checked = table.selectExpr("*", f"{reason} AS {REASON}")
+    checked = table if encoded else prepared_frame(table, spec)  # an image's one decode to check it
+    checked = checked.selectExpr("*", f"{reason} AS {REASON}")
     with spark_errors("counting malformed records"):
         bad_records = sum(frame.count() for frame in malformed)
     return _Scoring(table, malformed, bad_records, fields, spec, encoded, checked)
@@ -332,7 +334,7 @@ def _counted(cfg: ScoreConfig, scoring: _Scoring, counting, reasons: list[str], 
 def _write_quarantine(staging, cfg: ScoreConfig, out, scoring: _Scoring, counted: _Counted) -> None:
     from common.spark import spark_errors
 
-    quarantine = _quarantine_rows(cfg, scoring.checked, scoring.table.columns, scoring.malformed)
+    quarantine = _quarantine_rows(cfg, scoring.checked, scoring.table.columns, scoring.malformed, scoring.spec)
     if not counted.by_reason:  # nothing to find in another pass over the input: the same empty file, from no rows
         quarantine = quarantine.limit(0)
     with spark_errors(f"writing the quarantine to {out.uri}/{QUARANTINE_DIR}"):
@@ -518,13 +520,12 @@ def _counts(counting, reasons: list[str], bad_records: int) -> tuple[dict[str, i
     return by_reason, int(got["clean"])
 
 
-def _quarantine_rows(cfg: ScoreConfig, checked, columns: list[str], malformed: list):
+def _quarantine_rows(cfg: ScoreConfig, checked, columns: list[str], malformed: list, spec=None):
     from pyspark.sql import functions as F
 
     source = "dataset" if cfg.dataset is not None else ("query" if cfg.query is not None else next(iter(cfg.sources)))
-    fields = ", ".join(quote_identifier(c) for c in columns)
     bad = checked.where(f"{REASON} IS NOT NULL").select(
-        F.col(REASON).alias("reason"), F.lit(source).alias("source"), F.expr(f"to_json(struct({fields}))").alias("raw"))
+        F.col(REASON).alias("reason"), F.lit(source).alias("source"), F.expr(raw_json_sql(columns, spec)).alias("raw"))
     for frame in malformed:
         bad = bad.unionByName(frame)
     return bad

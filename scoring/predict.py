@@ -114,11 +114,14 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     """
     _check_options(batch_size, temperature)
     model, worker_uri, worker_registry = _driver_model(model_uri, program, registry_uri, fingerprint)
-    keep = list(df.columns) if keep_columns is None else list(keep_columns)
+    spec = model.features
+    hidden = {c for kind in spec.kinds for c in kind.prepared_columns()}
+    keep = [c for c in df.columns if c not in hidden] if keep_columns is None else list(keep_columns)
     _check_keep_columns(df, keep)
     fields = {f.name: f.dataType for f in df.schema.fields}
-    spec = model.features
     check_feature_types(fields, spec, encoded)
+    if not encoded:
+        df = prepared_frame(df, spec)
     names = spec.columns
     task = ScoreTask(
         model_uri=worker_uri, program=program,
@@ -197,6 +200,17 @@ def output_schema(df, keep_columns: list[str], task: str, named_classes: bool = 
         fields.append(T.StructField(PREDICTION, T.FloatType(), True))
     fields.append(T.StructField(REASON, T.StringType(), True))
     return T.StructType(fields)
+
+
+def prepared_frame(df, spec):
+    """``df`` with what the model's row rules read besides its raw columns, where a kind checks
+    in a Python stage (an image's decode: ``FeatureKind.prepared``); ``df`` itself where none
+    does, or where the stage already ran (``score`` runs it once, before counting reasons)."""
+    for kind in spec.kinds:
+        added = kind.prepared_columns()
+        if not (added and all(c in df.columns for c in added)):
+            df = kind.prepared(df, store=False)
+    return df
 
 
 def reason_sql(fields: dict, spec, encoded: bool = False) -> str:
@@ -417,5 +431,6 @@ def _encoded_arrays(table, spec) -> dict:
     return out
 
 
-__all__ = ["OUTPUT_COLUMNS", "PREDICTION", "PROBABILITIES", "REASON", "ScoreTask", "check_feature_types", "output_schema", "predict_frame",
+__all__ = ["OUTPUT_COLUMNS", "PREDICTION", "PROBABILITIES", "REASON", "ScoreTask", "check_feature_types", "output_schema",
+           "predict_frame", "prepared_frame",
            "reason_sql", "reason_values", "score_batch", "scoring_device", "worker_model"]

@@ -68,6 +68,41 @@ def generated_dataset(spark, tmp_path_factory):
     return data, cfg, run_shard_job(spark, cfg)
 
 
+# The image dataset's shard config (beside the folder, label and output paths the fixture fills in):
+# class labels from the folder names through the query, classes fitted on train.
+IMAGE_QUERY = ("SELECT path, content, regexp_extract(path, '/([^/]+)/[^/]+$', 1) AS label FROM pics")
+
+
+@pytest.fixture(scope="session")
+def image_dataset(spark, tmp_path_factory):
+    """The suite's tiny image dataset, sharded once per session: tests/image_files.py's folder (3
+    class folders of 24 PNG/JPEG 24 px images, and the odd files: truncated, text named .jpg, a
+    header claiming 100,000 x 100,000 pixels, 1x1, 16-bit, CMYK, gray, palette+alpha,
+    EXIF-rotated) read by ``binaryFile``, labels from the path, stored as 16 x 16 RGB PNG, 2 files
+    per split. ``(folder, expected, cfg, result)``: the folder, {file path: the rule it is
+    quarantined for, or None}, the ShardConfig and the ShardResult. tests/pipelines/test_shard_images.py
+    checks it and re-runs it; a test that damages it works on a copy."""
+    import image_files
+
+    from common.config import from_dict
+    from pipelines.shard_config import ShardConfig
+    from pipelines.shard_job import run_shard_job
+
+    root = tmp_path_factory.mktemp("images")
+    folder = root / "photos"
+    expected = image_files.write_image_folder(folder)
+    cfg = from_dict(ShardConfig, {
+        "sources": {"pics": {"path": str(folder), "format": "binaryFile",
+                             "options": {"recursiveFileLookup": True, "pathGlobFilter": "*.{png,jpg}"}}},
+        "query": IMAGE_QUERY,
+        "features": {"images": {"content": {"size": [16, 16], "format": "png"}}},
+        "label": {"column": "label", "classes": "auto"},
+        "split": {"key": "path", "fractions": {"train": 0.7, "val": 0.15, "test": 0.15}},
+        "output": {"path": str(root / "shards"), "num_shards": 2, "row_group_mb": 0.01},
+        "quality": {"max_bad_fraction": 0.1}})
+    return folder, expected, cfg, run_shard_job(spark, cfg)
+
+
 @pytest.fixture(scope="session")
 def standalone_cluster():
     """A Spark master and two 1-core workers on 127.0.0.1, each offering one fake GPU (addresses 0

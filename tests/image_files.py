@@ -129,4 +129,5 @@ def write_image_folder(root: Path, per_class: int = 24, size: int = 24) -> dict[
         path = root / CLASSES[0] / file_name
         path.write_bytes(data)
         expected[str(path)] = rule
+    (root / "LICENSE.txt").write_text("not an image: a source's pathGlobFilter leaves it out\n")
     return expected

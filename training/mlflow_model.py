@@ -71,7 +71,7 @@ log = logging.getLogger("shardtrain.train")
 PYFUNC_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mlflow_pyfunc_code.py")
 LOGGED_MODEL_NAME = "model"
 EXAMPLE_ROWS = 5
-REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "safetensors", "fsspec", "pyyaml")
+REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "safetensors", "fsspec", "pyyaml", "pillow")  # pillow: images
 # The pyfunc's model_config from now on: refused rows marked (module docstring). A model logged
 # before has none, and predicts as load_model's predict does by default.
 MODEL_CONFIG = {"errors": "mark"}

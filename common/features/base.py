@@ -139,6 +139,10 @@ class FeatureKind:
         frame itself where the kind needs none (the default)."""
         return frame
 
+    def prepared_columns(self) -> list[str]:
+        """The columns ``prepared`` adds (none by default): not part of a row's raw text."""
+        return []
+
     def raw_sql(self, name: str) -> str:
         """What a quarantined row's raw text holds for feature ``name``'s column (SQL): the value
         itself by default; a kind whose values are large keeps less (an image: its length)."""
@@ -259,6 +263,15 @@ class FeatureKind:
     def html_table(self):
         """``inspect --html``'s table of these features, or None where there are none."""
         return None
+
+    # Whether ``inspect --html`` reads a few stored rows for ``html_samples`` (the one report part
+    # that reads data files): only a kind whose values are worth seeing (images) sets it.
+    shows_samples: ClassVar[bool] = False
+
+    def html_samples(self, table: Any, labels: list) -> list[str]:
+        """``inspect --html``'s samples of these features: HTML parts from ``table`` (an Arrow table
+        of stored train rows) and each row's class name (``labels``, None for regression)."""
+        return []
 
 
 class ScalarColumns(FeatureKind):

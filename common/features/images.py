@@ -32,7 +32,8 @@ from common.config import require, setting
 from common.errors import DatasetError
 from common.features.base import BatchEntry, FeatureKind
 from common.images import (DEFAULT_MAX_PIXELS, FORMATS, IMAGE_TOO_LARGE, NULL_IMAGE, RESIZE_MODES, RULES,
-                           UNDECODABLE_IMAGE, ImageRejected, decode_image, decoder, image_size, stored_image)
+                           UNDECODABLE_IMAGE, ImageRejected, decode_image, decoder, encode_image, image_size,
+                           stored_image)
 from common.rows import reason, reason_text
 from common.sql import quote_identifier as q
 
@@ -156,6 +157,9 @@ class Images(FeatureKind):
             return q(name)
         return f"coalesce({q(check_column(name))}.stored, {q(name)})"
 
+    def prepared_columns(self) -> list[str]:
+        return [check_column(n) for n in self.names]
+
     def raw_sql(self, name: str) -> str:
         return f"octet_length({q(name)})"
 
@@ -251,6 +255,12 @@ class Images(FeatureKind):
                 f"{', ~' + format(r['row_bytes'], ',') + ' bytes a row' if 'row_bytes' in r else ''}; "
                 f"mean {_rounded(r.get('mean'))}, std {_rounded(r.get('std'))}" for r in self.records]
 
+    shows_samples = True
+
+    def html_samples(self, table: Any, labels: list) -> list[str]:
+        return [_thumbnail_grid(r["name"], table.column(r["name"]).to_pylist(), labels, decoder(r))
+                for r in self.records]
+
     def html_table(self):
         from common.html_report import table
 
@@ -259,6 +269,24 @@ class Images(FeatureKind):
         return table(["image feature", "C x H x W", "resize", "stored", "mean", "std"],
                      [[r["name"], f"{r['channels']}x{r['size'][0]}x{r['size'][1]}", r["resize"], r["format"],
                        _rounded(r.get("mean")), _rounded(r.get("std"))] for r in self.records])
+
+
+THUMBNAILS_PER_CLASS = 8
+
+
+def _thumbnail_grid(name: str, values: list, labels: list, decode) -> str:
+    """One row of thumbnails per class (its first THUMBNAILS_PER_CLASS rows), as an HTML table."""
+    from common.html_report import escape, image
+
+    by_class: dict = {}
+    for value, label in zip(values, labels):
+        shown = by_class.setdefault("all" if label is None else str(label), [])
+        if len(shown) < THUMBNAILS_PER_CLASS:
+            pixels = decode(value)
+            shown.append(image(encode_image(pixels, "png"), f"{name} ({label})"))
+    rows = "".join(f"<tr><th>{escape(label)}</th><td>{''.join(images)}</td></tr>"
+                   for label, images in sorted(by_class.items()))
+    return f'<table class="thumbnails"><caption>{escape(name)}: train samples by class</caption>{rows}</table>'
 
 
 def _rounded(values) -> str:
