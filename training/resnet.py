@@ -32,7 +32,7 @@ from typing import Dict
 import torch
 from torch import nn
 
-from training.image_stems import Normalise, example_images
+from training.image_stems import Conv2d, Normalise, example_images
 from training.model_specs.resnet import BLOCKS_PER_STAGE
 
 
@@ -48,7 +48,7 @@ class ResNet(nn.Module):
         self.image_name = image["name"]
         self.regression = regression
         self.normalise = Normalise(image["channels"], image["mean"], image["std"])
-        self.stem = nn.Sequential(nn.Conv2d(image["channels"], width, 7, stride=2, padding=3, bias=False),
+        self.stem = nn.Sequential(Conv2d(image["channels"], width, 7, stride=2, padding=3, bias=False),
                                   nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1))
         stages, channels = [], width
         for index, blocks in enumerate(BLOCKS_PER_STAGE[depth]):
@@ -95,13 +95,13 @@ class _BasicBlock(nn.Module):
 
     def __init__(self, channels: int, out: int, stride: int):
         super().__init__()
-        self.conv1 = nn.Conv2d(channels, out, 3, stride=stride, padding=1, bias=False)
+        self.conv1 = Conv2d(channels, out, 3, stride=stride, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(out)
         self.conv2 = nn.Conv2d(out, out, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(out)
         self.shortcut = nn.Sequential()
         if stride != 1 or channels != out:
-            self.shortcut = nn.Sequential(nn.Conv2d(channels, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
+            self.shortcut = nn.Sequential(Conv2d(channels, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.bn1(self.conv1(x)))

@@ -100,3 +100,35 @@ def test_horovod_and_torch_ranks_train_images_to_the_same_weights(spark, two_ran
     metrics = values(resnet_run)[0]["metrics"]
     assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
     assert metrics[-1]["val_accuracy"] > metrics[-1]["baseline_accuracy"]
+
+
+@pytest.mark.spark
+@pytest.mark.ranks
+def test_a_sharded_folder_trains_on_two_ranks_in_bf16_and_predicts_raw_files_as_it_trained(image_dataset, two_ranks,
+                                                                                          tmp_path):
+    """The session's folder of PNGs and JPEGs sharded by the real shard job (``binaryFile``, class
+    names from the path), ResNet-18 (width 4) on two torch ranks in bf16, then the published model on
+    the raw files: each validation row's raw file gets the prediction rank 0 made from the stored
+    bytes at the end of training."""
+    import pyarrow as pa
+    from pathlib import Path
+
+    from common.images import decode_image
+    from pipeline_ranks import train_rank
+    from torch_ranks import values
+    from training.plan import build_plan
+
+    folder, expected, _, shards = image_dataset
+    plan = build_plan(_cfg(shards.uri, tmp_path, "model.name=resnet", "model.width=4", "train.precision=bf16",
+                           "train.epochs=1", "data.augment={}", "launch.backend=torch", ranks=2))
+    rank_0 = values(two_ranks.run_calls([(train_rank, (plan,))])[0])[0]
+    # Which raw file each stored row came from: its decoded pixels (png stores them exactly).
+    files = {decode_image(Path(p).read_bytes(), (16, 16), 3).tobytes(): p for p, rule in expected.items() if rule is None}
+    val = pa.concat_tables([pa.parquet.read_table(p) for p in sorted(Path(shards.uri, "val").glob("*.parquet"))])
+    stored = dict(zip(val.column("_row").to_pylist(), val.column("content").to_pylist()))
+    paths = [files[decode_image(stored[row], (16, 16), 3).tobytes()] for row in rank_0["reference"]["rows"]]
+    raw = pa.table({"content": pa.array([Path(p).read_bytes() for p in paths], pa.binary())})
+    out = load_model(plan.model_path).predict(raw)
+    np.testing.assert_allclose(np.stack(list(out["probabilities"])), np.array(rank_0["reference"]["predictions"]),
+                               rtol=1e-5, atol=1e-6)
+    assert set(out["prediction"]) <= {"cat", "dog", "fox"}  # the class names the shard job fitted
