@@ -97,7 +97,7 @@ def image_dataset(spark, tmp_path_factory):
         "query": IMAGE_QUERY,
         "features": {"images": {"content": {"size": [16, 16], "format": "png"}}},
         "label": {"column": "label", "classes": "auto"},
-        "split": {"key": "path", "fractions": {"train": 0.7, "val": 0.15, "test": 0.15}},
+        "split": {"key": "regexp_extract(path, '[^/]+/[^/]+$', 0)", "fractions": {"train": 0.7, "val": 0.15, "test": 0.15}},
         "output": {"path": str(root / "shards"), "num_shards": 2, "row_group_mb": 0.01},
         "quality": {"max_bad_fraction": 0.1}})
     return folder, expected, cfg, run_shard_job(spark, cfg)

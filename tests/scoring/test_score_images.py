@@ -91,7 +91,7 @@ def test_score_batches_over_a_binary_file_folder_account_for_every_file(image_da
                                                     "image_too_large:content"]
     task = ScoreTask(model_uri="unused", program=False, weights_sha256="", task="classification", num_classes=3,
                      keep_columns=("__kept_0",), features=(("content", "__feature_0"),), encoded=False,
-                     temperature=1.0, batch_size=8, classes=("cat", "dog", "fox"))
+                     temperature=1.0, batch_size=8, classes=tuple(model.label.classes))
     rows = _prepared(prepared_frame(df, model.features), task, ["path"], fields, model.features, False)
     collected = pa.Table.from_pandas(rows.toPandas(), preserve_index=False)  # a few dozen tiny rows
     scored = pa.Table.from_batches([score_batch(model, task, batch) for batch in collected.to_batches(max_chunksize=16)])
