@@ -33,7 +33,9 @@ class Conv2d(nn.Conv2d):
     stride-2 convolution, threads 1 and 2), which a ResNet's last stage meets on small images."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] == 1 and x.shape[-2] == 1 and (self.stride[0] != 1 or self.stride[1] != 1):
+        # (Not while tracing an export: the traced program's shapes are fixed, and serving takes no gradient.)
+        if not torch.jit.is_tracing() and x.shape[-1] == 1 and x.shape[-2] == 1 and \
+                (self.stride[0] != 1 or self.stride[1] != 1):
             return nn.functional.conv2d(x, self.weight, self.bias, 1, self.padding, self.dilation, self.groups)
         return self._conv_forward(x, self.weight, self.bias)
 

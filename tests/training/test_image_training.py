@@ -3,7 +3,8 @@ tests/training/image_data.py): a row of a number and a photo trains with ft_tran
 from a checkpoint bit-identically with augmentation on, and the published model predicts on the raw
 encoded bytes what rank 0 computed from the training-time preprocessing (rebuilt and TorchScript);
 two Horovod ranks and two torch.distributed ranks train the MLP's image stem to the same weights
-with augmentation on; ResNet-18 learns an image-only dataset on two FSDP ranks."""
+with augmentation on; ResNet-18 learns an image-only dataset on two FSDP ranks and on two pipeline
+stages."""
 
 from __future__ import annotations
 
@@ -88,18 +89,22 @@ def test_horovod_and_torch_ranks_train_images_to_the_same_weights(spark, two_ran
     mlp = ("model.name=mlp", "model.hidden=[8]", "model.kwargs.image_width=4")
     hvd = train(_cfg(dataset, tmp_path / "hvd", *mlp, "launch.backend=horovod", ranks=2), spark)
     plan = build_plan(_cfg(dataset, tmp_path / "torch", *mlp, "launch.backend=torch", ranks=2))
-    # On the same two ranks after it: ResNet-18 (width 4) on the photos alone, sharded by FSDP one
-    # residual stage a unit, 3 epochs.
+    # On the same two ranks after it: ResNet-18 (width 4) on the photos alone, 3 epochs, sharded by
+    # FSDP one residual stage a unit, and cut into 2 pipeline stages of whole residual stages (whose
+    # BatchNorm statistics torch's shape inference on uninitialised tensors must not touch).
     photos = write_image_dataset(str(tmp_path / "photos"), LAYOUT)
-    resnet = build_plan(_cfg(photos, tmp_path / "resnet", "model.name=resnet", "model.width=4", "train.epochs=3",
-                             "train.parallel=fsdp", "launch.backend=torch", ranks=2))
-    torch_run, resnet_run = two_ranks.run_calls([(train_rank, (plan,)), (train_rank, (resnet,))])
+    resnets = [build_plan(_cfg(photos, tmp_path / f"resnet-{i}", "model.name=resnet", "model.width=4",
+                               "train.epochs=3", *layout, "launch.backend=torch", ranks=2))
+               for i, layout in enumerate((["train.parallel=fsdp"],
+                                           ["train.pipeline.stages=2", "train.pipeline.microbatches=2"]))]
+    torch_run, *resnet_runs = two_ranks.run_calls([(train_rank, (p,)) for p in (plan, *resnets)])
     assert len({r["steps"] for r in values(torch_run)}) == 1
     _assert_same_weights(hvd.model_uri, plan.model_path)
     assert hvd.final["val_accuracy"] > hvd.final["baseline_accuracy"]
-    metrics = values(resnet_run)[0]["metrics"]
-    assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
-    assert metrics[-1]["val_accuracy"] > metrics[-1]["baseline_accuracy"]
+    for run in resnet_runs:
+        metrics = values(run)[0]["metrics"]
+        assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
+        assert metrics[-1]["val_accuracy"] > metrics[-1]["baseline_accuracy"]
 
 
 @pytest.mark.spark
