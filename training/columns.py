@@ -2,7 +2,8 @@
 and the conversion of Arrow tables of those columns into the batch's numpy arrays.
 
 A batch holds each feature kind's entries (``FeatureSpec.batch_layout``: scalar columns stacked
-side by side into one [n, k] entry, or a list column as [n, *shape]), ``label`` (int64 or float32 [n];
+side by side into one [n, k] entry, a list column as [n, *shape], or an encoded column, an image's
+bytes, as an object array of its values, which the loader's decode stage decodes batch by batch), ``label`` (int64 or float32 [n];
 a multilabel label's multi-hot float32 [n, num_classes]),
 ``teacher`` (the soft targets, when read) and ``_row`` int64 [n]. The conversion reads the Arrow
 buffers directly, never through pandas or Python per row, and can permute the rows and reuse
@@ -69,9 +70,9 @@ def tables_to_arrays(tables: list, columns: Columns, lead: dict | None = None,
         for entry in columns.features if not entry.shape
     }
     lists = [(entry.key, entry.columns[0], entry.shape, np.dtype(entry.dtype)) for entry in columns.features
-             if entry.shape and getattr(entry, "decode", None) is None]
+             if entry.shape and entry.decode is None]
     for entry in columns.features:  # still encoded: the stored values, decoded per batch (training.image_loading)
-        if getattr(entry, "decode", None) is not None:
+        if entry.decode is not None:
             parts = ([lead[entry.key]] if lead else []) + [_encoded_column(table, entry.columns[0]) for table in tables]
             out[entry.key] = _gathered(parts, (rows,), np.dtype(object), order, empty)
     scalars = [(ROW_INDEX, ROW_INDEX, np.int64)]

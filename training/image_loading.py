@@ -21,7 +21,8 @@ epoch, the row's ``_row``, the column's position): whatever thread decodes a row
 batch it lands in, it gets the same crop, flip and jitter, so a resumed run and a Horovod run
 see the bytes a torch.distributed run sees.
 
-It opens no file and imports neither torch nor Spark; Pillow is imported by the crop only.
+It opens no file and imports neither torch nor Spark; Pillow is imported by the augmentation only
+(the kind's decode imports what it uses).
 """
 
 from __future__ import annotations
@@ -252,7 +253,7 @@ def check_augment(augment: dict, entries) -> None:
 
 def encoded_entries(entries) -> list:
     """The batch entries a loader must decode (their ``decode`` is set)."""
-    return [e for e in entries if getattr(e, "decode", None) is not None]
+    return [e for e in entries if e.decode is not None]
 
 
 __all__ = ["AugmentConfig", "DecodeStage", "ImageAugment", "RandomResizedCropConfig", "augmented", "check_augment",

@@ -47,6 +47,7 @@ def _assert_same(a: list[dict], b: list[dict]):
             np.testing.assert_array_equal(x[key], y[key], err_msg=key)
 
 
+@pytest.mark.stack  # a binary column of each pyarrow to numpy objects, shuffled and sliced
 def test_each_row_is_decoded_as_common_images_decodes_it_whatever_the_decode_threads(dataset):
     one = _numpy(_loader(dataset, decode_workers=1).epoch(0))
     three = _numpy(_loader(dataset, decode_workers=3).epoch(0))
