@@ -122,9 +122,11 @@ def decode_image(data: bytes, size, channels: int, resize: str = "crop",
         side = max(size)
         im.draft(None, (side, side))  # JPEG: decode at 1/2, 1/4 or 1/8 scale where that still covers size
         im.load()
-        im = ImageOps.exif_transpose(im)
+        im = ImageOps.exif_transpose(im) if im.getexif().get(0x0112, 1) != 1 else im  # a copy only if rotated
         im = _flattened(im)
-        im = im.convert("L" if channels == 1 else "RGB")
+        target = "L" if channels == 1 else "RGB"
+        if im.mode != target:  # convert() copies even to the same mode
+            im = im.convert(target)
         im = _resized(im, size, resize)
         array = np.asarray(im, dtype=np.uint8)
     except ImageRejected:

@@ -4,8 +4,9 @@ digests that bind them) and ``read_model``, which loads and verifies one for pre
 Layout of a model directory (``training.export.publish_model`` writes it):
 
 * ``model.safetensors``: the weights (no pickle);
-* ``model.torchscript.pt``: a TorchScript program taking the preprocessed tensors
-  (``FeatureSpec.transform`` output) and returning class probabilities or regression values;
+* ``model.torchscript.pt``, where the model was published with one (``output.torchscript``): a
+  TorchScript program taking the preprocessed tensors (``FeatureSpec.transform`` output) and
+  returning class probabilities or regression values;
 * ``model.json``: resolved config, feature spec, label spec, metrics, the shard job's
   ``row_rules`` (``max_category_bytes``; absent from models published before it was recorded),
   and the sha256 and size of each file above (``files``); the ``_COMMITTED`` marker records
@@ -264,6 +265,10 @@ def read_model(uri: str, program: bool, build_network: Callable[[Location, dict]
 def _read_committed(loc: Location, program: bool, build_network) -> LoadedModel:
     meta, fingerprint = _read_meta(loc)
     if program:
+        if PROGRAM not in (meta.get("files") or {}):
+            raise DatasetError(f"{loc.uri}: the model was published without a TorchScript program "
+                               "(output.torchscript: never, or torch.jit.script could not compile it); load it "
+                               "rebuilt from its weights: load_model(uri) or score's program: false")
         module = _load_program(loc, verified_bytes(loc, meta, PROGRAM))
     else:
         module = build_network(loc, meta)

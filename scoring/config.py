@@ -76,7 +76,8 @@ class ScoreConfig:
     split: str | None = setting("with `dataset`: the split to score (e.g. `test`)", default=None)
     batch_size: int = setting("rows per forward pass", default=DEFAULT_BATCH_SIZE)
     temperature: float = setting("classification: probabilities are softmax(logits / temperature)", default=1.0)
-    program: bool = setting("run the model's TorchScript program (required for plug-in models)", default=False)
+    program: bool = setting("run the model's TorchScript program (`model.torchscript.pt`, where the model holds one: "
+                            "`output.torchscript`) instead of the network rebuilt from its weights", default=False)
     quality: ScoreQualityConfig = setting("the input's null shares against training's",
                                           default_factory=ScoreQualityConfig)
 

@@ -301,6 +301,12 @@ class TrainOutputConfig:
         "the run directory: `config.yaml`, `run.json`, `metrics.jsonl` (per epoch), `steps.jsonl` (per logged "
         "step), `restarts.jsonl`, `summary.json`, `report.html`, checkpoints; null: `<model_path>.run`",
         default=None)
+    torchscript: Literal["auto", "always", "never"] = setting(
+        "whether the published model also holds a TorchScript program (`model.torchscript.pt`; `load_model(uri, "
+        "program=True)`, `score`'s `program: true`): `auto` where `torch.jit.script` takes the network, saying so "
+        "where it does not; `always` refuses, before any step, a network it cannot script (exit 2); `never` writes "
+        "none. `load_model`, `score` and MLflow rebuild the network from its weights either way (a plug-in from its "
+        "importable factory)", default="auto")
 
     def __post_init__(self):
         require(bool(self.model_path), "model_path", "must not be empty")

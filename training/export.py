@@ -4,8 +4,9 @@
 layout ``common.model_artifact`` reads:
 
 * ``model.safetensors``: the weights (no pickle);
-* ``model.torchscript.pt``: a TorchScript program for serving (``ServingModel``: the network plus
-  its output transform); it takes the preprocessed tensors (``FeatureSpec.transform`` output) and
+* ``model.torchscript.pt``, by ``output.torchscript`` (where ``torch.jit.script`` compiles the
+  model, by default): a TorchScript program for serving (``ServingModel``: the network plus its
+  output transform); it takes the preprocessed tensors (``FeatureSpec.transform`` output) and
   returns class probabilities or regression values;
 * ``model.json``: how to rebuild and use it: resolved config, feature spec (vocabularies,
   normalization statistics), label spec, per-epoch metrics, baseline, the dataset manifest's
@@ -21,7 +22,8 @@ publish, or its finished command was run again, and finishes without training or
 
 ``load_model(uri, program=False)`` (``training.load_model``, the public entry point) is
 ``common.model_artifact.read_model`` with the one thing only training knows: how to rebuild the
-built-in MLP (``training.models``) from model.json and the verified weights. Verification, the
+network from model.json (its model spec's ``restore``: a built-in's arguments, a plug-in's
+factory and kwargs) and the verified weights. Verification, the
 TorchScript path, the probe of the network against model.json and ``LoadedModel`` are
 common.model_artifact's; this module must not read or check a published model by itself.
 """
@@ -42,7 +44,8 @@ from torch import nn
 from common.commit_marker import KIND_MODEL, is_committed
 from common.config import config_fingerprint
 from common.dataset import LabelSpec
-from common.errors import DatasetError
+from common.features import FeatureSpec
+from common.errors import ConfigError, DatasetError, first_line
 from common.model_artifact import (META, MODEL_FORMAT, MODEL_FORMAT_VERSION, PROGRAM, WEIGHTS, LoadedModel,
                                    read_meta, read_model, verified_bytes)
 from common.publish import publish, read_marker
@@ -76,18 +79,21 @@ def serving_model(net: nn.Module, label_spec: LabelSpec) -> nn.Module:
     return own if own is not None else ServingModel(net, **task.serving_arguments(label_spec))
 
 
-def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, example_batch: dict) -> str:
+def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, torchscript: str = "auto") -> str:
     """Write the model directory at ``uri`` atomically; ``meta`` becomes model.json (plus versions),
     its ``label`` a ``LabelSpec``'s record, its ``run_id`` (with ``config`` and ``dataset``: the
-    publishing run's ``RankPlan.provenance()``) also the commit marker's."""
+    publishing run's ``RankPlan.provenance()``) also the commit marker's. ``torchscript``
+    (``output.torchscript``): whether a TorchScript program goes with the weights."""
     run_id = meta["run_id"]
     net = net.to("cpu").eval()
     serving = serving_model(net, LabelSpec.from_record(meta["label"]))
     weights = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
-    program = _program(serving, {k: v.to("cpu") for k, v in example_batch.items()})
     from safetensors.torch import save as save_safetensors
 
-    blobs = {WEIGHTS: save_safetensors(weights), PROGRAM: program}
+    blobs = {WEIGHTS: save_safetensors(weights)}
+    program = None if torchscript == "never" else _program(serving, required=torchscript == "always")
+    if program is not None:
+        blobs[PROGRAM] = program
     files = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in blobs.items()}
     record = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, **meta, "versions": versions(),
               "files": files}
@@ -136,14 +142,31 @@ def _another_run(meta: dict, provenance: dict) -> str | None:
     return None
 
 
-def _program(serving: nn.Module, example: dict) -> bytes:
+def _program(serving: nn.Module, required: bool) -> bytes | None:
+    """The TorchScript program of ``serving``; where ``torch.jit.script`` cannot take it, a
+    ConfigError (``required``) or None, said in the log. Never a trace: a trace records the one path
+    its example took (a branch on a value, a loop over a batch's length), and would serve other
+    inputs silently wrong."""
     try:
         scripted = torch.jit.script(serving)
-    except Exception:  # noqa: BLE001 - a plug-in model may not be scriptable; tracing is the fallback
-        scripted = torch.jit.trace(serving, (example,), strict=False)
+    except Exception as exc:  # noqa: BLE001 - any network may be unscriptable (Python features TorchScript lacks)
+        if required:
+            raise ConfigError(f"output.torchscript=always, but torch.jit.script cannot compile the model "
+                              f"({type(exc).__name__}: {first_line(exc)}); set output.torchscript=auto or never: "
+                              "load_model and score rebuild the model from its weights") from None
+        log.warning("the model is published without a TorchScript program: torch.jit.script cannot compile it "
+                    "(%s: %s); load_model, score and MLflow rebuild it from its weights", type(exc).__name__,
+                    first_line(exc))
+        return None
     buffer = io.BytesIO()
     torch.jit.save(scripted, buffer)
     return buffer.getvalue()
+
+
+def check_scriptable(net: nn.Module, label_spec: LabelSpec) -> None:
+    """Refuse, before any step (``output.torchscript: always``), a network the publish could not
+    script: a ConfigError naming the key, the same on every rank."""
+    _program(serving_model(net, label_spec), required=True)
 
 
 def versions() -> dict:
@@ -165,27 +188,30 @@ def load_model(uri: str, program: bool = False, registry_uri: str | None = None)
     """Load a published model, verifying each file it reads against the recorded sha256
     (``common.model_artifact.read_model``).
 
-    ``program=False`` (default): the built-in model (MLP, FT-Transformer), rebuilt from model.json and safetensors; a
-    plug-in model is refused (it has no built-in architecture). ``program=True``: the TorchScript
-    program. The choice is the caller's alone; no field of model.json can switch it.
+    ``program=False`` (default): the network rebuilt from model.json and safetensors, by its model
+    spec: a built-in (MLP, FT-Transformer) from its arguments, a plug-in by calling its factory
+    (``package.module:factory``, importable here) with the kwargs it was trained with. ``program=True``:
+    the TorchScript program, where the model was published with one (``output.torchscript``). The
+    choice is the caller's alone; no field of model.json can switch it.
 
     ``uri`` may name a registered version, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``
     (in ``registry_uri``, or MLflow's default registry): it is downloaded and verified the same way.
     """
-    return read_model(uri, program, _built_in_network, registry_uri)
+    return read_model(uri, program, _rebuilt_network, registry_uri)
 
 
-def _built_in_network(loc: Location, meta: dict) -> nn.Module:
-    """The built-in model (MLP, FT-Transformer) of model.json's name and arguments, with its verified safetensors weights, as served."""
+def _rebuilt_network(loc: Location, meta: dict) -> nn.Module:
+    """The network of model.json's model name and arguments (``ModelSpec.restore``), with its
+    verified safetensors weights, as served."""
     name = (meta.get("model") or {}).get("name")
     arguments = (meta.get("model") or {}).get("arguments")
-    from training.model_specs import built_in_specs
+    from training.model_specs import built_in_specs, model_spec
 
-    spec = built_in_specs().get(name)
-    if spec is None:
-        raise DatasetError(f"{loc.uri}: model {name!r} is a plug-in model with no built-in architecture; load its "
-                           "TorchScript program with load_model(uri, program=True)")
     if not isinstance(arguments, dict):
+        if name not in built_in_specs():
+            raise DatasetError(f"{loc.uri}: plug-in model {name!r} was published before plug-ins were rebuilt from "
+                               "their factory (model.json records no 'model.arguments'); load its TorchScript program "
+                               "with load_model(uri, program=True), or re-train")
         raise DatasetError(f"{loc.uri}/{META}: field 'model.arguments' is {arguments!r}, but the built-in model needs "
                            "its arguments; the file was edited or damaged: re-train, or load the program with "
                            "load_model(uri, program=True)")
@@ -193,14 +219,18 @@ def _built_in_network(loc: Location, meta: dict) -> nn.Module:
     from safetensors.torch import load as load_safetensors
 
     data = verified_bytes(loc, meta, WEIGHTS)
+    label = LabelSpec.from_record(meta["label"])
     try:
-        net = spec.rebuild(arguments)
+        net = model_spec(name).restore(arguments, FeatureSpec(meta["features"]).by_kind(), label.to_record())
+    except ConfigError as exc:
+        raise ConfigError(f"{loc.uri}: cannot rebuild the model: {exc}") from None
+    try:
         net.load_state_dict(load_safetensors(data))
     except (SafetensorError, RuntimeError, TypeError, ValueError) as exc:
-        raise DatasetError(f"{loc.uri}/{WEIGHTS}: cannot be loaded as the built-in model's weights "
+        raise DatasetError(f"{loc.uri}/{WEIGHTS}: cannot be loaded as the weights of model {name!r} "
                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); re-train or "
                            "re-publish the model") from None
-    return serving_model(net, LabelSpec.from_record(meta["label"]))
+    return serving_model(net, label)
 
 
 __all__ = ["LoadedModel", "ServingModel", "load_model", "publish_model", "published_by", "serving_model"]

@@ -44,6 +44,7 @@ import torch
 from training.checkpoint import CheckpointManager
 from training.data import RankLoader
 from training.distributed import LocalGroup, set_threads, spark_gpu_addresses
+from training.export import check_scriptable
 from training.image_loading import ImageAugment
 from training.model_specs import build_model
 from training.non_finite import NonFiniteGuard
@@ -353,6 +354,8 @@ def _build(plan: RankPlan, group) -> RankRun:
     strategy = build_strategy(cfg, group)
     torch.manual_seed(t.seed)
     model = build_model(cfg.model, plan.feature_spec, plan.label_spec).to(group.device)
+    if cfg.output.torchscript == "always":  # refused now, by every rank alike, not after training
+        check_scriptable(model, plan.label_spec)
     step_model = strategy.wrap(model)
     optimizer = strategy.optimizer(make_optimizer(model, t, plan.lr), model, t.grad_accum)
     checkpoints = CheckpointManager(plan.checkpoint_uri, plan.steps_per_epoch, cfg.checkpoint.every_steps,

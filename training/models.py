@@ -26,8 +26,6 @@ network has; the strategies ask the spec (``training.model_specs.spec_of``), nev
 Imported on ranks only (it imports torch).
 """
 
-from __future__ import annotations
-
 from typing import Dict, List
 
 import torch
@@ -44,6 +42,10 @@ from training.model_specs.image_inputs import IMAGES, MLP_STEM_WIDTH, image_reco
 class TabularMLP(nn.Module):
     """Embeddings for categoricals, numeric features as they are, array features flattened, each
     image feature through its own stem (``image_width`` pooled features)."""
+
+    # Declared (and this module has no `from __future__ import annotations`, which would make it a
+    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array features).
+    array_names: List[str]
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, hidden: list[int], dropout: float = 0.0, embedding_dim: int | None = None,
@@ -147,6 +149,10 @@ class FTTransformer(nn.Module):
     CLS token goes first, ``layers`` identical pre-norm transformer blocks (``heads``-head
     self-attention, then a feed-forward of ``ffn_width``, default 2 x d_model) mix the tokens, and
     the head reads the CLS token. The blocks are the units of pipeline stages and FSDP."""
+
+    # Declared (and this module has no `from __future__ import annotations`, which would make it a
+    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array features).
+    array_names: List[str]
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, layers: int, d_model: int, heads: int, dropout: float = 0.0,

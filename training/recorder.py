@@ -76,9 +76,6 @@ class Recorder:
             with torch.no_grad():
                 out = serving_model(model, plan.label_spec)({k: v.to(device) for k, v in example.items()})
             reference = {"rows": arrays["_row"].tolist(), "predictions": out.float().cpu().numpy().tolist()}
-        else:
-            arrays = read_first_rows(plan.train, plan.columns, 1)
-            example = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in _NOT_INPUTS}
         model_cfg = plan.config.model
         arguments = model_spec(model_cfg.name).arguments(model_cfg, plan.feature_spec, plan.label_spec.to_record())
         provenance = plan.provenance()  # run_id, config, dataset
@@ -98,7 +95,7 @@ class Recorder:
                         "before the ranks were relaunched; not publishing it again", plan.model_path, plan.run_id)
         else:
             with _under_writer_lock(plan):
-                publish_model(plan.model_path, plan.output_mode, model, meta, example)
+                publish_model(plan.model_path, plan.output_mode, model, meta, plan.config.output.torchscript)
             log.info("model published at %s; metrics in %s/metrics.jsonl", plan.model_path, plan.run_dir)
         return {"model_uri": plan.model_path, "metrics": history, "reference": reference, "published": published}
 

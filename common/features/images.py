@@ -39,7 +39,7 @@ from common.sql import quote_identifier as q
 
 MAX_IMAGE_SIDE = 8192
 PILLOW_MAX_PIXELS = 178_956_970  # 2 x PIL.Image.MAX_IMAGE_PIXELS: Pillow's own ceiling, which it raises for  # the configured size's ceiling per side: a typo fails at once
-STATS_SAMPLE_ROWS = 2048  # train images the per-channel mean and std are fitted on
+STATS_SAMPLE_ROWS = 1024  # train images the per-channel mean and std are fitted on (decoded in one task)
 _CHECK = "__image_check_{}"  # the Python stage's column per feature: struct<rule, length, stored>
 
 

@@ -302,7 +302,7 @@ def test_trials_two_at_a_time_on_local_2_a_stalled_one_cancelled_alone_and_the_b
     assert record["trial"] == s.best_trial.number and record["objective"]["value"] == s.best_value
     assert record["params"]["train.lr"] == s.best_trial.params["train.lr"]
     assert meta["config"]["train"]["lr"] == s.best_trial.params["train.lr"]
-    model = load_model(best, program=True)  # a plug-in model: the marker, model.json and program check out
+    model = load_model(best)  # a plug-in model, rebuilt by its factory: the marker, model.json and weights check out
     assert model.meta["run_id"] == read_marker(os.path.join(trial_dir(cfg, s.best_trial.number), "model"))["run_id"]
     page = open(os.path.join(cfg.output.path, "sweep.html")).read()
     assert page.count("<img") >= 4 and "train.lr" in page and "model.kwargs.role" in page  # over trials, per parameter

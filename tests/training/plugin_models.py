@@ -212,3 +212,22 @@ class StopsItself(nn.Module):
 
 def stops_itself(feature_spec, label_spec, hidden=(16,)):
     return StopsItself(feature_spec, label_spec, hidden)
+
+
+class Unscriptable(nn.Module):
+    """A plug-in ``torch.jit.script`` cannot compile (a try statement: TorchScript has none, and
+    many real models, Hugging Face's among them, use what it lacks), the tiny MLP inside."""
+
+    def __init__(self, feature_spec, label_spec, width: int):
+        super().__init__()
+        self.net = TabularMLP(**mlp_arguments(feature_spec, label_spec, [width]))
+
+    def forward(self, batch):
+        try:
+            return self.net(batch)
+        except KeyError as exc:
+            raise ValueError(f"the batch lacks {exc}") from None
+
+
+def unscriptable(feature_spec, label_spec, width=4):
+    return Unscriptable(feature_spec, label_spec, width)

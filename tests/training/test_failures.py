@@ -462,7 +462,7 @@ def test_elastic_the_survivor_goes_on_without_a_relaunch_in_equal_steps_for_the_
     assert summary["steps_per_epoch"] == per_rank
     assert summary["steps_per_rank"] == [per_rank] * world  # equal on every rank, in the final size's steps
     assert len(summary["metrics"]) == 1
-    assert load_model(str(tmp_path / "model"), program=True).metrics == summary["metrics"]
+    assert load_model(str(tmp_path / "model")).metrics == summary["metrics"]
     # Like any other run: report.html, and every epoch in MLflow.
     assert_run_report(tmp_path / "model.run", dataset.manifest["fingerprint"], world, summary["metrics"])
     _assert_epochs_tracked(tracking, "elastic", summary["metrics"])

@@ -162,9 +162,43 @@ def test_plugin_model_and_regression(tmp_path):
     assert result.final["val_mae"] < result.final["baseline_mae"]
     assert (f"validation mae: {result.final['val_mae']:.4f} (trivial baseline {result.final['baseline_mae']:.4f}; "
             "lower is better)") in result.summary(), result.summary()
-    model = load_model(result.model_uri, program=True)  # plug-in: served from the TorchScript program
-    values = model.predict(ds.raw["val"].iloc[result.reference["rows"]])
+    # A plug-in is rebuilt by calling its factory again with the kwargs it was trained with, and is
+    # also served by its TorchScript program (it scripts: output.torchscript auto wrote one).
+    rows = ds.raw["val"].iloc[result.reference["rows"]]
+    for program in (False, True):
+        values = load_model(result.model_uri, program=program).predict(rows)
+        np.testing.assert_allclose(values, np.array(result.reference["predictions"]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_torchscript_cannot_compile_publishes_without_a_program_and_predicts(dataset, tmp_path, caplog):
+    """The plug-in has a try statement, which TorchScript lacks: with output.torchscript auto
+    (the default) the model is published with its weights and no program, saying so, and
+    load_model rebuilds it from its factory to the predictions training made; asked for a program,
+    load_model says there is none. With always it is refused before any step."""
+    import torch
+
+    from common.dataset import read_manifest
+    from plugin_models import unscriptable
+
+    manifest = read_manifest(dataset.uri)
+    probe = unscriptable(FeatureSpec(manifest.features.spec).by_kind(), manifest.label.to_record())
+    with pytest.raises(Exception, match="[Tt]ry"):  # proves the model really cannot be scripted
+        torch.jit.script(probe)
+    overrides = ("model.name=plugin_models:unscriptable", "model.kwargs.width=6", "train.epochs=1")
+    with caplog.at_level("WARNING", logger="shardtrain.train"):
+        result = train(_cfg(dataset.uri, tmp_path / "auto", *overrides))
+    assert sorted(os.listdir(result.model_uri)) == ["_COMMITTED", "model.json", "model.safetensors"]
+    assert "published without a TorchScript program: torch.jit.script cannot compile it" in caplog.text
+    values = load_model(result.model_uri).predict(dataset.raw["val"].iloc[result.reference["rows"]])
     np.testing.assert_allclose(values, np.array(result.reference["predictions"]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(DatasetError, match="published without a TorchScript program"):
+        load_model(result.model_uri, program=True)
+
+    with pytest.raises(ConfigError, match=r"output.torchscript=always, but torch.jit.script cannot compile") as err:
+        train(_cfg(dataset.uri, tmp_path / "always", *overrides, "output.torchscript=always",
+                   "checkpoint.every_steps=1"))
+    assert err.value.exit_code == EXIT_USAGE
+    assert not os.path.exists(tmp_path / "always/model.run/checkpoints")  # no step ran
 
 
 def _checkpoint_steps(run_dir):

@@ -94,6 +94,11 @@ class ModelSpec:
         """Its network from its constructor's arguments (``arguments``, as model.json keeps them)."""
         return load_callable(self.network, "model.name")(**arguments)
 
+    def restore(self, arguments: dict, feature_spec: dict, label_spec: dict):
+        """A published model's network, untrained, from model.json's ``model.arguments`` (what
+        ``arguments`` gave) and its plain feature (by kind) and label specs."""
+        return self.rebuild(arguments)
+
     def build(self, model_cfg, feature_spec: dict, label_spec):
         """The network of ``model_cfg`` for the dataset (``label_spec``: a ``LabelSpec``)."""
         return self(feature_spec, label_spec.to_record(), **self.keyword_arguments(model_cfg))
@@ -139,15 +144,21 @@ class PluginSpec(ModelSpec):
         """Known once a rank builds it (training.strategies.pipeline refuses it there)."""
 
     def build(self, model_cfg, feature_spec: dict, label_spec):
+        return self.restore(self.arguments(model_cfg, feature_spec, label_spec), feature_spec, label_spec.to_record())
+
+    def arguments(self, model_cfg, feature_spec: dict, label_spec: dict) -> dict | None:
+        # Its factory is model.name, an import path: with these it is called again to rebuild it.
+        return {"kwargs": dict(model_cfg.kwargs)}
+
+    def restore(self, arguments: dict, feature_spec: dict, label_spec: dict):
+        """The factory called again as training called it. Importing it runs the package's code, as
+        training did: a package the user installed, never code that travels with the model."""
         from torch import nn
 
-        model = load_callable(self.name, "model.name")(feature_spec, label_spec.to_record(), **model_cfg.kwargs)
+        model = load_callable(self.name, "model.name")(feature_spec, label_spec, **arguments["kwargs"])
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model.name {self.name!r} returned {type(model).__name__}, not a torch.nn.Module")
         return model
-
-    def arguments(self, model_cfg, feature_spec: dict, label_spec: dict) -> dict | None:
-        return None  # it has no built-in architecture to rebuild: its TorchScript program serves it
 
     def offers(self, model, capability: str) -> bool:
         return all(hasattr(model, method) for method in METHODS[capability])
