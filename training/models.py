@@ -44,8 +44,10 @@ class TabularMLP(nn.Module):
     image feature through its own stem (``image_width`` pooled features)."""
 
     # Declared (and this module has no `from __future__ import annotations`, which would make it a
-    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array features).
+    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array
+    # or image features).
     array_names: List[str]
+    image_names: List[str]
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, hidden: list[int], dropout: float = 0.0, embedding_dim: int | None = None,
@@ -151,8 +153,10 @@ class FTTransformer(nn.Module):
     the head reads the CLS token. The blocks are the units of pipeline stages and FSDP."""
 
     # Declared (and this module has no `from __future__ import annotations`, which would make it a
-    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array features).
+    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array
+    # or image features).
     array_names: List[str]
+    image_names: List[str]
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, layers: int, d_model: int, heads: int, dropout: float = 0.0,
