@@ -89,12 +89,12 @@ def test_horovod_and_torch_ranks_train_images_to_the_same_weights(spark, two_ran
     mlp = ("model.name=mlp", "model.hidden=[8]", "model.kwargs.image_width=4")
     hvd = train(_cfg(dataset, tmp_path / "hvd", *mlp, "launch.backend=horovod", ranks=2), spark)
     plan = build_plan(_cfg(dataset, tmp_path / "torch", *mlp, "launch.backend=torch", ranks=2))
-    # On the same two ranks after it: ResNet-18 (width 4) on the photos alone, 3 epochs, sharded by
+    # On the same two ranks after it: ResNet-18 (width 4) on the photos alone, 2 epochs, sharded by
     # FSDP one residual stage a unit, and cut into 2 pipeline stages of whole residual stages (whose
     # BatchNorm statistics torch's shape inference on uninitialised tensors must not touch).
     photos = write_image_dataset(str(tmp_path / "photos"), LAYOUT)
     resnets = [build_plan(_cfg(photos, tmp_path / f"resnet-{i}", "model.name=resnet", "model.width=4",
-                               "train.epochs=3", *layout, "launch.backend=torch", ranks=2))
+                               "train.epochs=2", *layout, "launch.backend=torch", ranks=2))
                for i, layout in enumerate((["train.parallel=fsdp"],
                                            ["train.pipeline.stages=2", "train.pipeline.microbatches=2"]))]
     torch_run, *resnet_runs = two_ranks.run_calls([(train_rank, (p,)) for p in (plan, *resnets)])
