@@ -17,6 +17,8 @@ Driver-only; imports neither torch nor horovod.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import copy
 import dataclasses
 import logging
@@ -35,6 +37,10 @@ from training.strategies import ranks_per_replica
 
 log = logging.getLogger("shardtrain.train")
 
+
+
+if TYPE_CHECKING:
+    from training.user_code import UserCode
 
 @dataclass(frozen=True)
 class RankPlan:
@@ -59,6 +65,8 @@ class RankPlan:
     # The model path's writer lock as the driver took it (``common.writer_lock.output_lock``'s record):
     # rank 0 publishes under it (``writing_under``), from whichever process it runs in.
     writer_lock: dict | None = None
+    # The model, loss and metrics given to train() in code (training.user_code), pickled on the driver.
+    user_code: "UserCode | None" = None
 
     @property
     def task(self) -> str:
