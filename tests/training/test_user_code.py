@@ -140,3 +140,104 @@ def test_code_is_refused_where_it_cannot_go(dataset, tmp_path):
               loss=code["loss"])
     with pytest.raises(ConfigError, match=r"train\(loss=\.\.\.\) must be a class or function"):
         train(train_config(dataset, tmp_path / "m"), loss="focal")
+
+
+KERNEL_CELLS = [
+    # 1: what a notebook user writes, at the top level of cells (IPython's __main__).
+    '''
+import torch
+from torch import nn
+from training import train
+from training.models import TabularMLP, mlp_arguments
+from train_configs import train_config
+
+
+class Net(nn.Module):
+    def __init__(self, feature_spec, label_spec, width: int = 8):
+        super().__init__()
+        self.net = TabularMLP(**mlp_arguments(feature_spec, label_spec, [width]))
+
+    def forward(self, batch):
+        return self.net(batch)
+
+
+def focal(outputs, batch, gamma: float = 2.0):
+    logp = torch.log_softmax(outputs.float(), dim=-1).gather(1, batch["label"].long().unsqueeze(1)).squeeze(1)
+    return (-((1 - logp.exp()) ** gamma) * logp).mean()
+''',
+    # 2: train with them, then a loss with a bug, refused before any step with the cell's own line.
+    '''
+result = train(train_config(DATASET, OUT + "/kernel/model", *SETTINGS), model=Net, loss=focal)
+print("MODEL", result.model_uri)
+
+
+def buggy(outputs, batch):
+    return focal(outputs, batch) * batch["weights"].mean()  # the cell's own line
+
+
+try:
+    train(train_config(DATASET, OUT + "/buggy/model", *SETTINGS), model=Net, loss=buggy)
+except Exception as exc:
+    print("REFUSED", type(exc).__name__, exc.exit_code, str(exc).replace("\\n", " | "))
+''',
+]
+
+
+def test_a_model_and_loss_defined_in_a_real_ipython_kernel_train_like_the_same_code_imported(dataset, tmp_path):
+    """A real IPython kernel (jupyter_client, as a notebook front end drives one): its cells define
+    the model and loss at the top level (IPython's __main__), train() ships them by value, and the
+    weights equal those of the same code imported by name (plugin_models.FocalNet, whose loss is
+    its own method). A bug in a cell's loss is exit 2 before any step, naming the cell's line."""
+    import json
+    import os
+    import sys
+
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    specs = tmp_path / "kernels" / "shardtrain-test"
+    specs.mkdir(parents=True)
+    (specs / "kernel.json").write_text(json.dumps({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f",
+                                                           "{connection_file}"],
+                                                  "display_name": "shardtrain tests", "language": "python"}))
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))  # first: tests/training would shadow the training package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, here, os.path.dirname(here),
+                                                        os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    kernel = KernelManager(kernel_name="shardtrain-test", kernel_spec_manager=KernelSpecManager(
+        kernel_dirs=[str(tmp_path / "kernels")]))
+    kernel.start_kernel(cwd=str(tmp_path), env=env)
+    client = kernel.client()
+    settings = ["train.epochs=1", "train.batch_size=32", "train.lr=0.01", "model.kwargs.width=8"]
+    printed = []
+
+    def output(message):
+        if message["msg_type"] == "stream":
+            printed.append(message["content"]["text"])
+        elif message["msg_type"] == "error":
+            printed.append("\n".join(message["content"]["traceback"]))
+    try:
+        client.start_channels()
+        client.wait_for_ready(timeout=120)
+        prelude = f"DATASET, OUT, SETTINGS = {dataset.uri!r}, {str(tmp_path)!r}, {settings!r}"
+        for cell in [prelude, *KERNEL_CELLS]:
+            reply = client.execute_interactive(cell, timeout=300, output_hook=output)
+            assert reply["content"]["status"] == "ok", "".join(printed)
+    finally:
+        client.stop_channels()
+        kernel.shutdown_kernel(now=True)
+    said = "".join(printed)
+    model_uri = next(line.split(" ", 1)[1] for line in said.splitlines() if line.startswith("MODEL "))
+    named = train(train_config(dataset, tmp_path / "named" / "model", "model.name=plugin_models:focal_net",
+                               *settings))
+    from safetensors.numpy import load_file
+
+    mine, theirs = load_file(f"{model_uri}/model.safetensors"), load_file(f"{named.model_uri}/model.safetensors")
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        np.testing.assert_array_equal(mine[name], theirs[name], err_msg=name)
+    refused = next(line for line in said.splitlines() if line.startswith("REFUSED "))
+    assert refused.startswith("REFUSED ConfigError 2 "), refused
+    assert "raised on a probe batch before training (KeyError: 'weights')" in refused, refused
+    assert "focal(outputs, batch) * batch[\"weights\"].mean()  # the cell's own line" in refused, refused
