@@ -235,6 +235,29 @@ def test_the_pyfunc_marks_refused_rows_and_one_logged_before_keeps_its_output(ml
         old.predict(bad[FEATURES])
 
 
+def test_a_pyfunc_of_a_model_trained_from_notebook_code_runs_that_code_only_when_the_loader_trusts_it(mlflow_env,
+                                                                                                      tmp_path):
+    """A model given to train() in code holds that code: its pyfunc refuses to load naming
+    trust_code, and with model_config trust_code it predicts what load_model(trust_code=True) does."""
+    from common.model_registry import ARTIFACT_KEY, mlflow_uris
+    from training.mlflow_model import MODEL_CONFIG, PYFUNC_CODE, pip_requirements
+    from user_code_cells import notebook_code
+
+    reg = mlflow_env
+    trained = train(load_train_config(None, train_overrides(reg.dataset, str(tmp_path / "model"), "train.epochs=1",
+                                                            "model.kwargs.width=8")), model=notebook_code()["model"])
+    with mlflow_uris(reg.uri), mlflow.start_run(experiment_id=reg.client.get_experiment_by_name(EXPERIMENT).experiment_id):
+        info = mlflow.pyfunc.log_model(name="model", python_model=PYFUNC_CODE,
+                                       artifacts={ARTIFACT_KEY: trained.model_uri},
+                                       pip_requirements=pip_requirements(), model_config=MODEL_CONFIG)
+    with pytest.raises(Exception, match=r"trust_code=True"):
+        mlflow.pyfunc.load_model(info.model_uri)
+    frame = raw_rows(20, seed=3)[FEATURES]
+    pyfunc = mlflow.pyfunc.load_model(info.model_uri, model_config={**MODEL_CONFIG, "trust_code": True})
+    np.testing.assert_allclose(np.stack(pyfunc.predict(frame)["probabilities"].to_numpy()),
+                               load_model(trained.model_uri, trust_code=True).predict(frame), rtol=0, atol=1e-6)
+
+
 def test_a_moved_alias_is_scored_again_and_a_pinned_version_is_not(spark, mlflow_env, tmp_path, capsys):
     from shardtrain.cli import main
 
