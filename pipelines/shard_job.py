@@ -388,6 +388,8 @@ def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: TeacherRecord
     config["output"].pop("mode", None)
     config["output"].pop("staging_partitions", None)  # how the job runs, not what it writes
     config["output"].pop("ignore_readers", None)
+    if config.get("teacher"):
+        config["teacher"].pop("model_code", None)  # whether its code may run, not what it scores
     payload = {"config": config, "sources": sources_fp, "shardtrain_version": __version__,
                "format_version": FORMAT_VERSION}
     if teacher is not None:

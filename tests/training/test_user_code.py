@@ -24,6 +24,14 @@ def dataset(tmp_path_factory):
     return write_dataset(str(tmp_path_factory.mktemp("user-code") / "ds"), LAYOUT)
 
 
+@pytest.fixture(scope="module")
+def code_model(dataset, tmp_path_factory):
+    """A model given to train() in code: its class exists nowhere importable."""
+    out = tmp_path_factory.mktemp("code-model")
+    return train(train_config(dataset, out / "model", "train.epochs=1", "model.kwargs.width=8"),
+                 model=notebook_code()["model"])
+
+
 def _weights(result):
     from safetensors.numpy import load_file
 
@@ -63,7 +71,7 @@ def test_code_given_to_train_trains_like_the_same_code_imported_by_name(dataset,
     assert record["code"]["objects"]["loss"].endswith("notebook_code.<locals>.focal")
 
 
-def test_code_stored_with_a_model_runs_only_when_trusted_and_only_as_published(dataset, tmp_path, caplog):
+def test_code_stored_with_a_model_runs_only_when_trusted_and_only_as_published(code_model, dataset, tmp_path, caplog):
     """The class exists nowhere importable (TorchScript cannot read its source either: no program).
     The model holds it, pickled; loading runs it only with trust_code, logging its sha256, and a
     changed byte in it is refused naming the file."""
@@ -73,9 +81,7 @@ def test_code_stored_with_a_model_runs_only_when_trusted_and_only_as_published(d
 
     from common.errors import DatasetError
 
-    code = notebook_code()
-    result = train(train_config(dataset, tmp_path / "model", "train.epochs=1", "model.kwargs.width=8"),
-                   model=code["model"])
+    result = code_model
     files = json.load(open(f"{result.model_uri}/model.json"))["files"]
     assert "model.torchscript.pt" not in files and "model.code.pkl" in files
     with pytest.raises(ConfigError, match=r"trained from code given to train\(\) \(model .*notebook_code.<locals>.Net\), "
@@ -111,6 +117,25 @@ def test_metrics_given_in_code_are_exact_over_two_torch_ranks(uneven_torch_run, 
     expected = _single_process_metrics(result, dataset)
     assert {k: result.final[k] for k in expected} == pytest.approx(expected, abs=1e-6)
     assert result.final["val_my_accuracy"] == pytest.approx(result.final["val_accuracy"], abs=1e-12)
+
+
+@pytest.mark.spark
+def test_score_and_a_teacher_run_a_models_code_only_when_trusted(spark, code_model, dataset):
+    """Scoring on Spark (each worker rebuilds the model from the code it holds) and a shard job's
+    teacher take the model only when told to trust its code (score's model_code, teacher.model_code)."""
+    from scoring.predict import predict_frame
+    from shardtrain.teacher import describe_teacher
+
+    uri, rows = code_model.model_uri, dataset.raw["val"].drop(columns=["label"])
+    frame = spark.createDataFrame(rows)
+    with pytest.raises(ConfigError, match="model_code: trust"):
+        predict_frame(frame, uri)
+    scored = predict_frame(frame, uri, trust_code=True).toPandas().sort_values("x1")
+    expected = load_model(uri, trust_code=True).predict(rows.sort_values("x1"))
+    np.testing.assert_allclose(np.stack(scored["probabilities"].to_numpy()), expected, rtol=0, atol=1e-6)
+    with pytest.raises(ConfigError, match="trust_code=True"):
+        describe_teacher(uri)
+    assert describe_teacher(uri, trust_code=True)["fingerprint"] == load_model(uri, trust_code=True).fingerprint
 
 
 def test_code_that_raises_is_exit_2_before_any_step_with_the_users_line(dataset, tmp_path):
