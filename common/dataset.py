@@ -251,6 +251,7 @@ class Manifest:
         self._validate()
         # Parsed once, after the validation: readers use these, never the raw records.
         self.features = FeatureSpec(data["features"], _recorded_category_bytes(data))
+        self.features.attach(root)  # a kind's side files (a tokenizer), checked against their sha256
         self.label = LabelSpec.from_record(data["label"])
         # The soft-target record, or None: the splits store no teacher column.
         self.teacher = None if data.get("teacher") is None else TeacherRecord.from_record(data["teacher"])

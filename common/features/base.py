@@ -30,6 +30,13 @@ import numpy as np
 from common.errors import DatasetError
 
 
+# A record's files (``files``: [{"path", "sha256"}], relative to the dataset or model root) are its
+# kind's side files (a tokenizer); while the shard job runs, the record also holds their text under
+# FILE_TEXTS ({path: text}), which the job writes beside the manifest and drops from it.
+FILES = "files"
+FILE_TEXTS = "_file_texts"
+
+
 def typed_name(prefix: str, name: str) -> str:
     return prefix + name.replace("%", "%25").replace("`", "%60").replace(".", "%2E")
 
@@ -127,6 +134,17 @@ class FeatureKind:
         Spark's DataFrame API would parse it (a backtick, a dot: pyspark's mapInArrow looks its
         input columns up by name), so a feature may be called "price-usd" or "first name"."""
         return typed_name(self.typed_prefix, name)
+
+    @classmethod
+    def fits_before_rows(cls, features_cfg) -> bool:
+        """Whether a row rule of this kind needs something fitted on the train split first (a
+        tokenizer): then the shard job calls ``fit_before_rows`` before its pass over the rows."""
+        return False
+
+    @classmethod
+    def fit_before_rows(cls, features_cfg, clean_train, seed: int) -> None:
+        """Fit what the row rules need on ``clean_train`` (a Spark DataFrame of the train split's
+        rows that pass every rule, typed), leaving it on ``features_cfg`` for ``configured``."""
 
     def moment_columns(self) -> list[tuple[str, str]]:
         """(feature, typed column) whose exact train moments ``fit`` needs (pipelines/summary.py)."""
