@@ -55,11 +55,33 @@ class TrainSummary:
 class BatchEntry:
     """One entry of the batch a network receives, and the stored columns it is read from: with
     ``shape`` () the scalar ``columns`` side by side as [rows, len(columns)]; otherwise the one
-    list column in ``columns`` as [rows, *shape]. ``dtype`` is the entry's numpy dtype."""
+    list column in ``columns`` as [rows, *shape]. ``dtype`` is the entry's numpy dtype.
+
+    ``ragged``: the list column's rows hold 0 to shape[0] values (token ids): the entry is
+    [rows, L], padded with ``pad`` to the batch's longest row (L rounded up to the loader's
+    pad multiple), and the batch holds its mask, True where a value is, under ``key + MASK_SUFFIX``."""
     key: str
     columns: tuple[str, ...]
     dtype: str
     shape: tuple[int, ...] = ()
+    ragged: bool = False
+    pad: int = 0
+
+
+MASK_SUFFIX = "#mask"  # a ragged entry's mask in a batch (a reserved suffix: no feature name ends with it)
+
+
+def padded(rows: list, pad: int, multiple: int = 1, dtype="int64") -> tuple[np.ndarray, np.ndarray]:
+    """Ragged rows (sequences of ids) as ([n, L] padded with ``pad``, [n, L] bool mask), L the
+    longest row (at least 1) rounded up to ``multiple``."""
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    width = max(int(lengths.max()) if len(rows) else 0, 1)
+    width = -(-width // multiple) * multiple
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    ids = np.full((len(rows), width), pad, dtype=dtype)
+    if len(rows) and lengths.sum():
+        ids[mask] = np.concatenate([np.asarray(r, dtype=dtype) for r in rows if len(r)])
+    return ids, mask
 
 
 def stacked_scalars(table: Any, names: list[str], n: int, dtype) -> np.ndarray:

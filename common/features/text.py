@@ -33,7 +33,7 @@ import numpy as np
 
 from common.config import require, setting, storage_path
 from common.errors import DatasetError, InputDataError
-from common.features.base import BatchEntry, FeatureKind, FILE_TEXTS
+from common.features.base import FILE_TEXTS, MASK_SUFFIX, BatchEntry, FeatureKind, padded
 from common.rows import each, is_missing, mask, reason, reason_text
 from common.sql import quote_identifier as q
 from common.tokenizer import TOKENIZER_TYPES
@@ -100,6 +100,12 @@ class Text(FeatureKind):
         self.by_name = {r["name"]: r for r in self.records}
         self._encoders: dict[str, Any] = {}
         self.root = None  # the dataset's or model's Location its files are read from (FeatureSpec.attach)
+
+    @classmethod
+    def check_config(cls, features_cfg) -> None:
+        for name in features_cfg.text:
+            require(not name.endswith(MASK_SUFFIX), f"text.{name}",
+                    f"ends with {MASK_SUFFIX!r}, which a batch reserves for masks; rename the column in the query")
 
     @classmethod
     def check_record(cls, record: dict, where: str) -> None:
@@ -248,18 +254,37 @@ class Text(FeatureKind):
         return self.stored_values(name, values)
 
     def batch_layout(self) -> list[BatchEntry]:
-        return [BatchEntry(name, (name,), "int64", (int(r["max_tokens"]),)) for name, r in self.by_name.items()]
+        return [BatchEntry(name, (name,), "int64", (int(r["max_tokens"]),), ragged=True, pad=int(r["pad_id"]))
+                for name, r in self.by_name.items()]
+
+    def batch(self, frame: Any, n: int) -> dict[str, np.ndarray]:
+        """Raw strings -> each feature's token ids padded to the rows' longest, and its mask: what
+        the loader gives a batch of the same rows (with pad_multiple 1)."""
+        out = {}
+        for name, r in self.by_name.items():
+            encoder = self.encoder(name)
+            rows = [encoder.truncated(ids) for ids in encoder.token_ids(_texts(frame[name], n))]
+            out[name], out[name + MASK_SUFFIX] = padded(rows, int(r["pad_id"]))
+        return out
+
+    def stored_batch(self, table: Any, n: int) -> dict[str, np.ndarray]:
+        out = {}
+        for name, r in self.by_name.items():
+            out[name], out[name + MASK_SUFFIX] = padded(table.column(name).to_pylist(), int(r["pad_id"]))
+        return out
 
     def batch_keys(self) -> list[str]:
-        return list(self.by_name)
+        return [key for name in self.by_name for key in (name, name + MASK_SUFFIX)]
 
     def probe(self, rows: int) -> dict[str, np.ndarray]:
         out = {}
         for name, r in self.by_name.items():
-            ids = np.zeros((rows, int(r["max_tokens"])), dtype=np.int64)
+            ids = np.full((rows, 2), int(r["pad_id"]), dtype=np.int64)
+            mask = np.zeros((rows, 2), dtype=bool)
             if rows:
-                ids[-1, 0] = int(r["vocab_size"]) - 1  # the largest id: an embedding table too small fails on it
-            out[name] = ids
+                ids[-1] = int(r["vocab_size"]) - 1  # the largest id: an embedding table too small fails on it
+                mask[-1] = True
+            out[name], out[name + MASK_SUFFIX] = ids, mask
         return out
 
     def signature_columns(self) -> list:
