@@ -101,6 +101,7 @@ class FeatureKind:
     required: ClassVar[tuple[str, ...]] = ("name",)
 
     def __init__(self, records: list[dict], max_category_bytes: int):
+        self.attached: dict[str, str] = {}  # the records' side files' text, by path (FeatureSpec.attach)
         self.records = list(records)
         self.names = [r["name"] for r in self.records]
         self.max_category_bytes = max_category_bytes

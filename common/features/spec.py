@@ -131,15 +131,18 @@ class FeatureSpec:
         return [{k: v for k, v in r.items() if k != FILE_TEXTS} for r in self.spec]
 
     def attach(self, root) -> None:
-        """Read side files from ``root`` (a dataset's or model's Location) from now on; each listed
-        file is checked against its recorded sha256 first, so a changed one is refused, named."""
+        """Read the side files listed by the records from ``root`` (a dataset's or model's
+        Location) into the kinds (``attached``); each is checked against its recorded sha256
+        first, so a changed one is refused, named."""
         from common.dataset_files import verify_digest
 
+        texts = {}
         for r in self.spec:
             for entry in r.get(FILES) or []:
                 verify_digest(root.join(entry["path"]), entry["sha256"])
+                texts[entry["path"]] = root.read_text(entry["path"])  # small; a registry's copy is temporary
         for kind in self.kinds:
-            kind.root = root
+            kind.attached = texts
 
     def stored_values(self, name: str, values: Any) -> Any:
         """One feature's typed values as the shard writer stores them (its kind decides)."""

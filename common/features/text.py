@@ -99,7 +99,6 @@ class Text(FeatureKind):
         super().__init__(records, max_category_bytes)
         self.by_name = {r["name"]: r for r in self.records}
         self._encoders: dict[str, Any] = {}
-        self.root = None  # the dataset's or model's Location its files are read from (FeatureSpec.attach)
 
     @classmethod
     def check_config(cls, features_cfg) -> None:
@@ -206,20 +205,15 @@ class Text(FeatureKind):
                             "pad_id": r.get("pad_id")} for r in self.records}
 
     def tokenizer_json(self, name: str) -> str:
-        """Feature ``name``'s tokenizer JSON: the record's own during the shard job, else its file
-        under ``root`` (checked against the recorded sha256)."""
+        """Feature ``name``'s tokenizer JSON: the record's own during the shard job, else the file
+        ``FeatureSpec.attach`` read (and checked against the recorded sha256)."""
         record = self.by_name[name]
         path = record["tokenizer"]["path"]
-        texts = record.get(FILE_TEXTS) or {}
-        if path in texts:
-            return texts[path]
-        if self.root is None:
+        texts = {**self.attached, **(record.get(FILE_TEXTS) or {})}
+        if path not in texts:
             raise DatasetError(f"text feature {name!r}: its tokenizer {path} is not attached (read the dataset or "
                                "model with read_manifest / load_model)")
-        from common.dataset_files import verify_digest
-
-        verify_digest(self.root.join(path), record["tokenizer"]["sha256"])
-        return self.root.read_text(path)
+        return texts[path]
 
     def encoder(self, name: str):
         if name not in self._encoders:
@@ -286,6 +280,11 @@ class Text(FeatureKind):
                 mask[-1] = True
             out[name], out[name + MASK_SUFFIX] = ids, mask
         return out
+
+    def raw_example(self, name: str, stored: Any) -> list:
+        """Stored token ids back as text (an MLflow input example): the tokenizer's decoding."""
+        tokenizer = self.encoder(name).tokenizer
+        return [tokenizer.decode(ids) for ids in stored.to_pylist()]
 
     def signature_columns(self) -> list:
         from mlflow.types import ColSpec, DataType
