@@ -118,7 +118,7 @@ def _feature_files(meta: dict) -> dict[str, bytes]:
     """The feature records' side files (a text feature's tokenizer.json, ``common.features.base.FILES``),
     read from the dataset the run trained on and checked against their recorded sha256: the model
     carries them at the same paths, so it serves raw values as the dataset was encoded."""
-    from common.dataset_files import verify_digest
+    from common.file_digest import verify_digest
 
     entries = [entry for record in meta.get("features") or [] for entry in record.get("files") or []]
     if not entries:

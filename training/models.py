@@ -308,7 +308,7 @@ def _example_inputs(numeric: int, vocab_sizes: list[int], array_widths: list[int
             *(torch.randn(rows, width, device=device) for width in array_widths))
 
 
-from training.model_specs.mlp import TEXT_DIM  # the MLP's text embedding width where model.embedding_dim is unset
+TEXT_DIM = 16  # the MLP's text embedding width where model.embedding_dim is unset (its spec's copy: model_specs/mlp.py)
 
 
 def data_arguments(feature_spec: dict, label_spec: dict) -> dict:

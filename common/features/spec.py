@@ -134,7 +134,7 @@ class FeatureSpec:
         """Read the side files listed by the records from ``root`` (a dataset's or model's
         Location) into the kinds (``attached``); each is checked against its recorded sha256
         first, so a changed one is refused, named."""
-        from common.dataset_files import verify_digest
+        from common.file_digest import verify_digest
 
         texts = {}
         for r in self.spec:

@@ -12,7 +12,7 @@ from common.features.numeric import Numeric
 from common.features.text import Text
 from training.model_specs.base import BLOCK_NAMES, EXAMPLE, PIPELINE, ModelSpec
 
-TEXT_DIM = 16  # training.models.TEXT_DIM (this module is torch-free)
+TEXT_DIM = 16  # training.models.TEXT_DIM, copied: this module is torch-free (test_model_shape checks they agree)
 
 
 class MLP(ModelSpec):
