@@ -124,11 +124,7 @@ class TextEncoder:
         """Texts (no None) as an Arrow ``list<int32>`` array of their truncated token ids."""
         import pyarrow as pa
 
-        rows = [self.truncated(ids) for ids in self.token_ids(texts)]
-        offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-        np.cumsum([len(r) for r in rows], out=offsets[1:])
-        flat = np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(offsets[-1]))
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.int32()))
+        return pa.array([self.truncated(ids) for ids in self.token_ids(texts)], type=pa.list_(pa.int32()))
 
 
 def pad_id(tokenizer: Any, where: str) -> int:
