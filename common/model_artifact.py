@@ -276,7 +276,9 @@ def _read_committed(loc: Location, program: bool, build_network) -> LoadedModel:
         module = _load_program(loc, verified_bytes(loc, meta, PROGRAM))
     else:
         module = build_network(loc, meta)
-    return _checked_against_network(loc, LoadedModel(module, meta, fingerprint, PROGRAM if program else WEIGHTS))
+    model = LoadedModel(module, meta, fingerprint, PROGRAM if program else WEIGHTS)
+    model.features.attach(loc)  # its features' side files (a tokenizer), checked against their sha256
+    return _checked_against_network(loc, model)
 
 
 def _checked_against_network(loc: Location, model: LoadedModel) -> LoadedModel:

@@ -47,7 +47,7 @@ import numpy as np
 from common.errors import DatasetError
 from common.dataset import ROW_INDEX
 from common.storage import resolve, storage_errors
-from training.columns import Columns, table_to_arrays
+from training.columns import Columns, batch_of, table_to_arrays
 from training.epoch_steps import epoch_seed, rank_row_range, steps_per_epoch
 from training.shuffle_buffers import BufferMemory, ShuffleBuffers
 from training.split_layout import SplitLayout
@@ -182,9 +182,10 @@ class RankLoader:
             for last in buffers:
                 stats.rows_read += last.rows_read
                 for start in range(0, last.full, size):
-                    yield {name: value[start:start + size] for name, value in last.arrays.items()}
+                    yield batch_of({name: value[start:start + size] for name, value in last.arrays.items()},
+                                   self.columns)
             if keep_last and last is not None and last.rest is not None:
-                yield last.rest
+                yield batch_of(last.rest, self.columns)
         finally:
             reader.stop()
             reader.join()
@@ -235,7 +236,7 @@ def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[s
                 have += batch.num_rows
                 if have >= count:
                     break
-    return table_to_arrays(pa.concat_tables(tables), columns)
+    return batch_of(table_to_arrays(pa.concat_tables(tables), columns), columns)
 
 
 __all__ = ["EpochStats", "RankLoader", "read_first_rows"]

@@ -105,12 +105,31 @@ def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, torchscript: 
     text = json.dumps(record, indent=2, sort_keys=True)
     marker = {"kind": KIND_MODEL, "format": MODEL_FORMAT, "run_id": run_id,
               "model_json_sha256": hashlib.sha256(text.encode()).hexdigest()}
+    side_files = _feature_files(meta)
     with publish(uri, mode=mode, marker=marker) as staging:
-        for name, data in blobs.items():
+        for name, data in [*blobs.items(), *side_files.items()]:
             with storage_errors(f"writing {name}", staging.uri), staging.open(name, "wb") as fh:
                 fh.write(data)
         staging.write_text(META, text)
     return uri
+
+
+def _feature_files(meta: dict) -> dict[str, bytes]:
+    """The feature records' side files (a text feature's tokenizer.json, ``common.features.base.FILES``),
+    read from the dataset the run trained on and checked against their recorded sha256: the model
+    carries them at the same paths, so it serves raw values as the dataset was encoded."""
+    from common.file_digest import verify_digest
+
+    entries = [entry for record in meta.get("features") or [] for entry in record.get("files") or []]
+    if not entries:
+        return {}
+    root = resolve(meta["dataset"]["uri"])
+    out = {}
+    for entry in entries:
+        verify_digest(root.join(entry["path"]), entry["sha256"])
+        with storage_errors("reading a feature's file", root.uri), root.open(entry["path"], "rb") as fh:
+            out[entry["path"]] = fh.read()
+    return out
 
 
 def published_by(uri: str, provenance: dict) -> dict | None:

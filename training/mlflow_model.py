@@ -139,6 +139,7 @@ def input_example(meta: dict, dataset_uri: str, splits: list[str], rows: int = E
     with manifest.root.open(entry.path, "rb") as fh:
         table = pq.ParquetFile(fh).read_row_group(0).slice(0, rows)
     spec = FeatureSpec(meta["features"])
+    spec.attach(manifest.root)  # a text feature decodes its ids with the dataset's tokenizer
     columns = {name: spec.kind_of(name).raw_example(name, table.column(name)) for name in spec.columns}
     return pd.DataFrame(columns)[spec.columns]
 

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from common.config import to_dict
-from common.errors import DatasetError
+from common.errors import ConfigError, DatasetError
 from common.dataset import MANIFEST_NAME, TEACHER_COLUMN, LabelSpec, Manifest, read_manifest, teacher_differences
 from training.columns import Columns, columns_for
 from training.config import TrainConfig
@@ -158,7 +158,8 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
         config=copy.deepcopy(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
         feature_spec=manifest.features.by_kind(), label_spec=manifest.label,
         max_category_bytes=manifest.features.max_category_bytes,
-        columns=columns_for(manifest, teacher=cfg.train.distill is not None),
+        columns=columns_for(manifest, teacher=cfg.train.distill is not None,
+                            pad_multiple=cfg.data.batching.pad_multiple),
         train=train, val=val, world_size=world, steps_per_epoch=steps,
         skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, replicas, batch, accum))
 
@@ -180,6 +181,11 @@ def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:
         raise DatasetError(f"{where}: field 'label.num_classes' is {label.num_classes!r} but "
                            f"model.num_classes is {model.num_classes}")
     _check_feature_kinds(manifest, model, where)
+    ragged = [entry.key for entry in manifest.features.batch_layout() if entry.ragged]
+    if ragged and cfg.train.pipeline.stages > 1:
+        # A stage's inputs have fixed shapes, and every micro-batch the same; token batches do not.
+        raise ConfigError(f"train.pipeline.stages={cfg.train.pipeline.stages} cannot take the variable-length "
+                          f"features {ragged}; set train.pipeline.stages=1 (DDP or FSDP train them)")
     if model.features is not None:
         absent = [name for name in model.features if name not in manifest.features.columns]
         if absent:

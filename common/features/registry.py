@@ -13,8 +13,9 @@ from common.features.arrays import Arrays
 from common.features.base import FeatureKind
 from common.features.categorical import Categorical
 from common.features.numeric import Numeric
+from common.features.text import Text
 
-KINDS: list[type[FeatureKind]] = [Numeric, Categorical, Arrays]
+KINDS: list[type[FeatureKind]] = [Numeric, Categorical, Arrays, Text]
 
 
 def kind_named(name: str) -> type[FeatureKind]:
