@@ -29,6 +29,18 @@ PARALLEL = picked_by("train.parallel")  # train.parallel's choices: the strategi
 
 
 @dataclass
+class BatchingConfig:
+    """How a batch's variable-length entries (a text feature's token ids) are shaped."""
+
+    pad_multiple: int = setting(
+        "a batch's token ids are padded to its longest row, rounded up to a multiple of this (8 suits tensor "
+        "cores on a GPU); the mask marks the padding", default=1)
+
+    def __post_init__(self):
+        require(1 <= self.pad_multiple <= 1024, "pad_multiple", f"must be in [1, 1024], got {self.pad_multiple}")
+
+
+@dataclass
 class DataConfig:
     path: str | None = storage_path(
         "URI of a dataset published by `shardtrain shard`; required (in `run`, `sweep` and `distill` it defaults "
@@ -63,6 +75,7 @@ class DataConfig:
     reader: Literal["petastorm", "arrow"] | None = setting(
         "`petastorm` (needs pyarrow 14) or `arrow` (plain pyarrow, any version): the same batches for the same "
         "seed, epoch and rank; null: petastorm where it is installed, else arrow", default=None)
+    batching: BatchingConfig = setting("how batches of text features are padded", default_factory=BatchingConfig)
 
     def __post_init__(self):
         if self.reader is None:

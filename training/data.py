@@ -49,7 +49,7 @@ import numpy as np
 from common.errors import DatasetError
 from common.dataset import ROW_INDEX
 from common.storage import resolve, storage_errors
-from training.columns import Columns, table_to_arrays
+from training.columns import Columns, batch_of, table_to_arrays
 from training.epoch_steps import epoch_seed, rank_row_range, steps_per_epoch
 from training.image_loading import DecodeStage, ImageAugment
 from training.shuffle_buffers import BufferMemory, ShuffleBuffers
@@ -195,9 +195,10 @@ class RankLoader:
             for last in buffers:
                 stats.rows_read += last.rows_read
                 for start in range(0, last.full, size):
-                    yield {name: value[start:start + size] for name, value in last.arrays.items()}
+                    yield batch_of({name: value[start:start + size] for name, value in last.arrays.items()},
+                                   self.columns)
             if keep_last and last is not None and last.rest is not None:
-                yield last.rest
+                yield batch_of(last.rest, self.columns)
         finally:
             reader.stop()
             reader.join()
@@ -251,7 +252,8 @@ def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[s
                 if have >= count:
                     break
     # Decoded as the loader decodes (never augmented): the reference predictions' inputs.
-    return DecodeStage(list(columns.features), workers=1).decode_batch(table_to_arrays(pa.concat_tables(tables), columns))
+    return DecodeStage(list(columns.features), workers=1).decode_batch(
+        batch_of(table_to_arrays(pa.concat_tables(tables), columns), columns))
 
 
 __all__ = ["EpochStats", "RankLoader", "read_first_rows"]

@@ -26,7 +26,7 @@ network has; the strategies ask the spec (``training.model_specs.spec_of``), nev
 Imported on ranks only (it imports torch).
 """
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from torch import nn
@@ -34,9 +34,11 @@ from torch import nn
 from common.features.arrays import Arrays
 from common.features.categorical import RESERVED_INDICES, Categorical
 from common.features.numeric import Numeric
+from common.features.text import Text
 from common.tasks import label_task
 from training.image_stems import example_images, image_stems
 from training.model_specs.image_inputs import IMAGES, MLP_STEM_WIDTH, image_records
+from training.text_encoder import TextEmbeddings
 
 
 class TabularMLP(nn.Module):
@@ -51,7 +53,8 @@ class TabularMLP(nn.Module):
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, hidden: list[int], dropout: float = 0.0, embedding_dim: int | None = None,
-                 regression: bool = False, images: list[dict] | None = None, image_width: int = MLP_STEM_WIDTH):
+                 regression: bool = False, images: list[dict] | None = None, image_width: int = MLP_STEM_WIDTH,
+                 text_names: list[str] = (), text_vocab_sizes: list[int] = (), text_max_tokens: list[int] = ()):
         super().__init__()
         # The batch entries the feature kinds give (common.features): the network's inputs.
         self.numeric_key, self.categorical_key = Numeric.name, Categorical.name
@@ -63,7 +66,11 @@ class TabularMLP(nn.Module):
         dims = [embedding_dim or min(16, (size + 1) // 2) for size in vocab_sizes]
         self.embeddings = nn.ModuleList(nn.Embedding(size, dim) for size, dim in zip(vocab_sizes, dims))
         self.image_stems = image_stems(self.images, image_width)
-        width = num_numeric + sum(dims) + sum(array_widths) + len(self.images) * image_width
+        # Text: each feature's mean-pooled token embeddings (training.text_encoder).
+        self.text = TextEmbeddings(list(text_names), list(text_vocab_sizes), list(text_max_tokens),
+                                   embedding_dim or TEXT_DIM, positions=False)
+        width = (num_numeric + sum(dims) + sum(array_widths) + len(self.images) * image_width
+                 + len(text_names) * self.text.dim)
         layers: list[nn.Module] = []
         for size in hidden:
             layers += [nn.Linear(width, size), nn.ReLU()]
@@ -83,6 +90,7 @@ class TabularMLP(nn.Module):
             parts.append(value.reshape(value.shape[0], -1))
         for j, stem in enumerate(self.image_stems):
             parts.append(stem(batch[self.image_names[j]]))
+        parts.extend(self.text.pooled(batch))
         out = self.body(torch.cat(parts, dim=1))
         if self.regression:
             return out.squeeze(1)
@@ -160,7 +168,8 @@ class FTTransformer(nn.Module):
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, layers: int, d_model: int, heads: int, dropout: float = 0.0,
-                 ffn_width: int | None = None, regression: bool = False, images: list[dict] | None = None):
+                 ffn_width: int | None = None, regression: bool = False, images: list[dict] | None = None,
+                 text_names: list[str] = (), text_vocab_sizes: list[int] = (), text_max_tokens: list[int] = ()):
         super().__init__()
         # The batch entries the feature kinds give (common.features): the network's inputs.
         self.numeric_key, self.categorical_key = Numeric.name, Categorical.name
@@ -169,6 +178,10 @@ class FTTransformer(nn.Module):
         self.image_names = [r["name"] for r in self.images]
         self.regression = regression
         self.tokenizer = _FeatureTokenizer(num_numeric, vocab_sizes, array_widths, d_model, self.images)
+        # Text: each feature's tokens (embedding + position) after the feature tokens, padding masked out.
+        self.text = TextEmbeddings(list(text_names), list(text_vocab_sizes), list(text_max_tokens), d_model,
+                                   positions=True)
+        self.has_text = len(text_names) > 0
         self.blocks = nn.ModuleList(_TransformerBlock(d_model, heads, ffn_width or 2 * d_model, dropout)
                                     for _ in range(layers))
         self.head = _CLSHead(d_model, out_dim)
@@ -177,8 +190,14 @@ class FTTransformer(nn.Module):
         arrays = [batch[name] for name in self.array_names]
         images = [batch[name] for name in self.image_names]
         tokens = self.tokenizer(batch[self.numeric_key], batch[self.categorical_key], arrays, images)
+        mask: Optional[torch.Tensor] = None
+        if self.has_text:
+            text, text_mask = self.text.sequences(batch)
+            mask = torch.cat([torch.ones(tokens.shape[0], tokens.shape[1], dtype=torch.bool, device=tokens.device),
+                              text_mask], dim=1)
+            tokens = torch.cat([tokens, text.to(tokens.dtype)], dim=1)
         for block in self.blocks:
-            tokens = block(tokens)
+            tokens = block(tokens, mask)
         out = self.head(tokens)
         if self.regression:
             return out.squeeze(1)
@@ -253,12 +272,16 @@ class _TransformerBlock(nn.Module):
                                  nn.Linear(ffn_width, d_model))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``mask``: [B, T], True where a token may be attended to (padding is not); None: all."""
         rows, tokens, width = x.shape
         qkv = self.qkv(self.attention_norm(x)).reshape(rows, tokens, 3, self.heads, width // self.heads)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # [3, B, heads, T, head width]
         q, k, v = qkv[0], qkv[1], qkv[2]
-        weights = torch.softmax(q @ k.transpose(-2, -1) * (width // self.heads) ** -0.5, dim=-1)
+        scores = q @ k.transpose(-2, -1) * (width // self.heads) ** -0.5
+        if mask is not None:  # the CLS token is never masked, so no row's softmax is over nothing
+            scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
         mixed = (weights @ v).transpose(1, 2).reshape(rows, tokens, width)
         x = x + self.dropout(self.attention_out(mixed))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
@@ -312,6 +335,9 @@ def _example_inputs(numeric: int, vocab_sizes: list[int], array_widths: list[int
             *(torch.randn(rows, width, device=device) for width in array_widths))
 
 
+TEXT_DIM = 16  # the MLP's text embedding width where model.embedding_dim is unset (its spec's copy: model_specs/mlp.py)
+
+
 def data_arguments(feature_spec: dict, label_spec: dict) -> dict:
     """A built-in model's constructor arguments that come from the manifest's feature and label spec
     (``images`` only where the dataset has image features: the models published before them rebuild
@@ -319,8 +345,11 @@ def data_arguments(feature_spec: dict, label_spec: dict) -> dict:
     arrays = feature_spec.get(Arrays.name, [])
     task = label_task(label_spec["task"])
     images = image_records(feature_spec, IMAGES)
+    text = feature_spec.get(Text.name, [])
+    extra = dict(text_names=[t["name"] for t in text], text_vocab_sizes=[int(t["vocab_size"]) for t in text],
+                 text_max_tokens=[int(t["max_tokens"]) for t in text]) if text else {}
     return dict(
-        **({"images": images} if images else {}),
+        **({"images": images} if images else {}), **extra,
         num_numeric=len(feature_spec.get(Numeric.name, [])),
         vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
                      for c in feature_spec.get(Categorical.name, [])],

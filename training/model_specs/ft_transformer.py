@@ -11,6 +11,7 @@ from common.errors import ConfigError
 from common.features.arrays import Arrays
 from common.features.categorical import Categorical
 from common.features.numeric import Numeric
+from common.features.text import Text
 from training.model_specs.base import BLOCK_NAMES, EXAMPLE, FSDP_UNITS, PIPELINE, ModelSpec
 from training.model_specs.image_inputs import IMAGES, stem_parameters
 
@@ -19,7 +20,7 @@ class FTTransformer(ModelSpec):
     network = "training.models:FTTransformer"
     keys = {"layers": None, "d_model": None, "heads": None, "dropout": float}
     capabilities = frozenset({PIPELINE, BLOCK_NAMES, EXAMPLE, FSDP_UNITS})
-    feature_kinds = (Numeric.name, Categorical.name, Arrays.name, IMAGES)
+    feature_kinds = (Numeric.name, Categorical.name, Arrays.name, IMAGES, Text.name)
 
     def parameters(self, model_cfg, data) -> int:
         args = self.keyword_arguments(model_cfg)
@@ -27,6 +28,7 @@ class FTTransformer(ModelSpec):
         ffn = args.get("ffn_width") or 2 * d  # model.kwargs.ffn_width; the constructor's default
         tokenizer = d + 2 * data.numeric * d + sum(data.vocab_sizes) * d + sum(w * d + d for w in data.array_widths)
         tokenizer += sum(stem_parameters(channels, d) for channels in data.image_channels)
+        tokenizer += (sum(data.text_vocab_sizes) + sum(data.text_max_tokens)) * d  # text tokens and positions
         block = 2 * 2 * d + 3 * d * d + (d * d + d) + (d * ffn + ffn) + (ffn * d + d)
         head = 2 * d + d * data.out + data.out
         return tokenizer + args["layers"] * block + head

@@ -11,15 +11,18 @@ from common.errors import ConfigError
 from common.features.arrays import Arrays
 from common.features.categorical import Categorical
 from common.features.numeric import Numeric
+from common.features.text import Text
 from training.model_specs.base import BLOCK_NAMES, EXAMPLE, PIPELINE, ModelSpec
 from training.model_specs.image_inputs import IMAGES, MLP_STEM_WIDTH, stem_parameters
+
+TEXT_DIM = 16  # training.models.TEXT_DIM, copied: this module is torch-free (test_model_shape checks they agree)
 
 
 class MLP(ModelSpec):
     network = "training.models:TabularMLP"
     keys = {"hidden": list, "dropout": float, "embedding_dim": None}
     capabilities = frozenset({PIPELINE, BLOCK_NAMES, EXAMPLE})
-    feature_kinds = (Numeric.name, Categorical.name, Arrays.name, IMAGES)
+    feature_kinds = (Numeric.name, Categorical.name, Arrays.name, IMAGES, Text.name)
 
     def parameters(self, model_cfg, data) -> int:
         args = self.keyword_arguments(model_cfg)
@@ -27,7 +30,10 @@ class MLP(ModelSpec):
         image_width = args.get("image_width") or MLP_STEM_WIDTH  # model.kwargs.image_width; the constructor's default
         count = sum(size * dim for size, dim in zip(data.vocab_sizes, dims))
         count += sum(stem_parameters(channels, image_width) for channels in data.image_channels)
-        width = data.numeric + sum(dims) + sum(data.array_widths) + len(data.image_channels) * image_width
+        text_dim = args["embedding_dim"] or TEXT_DIM  # training.models.TEXT_DIM: mean-pooled token embeddings
+        count += sum(data.text_vocab_sizes) * text_dim
+        width = (data.numeric + sum(dims) + sum(data.array_widths) + len(data.image_channels) * image_width
+                 + len(data.text_vocab_sizes) * text_dim)
         for size in [*args["hidden"], data.out]:
             count, width = count + width * size + size, size
         return count
