@@ -2,6 +2,7 @@
 generate + shard, and of a training rank during one epoch, at a small and a large row count.
 
     .venv/bin/python benchmarks/memory_flat.py [--sizes 1000000,4000000] [--workdir /tmp/memory-flat]
+    .venv/bin/python benchmarks/memory_flat.py --images 500,2000,8000 [--side 96] [--buffer-mb 4]
 
 Prints one JSON line per size; the lines after the first also carry ``*_ratio`` = this size's
 peak / the first size's peak (flat ~= 1.0, proportional ~= the rows ratio).
@@ -17,6 +18,12 @@ Each phase of each size runs in a fresh Python subprocess, so peaks never carry 
 * **train**: ``training.api.train`` with ``launch.mode=in_process`` (the rank runs in the
   subprocess itself), 1 epoch, MLP [64], batch 1024, no validation, sampled the same way and
   cross-checked with ``ru_maxrss``.
+* **images** (``--images``, issue 43): no shard phase; a dataset of N JPEGs (``--side`` pixels,
+  ``format: keep``, written with pyarrow as benchmarks/image_loader.py writes it) trained for one
+  epoch in-process (the MLP with an image stem, batch 64, 2 decode threads, augmentation on) with
+  ``data.shuffle_buffer_rows=65536`` and ``data.shuffle_buffer_bytes=--buffer-mb``: the bytes bound
+  is the one that ends the buffers, so the rank's peak RSS should stay within a constant plus about
+  three buffers of ``--buffer-mb`` and three decoded batches, however many images there are.
 """
 
 from __future__ import annotations
@@ -121,6 +128,30 @@ def child_train(workdir: str) -> dict:
             "train_rows": samples, "train_s": round(seconds, 1)}
 
 
+def child_images(count: int, side: int, buffer_mb: int, workdir: str) -> dict:
+    from benchmarks.image_loader import jpeg_files, published
+    from training import load_train_config, train
+
+    paths = jpeg_files(f"{workdir}/folder", count, side)
+    uri = published(f"{workdir}/ds", paths, side, files=8)
+    dataset_mb = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(uri) for f in files) / MB
+    shutil.rmtree(f"{workdir}/folder")
+    cfg = load_train_config(None, [
+        f"data.path={uri}", "data.val_split=null", "data.reader=arrow", "data.shuffle_buffer_rows=65536",
+        f"data.shuffle_buffer_bytes={buffer_mb * MB}", "data.decode_workers=2",
+        "data.augment.photo.flip=true", "data.augment.photo.random_resized_crop.scale=[0.5,1.0]",
+        "model.hidden=[16]", "model.kwargs.image_width=4", "train.epochs=1", "train.batch_size=64",
+        "train.log_every_steps=1000000", "checkpoint.every_epochs=null", "checkpoint.resume=never",
+        "launch.mode=in_process", "launch.num_proc=1", "launch.device=cpu", f"output.model_path={workdir}/model",
+        "output.mode=overwrite"])
+    with PeakRss() as peak:
+        started = time.perf_counter()
+        train(cfg)
+        seconds = time.perf_counter() - started
+    return {"images": count, "side": side, "dataset_mb": round(dataset_mb, 1), "shuffle_buffer_mb": buffer_mb,
+            "rank_peak_rss_mb": round(peak.peak["python"]), "train_s": round(seconds, 1)}
+
+
 def run_child(*args: str) -> dict:
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *args], check=True, stdout=subprocess.PIPE,
                          text=True)
@@ -132,9 +163,28 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000000,4000000", help="comma-separated row counts; the first is the base")
     parser.add_argument("--workdir", default="/tmp/memory-flat")
     parser.add_argument("--keep", action="store_true", help="keep the generated data")
-    parser.add_argument("--child", choices=["shard", "train"], help=argparse.SUPPRESS)
+    parser.add_argument("--images", help="comma-separated image counts: the images phase instead (the first is the base)")
+    parser.add_argument("--side", type=int, default=96, help="the images' stored side in pixels")
+    parser.add_argument("--buffer-mb", type=int, default=4, help="data.shuffle_buffer_bytes in MiB for the images phase")
+    parser.add_argument("--child", choices=["shard", "train", "images"], help=argparse.SUPPRESS)
     parser.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child == "images":
+        print(json.dumps(child_images(args.rows, args.side, args.buffer_mb, args.workdir)))
+        return
+    if args.images:
+        base = None
+        for count in (int(s) for s in args.images.split(",")):
+            workdir = f"{args.workdir}/images-{count}"
+            record = {"benchmark": "memory_flat_images", "cpus": os.cpu_count(),
+                      **run_child("--child", "images", "--rows", str(count), "--side", str(args.side),
+                                  "--buffer-mb", str(args.buffer_mb), "--workdir", workdir)}
+            base = base or record
+            record["images_ratio"] = round(count / base["images"], 2)
+            record["rank_peak_rss_ratio"] = round(record["rank_peak_rss_mb"] / base["rank_peak_rss_mb"], 3)
+            print(json.dumps(record), flush=True)
+            shutil.rmtree(workdir, ignore_errors=True)
+        return
     if args.child == "shard":
         print(json.dumps(child_shard(args.rows, args.workdir)))
         return

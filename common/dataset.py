@@ -74,6 +74,12 @@ features float32, imputed and standardized; categorical ones int32 indices; arra
 of length prod(shape)); the label is int64 (classification) or float32 (regression); ``_row`` is
 the row's position in the split (files in order, rows in order).
 
+A feature record may list side files its kind needs to serve raw values (``files``: [{"path",
+"sha256"}]): a text feature's tokenizer, ``_text/<column>/tokenizer.json`` (common.features.text;
+its stored column is ``list<int32>`` token ids, ``"ragged": true`` in the schema, ``shape``
+[max_tokens] the most a row holds). They are published with the dataset and checked against their
+sha256 whenever the manifest is read (``FeatureSpec.attach``): a changed one is refused, named.
+
 File paths are relative to the dataset root and stay inside it (``validate_manifest`` refuses
 absolute paths and ``..``). Every file's sha256 is recorded; readers check a file against it
 before using its rows (``common.dataset_files.verify_file``), and ``verify_dataset`` checks them all.
@@ -251,6 +257,7 @@ class Manifest:
         self._validate()
         # Parsed once, after the validation: readers use these, never the raw records.
         self.features = FeatureSpec(data["features"], _recorded_category_bytes(data))
+        self.features.attach(root)  # a kind's side files (a tokenizer), checked against their sha256
         self.label = LabelSpec.from_record(data["label"])
         # The soft-target record, or None: the splits store no teacher column.
         self.teacher = None if data.get("teacher") is None else TeacherRecord.from_record(data["teacher"])

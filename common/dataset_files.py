@@ -13,6 +13,7 @@ from common.commit_marker import is_committed
 from common.dataset import MANIFEST_NAME, FileEntry, Manifest, _file_entry
 from common.errors import DatasetError, StorageIOError
 from common.storage import Location
+from common.file_digest import verify_digest  # noqa: F401 - re-exported: readers import it from here
 
 
 # --- integrity: every data file against the sha256 the shard job recorded ---------------------------
@@ -21,29 +22,6 @@ def verify_file(root: Location, entry: FileEntry) -> None:
     """Check a split or quarantine file against its manifest entry (size, then a streamed sha256);
     a DatasetError names the file and says to re-run the shard job."""
     verify_digest(root.join(entry.path), entry.sha256, entry.bytes)
-
-
-def verify_digest(loc: Location, sha256: str, size: int | None = None) -> None:
-    """``loc``'s bytes must hash to ``sha256`` (and number ``size``, when given): streamed in 1 MiB
-    blocks, so memory stays flat whatever the file size."""
-    digest = hashlib.sha256()
-    try:
-        with loc.fs.open(loc.path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-            got_size = fh.tell()
-    except FileNotFoundError:
-        raise DatasetError(f"{loc.uri}: the file is missing, though the manifest lists it; re-run the shard job "
-                           "to rebuild the dataset") from None
-    except OSError as exc:
-        raise StorageIOError(f"{loc.uri}: reading the file to verify it failed: {exc}") from None
-    if size is not None and size >= 0 and got_size != size:
-        raise DatasetError(f"{loc.uri}: the file holds {got_size} bytes, but the manifest recorded {size}; it changed "
-                           "after the shard job wrote it (a damaged or replaced file): re-run the shard job")
-    if digest.hexdigest() != sha256:
-        raise DatasetError(f"{loc.uri}: sha256 {digest.hexdigest()[:16]}... does not match the manifest's "
-                           f"{str(sha256)[:16]}...; the file changed after the shard job wrote it (a damaged or "
-                           "replaced file): re-run the shard job")
 
 
 # --- a file's version: what tells a rewrite cheaply, without reading the file ---------------------

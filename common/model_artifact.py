@@ -7,6 +7,9 @@ Layout of a model directory (``training.export.publish_model`` writes it):
 * ``model.torchscript.pt``, where the model was published with one (``output.torchscript``): a
   TorchScript program taking the preprocessed tensors (``FeatureSpec.transform`` output) and
   returning class probabilities or regression values;
+* ``model.code.pkl``, where the model was given to ``train(model=...)`` in code (a notebook's
+  class): that code, pickled by value; rebuilding the model runs it, so it is read only with the
+  caller's consent (``load_model(uri, trust_code=True)``);
 * ``model.json``: resolved config, feature spec, label spec, metrics, the shard job's
   ``row_rules`` (``max_category_bytes``; absent from models published before it was recorded),
   and the sha256 and size of each file above (``files``); the ``_COMMITTED`` marker records
@@ -59,6 +62,7 @@ MODEL_FORMAT_VERSION = 3  # 3: ``features`` is the ordered list of records namin
 # as common.features.v1 reads it.
 MODEL_READABLE_VERSIONS = (2, 3)
 WEIGHTS, PROGRAM, META = "model.safetensors", "model.torchscript.pt", "model.json"
+CODE = "model.code.pkl"  # the model, loss and metrics given to train() in code (cloudpickle): run only if trusted
 ROW_RULES = "row_rules"  # model.json's record of the shard job's row rules: {"max_category_bytes": 1024}
 # The output columns, named as ``shardtrain score`` names them (scoring.predict).
 PROBABILITIES, PREDICTION, REASON = "probabilities", "prediction", "score_reason"
@@ -272,7 +276,9 @@ def _read_committed(loc: Location, program: bool, build_network) -> LoadedModel:
         module = _load_program(loc, verified_bytes(loc, meta, PROGRAM))
     else:
         module = build_network(loc, meta)
-    return _checked_against_network(loc, LoadedModel(module, meta, fingerprint, PROGRAM if program else WEIGHTS))
+    model = LoadedModel(module, meta, fingerprint, PROGRAM if program else WEIGHTS)
+    model.features.attach(loc)  # its features' side files (a tokenizer), checked against their sha256
+    return _checked_against_network(loc, model)
 
 
 def _checked_against_network(loc: Location, model: LoadedModel) -> LoadedModel:
@@ -399,5 +405,5 @@ def _load_program(loc: Location, data: bytes):
                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-__all__ = ["ERRORS", "META", "MODEL_FORMAT", "MODEL_FORMAT_VERSION", "PREDICTION", "PROBABILITIES", "PROGRAM", "REASON",
+__all__ = ["CODE", "ERRORS", "META", "MODEL_FORMAT", "MODEL_FORMAT_VERSION", "PREDICTION", "PROBABILITIES", "PROGRAM", "REASON",
            "ROW_RULES", "WEIGHTS", "LoadedModel", "read_meta", "read_model", "verified_bytes"]

@@ -30,6 +30,8 @@ def register_commands(subparsers, teacher_scorer=None) -> None:
     p.add_argument("--vocab-size", type=int, default=20, help="distinct values per categorical column")
     p.add_argument("--array-shape", default=None, metavar="DxD",
                    help="add an array column 'image' of this shape, e.g. 8 or 4x4 (not for csv)")
+    p.add_argument("--text", action="store_true",
+                   help="add a text column 'review' (a few words, one of which the label depends on)")
     p.add_argument("--task", choices=list(LABEL_TASKS), default="classification",
                    help="what the label is (default: classification)")
     p.add_argument("--num-classes", type=int, default=2, help="classes of the label (default: 2)")
@@ -71,7 +73,7 @@ def handle_generate(args: argparse.Namespace) -> int:
         spark, args.output, args.rows, seed=args.seed, format=args.format, numeric=args.numeric,
         categorical=args.categorical, vocab_size=args.vocab_size, array_shape=shape, task=args.task,
         num_classes=args.num_classes, null_fraction=args.null_fraction, bad_rows=args.bad_rows,
-        partitions=args.partitions, mode="overwrite" if args.overwrite else "error")
+        partitions=args.partitions, mode="overwrite" if args.overwrite else "error", text=args.text)
     print(f"wrote {data.rows:,} rows ({data.format}) to {data.path}; schema: {data.schema_ddl}")
     if data.bad_by_reason:
         print("injected bad rows: " + ", ".join(f"{k}={v}" for k, v in data.bad_by_reason.items()))

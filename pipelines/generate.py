@@ -6,7 +6,8 @@ at any size and on any number of partitions, and the driver holds nothing per ro
 
 What gets written (``rows`` rows):
   id (bigint), x0..x{n-1} (double, with nulls), c0..c{m-1} (string, with nulls), optionally an
-  array column ``image`` (array<float> of length prod(shape)), and ``label``: an int class in
+  array column ``image`` (array<float> of length prod(shape)) and a text column ``review`` (1 to 24
+  words, one of which says which way a hidden term of the label goes), and ``label``: an int class in
   [0, num_classes) or a double (regression) that depends on the features, so a model can learn it.
 
 ``bad_rows`` injects exactly that many bad rows, cycling through the kinds the shard job must
@@ -25,10 +26,17 @@ from typing import Literal
 from common.features.arrays import Arrays
 from common.features.categorical import Categorical
 from common.features.numeric import Numeric
+from common.features.text import Text
 from common.errors import ConfigError
 from common.tasks import LABEL_TASKS, TASK_NAMES, label_task
 
 ARRAY_COLUMN = "image"
+TEXT_COLUMN = "review"
+# The review's words: fillers carry nothing; one word of the positive or the negative list says the
+# sign of a term of the label's score that no other column holds.
+FILLER_WORDS = ("the", "movie", "plot", "was", "actor", "quite", "very", "and", "scene", "film", "über", "naïve")
+POSITIVE_WORDS = ("great", "lovely", "excellent", "fun", "brilliant")
+NEGATIVE_WORDS = ("bad", "awful", "boring", "poor", "dull")
 LABEL_COLUMN = "label"
 
 
@@ -48,6 +56,7 @@ class GeneratedDataset:
     num_classes: int | None
     schema_ddl: str  # how to read it back (required for CSV/JSON so bad records are detected)
     bad_by_reason: dict[str, int] = field(default_factory=dict)
+    text: list[str] = field(default_factory=list)  # text columns (``review`` with text=True)
 
     def shard_config(self, output_path: str, **sections) -> dict:
         """A shard config (plain dict, ready for ``from_dict(ShardConfig, ...)``) over this data.
@@ -68,7 +77,8 @@ class GeneratedDataset:
         cfg = {
             "sources": {"raw": source},
             "features": {Numeric.name: list(self.numeric), Categorical.name: list(self.categorical),
-                         Arrays.name: {k: list(v) for k, v in self.arrays.items()}},
+                         Arrays.name: {k: list(v) for k, v in self.arrays.items()},
+                         Text.name: {name: {"tokenizer": {"vocab_size": 100}, "max_tokens": 32} for name in self.text}},
             "label": label,
             "split": {"key": "id", "fractions": {"train": 0.8, "val": 0.1, "test": 0.1}, "seed": 0},
             "output": {"path": output_path, "num_shards": 4},
@@ -82,7 +92,7 @@ def generate_dataset(spark, path: str, rows: int, *, seed: int = 0,
                      array_shape: list[int] | tuple[int, ...] | None = None,
                      task: Literal[TASK_NAMES] = "classification", num_classes: int = 2,
                      null_fraction: float = 0.05, bad_rows: int = 0, partitions: int | None = None,
-                     mode: Literal["error", "overwrite"] = "error") -> GeneratedDataset:
+                     mode: Literal["error", "overwrite"] = "error", text: bool = False) -> GeneratedDataset:
     """Write a synthetic dataset to ``path`` (any URI common.storage accepts) with Spark."""
     from common.spark import spark_errors, to_spark_path
 
@@ -96,11 +106,14 @@ def generate_dataset(spark, path: str, rows: int, *, seed: int = 0,
         "id", *_latent_draws(seed, numeric, categorical, vocab_size), *_bad_row_picks(rows, bad_rows, kinds))
     if shape:
         draws = _with_array_draws(draws, seed, shape)
-    draws = draws.selectExpr("*", f"{_score(numeric, categorical, bool(shape))} AS _score")
-    label = _label(numeric, categorical, bool(shape), task, num_classes, kinds)
+    if text:
+        draws = draws.selectExpr("*", f"CASE WHEN {_uniform(seed, 901)} < 0.5 THEN -1.0 ELSE 1.0 END AS _text_sign")
+    draws = draws.selectExpr("*", f"{_score(numeric, categorical, bool(shape), text)} AS _score")
+    label = _label(numeric, categorical, bool(shape), task, num_classes, kinds, text)
     table = draws.selectExpr(
         "id", *_numeric_columns(seed, numeric, null_fraction, kinds),
         *_categorical_columns(seed, categorical, null_fraction), *_array_columns(shape, kinds),
+        *([f"{_review(seed)} AS {TEXT_COLUMN}"] if text else []),
         f"{label} AS {LABEL_COLUMN}", f"{_malformed(kinds)} AS _malformed")
 
     with spark_errors(f"writing the generated dataset to {path}"):
@@ -109,7 +122,8 @@ def generate_dataset(spark, path: str, rows: int, *, seed: int = 0,
         path=path, format=format, rows=rows, seed=seed, numeric=_numeric_names(numeric),
         categorical=_categorical_names(categorical), arrays={ARRAY_COLUMN: shape} if shape else {},
         label=LABEL_COLUMN, task=task, num_classes=num_classes if label_task(task).classes else None,
-        schema_ddl=_schema_ddl(numeric, categorical, bool(shape), task), bad_by_reason=_bad_counts(kinds, bad_rows))
+        schema_ddl=_schema_ddl(numeric, categorical, bool(shape), task, text), bad_by_reason=_bad_counts(kinds, bad_rows),
+        text=[TEXT_COLUMN] if text else [])
 
 
 def _numeric_names(numeric: int) -> list[str]:
@@ -173,25 +187,44 @@ def _with_nulls(seed: int, stream: int, null_fraction: float, value: str) -> str
 # The label: a score the features explain (linear in the numerics, a per-category effect, the
 # array's mean), plus noise, so a model can learn it.
 
-def _score(numeric: int, categorical: int, has_array: bool) -> str:
+def _score(numeric: int, categorical: int, has_array: bool, has_text: bool = False) -> str:
     terms = [f"{(-1) ** j * (1.0 / (1 + j)):.6f} * _z{j}" for j in range(numeric)]
     terms += [f"(pmod(_v{j}, 3) - 1) * 0.7" for j in range(categorical)]
     if has_array:
         terms.append("0.8 * _arr_score")
+    if has_text:
+        terms.append("1.2 * _text_sign")
     return f"({' + '.join(terms) or '0'})"
 
 
-def _score_std(numeric: int, categorical: int, has_array: bool) -> float:
+def _score_std(numeric: int, categorical: int, has_array: bool, has_text: bool = False) -> float:
     """About the std of ``_score + 0.5 * _noise`` (independent terms; categories taken as uniform)."""
     variance = (sum((1.0 / (1 + j)) ** 2 for j in range(numeric)) + 0.49 * (2 / 3) * categorical
-                + (0.64 if has_array else 0))
+                + (0.64 if has_array else 0) + (1.44 if has_text else 0))
     return math.sqrt(variance + 0.25)
 
 
-def _label(numeric: int, categorical: int, has_array: bool, task: str, num_classes: int, kinds: list[str]) -> str:
+def _review(seed: int) -> str:
+    """1 to 24 filler words, one sentiment word (its sign ``_text_sign``) at a drawn position."""
+    def words(items) -> str:
+        return "array(" + ", ".join(f"'{w}'" for w in items) + ")"
+
+    count = f"CAST(1 + floor({_uniform(seed, 902)} * 24) AS INT)"
+    filler = (f"transform(sequence(1, {count}), j -> element_at({words(FILLER_WORDS)}, "
+              f"CAST(pmod(xxhash64({seed}, id, j), {len(FILLER_WORDS)}) + 1 AS INT)))")
+    pick = f"CAST(1 + floor({_uniform(seed, 903)} * {len(POSITIVE_WORDS)}) AS INT)"
+    sentiment = (f"CASE WHEN _text_sign > 0 THEN element_at({words(POSITIVE_WORDS)}, {pick}) "
+                 f"ELSE element_at({words(NEGATIVE_WORDS)}, {pick}) END")
+    cut = f"CAST(floor({_uniform(seed, 904)} * size({filler})) AS INT)"
+    return (f"concat_ws(' ', slice({filler}, 1, {cut}), array({sentiment}), "
+            f"slice({filler}, {cut} + 1, size({filler})))")
+
+
+def _label(numeric: int, categorical: int, has_array: bool, task: str, num_classes: int, kinds: list[str],
+           has_text: bool = False) -> str:
     if label_task(task).classes:
         # Logistic approximation of the normal CDF: classes come out roughly balanced.
-        sd = _score_std(numeric, categorical, has_array)
+        sd = _score_std(numeric, categorical, has_array, has_text)
         prob = f"1 / (1 + exp(-1.702 * (_score + 0.5 * _noise) / {sd:.6f}))"
         label = f"CAST(least(floor({prob} * {num_classes}), {num_classes - 1}) AS BIGINT)"
         invalid = f"CAST({num_classes + 1} AS BIGINT)"
@@ -246,11 +279,12 @@ def _bad_counts(kinds: list[str], bad_rows: int) -> dict[str, int]:
     return {k: v for k, v in counts.items() if v}
 
 
-def _schema_ddl(numeric: int, categorical: int, has_array: bool, task: str) -> str:
+def _schema_ddl(numeric: int, categorical: int, has_array: bool, task: str, has_text: bool = False) -> str:
     label_type = "BIGINT" if label_task(task).classes else "DOUBLE"
     return ", ".join(["id BIGINT", *[f"{n} DOUBLE" for n in _numeric_names(numeric)],
                       *[f"{n} STRING" for n in _categorical_names(categorical)],
-                      *([f"{ARRAY_COLUMN} ARRAY<FLOAT>"] if has_array else []), f"{LABEL_COLUMN} {label_type}"])
+                      *([f"{ARRAY_COLUMN} ARRAY<FLOAT>"] if has_array else []),
+                      *([f"{TEXT_COLUMN} STRING"] if has_text else []), f"{LABEL_COLUMN} {label_type}"])
 
 
 def _write(table, target: str, format: str, mode: str) -> None:

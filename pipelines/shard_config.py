@@ -199,6 +199,9 @@ class TeacherConfig:
     temperature: float = setting(
         "softmax temperature of the stored class probabilities (above 1 softens them); must stay 1 for "
         "regression", default=1.0)
+    model_code: Literal["refuse", "trust"] = setting(
+        "a teacher trained from code given to `train(model=...)` holds that code and is rebuilt by running it: "
+        "`trust` runs it (its sha256 is logged), `refuse` is exit 2 naming this key", default="refuse")
 
     def __post_init__(self):
         require(bool(self.model), "model", "must be the URI of a published model")

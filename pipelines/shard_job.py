@@ -63,6 +63,7 @@ from common.errors import AccountingError, InputDataError, OutputLockedError, fi
 from common.leases import active_readers, describe_reader, readers_location
 from common.dataset import FORMAT_VERSION, LABEL_NAME, Manifest, read_manifest, ROW_INDEX, TEACHER_COLUMN, TeacherRecord
 from common.manifest_builder import arrow_schema, build_manifest, row_bytes, write_manifest
+from common.features import KINDS, FeatureSpec
 from common.sql import quote_identifier as q
 from common.sql import quote_string
 from common.sources import CORRUPT_COLUMN, MALFORMED, check_table_inputs, read_sources, source_fingerprint
@@ -152,6 +153,7 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
     table = prepared_table(table, cfg, check_partitions(sources_fp, default_parallelism(spark)))
     recorded = cfg  # what the manifest and config.yaml record: the user's config (classes: auto stays auto)
     cfg = _with_classes(table, cfg, teacher)
+    cfg = _with_fitted_rules(table, cfg)
     shape = JobShape.of(spark, cfg, sources_fp)
     # One source's table is checked for num_shards rows before the split checks: a query's or a
     # transform's table may cost a whole pass to count, so there the split check below decides.
@@ -181,8 +183,9 @@ def _run_passes(spark, cfg: ShardConfig, out, frames, sources_fp: dict, input_fp
         accounting = check_accounting(counts, splits, qfiles)
         if cfg.label.unlabeled == "transfer":
             accounting["transfer_rows"] = transfer_rows  # published, in the train split
+        _write_feature_files(staging, features)
         manifest = build_manifest(
-            splits, features, stats.label, teacher=None if teacher is None else teacher.to_record(),
+            splits, FeatureSpec(features).published(), stats.label, teacher=None if teacher is None else teacher.to_record(),
             num_shards=cfg.output.num_shards, rows_per_row_group=rpg,
             quarantine={"path": QUARANTINE_DIR, "rows": counts.quarantined,
                         "by_reason": dict(sorted(counts.by_reason.items())), "files": qfiles},
@@ -212,6 +215,34 @@ def _with_classes(table, cfg: ShardConfig, teacher: TeacherRecord | None) -> Sha
     if teacher is not None:
         check_teacher(teacher, cfg)
     return cfg
+
+
+def _with_fitted_rules(table, cfg: ShardConfig) -> ShardConfig:
+    """``cfg`` with what the kinds' row rules need fitted on the train split (a text feature's
+    tokenizer: ``FeatureKind.fit_before_rows``), from the rows that pass every rule not needing it
+    (a read of the input of its own, like ``label.classes: auto``); ``cfg`` itself where none does."""
+    import copy
+
+    from common.spark import spark_errors
+
+    kinds = [kind for kind in KINDS if kind.fits_before_rows(cfg.features)]
+    if not kinds:
+        return cfg
+    train = list(cfg.split.fractions).index("train")
+    features = copy.deepcopy(cfg.features)
+    with spark_errors("fitting the text tokenizers on the train split"):
+        clean = table.selectExpr(*row_columns(table, cfg)).where(f"_split = {train} AND _reason IS NULL")
+        for kind in kinds:
+            kind.fit_before_rows(features, clean, int(cfg.split.seed))
+    fitted = copy.copy(cfg)
+    fitted.features = features
+    return fitted
+
+
+def _write_feature_files(staging, features: list[dict]) -> None:
+    """The kinds' side files (a tokenizer.json) into the staging directory, published with the shards."""
+    for path, text in FeatureSpec(features).file_texts().items():
+        staging.write_text(path, text)
 
 
 def _check_first_rows(table, cfg: ShardConfig, where: str) -> None:
@@ -390,6 +421,8 @@ def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: TeacherRecord
     config["output"].pop("mode", None)
     config["output"].pop("staging_partitions", None)  # how the job runs, not what it writes
     config["output"].pop("ignore_readers", None)
+    if config.get("teacher"):
+        config["teacher"].pop("model_code", None)  # whether its code may run, not what it scores
     payload = {"config": config, "sources": sources_fp, "shardtrain_version": __version__,
                "format_version": FORMAT_VERSION}
     if teacher is not None:

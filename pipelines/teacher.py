@@ -42,16 +42,17 @@ from pipelines.shard_config import ShardConfig
 class TeacherScorer:
     """What the shard job needs from a teacher model (built by the shardtrain layer).
 
-    ``describe(model_uri)``: the model's identity and contract, without Spark: a dict with
+    ``describe(model_uri, trust_code)``: the model's identity and contract, without Spark: a dict with
     ``fingerprint`` (changes whenever the model does), ``task``, ``num_classes`` (classification;
     ``classes`` too where its label names them) and ``features`` (``FeatureSpec.teacher_features``: each raw column it reads, with its kind
     and what its kind says a reader must match).
 
-    ``score(rows, model_uri, temperature, fingerprint)``: the Spark DataFrame ``rows`` with a
+    ``score(rows, model_uri, temperature, fingerprint, trust_code)``: the Spark DataFrame ``rows`` with a
     ``teacher`` column added (lazily): array<float> of class probabilities at ``temperature``, or
     the float value (regression), for every row, in the partitions ``rows`` has (no shuffle of its
     own); it refuses a model whose fingerprint is no longer ``fingerprint`` (the one ``describe``
-    gave and the manifest records).
+    gave and the manifest records). ``trust_code``: a model trained from code given to
+    ``train(model=...)`` runs that code (``teacher.model_code: trust``).
     """
 
     describe: Callable[[str], dict]
@@ -68,7 +69,7 @@ def teacher_record(cfg: ShardConfig, scorer: TeacherScorer | None) -> TeacherRec
         raise ConfigError("teacher is set, but this shard job was started without a teacher scorer: run it with "
                           "`shardtrain shard`, `shardtrain run` or `shardtrain distill` (or, from Python, pass "
                           "teacher_scorer=shardtrain.teacher.teacher_scorer())")
-    info = scorer.describe(cfg.teacher.model)
+    info = scorer.describe(cfg.teacher.model, trust_code=cfg.teacher.model_code == "trust")
     record = TeacherRecord.from_record({
         "uri": cfg.teacher.model, "fingerprint": info["fingerprint"],
         "temperature": float(cfg.teacher.temperature), "column": TEACHER_COLUMN, "task": info["task"],
@@ -117,7 +118,7 @@ def with_teacher(rows, cfg: ShardConfig, scorer: TeacherScorer | None, record: T
     # reads them under the feature names, and they leave again after scoring.
     inputs = _feature_inputs(cfg, clean.columns)
     scored = scorer.score(clean.selectExpr("*", *inputs.values()), cfg.teacher.model, cfg.teacher.temperature,
-                          record.fingerprint).drop(*inputs)
+                          record.fingerprint, trust_code=cfg.teacher.model_code == "trust").drop(*inputs)
     return scored.unionByName(rows.where("_reason IS NOT NULL"), allowMissingColumns=True)
 
 

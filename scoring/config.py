@@ -78,6 +78,9 @@ class ScoreConfig:
     temperature: float = setting("classification: probabilities are softmax(logits / temperature)", default=1.0)
     program: bool = setting("run the model's TorchScript program (`model.torchscript.pt`, where the model holds one: "
                             "`output.torchscript`) instead of the network rebuilt from its weights", default=False)
+    model_code: Literal["refuse", "trust"] = setting(
+        "a model trained from code given to `train(model=...)` holds that code (`model.code.pkl`), and is rebuilt by "
+        "running it: `trust` runs it (its sha256 is logged), `refuse` is exit 2 naming this key", default="refuse")
     quality: ScoreQualityConfig = setting("the input's null shares against training's",
                                           default_factory=ScoreQualityConfig)
 

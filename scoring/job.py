@@ -182,7 +182,8 @@ class _Model:
     def load(self, cfg: ScoreConfig):
         from training import load_model
 
-        return self.loaded or load_model(self.uri, program=cfg.program, registry_uri=self.registry_uri)
+        return self.loaded or load_model(self.uri, program=cfg.program, registry_uri=self.registry_uri,
+                                         trust_code=cfg.model_code == "trust")
 
 
 def _resolve_model(cfg: ScoreConfig) -> _Model:
@@ -197,7 +198,8 @@ def _resolve_model(cfg: ScoreConfig) -> _Model:
     if registered.location is not None:  # its artifacts on a file system: the marker, as for a path
         model = _Model(model_uri, registry_uri, _model_marker(registered.location), registered)
     else:  # downloaded once, here, for its identity
-        loaded = load_model(model_uri, program=cfg.program, registry_uri=registry_uri)
+        loaded = load_model(model_uri, program=cfg.program, registry_uri=registry_uri,
+                            trust_code=cfg.model_code == "trust")
         model = _Model(model_uri, registry_uri, {"model_json_sha256": loaded.fingerprint}, registered, loaded)
     log.info("%s is version %s of %s in %s", cfg.model, registered.version, registered.name, registry_uri)
     return model
@@ -285,7 +287,7 @@ def _score_into(staging, spark, cfg: ScoreConfig, out, model: _Model, scoring: _
     scored = predict_frame(observed.where(f"{REASON} IS NULL"), model.uri, batch_size=cfg.batch_size,
                            temperature=cfg.temperature, keep_columns=cfg.output.keep_columns,
                            encoded=scoring.encoded, program=cfg.program, registry_uri=model.registry_uri,
-                           fingerprint=model.sha256).drop(REASON)
+                           fingerprint=model.sha256, trust_code=cfg.model_code == "trust").drop(REASON)
     staged_table = None
     try:
         staged_table = _write_scores(scored, staging, cfg, out, identity["input_fingerprint"])

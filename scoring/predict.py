@@ -90,18 +90,22 @@ class ScoreTask:
     # registry it is in. None for a path, including a registered version's artifacts on a file system.
     registry_uri: str | None = None
     classes: tuple[str, ...] | None = None  # the label's class names, where it names them (``prediction``)
+    trust_code: bool = False  # run the code a model trained from train(model=...) holds (load_model's)
     threshold: float = 0.5  # multilabel: a class is predicted at or above this probability
 
 
 def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, temperature: float = 1.0,
                   keep_columns: list[str] | None = None, encoded: bool = False, program: bool = False,
-                  fingerprint: str | None = None, registry_uri: str | None = None):
+                  fingerprint: str | None = None, registry_uri: str | None = None, trust_code: bool = False):
     """``df`` scored with the model at ``model_uri``: see the module docstring for the columns.
 
     ``model_uri`` may name a registered version, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``
     (in ``registry_uri``, or MLflow's default registry): the driver resolves it to one version
     once, and every worker loads that version (and verifies it like any model), so a moving alias
     cannot mix two models' predictions.
+
+    ``trust_code``: a model trained from code given to train() is rebuilt by running that code,
+    stored with it; only when this is True (``load_model``'s ``trust_code``).
 
     ``fingerprint``: the model's identity (its model.json sha256, as its commit marker records
     it) that the caller already recorded; a model at the URI with another one is refused, so a
@@ -113,7 +117,7 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
     Lazy: nothing runs until the result is written or collected.
     """
     _check_options(batch_size, temperature)
-    model, worker_uri, worker_registry = _driver_model(model_uri, program, registry_uri, fingerprint)
+    model, worker_uri, worker_registry = _driver_model(model_uri, program, registry_uri, fingerprint, trust_code)
     spec = model.features
     hidden = {c for kind in spec.kinds for c in kind.prepared_columns()}
     keep = [c for c in df.columns if c not in hidden] if keep_columns is None else list(keep_columns)
@@ -124,7 +128,7 @@ def predict_frame(df, model_uri: str, *, batch_size: int = DEFAULT_BATCH_SIZE, t
         df = prepared_frame(df, spec)
     names = spec.columns
     task = ScoreTask(
-        model_uri=worker_uri, program=program,
+        model_uri=worker_uri, program=program, trust_code=trust_code,
         weights_sha256=model.weights_sha256,
         task=model.task, num_classes=int(model.label.num_classes or 0),
         keep_columns=tuple(_KEPT.format(i) for i in range(len(keep))),
@@ -145,7 +149,8 @@ def _check_options(batch_size, temperature) -> None:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
 
 
-def _driver_model(model_uri: str, program: bool, registry_uri: str | None, fingerprint: str | None):
+def _driver_model(model_uri: str, program: bool, registry_uri: str | None, fingerprint: str | None,
+                  trust_code: bool = False):
     """(the model, the URI and the registry its workers load it from). The model is loaded and
     verified once, here on the driver, so a bad model fails before any task runs; a registered one
     is resolved to one version first."""
@@ -161,7 +166,7 @@ def _driver_model(model_uri: str, program: bool, registry_uri: str | None, finge
         model_uri, registry_uri = registered.pinned_uri, registered.registry_uri
         worker_uri, worker_registry = ((registered.location, None) if registered.location is not None
                                        else (model_uri, registry_uri))
-    model = load_model(model_uri, program=program, registry_uri=registry_uri)
+    model = load_model(model_uri, program=program, registry_uri=registry_uri, trust_code=trust_code)
     if fingerprint is not None and model.fingerprint != fingerprint:
         raise DatasetError(f"{model_uri}: the model was replaced while this job ran (its model.json sha256 is now "
                            f"{model.fingerprint[:12]}, the job recorded {fingerprint[:12]}); nothing was published: "
@@ -312,7 +317,8 @@ def worker_model(task: ScoreTask):
     if key not in _MODELS:
         from training import load_model
 
-        model = load_model(task.model_uri, program=task.program, registry_uri=task.registry_uri)
+        model = load_model(task.model_uri, program=task.program, registry_uri=task.registry_uri,
+                           trust_code=task.trust_code)
         found = model.weights_sha256
         if found != task.weights_sha256:
             raise RuntimeError(f"{task.model_uri}: the model was replaced while this job ran (weights sha256 "

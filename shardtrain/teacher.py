@@ -17,12 +17,13 @@ def teacher_scorer() -> TeacherScorer:
     return TeacherScorer(describe=describe_teacher, score=score_teacher)
 
 
-def describe_teacher(model_uri: str) -> dict:
+def describe_teacher(model_uri: str, trust_code: bool = False) -> dict:
     """A published model's identity (its model.json's sha256, which the commit marker records and
     which names every file's sha256) and contract (task, classes, the raw features it reads)."""
     from training.export import load_model
 
-    model = load_model(model_uri)  # verifies the files; a missing or damaged model is exit 2 here
+    # Verifies the files; a missing or damaged model is exit 2 here, as is one holding code not trusted.
+    model = load_model(model_uri, trust_code=trust_code)
     label, spec = model.label, model.features
     return {"fingerprint": model.fingerprint, "task": label.task,
             **({"num_classes": int(label.num_classes)} if label.classification else {}),
@@ -30,7 +31,7 @@ def describe_teacher(model_uri: str) -> dict:
             "features": spec.teacher_features()}
 
 
-def score_teacher(rows, model_uri: str, temperature: float, fingerprint: str | None = None):
+def score_teacher(rows, model_uri: str, temperature: float, fingerprint: str | None = None, trust_code: bool = False):
     """``rows`` plus the ``teacher`` column: probabilities at ``temperature`` or the value.
 
     ``fingerprint``: the one ``describe_teacher`` gave, which the manifest records; a model
@@ -45,7 +46,8 @@ def score_teacher(rows, model_uri: str, temperature: float, fingerprint: str | N
 
     # The shard job needs none of the raw columns named like score columns (it keeps its own typed copies).
     keep = [c for c in rows.columns if c not in OUTPUT_COLUMNS]
-    scored = predict_frame(rows, model_uri, temperature=temperature, keep_columns=keep, fingerprint=fingerprint)
+    scored = predict_frame(rows, model_uri, temperature=temperature, keep_columns=keep, fingerprint=fingerprint,
+                           trust_code=trust_code)
     value = PROBABILITIES if PROBABILITIES in scored.columns else PREDICTION
     failure = quote_string(f"the teacher model {model_uri} cannot score a row the shard job kept: ")
     return scored.selectExpr(

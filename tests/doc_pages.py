@@ -16,7 +16,7 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 DOCS = os.path.join(ROOT, "docs")
-MARKER = re.compile(r"^<!--\s*readme-test:\s*(skip|instead|local|replace|config):\s*(.*?)\s*-->\s*$")
+MARKER = re.compile(r"^<!--\s*readme-test:\s*(skip|instead|local|replace|config|file):\s*(.*?)\s*-->\s*$")
 REPLACE = " ==> "
 FENCE = re.compile(r"^```(\S*)(?:\s.*)?$")  # ```bash, ```{include} ../README.md
 TOCTREE = re.compile(r"^```\{toctree\}\s*$")

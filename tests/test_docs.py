@@ -33,7 +33,7 @@ JOBS = {
 KEY_SPAN = re.compile(r"`([a-z_]+(?:\.[A-Za-z0-9_<>]+)+)(?:=([^`\s]*))?`")
 # Spans that look like keys and are not: files (model.json), and Spark's own settings and API
 # (spark.task.maxFailures, spark.read.table), which share the spark section's first word.
-NOT_KEYS = re.compile(r"\.(json|jsonl|yaml|html|py|pt|safetensors|md|whl|journal|db|parquet|sh|txt|jsa)$"
+NOT_KEYS = re.compile(r"\.(json|jsonl|yaml|html|py|pt|pkl|safetensors|md|whl|journal|db|parquet|sh|txt|jsa)$"
                       r"|^spark\.(?!(master|app_name|conf)\b)")
 # The site build's budget in the suite (the issue's: about 60 s).
 BUILD_SECONDS = 60

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from common.commit_marker import KIND_MODEL
 from common.config import with_absolute_paths
-from common.errors import OutputExistsError
+from common.errors import ConfigError, OutputExistsError
 from common.leases import reader_lease
 from common.output_guard import check_disjoint, check_replaceable
 from common.publish import replaced_copy
@@ -44,6 +44,7 @@ from training.plan import RankPlan, build_plan
 from training.run_record import SUMMARY, record_restart
 from training.split_layout import check_manifest_unchanged
 from training.tasks import all_metrics
+from training.user_code import UserCode
 
 log = logging.getLogger("shardtrain.train")
 
@@ -93,16 +94,23 @@ class TrainResult:
         return "\n".join(lines)
 
 
-def train(cfg: TrainConfig, spark=None, *, on_step=None, on_epoch=None) -> TrainResult:
+def train(cfg: TrainConfig, spark=None, *, model=None, loss=None, metrics=None, finalize=None, on_step=None,
+          on_epoch=None) -> TrainResult:
     """Train ``cfg`` from its published dataset. ``spark``: the session whose executors run the
-    ranks (default: the active one, or one built from ``cfg.spark``). ``on_step(step)`` is called
+    ranks (default: the active one, or one built from ``cfg.spark``). ``model``, ``loss``,
+    ``metrics``, ``finalize``: your own code in the managed loop, defined anywhere (a notebook cell
+    too), shipped to the ranks by value (the contract: ``training.user_code``); ``model`` replaces
+    ``model.name`` and is called with ``model.kwargs``. ``on_step(step)`` is called
     after every optimizer step in in-process mode (tests use it to simulate a crash).
     ``on_epoch(record) -> bool`` is called here, on the driver, with each epoch's record (its
     validation metrics included) as rank 0 ends the epoch, on every launcher; True ends the run at
     that epoch boundary: its checkpoint is written, the model published (a sweep's pruner)."""
     started = time.perf_counter()
     cfg = with_absolute_paths(cfg)  # a config built in code, too, names the same places on every rank
+    code = UserCode.of(model=model, loss=loss, metrics=metrics, finalize=finalize)
+    cfg = _with_user_code(cfg, code)
     plan = build_plan(cfg)  # reads and checks the manifest: nothing launched yet, nothing written
+    plan = dataclasses.replace(plan, user_code=code)
     if not needs_spark(cfg.launch):  # Spark ranks: checked once the session says what a task gets
         _check_model_fits(plan, None)
     shared_id = launch_run_id(cfg.launch)  # a launcher outside Spark: one id for all its processes
@@ -142,16 +150,34 @@ def _train_leased(cfg: TrainConfig, plan: RankPlan, spark, on_step, on_epoch, st
     return result
 
 
-def load_model(uri: str, program: bool = False, registry_uri: str | None = None):
+def _with_user_code(cfg: TrainConfig, code: UserCode | None) -> TrainConfig:
+    """``cfg`` with model.name naming the model given in code; refused where code cannot go."""
+    if code is None:
+        return cfg
+    if cfg.launch.backend == "torchrun":
+        raise ConfigError("launch.backend=torchrun starts every rank from the command line, with no driver to ship "
+                          "train(model=..., loss=..., metrics=...) from; give the model as model.name: "
+                          "\"package.module:factory\" (and its loss and metrics as its methods), or use another backend")
+    if cfg.train.pipeline.stages > 1 and ({"loss", "metrics"} & set(code.names)):
+        raise ConfigError("train.pipeline.stages > 1 gives the last stage the outputs and the label only, not the "
+                          "batch a loss(outputs, batch) or metrics(outputs, batch) given to train() reads; set "
+                          "train.pipeline.stages=1")
+    if "model" not in code.names:
+        return cfg
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=code.names["model"]))
+
+
+def load_model(uri: str, program: bool = False, registry_uri: str | None = None, trust_code: bool = False):
     """A published model (see training.export.load_model): ``.predict(frame)`` on raw feature
     columns, refusing the rows the shard job's row rules refuse (``errors="raise"``, or
     ``errors="mark"``: see ``common.model_artifact.LoadedModel.predict``). ``program=True`` runs
-    the TorchScript program (needed for plug-in models). ``uri``
+    the TorchScript program, where the model holds one (``output.torchscript``). ``trust_code``: a
+    model trained from code given to ``train(model=...)`` runs that code to rebuild, only if True. ``uri``
     may be ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` (in ``registry_uri``, or MLflow's
     default registry)."""
     from training.export import load_model as _load
 
-    return _load(uri, program, registry_uri)
+    return _load(uri, program, registry_uri, trust_code)
 
 
 # --- command handler (shardtrain train) ---------------------------------------------------------

@@ -46,13 +46,15 @@ class ArrowRowGroupReader:
     """Iterate to get one Arrow table per row group (or what ``pipeline`` makes of that stream);
     ``stop()`` and ``join()`` end it early.
 
-    One thread decodes row groups, up to ``prefetch_row_groups`` ahead. Given ``pipeline``, a
+    One thread decodes row groups, up to ``prefetch_row_groups`` ahead, and no more than
+    ``prefetch_bytes`` of them (by the largest row group's uncompressed size in the files' footers;
+    at least one). Given ``pipeline``, a
     second thread runs it over those tables and keeps one result ready: decoding the next row
     group, building the next buffer and the consumer's own work then run side by side.
     """
 
     def __init__(self, uris: list[str], columns: list[str], shuffle: bool, seed: int, prefetch_row_groups: int = 4,
-                 pipeline: Callable[[Iterator], Iterator] | None = None):
+                 pipeline: Callable[[Iterator], Iterator] | None = None, prefetch_bytes: int | None = None):
         import pyarrow.parquet as pq
 
         from common.storage import resolve
@@ -87,6 +89,10 @@ class ArrowRowGroupReader:
                                     if schema.get_field_index(name) >= 0)
         self._order = row_group_order([f.metadata.num_row_groups for f in self._files], shuffle, seed)
         self._stopping = threading.Event()
+        if prefetch_bytes:
+            largest = max((f.metadata.row_group(g).total_byte_size for f in self._files
+                           for g in range(f.metadata.num_row_groups)), default=0)
+            prefetch_row_groups = min(prefetch_row_groups, prefetch_bytes // max(1, largest))
         self._tables_queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch_row_groups))
         self._queue = self._tables_queue
         self._threads = [threading.Thread(target=self._decode, name="arrow-row-groups", daemon=True)]

@@ -2,7 +2,8 @@
 and the conversion of Arrow tables of those columns into the batch's numpy arrays.
 
 A batch holds each feature kind's entries (``FeatureSpec.batch_layout``: scalar columns stacked
-side by side into one [n, k] entry, or a list column as [n, *shape]), ``label`` (int64 or float32 [n];
+side by side into one [n, k] entry, a list column as [n, *shape], or an encoded column, an image's
+bytes, as an object array of its values, which the loader's decode stage decodes batch by batch), ``label`` (int64 or float32 [n];
 a multilabel label's multi-hot float32 [n, num_classes]),
 ``teacher`` (the soft targets, when read) and ``_row`` int64 [n]. The conversion reads the Arrow
 buffers directly, never through pandas or Python per row, and can permute the rows and reuse
@@ -18,7 +19,7 @@ import numpy as np
 
 from common.errors import DatasetError
 from common.dataset import ROW_INDEX, TEACHER_COLUMN, Manifest
-from common.features.base import BatchEntry
+from common.features.base import MASK_SUFFIX, BatchEntry
 from common.tasks import label_task
 
 
@@ -33,6 +34,7 @@ class Columns:
     # None: not read (the run does not distill).
     teacher: tuple[int, ...] | None = None
     label_shape: tuple[int, ...] = ()  # a multilabel label's list column: (num_classes,)
+    pad_multiple: int = 1  # a ragged entry's width in a batch is a multiple of this (data.batching.pad_multiple)
 
     @property
     def stored(self) -> list[str]:
@@ -40,12 +42,37 @@ class Columns:
         return [*(c for entry in self.features for c in entry.columns), self.label, *teacher, ROW_INDEX]
 
 
-def columns_for(manifest: Manifest, teacher: bool = False) -> Columns:
+def columns_for(manifest: Manifest, teacher: bool = False, pad_multiple: int = 1) -> Columns:
     """The batch columns; ``teacher``: with the soft targets (the manifest must record a teacher)."""
     features, label = manifest.features, manifest.label
     task = label_task(label.task)
     return Columns(features=tuple(features.batch_layout()), label=label.name, label_dtype=task.label_dtype,
-                   teacher=manifest.teacher.shape if teacher else None, label_shape=task.label_shape(label.num_classes))
+                   teacher=manifest.teacher.shape if teacher else None, label_shape=task.label_shape(label.num_classes),
+                   pad_multiple=pad_multiple)
+
+
+# A ragged entry's row lengths in a shuffle buffer's arrays (``tables_to_arrays``); ``batch_of``
+# turns them into the batch's mask.
+LENGTHS_SUFFIX = "#lengths"
+
+
+def batch_of(arrays: dict[str, np.ndarray], columns: Columns) -> dict[str, np.ndarray]:
+    """Rows of a buffer's arrays (a slice) as the batch a network receives: each ragged entry cut
+    (or padded) to the rows' longest, rounded up to ``pad_multiple``, as int64, with its mask
+    under ``key + MASK_SUFFIX``; every other entry as it is."""
+    out = dict(arrays)
+    for entry in columns.features:
+        if not entry.ragged:
+            continue
+        ids, lengths = out[entry.key], out.pop(entry.key + LENGTHS_SUFFIX)
+        width = max(int(lengths.max()) if len(lengths) else 0, 1)
+        width = -(-width // columns.pad_multiple) * columns.pad_multiple
+        batch = np.full((len(ids), width), entry.pad, dtype=np.int64)
+        keep = min(width, ids.shape[1])
+        batch[:, :keep] = ids[:, :keep]
+        out[entry.key] = batch
+        out[entry.key + MASK_SUFFIX] = np.arange(width)[None, :] < lengths[:, None]
+    return out
 
 
 def table_to_arrays(table, columns: Columns) -> dict[str, np.ndarray]:
@@ -68,8 +95,15 @@ def tables_to_arrays(tables: list, columns: Columns, lead: dict | None = None,
                              order, empty)
         for entry in columns.features if not entry.shape
     }
+    for entry in columns.features:
+        if entry.ragged:
+            out[entry.key], out[entry.key + LENGTHS_SUFFIX] = _ragged(tables, entry, lead, order)
     lists = [(entry.key, entry.columns[0], entry.shape, np.dtype(entry.dtype)) for entry in columns.features
-             if entry.shape]
+             if entry.shape and not entry.ragged and entry.decode is None]
+    for entry in columns.features:  # still encoded: the stored values, decoded per batch (training.image_loading)
+        if entry.decode is not None:
+            parts = ([lead[entry.key]] if lead else []) + [_encoded_column(table, entry.columns[0]) for table in tables]
+            out[entry.key] = _gathered(parts, (rows,), np.dtype(object), order, empty)
     scalars = [(ROW_INDEX, ROW_INDEX, np.int64)]
     if columns.label_shape:  # a multilabel label's multi-hot vector: a list column
         lists.append(("label", columns.label, columns.label_shape, np.dtype(columns.label_dtype)))
@@ -165,6 +199,45 @@ def _non_null(table, name: str):
     return column
 
 
+def _encoded_column(table, name: str) -> np.ndarray:
+    """A binary column (encoded values) as an object array of its bytes."""
+    return _non_null(table, name).to_numpy()
+
+
+def _ragged(tables: list, entry: BatchEntry, lead: dict | None, order: np.ndarray | None
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """A ragged list column (``lead``'s rows, then the tables') as (int32 [rows, W] padded with
+    ``entry.pad``, W the longest row here, and each row's length), in ``order`` if given. Stored
+    as int32 in the buffer; ``batch_of`` widens a batch's rows to int64."""
+    blocks = []
+    if lead:
+        blocks.append((lead[entry.key], lead[entry.key + LENGTHS_SUFFIX], None))
+    for table in tables:
+        array = table.column(entry.columns[0]).combine_chunks()
+        if array.null_count:
+            raise DatasetError(f"column {entry.columns[0]!r} has {array.null_count} null row(s) in a stored shard")
+        offsets = array.offsets.to_numpy().astype(np.int64)
+        values = array.flatten().to_numpy(zero_copy_only=False)  # respects the array's offset after slicing
+        blocks.append((values, np.diff(offsets), offsets - offsets[0]))
+    lengths = np.concatenate([b[1] for b in blocks]) if blocks else np.zeros(0, dtype=np.int64)
+    if len(lengths) and lengths.max() > entry.shape[0]:
+        raise DatasetError(f"column {entry.columns[0]!r}: a stored row holds {int(lengths.max())} values, more than "
+                           f"the manifest's {entry.shape[0]}")
+    out = np.full((len(lengths), max(int(lengths.max()) if len(lengths) else 0, 1)), entry.pad, dtype=np.int32)
+    pos = 0
+    for values, block_lengths, offsets in blocks:
+        n = len(block_lengths)
+        if offsets is None:  # lead rows: already padded
+            out[pos:pos + n, :values.shape[1]] = values
+        elif len(values):
+            rows = np.repeat(np.arange(n), block_lengths)
+            out[pos + rows, np.arange(len(values)) - offsets[:-1][rows]] = values
+        pos += n
+    if order is not None:
+        out, lengths = out[order], lengths[order]
+    return out, lengths.astype(np.int64)
+
+
 def _list_column(table, name: str, shape: tuple[int, ...]) -> np.ndarray:
     """A list<float> column -> float32 [n, *shape] straight from the flat values buffer."""
     width = int(np.prod(shape))
@@ -183,4 +256,4 @@ def _list_column(table, name: str, shape: tuple[int, ...]) -> np.ndarray:
     return values.reshape((n, *shape))
 
 
-__all__ = ["Columns", "columns_for", "table_to_arrays", "tables_to_arrays"]
+__all__ = ["Columns", "batch_of", "columns_for", "table_to_arrays", "tables_to_arrays"]

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from common.config import load_config, require, setting, storage_path
 from common.config import SparkConfig
 from common.tasks import TASK_NAMES
+from training.image_loading import AugmentConfig
 from training.launchers import BACKENDS, launcher_for, launcher_named
 from training.limits import MAX_BATCH_ROWS, MAX_PREFETCH, MAX_RANKS, MAX_READER_THREADS, MAX_WIDTH
 from training.model_specs import MODELS, identity
@@ -25,6 +26,18 @@ from training.strategies.periodic import SyncConfig
 from training.strategies.pipeline import PipelineConfig
 
 PARALLEL = picked_by("train.parallel")  # train.parallel's choices: the strategies it names
+
+
+@dataclass
+class BatchingConfig:
+    """How a batch's variable-length entries (a text feature's token ids) are shaped."""
+
+    pad_multiple: int = setting(
+        "a batch's token ids are padded to its longest row, rounded up to a multiple of this (8 suits tensor "
+        "cores on a GPU); the mask marks the padding", default=1)
+
+    def __post_init__(self):
+        require(1 <= self.pad_multiple <= 1024, "pad_multiple", f"must be in [1, 1024], got {self.pad_multiple}")
 
 
 @dataclass
@@ -40,8 +53,20 @@ class DataConfig:
         "training and validation, so this bounds loader memory with `prefetch_row_groups`", default=65_536)
     # 1 keeps the row order a pure function of the seed, which exact resume needs; more threads
     # decode row groups in parallel but in arrival order.
+    shuffle_buffer_bytes: int = setting(
+        "bytes of stored rows (as read, before decoding: an image feature's encoded bytes) a shuffle buffer holds "
+        "at most, measured on each row group's mean row: a buffer ends at `shuffle_buffer_rows` or here, whichever "
+        "comes first (but holds at least one batch); the arrow reader's row groups read ahead are capped by it too",
+        default=256 << 20)
     reader_workers: int = setting(
         "petastorm reader threads; 1 keeps the data order a pure function of the seed (exact resume)", default=1)
+    decode_workers: int = setting(
+        "threads decoding (and augmenting) encoded features, image columns, per rank, between the shuffle buffer "
+        "and the batch (training/image_loading.py); the order and the augmentation do not depend on it",
+        default=2)
+    augment: dict[str, AugmentConfig | None] = setting(
+        "per image column, its augmentation on the train split (`{random_resized_crop: {scale: [0.5, 1.0]}, flip: "
+        "true, color_jitter: 0.2}`) or null; validation, scoring and predict never augment", default_factory=dict)
     prefetch_row_groups: int = setting("row groups decoded ahead of the training step (bounds loader memory)",
                                        default=4)
     verify: Literal["first_read", "never"] = setting(
@@ -50,6 +75,7 @@ class DataConfig:
     reader: Literal["petastorm", "arrow"] | None = setting(
         "`petastorm` (needs pyarrow 14) or `arrow` (plain pyarrow, any version): the same batches for the same "
         "seed, epoch and rank; null: petastorm where it is installed, else arrow", default=None)
+    batching: BatchingConfig = setting("how batches of text features are padded", default_factory=BatchingConfig)
 
     def __post_init__(self):
         if self.reader is None:
@@ -60,6 +86,10 @@ class DataConfig:
                 f"must be in [1, {MAX_BATCH_ROWS:,}], got {self.shuffle_buffer_rows}")
         require(1 <= self.reader_workers <= MAX_READER_THREADS, "reader_workers",
                 f"must be in [1, {MAX_READER_THREADS}], got {self.reader_workers}")
+        require(1 <= self.shuffle_buffer_bytes, "shuffle_buffer_bytes",
+                f"must be a positive number of bytes, got {self.shuffle_buffer_bytes}")
+        require(1 <= self.decode_workers <= MAX_READER_THREADS, "decode_workers",
+                f"must be in [1, {MAX_READER_THREADS}], got {self.decode_workers}")
         require(1 <= self.prefetch_row_groups <= MAX_PREFETCH, "prefetch_row_groups",
                 f"must be in [1, {MAX_PREFETCH}], got {self.prefetch_row_groups}")
 
@@ -70,16 +100,23 @@ class ModelConfig:
     what the model expects of the dataset."""
 
     name: str = setting(
-        "`mlp`, `ft_transformer` (FT-Transformer: one token per numeric, categorical and array feature plus a "
-        "CLS token, `model.layers` transformer blocks, a head on the CLS token), or `package.module:factory`, "
+        "`mlp`, `ft_transformer` (FT-Transformer: one token per numeric, categorical, array and image feature "
+        "plus a CLS token, `model.layers` transformer blocks, a head on the CLS token), `resnet` (ResNet-18/34 "
+        "over the dataset's one image column: `model.depth`, `model.width`), or `package.module:factory`, "
         "called with `(feature_spec, label_spec, **model.kwargs)`, plain dicts: the features by kind "
-        "(`{\"numeric\": [records], \"categorical\": [...], \"arrays\": [...]}`, each record as the manifest "
-        "holds it) and the manifest's `label` record", default="mlp")
+        "(`{\"numeric\": [records], \"categorical\": [...], \"arrays\": [...], \"images\": [...]}`, each record "
+        "as the manifest holds it) and the manifest's `label` record. `mlp` and `ft_transformer` read each image "
+        "column through a small convolutional stem (`model.kwargs.image_width`: the MLP's features per image, "
+        "default 16)", default="mlp")
     hidden: list[int] = setting("`mlp`: the hidden layers' widths", default_factory=lambda: [128, 64])
     layers: int = setting("`ft_transformer`: transformer blocks", default=4)
     d_model: int = setting("`ft_transformer`: token width, a multiple of `model.heads`; its feed-forward is "
                            "2 x `d_model` (`model.kwargs.ffn_width`)", default=32)
     heads: int = setting("`ft_transformer`: attention heads", default=4)
+    depth: int = setting("`resnet`: 18 or 34 (ResNet-18: 2, 2, 2, 2 basic blocks a stage; ResNet-34: 3, 4, 6, 3)",
+                         default=18)
+    width: int = setting("`resnet`: the first residual stage's channels (64 in the paper); the four stages have "
+                         "1, 2, 4 and 8 x `model.width`", default=64)
     dropout: float = setting("dropout rate (`mlp` and `ft_transformer`)", default=0.0)
     embedding_dim: int | None = setting(
         "`mlp`: width of each categorical feature's embedding; null: min(16, (vocabulary size + 1) // 2)",
@@ -104,6 +141,8 @@ class ModelConfig:
                 f"must be a multiple of model.heads={self.heads} in [1, {MAX_WIDTH:,}], got {self.d_model}")
         require(all(isinstance(h, int) and 0 < h <= MAX_WIDTH for h in self.hidden), "hidden",
                 f"must be a list of positive integers of at most {MAX_WIDTH:,}, got {self.hidden}")
+        require(self.depth in (18, 34), "depth", f"must be 18 or 34, got {self.depth}")
+        require(1 <= self.width <= MAX_WIDTH // 8, "width", f"must be in [1, {MAX_WIDTH // 8:,}], got {self.width}")
         require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
         require(self.embedding_dim is None or 1 <= self.embedding_dim <= MAX_WIDTH, "embedding_dim",
                 f"must be in [1, {MAX_WIDTH:,}], got {self.embedding_dim}")

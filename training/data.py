@@ -7,7 +7,9 @@ together is its own module beside it:
 * ``training.arrow_reader`` / ``training.petastorm_reader``: the two readers (``data.reader``),
   the same Arrow tables in the same order;
 * ``training.shuffle_buffers``: row groups -> shuffle buffers in batch order, and their memory;
-* ``training.columns``: which columns make a batch and the Arrow -> numpy conversion.
+* ``training.columns``: which columns make a batch and the Arrow -> numpy conversion;
+* ``training.image_loading``: the decode stage, which decodes (and on the train split augments)
+  encoded entries, image columns, batch by batch after the shuffle buffers.
 
 Why not petastorm's own sharding (``cur_shard=rank, shard_count=size``): it deals whole row
 groups round-robin, so ranks get as many rows as their row groups happen to hold. With unequal
@@ -47,8 +49,9 @@ import numpy as np
 from common.errors import DatasetError
 from common.dataset import ROW_INDEX
 from common.storage import resolve, storage_errors
-from training.columns import Columns, table_to_arrays
+from training.columns import Columns, batch_of, table_to_arrays
 from training.epoch_steps import epoch_seed, rank_row_range, steps_per_epoch
+from training.image_loading import DecodeStage, ImageAugment
 from training.shuffle_buffers import BufferMemory, ShuffleBuffers
 from training.split_layout import SplitLayout
 
@@ -70,14 +73,16 @@ class RankLoader:
     """One rank's batches for one epoch at a time: ``for batch in loader.epoch(e): ...``.
 
     A batch is a dict of torch tensors: ``numeric`` float32 [B, n_numeric], ``categorical`` int64
-    [B, n_categorical], each array feature float32 [B, *shape], ``label`` (int64 or float32 [B]),
+    [B, n_categorical], each array feature float32 [B, *shape], each image feature uint8 [B, C, H, W]
+    (decoded, and augmented where ``augments`` names it, by ``decode_workers`` threads), ``label`` (int64 or float32 [B]),
     ``teacher`` float32 [B, num_classes] or [B] when the columns include it, and ``_row`` int64 [B].
     """
 
     def __init__(self, layout: SplitLayout, columns: Columns, rank: int, world_size: int, batch_size: int,
                  grad_accum: int = 1, seed: int = 0, shuffle: bool = True, shuffle_buffer_rows: int = 65_536,
                  reader_workers: int = 1, prefetch_row_groups: int = 4, reader: str = "petastorm",
-                 memory: "BufferMemory | None" = None):
+                 memory: "BufferMemory | None" = None, shuffle_buffer_bytes: int | None = None,
+                 decode_workers: int = 1, augments: "dict[str, ImageAugment | None] | None" = None):
         self.layout, self.columns = layout, columns
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.grad_accum, self.seed, self.shuffle = batch_size, grad_accum, seed, shuffle
@@ -91,7 +96,11 @@ class RankLoader:
         # The shuffle buffers' memory, used again from epoch to epoch; loaders that never build
         # buffers at the same time (a rank's training and validation) can share one.
         self.memory = memory if memory is not None else BufferMemory()
-        self.buffers = ShuffleBuffers(columns, batch_size, shuffle_buffer_rows, shuffle, self.memory, self._mask)
+        self.buffers = ShuffleBuffers(columns, batch_size, shuffle_buffer_rows, shuffle, self.memory, self._mask,
+                                      max_bytes=shuffle_buffer_bytes)
+        self.prefetch_bytes = shuffle_buffer_bytes
+        # Encoded entries (images) are decoded batch by batch, after the shuffle buffer.
+        self.decoder = DecodeStage(list(columns.features), decode_workers, augments, seed)
 
     def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
         """Exactly ``batches_per_epoch - skip_batches`` batches; the first ``skip_batches`` of the
@@ -102,7 +111,8 @@ class RankLoader:
         self.stats.append(stats)
         seen = np.zeros(self.hi - self.lo, dtype=bool)
         emitted = 0
-        batches = self._shuffled_batches(epoch, stats)
+        encoded = self._shuffled_batches(epoch, stats)
+        batches = self.decoder.batches(encoded, epoch, augment=True, skip=skip_batches)
         try:
             for arrays in batches:
                 rows = arrays[ROW_INDEX]
@@ -117,7 +127,8 @@ class RankLoader:
                 if emitted == self.batches_per_epoch:
                     break
         finally:
-            batches.close()  # stops the reader now, not when the generator is collected
+            batches.close()
+            encoded.close()  # stops the reader now, not when the generator is collected
         self.layout.check_unchanged(self.files)  # the rows just used came from the files planned on
         if emitted < self.batches_per_epoch:
             # Cannot happen when the manifest is right; if it does, every rank must hear about it
@@ -139,13 +150,15 @@ class RankLoader:
         import torch
 
         rows = 0
-        batches = self._shuffled_batches(0, EpochStats(epoch=0), keep_last=True)
+        encoded = self._shuffled_batches(0, EpochStats(epoch=0), keep_last=True)
+        batches = self.decoder.batches(encoded, 0, augment=False)
         try:
             for arrays in batches:
                 rows += len(arrays[ROW_INDEX])
                 yield {name: torch.from_numpy(value) for name, value in arrays.items()}
         finally:
-            batches.close()  # stops the reader now, not when the generator is collected
+            batches.close()
+            encoded.close()  # stops the reader now, not when the generator is collected
         self.layout.check_unchanged(self.files)
         if rows != self.hi - self.lo:
             raise DatasetError(
@@ -182,9 +195,10 @@ class RankLoader:
             for last in buffers:
                 stats.rows_read += last.rows_read
                 for start in range(0, last.full, size):
-                    yield {name: value[start:start + size] for name, value in last.arrays.items()}
+                    yield batch_of({name: value[start:start + size] for name, value in last.arrays.items()},
+                                   self.columns)
             if keep_last and last is not None and last.rest is not None:
-                yield last.rest
+                yield batch_of(last.rest, self.columns)
         finally:
             reader.stop()
             reader.join()
@@ -196,7 +210,8 @@ class RankLoader:
             from training.arrow_reader import ArrowRowGroupReader
 
             return ArrowRowGroupReader(uris, self.columns.stored, self.shuffle, seed, self.prefetch_row_groups,
-                                       pipeline=lambda tables: self.buffers.from_tables(tables, rng))
+                                       pipeline=lambda tables: self.buffers.from_tables(tables, rng),
+                                       prefetch_bytes=self.prefetch_bytes)
         from training.petastorm_reader import open_petastorm_reader
 
         return open_petastorm_reader(uris, self.columns.stored, self.shuffle, seed, self.prefetch_row_groups,
@@ -213,7 +228,8 @@ class RankLoader:
 
 
 def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[str, np.ndarray]:
-    """The split's first ``count`` rows in ``_row`` order, read with plain pyarrow (small reads only)."""
+    """The split's first ``count`` rows in ``_row`` order, read with plain pyarrow (small reads only),
+    encoded entries decoded."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -235,7 +251,9 @@ def read_first_rows(layout: SplitLayout, columns: Columns, count: int) -> dict[s
                 have += batch.num_rows
                 if have >= count:
                     break
-    return table_to_arrays(pa.concat_tables(tables), columns)
+    # Decoded as the loader decodes (never augmented): the reference predictions' inputs.
+    return DecodeStage(list(columns.features), workers=1).decode_batch(
+        batch_of(table_to_arrays(pa.concat_tables(tables), columns), columns))
 
 
 __all__ = ["EpochStats", "RankLoader", "read_first_rows"]

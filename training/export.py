@@ -30,6 +30,7 @@ common.model_artifact's; this module must not read or check a published model by
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -46,7 +47,7 @@ from common.config import config_fingerprint
 from common.dataset import LabelSpec
 from common.features import FeatureSpec
 from common.errors import ConfigError, DatasetError, first_line
-from common.model_artifact import (META, MODEL_FORMAT, MODEL_FORMAT_VERSION, PROGRAM, WEIGHTS, LoadedModel,
+from common.model_artifact import (CODE, META, MODEL_FORMAT, MODEL_FORMAT_VERSION, PROGRAM, WEIGHTS, LoadedModel,
                                    read_meta, read_model, verified_bytes)
 from common.publish import publish, read_marker
 from common.storage import Location, resolve, storage_errors
@@ -79,11 +80,13 @@ def serving_model(net: nn.Module, label_spec: LabelSpec) -> nn.Module:
     return own if own is not None else ServingModel(net, **task.serving_arguments(label_spec))
 
 
-def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, torchscript: str = "auto") -> str:
+def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, torchscript: str = "auto",
+                  code: bytes | None = None) -> str:
     """Write the model directory at ``uri`` atomically; ``meta`` becomes model.json (plus versions),
     its ``label`` a ``LabelSpec``'s record, its ``run_id`` (with ``config`` and ``dataset``: the
     publishing run's ``RankPlan.provenance()``) also the commit marker's. ``torchscript``
-    (``output.torchscript``): whether a TorchScript program goes with the weights."""
+    (``output.torchscript``): whether a TorchScript program goes with the weights. ``code``: the
+    model given to train() in code, pickled (``training.user_code``), kept as ``model.code.pkl``."""
     run_id = meta["run_id"]
     net = net.to("cpu").eval()
     serving = serving_model(net, LabelSpec.from_record(meta["label"]))
@@ -94,18 +97,39 @@ def publish_model(uri: str, mode: str, net: nn.Module, meta: dict, torchscript: 
     program = None if torchscript == "never" else _program(serving, required=torchscript == "always")
     if program is not None:
         blobs[PROGRAM] = program
+    if code is not None:
+        blobs[CODE] = code
     files = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in blobs.items()}
     record = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, **meta, "versions": versions(),
               "files": files}
     text = json.dumps(record, indent=2, sort_keys=True)
     marker = {"kind": KIND_MODEL, "format": MODEL_FORMAT, "run_id": run_id,
               "model_json_sha256": hashlib.sha256(text.encode()).hexdigest()}
+    side_files = _feature_files(meta)
     with publish(uri, mode=mode, marker=marker) as staging:
-        for name, data in blobs.items():
+        for name, data in [*blobs.items(), *side_files.items()]:
             with storage_errors(f"writing {name}", staging.uri), staging.open(name, "wb") as fh:
                 fh.write(data)
         staging.write_text(META, text)
     return uri
+
+
+def _feature_files(meta: dict) -> dict[str, bytes]:
+    """The feature records' side files (a text feature's tokenizer.json, ``common.features.base.FILES``),
+    read from the dataset the run trained on and checked against their recorded sha256: the model
+    carries them at the same paths, so it serves raw values as the dataset was encoded."""
+    from common.file_digest import verify_digest
+
+    entries = [entry for record in meta.get("features") or [] for entry in record.get("files") or []]
+    if not entries:
+        return {}
+    root = resolve(meta["dataset"]["uri"])
+    out = {}
+    for entry in entries:
+        verify_digest(root.join(entry["path"]), entry["sha256"])
+        with storage_errors("reading a feature's file", root.uri), root.open(entry["path"], "rb") as fh:
+            out[entry["path"]] = fh.read()
+    return out
 
 
 def published_by(uri: str, provenance: dict) -> dict | None:
@@ -184,7 +208,7 @@ def versions() -> dict:
     return found
 
 
-def load_model(uri: str, program: bool = False, registry_uri: str | None = None) -> LoadedModel:
+def load_model(uri: str, program: bool = False, registry_uri: str | None = None, trust_code: bool = False) -> LoadedModel:
     """Load a published model, verifying each file it reads against the recorded sha256
     (``common.model_artifact.read_model``).
 
@@ -194,13 +218,17 @@ def load_model(uri: str, program: bool = False, registry_uri: str | None = None)
     the TorchScript program, where the model was published with one (``output.torchscript``). The
     choice is the caller's alone; no field of model.json can switch it.
 
+    A model trained from code given to ``train(model=...)`` is rebuilt by running that code, which
+    it holds (``model.code.pkl``, verified by its sha256): only with ``trust_code=True``, which logs
+    the code's digest; without, a ConfigError (exit 2) names ``trust_code``.
+
     ``uri`` may name a registered version, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``
     (in ``registry_uri``, or MLflow's default registry): it is downloaded and verified the same way.
     """
-    return read_model(uri, program, _rebuilt_network, registry_uri)
+    return read_model(uri, program, functools.partial(_rebuilt_network, trust_code=trust_code), registry_uri)
 
 
-def _rebuilt_network(loc: Location, meta: dict) -> nn.Module:
+def _rebuilt_network(loc: Location, meta: dict, trust_code: bool = False) -> nn.Module:
     """The network of model.json's model name and arguments (``ModelSpec.restore``), with its
     verified safetensors weights, as served."""
     name = (meta.get("model") or {}).get("name")
@@ -220,9 +248,16 @@ def _rebuilt_network(loc: Location, meta: dict) -> nn.Module:
 
     data = verified_bytes(loc, meta, WEIGHTS)
     label = LabelSpec.from_record(meta["label"])
+    spec = model_spec(name, _stored_code(loc, meta, trust_code))
     try:
-        net = model_spec(name).restore(arguments, FeatureSpec(meta["features"]).by_kind(), label.to_record())
+        net = spec.restore(arguments, FeatureSpec(meta["features"]).by_kind(), label.to_record())
     except ConfigError as exc:
+        code = (meta.get("model") or {}).get("code")
+        if code:  # given to train() in code: found only where that code is defined again under its name
+            raise ConfigError(f"{loc.uri}: cannot rebuild the model: it was trained from code given to train() "
+                              f"({', '.join(f'{role} {name}' for role, name in code['objects'].items())}), which is not "
+                              f"stored with the model, and here {exc}; define it in an importable module, or load its "
+                              "TorchScript program with load_model(uri, program=True) where it has one") from None
         raise ConfigError(f"{loc.uri}: cannot rebuild the model: {exc}") from None
     try:
         net.load_state_dict(load_safetensors(data))
@@ -231,6 +266,26 @@ def _rebuilt_network(loc: Location, meta: dict) -> nn.Module:
                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); re-train or "
                            "re-publish the model") from None
     return serving_model(net, label)
+
+
+def _stored_code(loc: Location, meta: dict, trust_code: bool):
+    """The code given to train() that the model holds (a ``training.user_code.UserCode``), where it
+    holds one and the caller trusts it; None where it holds none."""
+    record = (meta.get("model") or {}).get("code")
+    if not record or CODE not in (meta.get("files") or {}):
+        return None
+    objects = ", ".join(f"{role} {name}" for role, name in record.get("objects", {}).items())
+    digest = meta["files"][CODE]["sha256"]
+    if not trust_code:
+        raise ConfigError(f"{loc.uri}: the model was trained from code given to train() ({objects}), which it holds "
+                          f"in {CODE} (sha256 {digest}); rebuilding it runs that code. If you trust whoever trained "
+                          "it, pass load_model(uri, trust_code=True) (shardtrain score: model_code: trust)")
+    from training.user_code import UserCode
+
+    code = UserCode(verified_bytes(loc, meta, CODE), record.get("objects", {}))
+    log.warning("running the code stored with the model %s (%s; sha256 %s), as trust_code asked", loc.uri, objects,
+                digest)
+    return code
 
 
 __all__ = ["LoadedModel", "ServingModel", "load_model", "publish_model", "published_by", "serving_model"]

@@ -41,10 +41,13 @@ from typing import Any, Callable
 
 import torch
 
+from common.features import FeatureSpec
+from common.tasks import label_task
 from training.checkpoint import CheckpointManager
 from training.data import RankLoader
 from training.distributed import LocalGroup, set_threads, spark_gpu_addresses
 from training.export import check_scriptable
+from training.image_loading import ImageAugment
 from training.model_specs import build_model
 from training.non_finite import NonFiniteGuard
 from training.optimizer import make_optimizer, set_lr
@@ -56,6 +59,7 @@ from training.split_layout import check_manifest_unchanged
 from training.step_timer import StepTimer
 from training.strategies import build_strategy
 from training.tasks import Objective
+from training.user_code import UserObjective, probe
 from training.validation import evaluate
 
 log = logging.getLogger("shardtrain.train")
@@ -151,7 +155,7 @@ def _train(run: "RankRun", state: "TrainState", hooks, attempts) -> dict:
               "stopped_early": len(state.history) < plan.config.train.epochs}
     # FSDP: all ranks gather the weights; rank 0 gets a plain module to export.
     final = run.strategy.unsharded(run.model, lambda: build_model(plan.config.model, plan.feature_spec,
-                                                                  plan.label_spec).to(device))
+                                                                  plan.label_spec, plan.user_code).to(device))
     if group.rank == 0:
         result.update(run.recorder.publish(final, state.history, device))
         hooks.on_published()
@@ -177,6 +181,8 @@ class RankRun:
     timer: StepTimer = field(default_factory=StepTimer)
     recorder: Recorder | None = None  # rank 0 only
     restored: dict = field(default_factory=lambda: {"uri": None, "step": 0, "problems": []})
+    user: UserObjective = field(default_factory=UserObjective)  # the user's loss and metrics (training.user_code)
+    user_metric_names: list = field(default_factory=list)  # their metrics' names, from the probe batch
 
     @property
     def device(self) -> torch.device:
@@ -352,7 +358,8 @@ def _build(plan: RankPlan, group) -> RankRun:
     cfg, t = plan.config, plan.config.train
     strategy = build_strategy(cfg, group)
     torch.manual_seed(t.seed)
-    model = build_model(cfg.model, plan.feature_spec, plan.label_spec).to(group.device)
+    model = build_model(cfg.model, plan.feature_spec, plan.label_spec, plan.user_code).to(group.device)
+    user, names = _probed(plan, model, group.device)
     if cfg.output.torchscript == "always":  # refused now, by every rank alike, not after training
         check_scriptable(model, plan.label_spec)
     step_model = strategy.wrap(model)
@@ -361,9 +368,27 @@ def _build(plan: RankPlan, group) -> RankRun:
                                     cfg.checkpoint.every_epochs, cfg.checkpoint.keep, is_writer=group.rank == 0)
     identity = run_identity(plan)
     return RankRun(plan=plan, group=group, strategy=strategy, model=model, step_model=step_model, optimizer=optimizer,
-                   objective=Objective(plan.label_spec, t.distill), checkpoints=checkpoints,
+                   objective=Objective(plan.label_spec, t.distill, user.loss), user=user, user_metric_names=names,
+                   checkpoints=checkpoints,
                    guard=NonFiniteGuard(t.max_skipped_steps if t.precision == "fp16" else 0),
                    launch_identity=identity, meta=identity)
+
+
+def _probed(plan: RankPlan, model, device) -> tuple[UserObjective, list[str]]:
+    """The user's loss and metrics (given to train(), or the network's own), after running them and
+    the model on a probe batch: their code fails here, on every rank alike, before any step. Only
+    where the user's code is in play (given to train(), or a network with its own loss or metrics):
+    a model's forward is called one time more, which a run of the task's loss does not need."""
+    user = UserObjective.of(plan.user_code, model)
+    if not (user.loss or user.metrics or plan.user_code is not None):
+        return user, []
+    task = label_task(plan.label_spec.task)
+    probe_batch = {k: torch.from_numpy(v).to(device) for k, v in FeatureSpec(plan.feature_spec).probe(2).items()}
+    probe_batch["label"] = torch.zeros((2, *task.label_shape(plan.label_spec.num_classes)),
+                                       dtype=getattr(torch, task.label_dtype), device=device)
+    where = ", ".join(f"{role} {name}" for role, name in (plan.user_code.names.items() if plan.user_code else
+                                                         [("model.name", plan.config.model.name)]))
+    return user, probe(model, user, probe_batch, where, plan.user_code.lines if plan.user_code else None)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -384,13 +409,15 @@ def loaders(plan: RankPlan, strategy) -> tuple[RankLoader, RankLoader | None]:
     d, t = plan.config.data, plan.config.train
     memory = BufferMemory()
 
-    def loader(layout, accum: int, shuffle: bool) -> RankLoader:
+    def loader(layout, accum: int, shuffle: bool, augments: dict) -> RankLoader:
         return RankLoader(layout, plan.columns, strategy.dp_rank, strategy.dp_size, t.batch_size, accum, seed=t.seed,
                           shuffle=shuffle, shuffle_buffer_rows=d.shuffle_buffer_rows,
                           reader_workers=d.reader_workers, prefetch_row_groups=d.prefetch_row_groups,
-                          reader=d.reader, memory=memory)
+                          reader=d.reader, memory=memory, shuffle_buffer_bytes=d.shuffle_buffer_bytes,
+                          decode_workers=d.decode_workers, augments=augments)
 
-    return loader(plan.train, t.grad_accum, True), loader(plan.val, 1, False) if plan.val else None
+    augments = {column: ImageAugment.from_config(cfg) for column, cfg in d.augment.items()}  # the train split's only
+    return loader(plan.train, t.grad_accum, True, augments), loader(plan.val, 1, False, {}) if plan.val else None
 
 
 def _quiet_libraries() -> None:

@@ -24,7 +24,9 @@ directory as it is (``model.safetensors``, ``model.torchscript.pt``, ``model.jso
 ``_COMMITTED``), and loading goes through ``training.export.load_model``, which checks every file
 against its sha256: a damaged artifact is refused naming the file. Nothing is unpickled: the
 model is logged as "models from code" (``PYFUNC_CODE``, a file that builds the PythonModel when
-MLflow loads it), never as a cloudpickled object; the input example is JSON.
+MLflow loads it), never as a cloudpickled object; the input example is JSON. The one exception is
+a model trained from code given to ``train(model=...)``, which holds that code pickled: it is run
+only when the loader passes ``model_config={"trust_code": True}`` (``load_model``'s ``trust_code``).
 
 The signature lists every raw feature column the model reads. Numeric and categorical features
 are ``any``: the shard job takes several raw types for each (numbers of any width, booleans,
@@ -74,7 +76,9 @@ EXAMPLE_ROWS = 5
 REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "safetensors", "fsspec", "pyyaml", "pillow")  # pillow: images
 # The pyfunc's model_config from now on: refused rows marked (module docstring). A model logged
 # before has none, and predicts as load_model's predict does by default.
-MODEL_CONFIG = {"errors": "mark"}
+# trust_code is there (False) because MLflow overrides only the keys a model was logged with:
+# mlflow.pyfunc.load_model(uri, model_config={"trust_code": True}) must find it to set it.
+MODEL_CONFIG = {"errors": "mark", "trust_code": False}
 
 
 class ShardtrainPyfunc(mlflow.pyfunc.PythonModel):
@@ -83,11 +87,14 @@ class ShardtrainPyfunc(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
         from training.export import load_model
 
+        config = getattr(context, "model_config", None) or {}
         # Verified here, file by file, against model.json's sha256s and the marker's model.json sha256.
-        self.model = load_model(context.artifacts[ARTIFACT_KEY])
+        # A model trained from code given to train() runs that code only where the loader asks:
+        # mlflow.pyfunc.load_model(uri, model_config={"trust_code": True}) (never a logged default).
+        self.model = load_model(context.artifacts[ARTIFACT_KEY], trust_code=bool(config.get("trust_code", False)))
         # MODEL_CONFIG's errors="mark"; a model logged before has no model_config, and keeps
         # predict's default (its signature's tensor output) with it.
-        self.errors = (getattr(context, "model_config", None) or {}).get("errors", "raise")
+        self.errors = config.get("errors", "raise")
 
     # The type hint says what MLflow passes (it infers no schema from it: the signature is ours).
     def predict(self, context, model_input: pd.DataFrame, params=None):
@@ -132,6 +139,7 @@ def input_example(meta: dict, dataset_uri: str, splits: list[str], rows: int = E
     with manifest.root.open(entry.path, "rb") as fh:
         table = pq.ParquetFile(fh).read_row_group(0).slice(0, rows)
     spec = FeatureSpec(meta["features"])
+    spec.attach(manifest.root)  # a text feature decodes its ids with the dataset's tokenizer
     columns = {name: spec.kind_of(name).raw_example(name, table.column(name)) for name in spec.columns}
     return pd.DataFrame(columns)[spec.columns]
 

@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from common.features.arrays import Arrays
 from common.features.categorical import RESERVED_INDICES, Categorical
 from common.features.numeric import Numeric
+from common.features.text import Text
 from common.errors import ConfigError
 from common.tasks import label_task
 from training.launchers import launcher_for
 from training.model_specs import model_spec
+from training.model_specs.image_inputs import IMAGES, image_records
 from training.strategies import model_shards
 
 # The largest single machines sold (24 TiB of memory): no rank anywhere gets more.
@@ -76,6 +78,9 @@ class _Data:
     vocab_sizes: list[int]
     array_widths: list[int]
     out: int  # outputs: the classes, or 1 value
+    image_channels: tuple[int, ...] = ()  # each image feature's channels
+    text_vocab_sizes: tuple[int, ...] = ()  # each text feature's tokenizer vocabulary
+    text_max_tokens: tuple[int, ...] = ()  # and its max_tokens (the FT-Transformer's position rows)
 
     @classmethod
     def of(cls, feature_spec: dict, label_spec: dict) -> "_Data":
@@ -83,7 +88,10 @@ class _Data:
                    vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
                                 for c in feature_spec.get(Categorical.name, [])],
                    array_widths=[math.prod(a["shape"]) for a in feature_spec.get(Arrays.name, [])],
-                   out=label_task(label_spec["task"]).output_width(label_spec.get("num_classes")))
+                   out=label_task(label_spec["task"]).output_width(label_spec.get("num_classes")),
+                   image_channels=tuple(r["channels"] for r in image_records(feature_spec, IMAGES)),
+                   text_vocab_sizes=tuple(int(t["vocab_size"]) for t in feature_spec.get(Text.name, [])),
+                   text_max_tokens=tuple(int(t["max_tokens"]) for t in feature_spec.get(Text.name, [])))
 
 
 def rank_memory(launch_cfg, master: str | None, executor_settings: dict[str, str | None]) -> tuple[int, str]:

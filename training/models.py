@@ -2,7 +2,8 @@
 ``training.model_specs``, say which keys and capabilities each has and build them).
 
 Every model takes the batch dict the loader yields (``numeric`` float32 [B, n], ``categorical``
-int64 [B, k], one float32 [B, *shape] per array feature) and returns logits [B, num_classes]
+int64 [B, k], one float32 [B, *shape] per array feature, one uint8 [B, C, H, W] per image feature,
+which its own stem normalises and reads: ``training.image_stems``) and returns logits [B, num_classes]
 (classification) or values [B] (regression). A plug-in ``"package.module:factory"`` is called
 as ``factory(feature_spec, label_spec, **kwargs)`` with the manifest's plain dicts (the label's
 ``LabelSpec.to_record()``: the manifest's own record) and must
@@ -25,7 +26,7 @@ network has; the strategies ask the spec (``training.model_specs.spec_of``), nev
 Imported on ranks only (it imports torch).
 """
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from torch import nn
@@ -33,27 +34,43 @@ from torch import nn
 from common.features.arrays import Arrays
 from common.features.categorical import RESERVED_INDICES, Categorical
 from common.features.numeric import Numeric
+from common.features.text import Text
 from common.tasks import label_task
+from training.image_stems import example_images, image_stems
+from training.model_specs.image_inputs import IMAGES, MLP_STEM_WIDTH, image_records
+from training.text_encoder import TextEmbeddings
 
 
 class TabularMLP(nn.Module):
-    """Embeddings for categoricals, numeric features as they are, array features flattened."""
+    """Embeddings for categoricals, numeric features as they are, array features flattened, each
+    image feature through its own stem (``image_width`` pooled features)."""
 
     # Declared (and this module has no `from __future__ import annotations`, which would make it a
-    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array features).
+    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array
+    # or image features).
     array_names: List[str]
+    image_names: List[str]
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, hidden: list[int], dropout: float = 0.0, embedding_dim: int | None = None,
-                 regression: bool = False):
+                 regression: bool = False, images: list[dict] | None = None, image_width: int = MLP_STEM_WIDTH,
+                 text_names: list[str] = (), text_vocab_sizes: list[int] = (), text_max_tokens: list[int] = ()):
         super().__init__()
         # The batch entries the feature kinds give (common.features): the network's inputs.
         self.numeric_key, self.categorical_key = Numeric.name, Categorical.name
         self.array_names, self.array_widths = list(array_names), list(array_widths)
+        self.images = [dict(r) for r in images or []]
+        self.image_names = [r["name"] for r in self.images]
         self.regression = regression
+        self.num_numeric = num_numeric
         dims = [embedding_dim or min(16, (size + 1) // 2) for size in vocab_sizes]
         self.embeddings = nn.ModuleList(nn.Embedding(size, dim) for size, dim in zip(vocab_sizes, dims))
-        width = num_numeric + sum(dims) + sum(array_widths)
+        self.image_stems = image_stems(self.images, image_width)
+        # Text: each feature's mean-pooled token embeddings (training.text_encoder).
+        self.text = TextEmbeddings(list(text_names), list(text_vocab_sizes), list(text_max_tokens),
+                                   embedding_dim or TEXT_DIM, positions=False)
+        width = (num_numeric + sum(dims) + sum(array_widths) + len(self.images) * image_width
+                 + len(text_names) * self.text.dim)
         layers: list[nn.Module] = []
         for size in hidden:
             layers += [nn.Linear(width, size), nn.ReLU()]
@@ -71,6 +88,9 @@ class TabularMLP(nn.Module):
         for name in self.array_names:
             value = batch[name]
             parts.append(value.reshape(value.shape[0], -1))
+        for j, stem in enumerate(self.image_stems):
+            parts.append(stem(batch[self.image_names[j]]))
+        parts.extend(self.text.pooled(batch))
         out = self.body(torch.cat(parts, dim=1))
         if self.regression:
             return out.squeeze(1)
@@ -79,7 +99,7 @@ class TabularMLP(nn.Module):
     # --- pipeline stages (see the module docstring) -------------------------------------------------
 
     def pipeline_inputs(self) -> list[str]:
-        return [self.numeric_key, self.categorical_key, *self.array_names]
+        return [self.numeric_key, self.categorical_key, *self.array_names, *self.image_names]
 
     def pipeline_blocks(self) -> int:
         """One block per Linear with the activation and dropout after it: the input embeddings
@@ -93,9 +113,8 @@ class TabularMLP(nn.Module):
         return [f"body.{i}" for i in self._block_starts()]
 
     def pipeline_example(self, rows: int, device=None) -> tuple[torch.Tensor, ...]:
-        return _example_inputs(self.body[0].in_features - sum(e.embedding_dim for e in self.embeddings) -
-                               sum(self.array_widths), [e.num_embeddings for e in self.embeddings],
-                               self.array_widths, rows, device)
+        return (*_example_inputs(self.num_numeric, [e.num_embeddings for e in self.embeddings], self.array_widths,
+                                 rows, device), *example_images(self.images, rows, device))
 
     def _block_starts(self) -> list[int]:
         return [i for i, layer in enumerate(self.body) if isinstance(layer, nn.Linear)]
@@ -109,18 +128,21 @@ class _MLPStage(nn.Module):
         super().__init__()
         starts = mlp._block_starts() + [len(mlp.body)]
         self.first, self.last = start == 0, stop == len(starts) - 1
-        self.array_names, self.regression = list(mlp.array_names), mlp.regression
+        self.arrays, self.regression = len(mlp.array_names), mlp.regression
         if self.first:
             self.embeddings = mlp.embeddings
+            self.image_stems = mlp.image_stems
         # A ModuleDict keyed by the Sequential's own indices keeps the names body.<i>.*.
         self.body = nn.ModuleDict({str(i): mlp.body[i] for i in range(starts[start], starts[stop])})
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         if self.first:
             # TabularMLP.forward's input part, on the batch's tensors in pipeline_inputs() order.
-            numeric, categorical, *arrays = inputs
+            numeric, categorical, *rest = inputs
+            arrays, images = rest[:self.arrays], rest[self.arrays:]
             parts = [numeric] + [embedding(categorical[:, j]) for j, embedding in enumerate(self.embeddings)]
             parts += [value.reshape(value.shape[0], -1) for value in arrays]
+            parts += [stem(value) for stem, value in zip(self.image_stems, images)]
             out = torch.cat(parts, dim=1)
         else:
             (out,) = inputs
@@ -132,33 +154,50 @@ class _MLPStage(nn.Module):
 class FTTransformer(nn.Module):
     """FT-Transformer (Gorishniy et al., 2021): a feature tokenizer turns every feature into one
     ``d_model`` token (a numeric value scales its own learned vector plus a bias, a category looks
-    up its own embedding table, an array feature is flattened through its own Linear), a learned
+    up its own embedding table, an array feature is flattened through its own Linear, an image
+    feature goes through its own convolutional stem of ``d_model`` channels), a learned
     CLS token goes first, ``layers`` identical pre-norm transformer blocks (``heads``-head
     self-attention, then a feed-forward of ``ffn_width``, default 2 x d_model) mix the tokens, and
     the head reads the CLS token. The blocks are the units of pipeline stages and FSDP."""
 
     # Declared (and this module has no `from __future__ import annotations`, which would make it a
-    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array features).
+    # string TorchScript cannot read): TorchScript cannot infer the type of an empty list (no array
+    # or image features).
     array_names: List[str]
+    image_names: List[str]
 
     def __init__(self, num_numeric: int, vocab_sizes: list[int], array_names: list[str], array_widths: list[int],
                  out_dim: int, layers: int, d_model: int, heads: int, dropout: float = 0.0,
-                 ffn_width: int | None = None, regression: bool = False):
+                 ffn_width: int | None = None, regression: bool = False, images: list[dict] | None = None,
+                 text_names: list[str] = (), text_vocab_sizes: list[int] = (), text_max_tokens: list[int] = ()):
         super().__init__()
         # The batch entries the feature kinds give (common.features): the network's inputs.
         self.numeric_key, self.categorical_key = Numeric.name, Categorical.name
         self.array_names = list(array_names)
+        self.images = [dict(r) for r in images or []]
+        self.image_names = [r["name"] for r in self.images]
         self.regression = regression
-        self.tokenizer = _FeatureTokenizer(num_numeric, vocab_sizes, array_widths, d_model)
+        self.tokenizer = _FeatureTokenizer(num_numeric, vocab_sizes, array_widths, d_model, self.images)
+        # Text: each feature's tokens (embedding + position) after the feature tokens, padding masked out.
+        self.text = TextEmbeddings(list(text_names), list(text_vocab_sizes), list(text_max_tokens), d_model,
+                                   positions=True)
+        self.has_text = len(text_names) > 0
         self.blocks = nn.ModuleList(_TransformerBlock(d_model, heads, ffn_width or 2 * d_model, dropout)
                                     for _ in range(layers))
         self.head = _CLSHead(d_model, out_dim)
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         arrays = [batch[name] for name in self.array_names]
-        tokens = self.tokenizer(batch[self.numeric_key], batch[self.categorical_key], arrays)
+        images = [batch[name] for name in self.image_names]
+        tokens = self.tokenizer(batch[self.numeric_key], batch[self.categorical_key], arrays, images)
+        mask: Optional[torch.Tensor] = None
+        if self.has_text:
+            text, text_mask = self.text.sequences(batch)
+            mask = torch.cat([torch.ones(tokens.shape[0], tokens.shape[1], dtype=torch.bool, device=tokens.device),
+                              text_mask], dim=1)
+            tokens = torch.cat([tokens, text.to(tokens.dtype)], dim=1)
         for block in self.blocks:
-            tokens = block(tokens)
+            tokens = block(tokens, mask)
         out = self.head(tokens)
         if self.regression:
             return out.squeeze(1)
@@ -172,7 +211,7 @@ class FTTransformer(nn.Module):
     # first, the head (and the regression squeeze) with the last.
 
     def pipeline_inputs(self) -> list[str]:
-        return [self.numeric_key, self.categorical_key, *self.array_names]
+        return [self.numeric_key, self.categorical_key, *self.array_names, *self.image_names]
 
     def pipeline_blocks(self) -> int:
         return len(self.blocks)
@@ -185,14 +224,16 @@ class FTTransformer(nn.Module):
 
     def pipeline_example(self, rows: int, device=None) -> tuple[torch.Tensor, ...]:
         tokenizer = self.tokenizer
-        return _example_inputs(tokenizer.numeric_weight.shape[0], [e.num_embeddings for e in tokenizer.embeddings],
-                               [a.in_features for a in tokenizer.arrays], rows, device)
+        return (*_example_inputs(tokenizer.numeric_weight.shape[0], [e.num_embeddings for e in tokenizer.embeddings],
+                                 [a.in_features for a in tokenizer.arrays], rows, device),
+                *example_images(self.images, rows, device))
 
 
 class _FeatureTokenizer(nn.Module):
-    """The batch's features as tokens [B, 1 + numeric + categorical + arrays, d_model], CLS first."""
+    """The batch's features as tokens [B, 1 + numeric + categorical + arrays + images, d_model], CLS first."""
 
-    def __init__(self, num_numeric: int, vocab_sizes: list[int], array_widths: list[int], d_model: int):
+    def __init__(self, num_numeric: int, vocab_sizes: list[int], array_widths: list[int], d_model: int,
+                 images: list[dict] | None = None):
         super().__init__()
         bound = d_model ** -0.5
         self.cls = nn.Parameter(torch.empty(d_model).uniform_(-bound, bound))
@@ -200,14 +241,18 @@ class _FeatureTokenizer(nn.Module):
         self.numeric_bias = nn.Parameter(torch.empty(num_numeric, d_model).uniform_(-bound, bound))
         self.embeddings = nn.ModuleList(nn.Embedding(size, d_model) for size in vocab_sizes)
         self.arrays = nn.ModuleList(nn.Linear(width, d_model) for width in array_widths)
+        self.image_stems = image_stems(images or [], d_model)
 
-    def forward(self, numeric: torch.Tensor, categorical: torch.Tensor, arrays: List[torch.Tensor]) -> torch.Tensor:
+    def forward(self, numeric: torch.Tensor, categorical: torch.Tensor, arrays: List[torch.Tensor],
+                images: List[torch.Tensor]) -> torch.Tensor:
         rows = numeric.shape[0]
         tokens = [self.cls.expand(rows, 1, -1), numeric.unsqueeze(-1) * self.numeric_weight + self.numeric_bias]
         for j, embedding in enumerate(self.embeddings):
             tokens.append(embedding(categorical[:, j]).unsqueeze(1))
         for j, linear in enumerate(self.arrays):
             tokens.append(linear(arrays[j].reshape(rows, -1)).unsqueeze(1))
+        for j, stem in enumerate(self.image_stems):
+            tokens.append(stem(images[j]).unsqueeze(1))
         return torch.cat(tokens, dim=1)
 
 
@@ -227,12 +272,16 @@ class _TransformerBlock(nn.Module):
                                  nn.Linear(ffn_width, d_model))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``mask``: [B, T], True where a token may be attended to (padding is not); None: all."""
         rows, tokens, width = x.shape
         qkv = self.qkv(self.attention_norm(x)).reshape(rows, tokens, 3, self.heads, width // self.heads)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # [3, B, heads, T, head width]
         q, k, v = qkv[0], qkv[1], qkv[2]
-        weights = torch.softmax(q @ k.transpose(-2, -1) * (width // self.heads) ** -0.5, dim=-1)
+        scores = q @ k.transpose(-2, -1) * (width // self.heads) ** -0.5
+        if mask is not None:  # the CLS token is never masked, so no row's softmax is over nothing
+            scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
         mixed = (weights @ v).transpose(1, 2).reshape(rows, tokens, width)
         x = x + self.dropout(self.attention_out(mixed))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
@@ -256,6 +305,7 @@ class _FTStage(nn.Module):
         super().__init__()
         self.first, self.last = start == 0, stop == len(model.blocks)
         self.regression = model.regression
+        self.arrays = len(model.array_names)
         if self.first:
             self.tokenizer = model.tokenizer
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(start, stop)})
@@ -264,8 +314,8 @@ class _FTStage(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         if self.first:
-            numeric, categorical, *arrays = inputs
-            out = self.tokenizer(numeric, categorical, list(arrays))
+            numeric, categorical, *rest = inputs
+            out = self.tokenizer(numeric, categorical, list(rest[:self.arrays]), list(rest[self.arrays:]))
         else:
             (out,) = inputs
         for block in self.blocks.values():
@@ -285,11 +335,21 @@ def _example_inputs(numeric: int, vocab_sizes: list[int], array_widths: list[int
             *(torch.randn(rows, width, device=device) for width in array_widths))
 
 
+TEXT_DIM = 16  # the MLP's text embedding width where model.embedding_dim is unset (its spec's copy: model_specs/mlp.py)
+
+
 def data_arguments(feature_spec: dict, label_spec: dict) -> dict:
-    """A built-in model's constructor arguments that come from the manifest's feature and label spec."""
+    """A built-in model's constructor arguments that come from the manifest's feature and label spec
+    (``images`` only where the dataset has image features: the models published before them rebuild
+    from model.json as they were)."""
     arrays = feature_spec.get(Arrays.name, [])
     task = label_task(label_spec["task"])
+    images = image_records(feature_spec, IMAGES)
+    text = feature_spec.get(Text.name, [])
+    extra = dict(text_names=[t["name"] for t in text], text_vocab_sizes=[int(t["vocab_size"]) for t in text],
+                 text_max_tokens=[int(t["max_tokens"]) for t in text]) if text else {}
     return dict(
+        **({"images": images} if images else {}), **extra,
         num_numeric=len(feature_spec.get(Numeric.name, [])),
         vocab_sizes=[int(c.get("num_embeddings", len(c["vocab"]) + RESERVED_INDICES))
                      for c in feature_spec.get(Categorical.name, [])],

@@ -17,6 +17,8 @@ Driver-only; imports neither torch nor horovod.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import copy
 import dataclasses
 import logging
@@ -24,17 +26,22 @@ import uuid
 from dataclasses import dataclass, field
 
 from common.config import to_dict
-from common.errors import DatasetError
+from common.errors import ConfigError, DatasetError
 from common.dataset import MANIFEST_NAME, TEACHER_COLUMN, LabelSpec, Manifest, read_manifest, teacher_differences
 from training.columns import Columns, columns_for
 from training.config import TrainConfig
 from training.epoch_steps import skipped_rows_per_epoch, steps_per_epoch
+from training.image_loading import check_augment
 from training.model_specs import model_spec
 from training.split_layout import SplitLayout
 from training.strategies import ranks_per_replica
 
 log = logging.getLogger("shardtrain.train")
 
+
+
+if TYPE_CHECKING:
+    from training.user_code import UserCode
 
 @dataclass(frozen=True)
 class RankPlan:
@@ -59,6 +66,8 @@ class RankPlan:
     # The model path's writer lock as the driver took it (``common.writer_lock.output_lock``'s record):
     # rank 0 publishes under it (``writing_under``), from whichever process it runs in.
     writer_lock: dict | None = None
+    # The model, loss and metrics given to train() in code (training.user_code), pickled on the driver.
+    user_code: "UserCode | None" = None
 
     @property
     def task(self) -> str:
@@ -150,7 +159,8 @@ def build_plan(cfg: TrainConfig, manifest: Manifest | None = None) -> RankPlan:
         config=copy.deepcopy(cfg), dataset_uri=manifest.root.uri, fingerprint=manifest.fingerprint,
         feature_spec=manifest.features.by_kind(), label_spec=manifest.label,
         max_category_bytes=manifest.features.max_category_bytes,
-        columns=columns_for(manifest, teacher=cfg.train.distill is not None),
+        columns=columns_for(manifest, teacher=cfg.train.distill is not None,
+                            pad_multiple=cfg.data.batching.pad_multiple),
         train=train, val=val, world_size=world, steps_per_epoch=steps,
         skipped_rows_per_epoch=skipped_rows_per_epoch(train.rows, replicas, batch, accum))
 
@@ -172,6 +182,12 @@ def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:
         raise DatasetError(f"{where}: field 'label.num_classes' is {label.num_classes!r} but "
                            f"model.num_classes is {model.num_classes}")
     _check_feature_kinds(manifest, model, where)
+    check_augment(cfg.data.augment, manifest.features.batch_layout())
+    ragged = [entry.key for entry in manifest.features.batch_layout() if entry.ragged]
+    if ragged and cfg.train.pipeline.stages > 1:
+        # A stage's inputs have fixed shapes, and every micro-batch the same; token batches do not.
+        raise ConfigError(f"train.pipeline.stages={cfg.train.pipeline.stages} cannot take the variable-length "
+                          f"features {ragged}; set train.pipeline.stages=1 (DDP or FSDP train them)")
     if model.features is not None:
         absent = [name for name in model.features if name not in manifest.features.columns]
         if absent:
@@ -182,7 +198,8 @@ def _check_spec(manifest: Manifest, cfg: TrainConfig, where: str) -> None:
 def _check_feature_kinds(manifest: Manifest, model, where: str) -> None:
     """The model takes every kind of feature the dataset holds (its spec's ``feature_kinds``; a
     plug-in's are its own business), else exit 2 naming model.name and the features it cannot take."""
-    accepted = model_spec(model.name).feature_kinds
+    spec = model_spec(model.name)
+    accepted = spec.feature_kinds
     if accepted is None:
         return
     refused = {kind.name: kind.names for kind in manifest.features.kinds if kind.names and kind.name not in accepted}
@@ -190,6 +207,7 @@ def _check_feature_kinds(manifest: Manifest, model, where: str) -> None:
         raise DatasetError(f"{where}: field 'features' holds {refused}, which model.name={model.name!r} cannot take "
                            f"(it takes {', '.join(accepted)} features); choose a model that takes them, or leave "
                            "those columns out of the shard job's features")
+    spec.check_features(model, manifest.features.by_kind(), where)
 
 
 def _resolve_distill(manifest: Manifest, cfg: TrainConfig, where: str) -> TrainConfig:

@@ -79,7 +79,10 @@ class Recorder:
         model_cfg = plan.config.model
         arguments = model_spec(model_cfg.name).arguments(model_cfg, plan.feature_spec, plan.label_spec.to_record())
         provenance = plan.provenance()  # run_id, config, dataset
-        meta = {"model": {"name": model_cfg.name, "arguments": arguments}, **provenance,
+        model_record = {"name": model_cfg.name, "arguments": arguments}
+        if plan.user_code is not None:  # what was given to train() in code (not stored: its names and digest)
+            model_record["code"] = plan.user_code.record()
+        meta = {"model": model_record, **provenance,
                 "features": FeatureSpec(plan.feature_spec).spec, "label": plan.label_spec.to_record(), "metrics": history,
                 ROW_RULES: {"max_category_bytes": plan.max_category_bytes},
                 "inputs": FeatureSpec(plan.feature_spec).inputs()}
@@ -95,7 +98,9 @@ class Recorder:
                         "before the ranks were relaunched; not publishing it again", plan.model_path, plan.run_id)
         else:
             with _under_writer_lock(plan):
-                publish_model(plan.model_path, plan.output_mode, model, meta, plan.config.output.torchscript)
+                publish_model(plan.model_path, plan.output_mode, model, meta, plan.config.output.torchscript,
+                              code=plan.user_code.payload if plan.user_code and "model" in plan.user_code.names
+                              else None)
             log.info("model published at %s; metrics in %s/metrics.jsonl", plan.model_path, plan.run_dir)
         return {"model_uri": plan.model_path, "metrics": history, "reference": reference, "published": published}
 

@@ -36,21 +36,33 @@ class ShuffleBuffer:
 class ShuffleBuffers:
     """One loader's shuffle buffers: ``for buffer in buffers.from_tables(tables, rng): ...``.
 
-    ``mask`` keeps a table's rows that are the rank's; a buffer holds at least one batch.
+    ``mask`` keeps a table's rows that are the rank's; a buffer holds at least one batch. ``max_bytes``
+    caps a buffer's stored bytes as ``rows`` caps its rows, whichever is reached first: each row
+    group's bytes per row (its Arrow size over its rows, read before masking) turn it into rows,
+    so a buffer of large rows (an image's encoded bytes) stops early.
     """
 
     def __init__(self, columns: Columns, batch_size: int, rows: int, shuffle: bool, memory: "BufferMemory",
-                 mask: Callable):
+                 mask: Callable, max_bytes: int | None = None):
         self.columns, self.batch_size, self.shuffle = columns, batch_size, shuffle
         self.rows = max(rows, batch_size)
+        self.max_bytes = max_bytes
         self.memory, self.mask = memory, mask
+
+    def _rows_for(self, table) -> int:
+        """The buffer's rows while it takes rows like ``table``'s: ``rows``, or fewer where
+        ``max_bytes`` is reached first (never fewer than a batch)."""
+        if not self.max_bytes or not table.num_rows:
+            return self.rows
+        per_row = max(1.0, table.nbytes / table.num_rows)
+        return max(self.batch_size, min(self.rows, int(self.max_bytes // per_row)))
 
     def from_tables(self, tables: Iterator, rng: np.random.Generator) -> Iterator[ShuffleBuffer]:
         """Row groups -> shuffle buffers in batch order.
 
         Each row group is masked to this rank's rows. A buffer takes the rows the previous one
         left over (fewer than a batch), then rows of the row groups in order up to exactly
-        ``shuffle_buffer_rows``: a row group larger than what is missing is cut (a zero-copy
+        ``shuffle_buffer_rows`` (or the rows ``max_bytes`` allows, where fewer): a row group larger than what is missing is cut (a zero-copy
         slice), and its other rows open the next buffer. So a buffer's memory and the wait for the
         first batch follow ``shuffle_buffer_rows``, not the size of the row groups. Its rows are
         converted once into arrays and, when shuffling, permuted as a whole with the epoch's
@@ -61,9 +73,16 @@ class ShuffleBuffers:
         rest = None
         for table in tables:
             rows_read += table.num_rows
+            limit = self._rows_for(table)
             table = self.mask(table)
             while table.num_rows:
-                missing = self.rows - (len(rest[ROW_INDEX]) if rest else 0) - group_rows
+                missing = max(0, limit - (len(rest[ROW_INDEX]) if rest else 0) - group_rows)
+                if missing == 0 and group:  # a smaller limit than the rows already taken: the buffer is full
+                    buffer = self._buffer(group, rest, rows_read, rng)
+                    rest, group, group_rows, rows_read = buffer.rest, [], 0, 0
+                    yield buffer
+                    continue
+                missing = max(missing, 1)
                 taken = min(table.num_rows, missing)
                 group.append(table if taken == table.num_rows else table.slice(0, taken))
                 group_rows += taken

@@ -30,6 +30,13 @@ import numpy as np
 from common.errors import DatasetError
 
 
+# A record's files (``files``: [{"path", "sha256"}], relative to the dataset or model root) are its
+# kind's side files (a tokenizer); while the shard job runs, the record also holds their text under
+# FILE_TEXTS ({path: text}), which the job writes beside the manifest and drops from it.
+FILES = "files"
+FILE_TEXTS = "_file_texts"
+
+
 def typed_name(prefix: str, name: str) -> str:
     return prefix + name.replace("%", "%25").replace("`", "%60").replace(".", "%2E")
 
@@ -51,12 +58,34 @@ class BatchEntry:
     list column in ``columns`` as [rows, *shape]. ``dtype`` is the entry's numpy dtype.
     ``decode``: where the one stored column holds encoded values (an image's bytes), the picklable
     function (a ``functools.partial`` of a module-level function) turning one stored value into
-    the entry's row, of ``shape`` and ``dtype``."""
+    the entry's row, of ``shape`` and ``dtype``.
+
+    ``ragged``: the list column's rows hold 0 to shape[0] values (token ids): the entry is
+    [rows, L], padded with ``pad`` to the batch's longest row (L rounded up to the loader's
+    pad multiple), and the batch holds its mask, True where a value is, under ``key + MASK_SUFFIX``."""
     key: str
     columns: tuple[str, ...]
     dtype: str
     shape: tuple[int, ...] = ()
+    ragged: bool = False
+    pad: int = 0
     decode: Callable[[Any], np.ndarray] | None = None
+
+
+MASK_SUFFIX = "#mask"  # a ragged entry's mask in a batch (a reserved suffix: no feature name ends with it)
+
+
+def padded(rows: list, pad: int, multiple: int = 1, dtype="int64") -> tuple[np.ndarray, np.ndarray]:
+    """Ragged rows (sequences of ids) as ([n, L] padded with ``pad``, [n, L] bool mask), L the
+    longest row (at least 1) rounded up to ``multiple``."""
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    width = max(int(lengths.max()) if len(rows) else 0, 1)
+    width = -(-width // multiple) * multiple
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    ids = np.full((len(rows), width), pad, dtype=dtype)
+    if len(rows) and lengths.sum():
+        ids[mask] = np.concatenate([np.asarray(r, dtype=dtype) for r in rows if len(r)])
+    return ids, mask
 
 
 def stacked_scalars(table: Any, names: list[str], n: int, dtype) -> np.ndarray:
@@ -76,6 +105,7 @@ class FeatureKind:
     required: ClassVar[tuple[str, ...]] = ("name",)
 
     def __init__(self, records: list[dict], max_category_bytes: int):
+        self.attached: dict[str, str] = {}  # the records' side files' text, by path (FeatureSpec.attach)
         self.records = list(records)
         self.names = [r["name"] for r in self.records]
         self.max_category_bytes = max_category_bytes
@@ -149,6 +179,17 @@ class FeatureKind:
         from common.sql import quote_identifier
 
         return quote_identifier(name)
+
+    @classmethod
+    def fits_before_rows(cls, features_cfg) -> bool:
+        """Whether a row rule of this kind needs something fitted on the train split first (a
+        tokenizer): then the shard job calls ``fit_before_rows`` before its pass over the rows."""
+        return False
+
+    @classmethod
+    def fit_before_rows(cls, features_cfg, clean_train, seed: int) -> None:
+        """Fit what the row rules need on ``clean_train`` (a Spark DataFrame of the train split's
+        rows that pass every rule, typed), leaving it on ``features_cfg`` for ``configured``."""
 
     def moment_columns(self) -> list[tuple[str, str]]:
         """(feature, typed column) whose exact train moments ``fit`` needs (pipelines/summary.py)."""

@@ -14,8 +14,9 @@ from common.features.base import FeatureKind
 from common.features.categorical import Categorical
 from common.features.images import Images
 from common.features.numeric import Numeric
+from common.features.text import Text
 
-KINDS: list[type[FeatureKind]] = [Numeric, Categorical, Arrays, Images]
+KINDS: list[type[FeatureKind]] = [Numeric, Categorical, Arrays, Images, Text]
 
 
 def kind_named(name: str) -> type[FeatureKind]:

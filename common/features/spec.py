@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import DatasetError
-from common.features.base import FeatureKind
+from common.features.base import FILE_TEXTS, FILES, FeatureKind
 from common.features.registry import KINDS
 from common.features.v1 import KIND, by_kind, listed
 from common.rows import MAX_CATEGORY_BYTES
@@ -119,6 +119,30 @@ class FeatureSpec:
         missing = [c for c in self.columns if c not in names]
         if missing:
             raise DatasetError(f"input is missing feature column(s) {missing}; it has {names}")
+
+    # --- the kinds' side files (common.features.base.FILES) ----------------------------------------
+
+    def file_texts(self) -> dict[str, str]:
+        """{path: text} of the side files the records carry while the shard job runs."""
+        return {path: text for r in self.spec for path, text in (r.get(FILE_TEXTS) or {}).items()}
+
+    def published(self) -> list[dict]:
+        """The records as the manifest holds them: without their side files' text."""
+        return [{k: v for k, v in r.items() if k != FILE_TEXTS} for r in self.spec]
+
+    def attach(self, root) -> None:
+        """Read the side files listed by the records from ``root`` (a dataset's or model's
+        Location) into the kinds (``attached``); each is checked against its recorded sha256
+        first, so a changed one is refused, named."""
+        from common.file_digest import verify_digest
+
+        texts = {}
+        for r in self.spec:
+            for entry in r.get(FILES) or []:
+                verify_digest(root.join(entry["path"]), entry["sha256"])
+                texts[entry["path"]] = root.read_text(entry["path"])  # small; a registry's copy is temporary
+        for kind in self.kinds:
+            kind.attached = texts
 
     def stored_values(self, name: str, values: Any) -> Any:
         """One feature's typed values as the shard writer stores them (its kind decides)."""

@@ -9,6 +9,8 @@ just above it say otherwise:
     <!-- readme-test: skip: REASON -->         not run (a real cluster, the test suite itself)
     <!-- readme-test: instead: SHELL LINE -->  this line is run in the block's place
     <!-- readme-test: local: URI_PREFIX -->    (python) URI_PREFIX is replaced by a local folder
+    <!-- readme-test: file: PATH -->           (python) the block is saved as PATH in the working
+                                               folder, as a reader saves a module; it is not run
     <!-- readme-test: replace: OLD ==> NEW --> the text OLD of the block is run as NEW: the same
                                                commands or calls on a cheaper config (one per comment;
                                                they may stand above or below another marker)
@@ -174,7 +176,7 @@ def readme_steps(blocks: list[Block]) -> list[Step]:
         kind, argument = block.marker or ("run", "")
         if block.language not in (*SHELL, "python") or kind == "skip":
             continue
-        if block.language == "python":
+        if block.language == "python":  # a cell to run, or (file:) a module to save
             steps.append(Step(block, block.code()))
         else:
             steps += [Step(block, line) for line in command_lines(argument if kind == "instead" else block.code())]
@@ -203,7 +205,7 @@ def check_markers(blocks: list[Block]) -> None:
         if block.marker:
             kind, argument = block.marker
             assert argument, f"{block.where}: 'readme-test: {kind}:' needs a reason or a command"
-            assert kind != "local" or block.language == "python", f"{block.where}: local is for python"
+            assert kind not in ("local", "file") or block.language == "python", f"{block.where}: {kind} is for python"
             assert kind != "config", f"{block.where}: config is for yaml blocks"
         for old, new in block.replacements:
             assert old and new, f"{block.where}: replace is 'OLD{REPLACE}NEW'"
@@ -239,9 +241,12 @@ def test_readme_step(step, fresh_copy):
     work = fresh_copy["path"]
     where = f"the block at {step.block.where}"
     fresh_copy["failed"] = step.id  # until it passes
-    if step.block.language == "python":
+    kind, argument = step.block.marker or ("run", "")
+    if kind == "file":
+        (work / argument).parent.mkdir(parents=True, exist_ok=True)
+        (work / argument).write_text(step.command)
+    elif step.block.language == "python":
         code = step.command
-        kind, argument = step.block.marker or ("run", "")
         if kind == "local":
             local = work / "local-uri"
             local.mkdir(exist_ok=True)

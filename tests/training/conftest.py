@@ -24,11 +24,16 @@ def uneven_dataset(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def uneven_torch_run(spark, uneven_dataset, tmp_path_factory):
-    """The 2-epoch TorchDistributor run of ``uneven_dataset`` both files compare with: launched once."""
+    """The 2-epoch TorchDistributor run of ``uneven_dataset`` both files compare with: launched once.
+    It is given metrics in code (user_code_cells: shipped by value; they change nothing that trains),
+    which test_user_code.py holds to one computation over the whole val split."""
     from torch_uneven import TORCH_RUN, torch_config
     from training import train
+    from user_code_cells import notebook_code
 
-    return train(torch_config(uneven_dataset, tmp_path_factory.mktemp("uneven-torch-run"), *TORCH_RUN), spark)
+    code = notebook_code()
+    return train(torch_config(uneven_dataset, tmp_path_factory.mktemp("uneven-torch-run"), *TORCH_RUN), spark,
+                 metrics=code["metrics"], finalize=code["finalize"])
 
 
 @pytest.fixture(scope="session")

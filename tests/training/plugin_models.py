@@ -4,6 +4,8 @@ the tests put this directory on PYTHONPATH for them."""
 import os
 import time
 
+from typing import Dict
+
 import torch
 from torch import nn
 
@@ -231,3 +233,36 @@ class Unscriptable(nn.Module):
 
 def unscriptable(feature_spec, label_spec, width=4):
     return Unscriptable(feature_spec, label_spec, width)
+
+
+def focal_loss(logits, label, gamma: float = 2.0):
+    """Focal loss (Lin et al., 2017): cross-entropy down-weighted on the rows already right."""
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(1, label.long().unsqueeze(1)).squeeze(1)
+    return (-((1 - logp.exp()) ** gamma) * logp).mean()
+
+
+class FocalNet(nn.Module):
+    """Lightning-style, one object: forward, its own loss (focal), metrics (sums) and finalize."""
+
+    def __init__(self, feature_spec, label_spec, width: int = 8):
+        super().__init__()
+        self.net = TabularMLP(**mlp_arguments(feature_spec, label_spec, [width]))
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:  # typed: it scripts
+        return self.net(batch)
+
+    def loss(self, outputs, batch):
+        return focal_loss(outputs, batch["label"])
+
+    def metrics(self, outputs, batch):
+        label = batch["label"].long()
+        p_true = torch.softmax(outputs.float(), dim=-1).gather(1, label.unsqueeze(1))
+        return {"correct": (outputs.argmax(dim=1) == label).sum(), "rows": torch.tensor(label.numel()),
+                "p_true": p_true.sum()}
+
+    def finalize(self, sums):
+        return {"my_accuracy": sums["correct"] / sums["rows"], "mean_p_true": sums["p_true"] / sums["rows"]}
+
+
+def focal_net(feature_spec, label_spec, width=8):
+    return FocalNet(feature_spec, label_spec, width)

@@ -32,7 +32,13 @@ class TestDataset:
     manifest: dict
 
 
-def raw_frame(rows: int, seed: int, task: str = "classification", array_shape: tuple | None = None) -> pd.DataFrame:
+TEXT_WORDS = ["the", "movie", "plot", "was", "naïve", "über", "日本語", "very"]
+TEXT_SIGNAL = {"great": 1.5, "lovely": 1.5, "awful": -1.5, "boring": -1.5}
+TEXT_MAX_TOKENS = 12
+
+
+def raw_frame(rows: int, seed: int, task: str = "classification", array_shape: tuple | None = None,
+              text: bool = False) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     x1 = rng.normal(0, 2, rows)
     x2 = rng.normal(5, 1, rows)
@@ -45,6 +51,11 @@ def raw_frame(rows: int, seed: int, task: str = "classification", array_shape: t
         arr = rng.normal(0, 1, (rows, width)).astype(np.float32)
         signal = signal + 1.0 * arr[:, :4].sum(axis=1)
         frame["image"] = list(arr)
+    if text:  # 0 to 30 words (an empty review too), one of them a word the label depends on
+        sentiment = rng.choice(list(TEXT_SIGNAL), rows)
+        signal = signal + np.array([TEXT_SIGNAL[w] for w in sentiment])
+        lengths = rng.integers(0, 30, rows)
+        frame["review"] = [" ".join([*rng.choice(TEXT_WORDS, n), w]) if n else "" for n, w in zip(lengths, sentiment)]
     if task == "classification":
         frame["label"] = (signal + rng.normal(0, 0.5, rows) > 0.6).astype(np.int64)
     else:
@@ -53,6 +64,24 @@ def raw_frame(rows: int, seed: int, task: str = "classification", array_shape: t
     frame.loc[frame.index[::37], "x2"] = np.nan
     frame.loc[frame.index[::53], "city"] = None
     return frame
+
+
+def _text_record(root: str, texts: list[str]) -> dict:
+    """The text feature's record, its tokenizer trained on ``texts`` and written under ``root``."""
+    from common.features.base import FILE_TEXTS
+    from common.tokenizer import TextEncoder, length_statistics, sha256_text, train_tokenizer
+
+    tokenizer = train_tokenizer(iter(texts), "wordpiece", 60, True)
+    encoder = TextEncoder(tokenizer, TEXT_MAX_TOKENS, "head")
+    path, digest = "_text/review/tokenizer.json", sha256_text(tokenizer)
+    os.makedirs(os.path.join(root, "_text", "review"), exist_ok=True)
+    with open(os.path.join(root, path), "w", encoding="utf-8") as fh:
+        fh.write(tokenizer)
+    return {"name": "review", "max_tokens": TEXT_MAX_TOKENS, "truncate": "head", "on_null": "empty",
+            "vocab_size": encoder.vocab_size, "pad_id": encoder.pad_id,
+            "tokenizer": {"type": "wordpiece", "path": path, "sha256": digest},
+            "lengths": length_statistics(encoder.lengths(texts), TEXT_MAX_TOKENS),
+            "files": [{"path": path, "sha256": digest}], FILE_TEXTS: {path: tokenizer}}
 
 
 def _soft_targets(raw: pd.DataFrame, record: dict):
@@ -70,7 +99,7 @@ def _soft_targets(raw: pd.DataFrame, record: dict):
 
 def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "classification", seed: int = 0,
                   array_shape: tuple | None = None, committed: bool = True,
-                  teacher: dict | None = None, classes: list[str] | None = None) -> TestDataset:
+                  teacher: dict | None = None, classes: list[str] | None = None, text: bool = False) -> TestDataset:
     """``layout``: split -> files -> row-group sizes, e.g. {"train": [[300, 77], [13]], "val": [[200]]}.
 
     ``teacher``: store soft targets, as a shard job with a teacher does; the dict is merged into a
@@ -78,9 +107,12 @@ def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "cl
     {"features": ...} make a teacher that does not fit). The soft targets are a fixed function of
     the raw signal: softmax of (0, signal) / temperature over the teacher's classes.
 
-    ``classes``: the two class names a classification label's record names (its values stay 0 and 1)."""
+    ``classes``: the two class names a classification label's record names (its values stay 0 and 1).
+
+    ``text``: a text feature ``review`` with a WordPiece tokenizer trained on the train split's
+    reviews and published beside the manifest, as the shard job does (``max_tokens`` TEXT_MAX_TOKENS)."""
     os.makedirs(root, exist_ok=True)
-    raws = {split: raw_frame(sum(map(sum, files)), seed + i, task, array_shape)
+    raws = {split: raw_frame(sum(map(sum, files)), seed + i, task, array_shape, text)
             for i, (split, files) in enumerate(layout.items())}
     train = raws["train"]
     numeric = []
@@ -92,7 +124,9 @@ def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "cl
     categorical = [{"name": "city", "vocab": list(counts.index), "num_embeddings": len(counts) + 2}]
     features = {"numeric": numeric, "categorical": categorical,
                 "arrays": [{"name": "image", "shape": list(array_shape)}] if array_shape else []}
-    for record in [*numeric, *categorical, *features["arrays"]]:  # as the shard job records them
+    if text:
+        features["text"] = [_text_record(root, train["review"].tolist())]
+    for record in [*numeric, *categorical, *features["arrays"], *features.get("text", [])]:  # as the shard job does
         record["null_share"] = int(train[record["name"]].isna().sum()) / len(train) if len(train) else 0.0
     if task == "classification":
         label = {"name": "label", "task": "classification", "num_classes": 2,
@@ -134,7 +168,7 @@ def write_dataset(root: str, layout: dict[str, list[list[int]]], task: str = "cl
                     start += size
             entries.append(file_entry(resolve(root), rel))
         splits[split] = {"rows": len(raw), "files": entries}
-    manifest = build_manifest(splits, features, label, teacher=record, config={})
+    manifest = build_manifest(splits, spec.published(), label, teacher=record, config={})
     write_manifest(resolve(root), manifest)
     if committed:
         with open(os.path.join(root, MARKER), "w") as fh:

@@ -156,7 +156,7 @@ def test_distillation_trains_it_like_any_model(tmp_path):
 @pytest.mark.parametrize("overrides,message", [
     (["model.d_model=10", "model.heads=4"], "model.d_model must be a multiple of model.heads=4"),
     (["model.layers=0"], "model.layers must be in [1, 1024]"),
-    (["model.name=transformer"], "model.name must be 'mlp', 'ft_transformer' or 'module:factory'"),
+    (["model.name=transformer"], "model.name must be 'mlp', 'ft_transformer', 'resnet' or 'module:factory'"),
     (["train.pipeline.stages=2", "model.layers=1", "launch.backend=torch"], "model.layers=1 is fewer than the 2"),
 ], ids=["d_model-heads", "layers", "name", "fewer-blocks-than-stages"])
 def test_bad_settings_are_refused_naming_the_key(dataset, tmp_path, overrides, message):

@@ -34,7 +34,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 SHAPE = (4,)
 EXPERIMENT = "shardtrain-models"
-FEATURES = ["x1", "x2", "city", "image"]
+FEATURES = ["x1", "x2", "city", "image", "review"]  # review: a text feature (issue 44), raw strings in
 
 
 class Registry:
@@ -46,7 +46,7 @@ class Registry:
         self.client = MlflowClient(tracking_uri=self.uri)
         # A local artifact root of its own (MLflow's default would be ./mlruns in the working directory).
         self.client.create_experiment(EXPERIMENT, artifact_location=str(root / "artifacts"))
-        self.dataset = write_dataset(str(root / "ds"), {"train": [[400]], "val": [[100]]}, array_shape=SHAPE)
+        self.dataset = write_dataset(str(root / "ds"), {"train": [[400]], "val": [[100]]}, array_shape=SHAPE, text=True)
 
     def train(self, model_path, name: str, *extra: str):
         return train(load_train_config(None, train_overrides(
@@ -77,7 +77,7 @@ def mlflow_env(registry, monkeypatch):
 
 def raw_rows(n: int, seed: int) -> pd.DataFrame:
     """Raw rows with nulls (numeric and categorical), categories the model never saw, an array column."""
-    frame = raw_frame(n, seed, "classification", SHAPE).drop(columns=["label"])
+    frame = raw_frame(n, seed, "classification", SHAPE, text=True).drop(columns=["label"])
     frame.loc[frame.index[5::11], "city"] = "atlantis"
     frame["image"] = [np.asarray(v, dtype=np.float32) for v in frame["image"]]
     frame.insert(0, "id", np.arange(n, dtype=np.int64))
@@ -107,7 +107,8 @@ def test_the_registered_pyfunc_by_alias_predicts_what_load_model_does(mlflow_env
     signature = pyfunc.metadata.signature
     assert signature.inputs.input_names() == FEATURES  # every raw feature column, in the model's order
     types = {column["name"]: column["type"] for column in signature.inputs.to_dict()}
-    assert types == {"x1": "any", "x2": "any", "city": "any", "image": "array"}  # the row rules decide, as in shard
+    # the row rules decide, as in shard; a text column takes strings (the model's tokenizer encodes them)
+    assert types == {"x1": "any", "x2": "any", "city": "any", "image": "array", "review": "string"}
     assert signature.inputs.to_dict()[3]["items"] == {"type": "double"}
     assert signature.outputs.to_dict() == [
         {"type": "array", "items": {"type": "float"}, "name": "probabilities", "required": False},
@@ -221,7 +222,8 @@ def test_the_pyfunc_marks_refused_rows_and_one_logged_before_keeps_its_output(ml
     # Logged as the releases before logged it: the same code and artifact, the tensor signature, no model_config.
     before = ModelSignature(
         inputs=Schema([ColSpec(DataType.double, "x1"), ColSpec(DataType.double, "x2"), ColSpec(DataType.string, "city"),
-                       ColSpec(Array(DataType.double), "image")]),
+                       ColSpec(Array(DataType.double), "image"),
+                       ColSpec(DataType.string, "review")]),  # the fixture's text feature (releases before had none)
         outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, 2))]))
     with mlflow_uris(reg.uri), mlflow.start_run(experiment_id=reg.client.get_experiment_by_name(EXPERIMENT).experiment_id):
         info = mlflow.pyfunc.log_model(name="model", python_model=PYFUNC_CODE, artifacts={ARTIFACT_KEY: reg.model},
@@ -233,6 +235,29 @@ def test_the_pyfunc_marks_refused_rows_and_one_logged_before_keeps_its_output(ml
     bad["x1"] = bad["x1"].astype(np.float64)  # what its signature takes
     with pytest.raises(InputDataError, match=r"^row 2, column 'x1' \(value 1e\+300\): non_finite:x1"):
         old.predict(bad[FEATURES])
+
+
+def test_a_pyfunc_of_a_model_trained_from_notebook_code_runs_that_code_only_when_the_loader_trusts_it(mlflow_env,
+                                                                                                      tmp_path):
+    """A model given to train() in code holds that code: its pyfunc refuses to load naming
+    trust_code, and with model_config trust_code it predicts what load_model(trust_code=True) does."""
+    from common.model_registry import ARTIFACT_KEY, mlflow_uris
+    from training.mlflow_model import MODEL_CONFIG, PYFUNC_CODE, pip_requirements
+    from user_code_cells import notebook_code
+
+    reg = mlflow_env
+    trained = train(load_train_config(None, train_overrides(reg.dataset, str(tmp_path / "model"), "train.epochs=1",
+                                                            "model.kwargs.width=8")), model=notebook_code()["model"])
+    with mlflow_uris(reg.uri), mlflow.start_run(experiment_id=reg.client.get_experiment_by_name(EXPERIMENT).experiment_id):
+        info = mlflow.pyfunc.log_model(name="model", python_model=PYFUNC_CODE,
+                                       artifacts={ARTIFACT_KEY: trained.model_uri},
+                                       pip_requirements=pip_requirements(), model_config=MODEL_CONFIG)
+    with pytest.raises(Exception, match=r"trust_code=True"):
+        mlflow.pyfunc.load_model(info.model_uri)
+    frame = raw_rows(20, seed=3)[FEATURES]
+    pyfunc = mlflow.pyfunc.load_model(info.model_uri, model_config={**MODEL_CONFIG, "trust_code": True})
+    np.testing.assert_allclose(np.stack(pyfunc.predict(frame)["probabilities"].to_numpy()),
+                               load_model(trained.model_uri, trust_code=True).predict(frame), rtol=0, atol=1e-6)
 
 
 def test_a_moved_alias_is_scored_again_and_a_pinned_version_is_not(spark, mlflow_env, tmp_path, capsys):

@@ -1,7 +1,7 @@
 """Issue 10's done-when: ``shardtrain train`` with ``launch.backend=torch data.reader=arrow``
-trains the demo dataset (shardtrain generate + shard with conf/shard.yaml, scaled down) on local[2]
-and on the standalone cluster to the validation accuracy Horovod + petastorm reaches with the same
-seed.
+trains the demo dataset (shardtrain generate + shard with conf/shard.yaml, scaled down, plus a text
+column: issue 44) on local[2] and on the standalone cluster to the validation accuracy Horovod +
+petastorm reaches with the same seed.
 
 One dataset for the module; each run is the real command (``shardtrain train --config
 conf/train.yaml``, in this process on the shared local[2] session, or spark-submit on the cluster)
@@ -43,11 +43,14 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(900), pytest.mark.ranks]
 
 @pytest.fixture(scope="module")
 def demo_shards(spark, tmp_path_factory):
-    """The demo dataset (``shardtrain generate --array-shape 8``, then conf/shard.yaml), small row groups."""
+    """The demo dataset (``shardtrain generate --array-shape 8``, then conf/shard.yaml), small row groups,
+    and a text column (``--text``: the review, a text feature with a tokenizer fitted on train), so
+    every launch below also trains token batches on 2 ranks (issue 44)."""
     root = tmp_path_factory.mktemp("demo")
-    assert shardtrain(["generate", f"{root}/raw", "--rows", str(ROWS), "--array-shape", "8"]) == 0
+    assert shardtrain(["generate", f"{root}/raw", "--rows", str(ROWS), "--array-shape", "8", "--text"]) == 0
     assert shardtrain(["shard", "--config", f"{ROOT}/conf/shard.yaml", f"sources.raw.path={root}/raw",
-                       f"output.path={root}/shards", "output.rows_per_row_group=2000"]) == 0
+                       f"output.path={root}/shards", "output.rows_per_row_group=2000",
+                       "features.text={review: {tokenizer: {vocab_size: 100}, max_tokens: 32}}"]) == 0
     return f"{root}/shards"
 
 

@@ -25,6 +25,7 @@ from training.model_specs.base import ModelSpec, PluginSpec
 MODELS = {
     "mlp": "training.model_specs.mlp:SPEC",
     "ft_transformer": "training.model_specs.ft_transformer:SPEC",
+    "resnet": "training.model_specs.resnet:SPEC",
 }
 
 
@@ -34,8 +35,11 @@ def built_in_specs() -> dict[str, ModelSpec]:
     return {name: load_callable(target, "model.name") for name, target in MODELS.items()}
 
 
-def model_spec(name: str) -> ModelSpec:
-    """The spec of ``model.name`` ``name``: a built-in's, else a plug-in's."""
+def model_spec(name: str, code=None) -> ModelSpec:
+    """The spec of ``model.name`` ``name``: a built-in's, else a plug-in's; ``code``: the
+    ``training.user_code.UserCode`` given to train(), whose model is the plug-in's factory."""
+    if code is not None and code.get("model") is not None:
+        return PluginSpec(name, factory=code.get("model"))
     return built_in_specs().get(name) or PluginSpec(name)
 
 
@@ -46,10 +50,10 @@ def spec_of(model) -> ModelSpec:
     return next((spec for spec in built_in_specs().values() if spec.network == network), PluginSpec())
 
 
-def build_model(model_cfg, feature_spec: dict, label_spec):
-    """The network ``model_cfg`` (the config's model section) names, for a dataset's feature spec
-    and ``LabelSpec`` (on a rank: imports torch)."""
-    return model_spec(model_cfg.name).build(model_cfg, feature_spec, label_spec)
+def build_model(model_cfg, feature_spec: dict, label_spec, code=None):
+    """The network ``model_cfg`` (the config's model section) names, or the model given to train()
+    in ``code``, for a dataset's feature spec and ``LabelSpec`` (on a rank: imports torch)."""
+    return model_spec(model_cfg.name, code).build(model_cfg, feature_spec, label_spec)
 
 
 def identity(model_cfg) -> dict:

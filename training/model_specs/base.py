@@ -69,6 +69,10 @@ class ModelSpec:
         lists: its network's ``pipeline_block_names()``); None: known once built."""
         return None
 
+    def check_features(self, model_cfg, feature_spec: dict, where: str) -> None:
+        """Refuse (exit 2, naming the field) a dataset whose features it cannot take beyond their
+        kinds (``feature_kinds``, which the plan checks first): how many of a kind, say."""
+
     def size_keys(self, model_cfg) -> str:
         """The keys that size it, as a refusal names them (a spec that counts its ``parameters``)."""
         raise NotImplementedError
@@ -128,8 +132,9 @@ class PluginSpec(ModelSpec):
     only and called as ``factory(feature_spec, label_spec, **model.kwargs)``. It declares nothing:
     its size is known once built, and what it offers is what its network has."""
 
-    def __init__(self, name: str | None = None):
+    def __init__(self, name: str | None = None, factory: Callable | None = None):
         self.name = name
+        self.factory = factory  # given in code (train(model=...)); else imported by name
 
     def identity_keys(self) -> tuple[str, ...]:
         # A plug-in's checkpoints have recorded these since before model specs (the identity then
@@ -151,7 +156,8 @@ class PluginSpec(ModelSpec):
         training did: a package the user installed, never code that travels with the model."""
         from torch import nn
 
-        model = load_callable(self.name, "model.name")(feature_spec, label_spec, **arguments["kwargs"])
+        factory = self.factory or load_callable(self.name, "model.name")
+        model = factory(feature_spec, label_spec, **arguments["kwargs"])
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model.name {self.name!r} returned {type(model).__name__}, not a torch.nn.Module")
         return model

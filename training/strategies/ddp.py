@@ -26,7 +26,9 @@ class DistributedDataParallel(Strategy):
     def wrap(self, model):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(model, device_ids=[self.device] if self.device.type == "cuda" else None)
+        # broadcast_buffers=False: a BatchNorm's running statistics stay each rank's own, as with
+        # Horovod (DDP's default sends rank 0's to every rank at every forward).
+        ddp = DDP(model, device_ids=[self.device] if self.device.type == "cuda" else None, broadcast_buffers=False)
         ddp.register_comm_hook(self, _timed_allreduce)
         return ddp
 

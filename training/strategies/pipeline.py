@@ -199,6 +199,8 @@ class PipelineParallel(Strategy):
         state = model.state_dict(keep_vars=True)
         self.owned_names = [name for name, t in state.items() if id(t) in owned]
         _empty_all_but(model, owned)
+        for m in self.modules:
+            _buffers_kept_through_first_call(m)
         stages = [PipelineStage(m, i, self.parts, self.device, group=self.pp_group)
                   for i, m in zip(self.part_ids, self.modules)]
         self.schedule = self._schedule(stages)
@@ -464,6 +466,7 @@ def _block_seconds(model, rows: int, device, repeats: int = 5) -> list[float]:
     import torch
 
     rng = torch.get_rng_state()
+    buffers = _buffers(model)  # a BatchNorm's running statistics: the made-up rows must not move them
     blocks = model.pipeline_blocks()
     parts = [model.pipeline_stage(i, i + 1) for i in range(blocks)]
     seconds = [float("inf")] * blocks
@@ -481,7 +484,37 @@ def _block_seconds(model, rows: int, device, repeats: int = 5) -> list[float]:
         torch.set_rng_state(rng)
         for p in model.parameters():
             p.grad = None
+        _restore_buffers(model, buffers)
     return seconds
+
+
+def _buffers(module) -> dict:
+    return {name: b.detach().clone() for name, b in module.named_buffers()}
+
+
+def _restore_buffers(module, saved: dict) -> None:
+    # Through .data: no version bump of a buffer the call's autograd graph recorded (a BatchNorm's
+    # running statistics, which its backward in training mode does not read).
+    for name, b in module.named_buffers():
+        b.data.copy_(saved[name])
+
+
+def _buffers_kept_through_first_call(module) -> None:
+    """torch.distributed.pipelining infers a stage's shapes by calling it once, in training mode, on
+    uninitialised tensors (``torch.empty``) of its inputs' shapes, before the first micro-batch:
+    a ResNet's BatchNorm running statistics took NaN from that. The stage's buffers are put back
+    after that first call."""
+    saved: dict = {}
+
+    def before(mod, args):
+        saved.update(_buffers(mod))
+
+    def after(mod, args, out):
+        _restore_buffers(mod, saved)
+        handles[0].remove()
+        handles[1].remove()
+
+    handles = [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
 
 
 def _balanced_bounds(costs: list[float], parts: int) -> list[tuple[int, int]]:

@@ -15,13 +15,14 @@ metric names); ``Objective`` and the task methods that compute import it when ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from common.dataset import TEACHER_COLUMN, LabelSpec
 from training.tasks.base import VAL_LOSS, Metric, Task
 from training.tasks.classification import Classification
 from training.tasks.multilabel import Multilabel
 from training.tasks.regression import Regression
+from training.user_code import logits_of
 
 if TYPE_CHECKING:
     import torch
@@ -59,9 +60,13 @@ class Objective:
 
     label_spec: LabelSpec
     distill: DistillConfig | None = None
+    # The user's loss(outputs, batch) (training.user_code), in place of the task's.
+    custom: Callable | None = None
 
-    def __call__(self, output: torch.Tensor, batch: dict) -> torch.Tensor:
-        return task_for(self.label_spec).loss(output, batch["label"], self.label_spec, self.distill,
+    def __call__(self, output, batch: dict) -> torch.Tensor:
+        if self.custom is not None:
+            return self.custom(output, batch)
+        return task_for(self.label_spec).loss(logits_of(output), batch["label"], self.label_spec, self.distill,
                                               batch.get(TEACHER_COLUMN))
 
 
