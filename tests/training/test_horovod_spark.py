@@ -54,9 +54,15 @@ def assert_equal_steps_no_repeats(summary_ranks, total_rows, world, rows_per_ste
 def test_two_ranks_fp16_grad_accum_uneven_layout(spark, uneven_dataset, tmp_path):
     """fp16 with 2-step gradient accumulation on 2 Horovod ranks over files and row groups that split
     unevenly: equal steps in both epochs, no row twice, the loss falls (0.49 -> 0.20 here) and the
-    model beats the majority baseline; rank 0's predictions equal the published model's."""
+    model beats the majority baseline; rank 0's predictions equal the published model's. It is given
+    metrics in code that exist only in this process (user_code_cells): Horovod's ranks get them by
+    value, and their sums reduced over both ranks give the accuracy the loop's own reduction does."""
+    from user_code_cells import notebook_code
+
+    code = notebook_code()
     result = train(_cfg(uneven_dataset, tmp_path, "train.precision=fp16", "train.grad_accum=2", "train.epochs=2"),
-                   spark)
+                   spark, metrics=code["metrics"], finalize=code["finalize"])
+    assert all(m["val_my_accuracy"] == pytest.approx(m["val_accuracy"], abs=1e-12) for m in result.metrics)
     rows = sum(map(sum, UNEVEN["train"]))
     assert result.steps_per_rank == [2 * result.steps_per_epoch] * 2
     assert_equal_steps_no_repeats(result.ranks, rows, 2, 32 * 2, 2)
