@@ -427,7 +427,22 @@ def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: TeacherRecord
                "format_version": FORMAT_VERSION}
     if teacher is not None:
         payload["teacher_fingerprint"] = teacher.fingerprint
+    files = {key: uri for kind in KINDS for key, uri in kind.input_files(cfg.features).items()}
+    if files:  # a file the kinds read (a tokenizer): its bytes, not only its URI, are the input
+        payload["feature_files"] = {key: _file_sha256(uri, key) for key, uri in sorted(files.items())}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _file_sha256(uri: str, key: str) -> str:
+    loc = resolve(uri)
+    digest = hashlib.sha256()
+    try:
+        with storage_errors(f"reading {key}", uri), loc.fs.open(loc.path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except FileNotFoundError:
+        raise InputDataError(f"{key}: {uri} does not exist") from None
+    return digest.hexdigest()
 
 
 _DATASET = OutputWords(kind=KIND_DATASET, identical="an identical one", committed="a committed dataset",

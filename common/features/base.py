@@ -181,6 +181,13 @@ class FeatureKind:
         return quote_identifier(name)
 
     @classmethod
+    def input_files(cls, features_cfg) -> dict[str, str]:
+        """Files besides the sources that this kind's output is a function of, as {config key: URI}
+        (a tokenizer given as a file): the shard job's input fingerprint holds their sha256, so a
+        file changed at the same URI is a new input (``output.mode: skip_if_exists`` does not skip)."""
+        return {}
+
+    @classmethod
     def fits_before_rows(cls, features_cfg) -> bool:
         """Whether a row rule of this kind needs something fitted on the train split first (a
         tokenizer): then the shard job calls ``fit_before_rows`` before its pass over the rows."""

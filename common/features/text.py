@@ -187,6 +187,10 @@ class Text(FeatureKind):
     def fits_before_rows(cls, features_cfg) -> bool:
         return bool(features_cfg.text)
 
+    @classmethod
+    def input_files(cls, features_cfg) -> dict[str, str]:
+        return _tokenizer_files(features_cfg)
+
     def fit(self, features_cfg, train) -> list[dict]:
         return [dict(r) for r in self.configured(features_cfg)]
 
@@ -325,6 +329,11 @@ def _fitted_record(name: str, fitted: dict) -> dict:
             "lengths": dict(fitted["lengths"]),
             "files": [{"path": path, "sha256": fitted["sha256"]}],
             FILE_TEXTS: {path: fitted["json"]}}
+
+
+def _tokenizer_files(features_cfg) -> dict[str, str]:
+    return {f"features.text.{name}.tokenizer.file": cfg.tokenizer.file
+            for name, cfg in features_cfg.text.items() if cfg.tokenizer.file is not None}
 
 
 def _read_tokenizer_file(uri: str, key: str) -> str:

@@ -145,6 +145,15 @@ def test_a_rerun_with_the_published_tokenizer_as_file_writes_the_same_shard_byte
 
     assert review["tokenizer"]["sha256"] == hashlib.sha256(given.read_bytes()).hexdigest()
     assert review["tokenizer"]["file"].endswith("given-tokenizer.json")
+    # The job's input is the file's bytes, not its URI: the same tokenizer rewritten in other bytes
+    # at the same path is another input (output.mode skip_if_exists would not skip it).
+    from pipelines.shard_job import input_fingerprint
+
+    cfg = _config(src, root / "again", review_tokenizer={"file": str(given)})
+    before = input_fingerprint(cfg, {})
+    assert input_fingerprint(cfg, {}) == before
+    given.write_text(json.dumps(json.loads(given.read_text()), indent=1))
+    assert input_fingerprint(cfg, {}) != before
 
 
 def test_a_dataset_whose_tokenizer_changed_after_publishing_is_refused_naming_the_file(text_dataset, tmp_path):
