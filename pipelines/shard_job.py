@@ -76,7 +76,8 @@ from pipelines.shard_placement import (JobShape, RowCounts, StagedRows, check_pa
 from pipelines import summary as summary_module
 from pipelines.summary import ScanSpec, Summary
 from pipelines.shard_writer import (RESULT_DDL, STAGE_COLUMN, STAGE_RESULT_DDL, TARGET_COLUMN, Encoding,
-                                    QuarantinePlan, stage_partition, write_empty, write_partition, write_shards)
+                                    QuarantinePlan, file_digest, stage_partition, write_empty, write_partition,
+                                    write_shards)
 from pipelines.labels import fit_classes
 from pipelines.teacher import TeacherScorer, check_teacher, teacher_record, with_teacher
 from common.commit_marker import KIND_DATASET
@@ -435,14 +436,11 @@ def input_fingerprint(cfg: ShardConfig, sources_fp: dict, teacher: TeacherRecord
 
 def _file_sha256(uri: str, key: str) -> str:
     loc = resolve(uri)
-    digest = hashlib.sha256()
-    try:
-        with storage_errors(f"reading {key}", uri), loc.fs.open(loc.path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    except FileNotFoundError:
-        raise InputDataError(f"{key}: {uri} does not exist") from None
-    return digest.hexdigest()
+    with storage_errors(f"reading {key}", uri):  # any other OSError: one line naming the path (exit 1)
+        try:
+            return file_digest(loc.fs, loc.path)[1]
+        except FileNotFoundError:  # before storage_errors makes it an OSError's exit 1: the input is missing
+            raise InputDataError(f"{key}: {uri} does not exist") from None
 
 
 _DATASET = OutputWords(kind=KIND_DATASET, identical="an identical one", committed="a committed dataset",

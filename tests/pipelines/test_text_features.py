@@ -168,6 +168,20 @@ def test_a_dataset_whose_tokenizer_changed_after_publishing_is_refused_naming_th
     assert err.value.exit_code == 2
 
 
+def test_a_tokenizer_file_that_is_missing_is_exit_2_naming_the_key(tmp_path):
+    """The job's input fingerprint reads the file first (its bytes are input): a path with no file
+    there is the user's input to fix (exit 2, the key named), not a storage failure to retry."""
+    from common.errors import EXIT_USAGE, InputDataError
+    from pipelines.shard_job import input_fingerprint
+
+    missing = tmp_path / "missing-tokenizer.json"
+    cfg = _config(str(tmp_path), tmp_path / "out", review_tokenizer={"file": str(missing)})
+    with pytest.raises(InputDataError, match=r"^features.text.review.tokenizer.file: .*missing-tokenizer.json does "
+                                             r"not exist$") as err:
+        input_fingerprint(cfg, {})
+    assert err.value.exit_code == EXIT_USAGE and not missing.exists()
+
+
 def test_a_tokenizer_given_both_as_a_type_and_a_file_is_a_config_error_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"features.text.review.tokenizer.type and tokenizer.file are exclusive"):
         _config(str(tmp_path), tmp_path / "out", review_tokenizer={"type": "bpe", "file": str(tmp_path / "t.json")})
