@@ -252,12 +252,6 @@ def _rebuilt_network(loc: Location, meta: dict, trust_code: bool = False) -> nn.
     try:
         net = spec.restore(arguments, FeatureSpec(meta["features"]).by_kind(), label.to_record())
     except ConfigError as exc:
-        code = (meta.get("model") or {}).get("code")
-        if code:  # given to train() in code: found only where that code is defined again under its name
-            raise ConfigError(f"{loc.uri}: cannot rebuild the model: it was trained from code given to train() "
-                              f"({', '.join(f'{role} {name}' for role, name in code['objects'].items())}), which is not "
-                              f"stored with the model, and here {exc}; define it in an importable module, or load its "
-                              "TorchScript program with load_model(uri, program=True) where it has one") from None
         raise ConfigError(f"{loc.uri}: cannot rebuild the model: {exc}") from None
     try:
         net.load_state_dict(load_safetensors(data))
