@@ -39,7 +39,7 @@ from common.storage import resolve
 from common.writer_lock import output_lock
 from training.checkpoint import check_checkpoint_root
 from training.config import TrainConfig, load_train_config
-from training.launchers import backend_for, coordinates_run, launch, launch_run_id, needs_spark
+from training.launchers import backend_for, coordinates_run, launch, launch_run_id, launcher_for, needs_spark
 from training.plan import RankPlan, build_plan
 from training.run_record import SUMMARY, record_restart
 from training.split_layout import check_manifest_unchanged
@@ -154,9 +154,9 @@ def _with_user_code(cfg: TrainConfig, code: UserCode | None) -> TrainConfig:
     """``cfg`` with model.name naming the model given in code; refused where code cannot go."""
     if code is None:
         return cfg
-    if cfg.launch.backend == "torchrun":
-        raise ConfigError("launch.backend=torchrun starts every rank from the command line, with no driver to ship "
-                          "train(model=..., loss=..., metrics=...) from; give the model as model.name: "
+    launcher = launcher_for(cfg.launch)
+    if launcher.no_driver_code:
+        raise ConfigError(f"launch.backend={launcher.name} {launcher.no_driver_code}; give the model as model.name: "
                           "\"package.module:factory\" (and its loss and metrics as its methods), or use another backend")
     if cfg.train.pipeline.stages > 1 and ({"loss", "metrics"} & set(code.names)):
         raise ConfigError("train.pipeline.stages > 1 gives the last stage the outputs and the label only, not the "

@@ -23,6 +23,9 @@ class Launcher:
     spark = True  # its ranks start on Spark: the driver needs a session
     classic_only: str | None = None  # why it cannot run on Spark Connect, where it cannot
     elastic = False  # it offers launch.elastic (survivors go on at a smaller world size)
+    # Why it cannot take code given to train() (training.user_code), where it cannot: None, it ships
+    # the driver's pickled objects to its ranks with the plan.
+    no_driver_code: str | None = None
 
     def __init__(self, name: str):
         self.name = name

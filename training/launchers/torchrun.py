@@ -87,6 +87,8 @@ class TorchrunLauncher(Launcher):
     """``launch.backend=torchrun``: this process is one rank a launcher outside Spark started."""
 
     spark = False
+    no_driver_code = ("starts every rank from the command line, with no driver to ship train(model=..., loss=..., "
+                      "metrics=...) from")
 
     def ranks_on_this_host(self, launch_cfg) -> int:
         return int(os.environ.get("LOCAL_WORLD_SIZE") or 1)  # torchrun's --nproc-per-node
